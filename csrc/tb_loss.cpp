@@ -1,0 +1,111 @@
+// CPU kernels of the FlowRL trajectory-balance loss (SPEC.md §4): one pass over the four
+// [B, T] inputs per sequence, parallel over sequences; the batch mean is summed in order so
+// the result does not depend on the thread count.
+#include <torch/library.h>
+
+#include "common.h"
+
+namespace reasonrl_fast {
+namespace {
+
+constexpr double kLenEps = 1e-8;  // SPEC.md §4: n + 1e-8
+
+void check_bt(const at::Tensor& t, const char* name, at::IntArrayRef bt) {
+  TORCH_CHECK(t.sizes() == bt, "tb_loss: ", name, " must have shape ", bt, " like logprob, got ",
+              t.sizes());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_cpu(
+    const at::Tensor& log_z, const at::Tensor& logprob, const at::Tensor& ref_logprob,
+    const at::Tensor& old_logprob, const at::Tensor& reward, const at::Tensor& mask, double beta,
+    double min_w, double max_w) {
+  TORCH_CHECK(logprob.dim() == 2, "tb_loss: logprob must be [B, T], got shape ", logprob.sizes());
+  for (const auto* t : {&log_z, &logprob, &ref_logprob, &old_logprob, &reward})
+    TORCH_CHECK(at::isFloatingType(t->scalar_type()),
+                "tb_loss: log_z, logprob, ref_logprob, old_logprob and reward must be floating "
+                "point, got ", t->scalar_type());
+  const int64_t B = logprob.size(0), T = logprob.size(1);
+  check_bt(ref_logprob, "ref_logprob", logprob.sizes());
+  check_bt(old_logprob, "old_logprob", logprob.sizes());
+  check_bt(mask, "response_mask", logprob.sizes());
+  TORCH_CHECK(log_z.dim() == 1 && log_z.size(0) == B, "tb_loss: log_z must be [B] = [", B,
+              "], got shape ", log_z.sizes());
+  TORCH_CHECK(reward.dim() == 1 && reward.size(0) == B, "tb_loss: reward must be [B] = [", B,
+              "], got shape ", reward.sizes());
+  TORCH_CHECK(min_w <= max_w, "tb_loss: min_is_weight ", min_w, " > max_is_weight ", max_w);
+
+  const auto dt = logprob.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto prep = [&](const at::Tensor& t) { return t.to(dt).contiguous(); };
+  const at::Tensor lz = prep(log_z), lp = prep(logprob), ref = prep(ref_logprob),
+                   old = prep(old_logprob), rw = prep(reward), mk = prep(mask);
+  const auto opts = logprob.options().dtype(dt);
+  at::Tensor loss = at::empty({}, opts), delta = at::empty({B}, opts), w = at::empty({B}, opts);
+  if (B == 0) {  // mean over an empty batch: NaN, as torch.mean
+    loss.fill_(std::numeric_limits<double>::quiet_NaN());
+    return {loss, delta, w};
+  }
+  AT_DISPATCH_FLOATING_TYPES(dt, "tb_loss", [&] {
+    const scalar_t *lz_p = lz.data_ptr<scalar_t>(), *lp_p = lp.data_ptr<scalar_t>(),
+                   *ref_p = ref.data_ptr<scalar_t>(), *old_p = old.data_ptr<scalar_t>(),
+                   *rw_p = rw.data_ptr<scalar_t>(), *mk_p = mk.data_ptr<scalar_t>();
+    scalar_t *d_p = delta.data_ptr<scalar_t>(), *w_p = w.data_ptr<scalar_t>();
+    at::parallel_for(0, B, std::max<int64_t>(1, 16384 / std::max<int64_t>(T, 1)), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const scalar_t *l = lp_p + b * T, *r = ref_p + b * T, *o = old_p + b * T, *m = mk_p + b * T;
+        double n = 0, s_lp = 0, s_ref = 0, s_ratio = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          n += m[t];
+          s_lp += double(l[t]) * m[t];
+          s_ref += double(r[t]) * m[t];
+          s_ratio += (double(l[t]) - double(o[t])) * m[t];
+        }
+        const double denom = n + kLenEps;
+        d_p[b] = static_cast<scalar_t>(lz_p[b] + s_lp / denom - beta * rw_p[b] - s_ref / denom);
+        w_p[b] = static_cast<scalar_t>(std::min(std::max(std::exp(s_ratio), min_w), max_w));
+      }
+    });
+    double total = 0;
+    for (int64_t b = 0; b < B; ++b) total += double(w_p[b]) * d_p[b] * d_p[b];
+    loss.fill_(total / static_cast<double>(B));
+  });
+  return {loss, delta, w};
+}
+
+std::tuple<at::Tensor, at::Tensor> tb_loss_backward_cpu(const at::Tensor& grad_loss,
+                                                        const at::Tensor& delta,
+                                                        const at::Tensor& w,
+                                                        const at::Tensor& mask) {
+  const int64_t B = mask.size(0), T = mask.size(1);
+  const auto dt = delta.scalar_type();
+  const at::Tensor mk = mask.to(dt).contiguous();
+  at::Tensor g_lz = at::empty({B}, delta.options()), g_lp = at::empty({B, T}, delta.options());
+  if (B == 0) return {g_lz, g_lp};
+  AT_DISPATCH_FLOATING_TYPES(dt, "tb_loss_backward", [&] {
+    const double g = grad_loss.item<double>();
+    const scalar_t *d_p = delta.data_ptr<scalar_t>(), *w_p = w.data_ptr<scalar_t>(),
+                   *m_p = mk.data_ptr<scalar_t>();
+    scalar_t *glz = g_lz.data_ptr<scalar_t>(), *glp = g_lp.data_ptr<scalar_t>();
+    at::parallel_for(0, B, std::max<int64_t>(1, 16384 / std::max<int64_t>(T, 1)), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const scalar_t* m = m_p + b * T;
+        double n = 0;
+        for (int64_t t = 0; t < T; ++t) n += m[t];
+        const double c = g * 2.0 * double(w_p[b]) * d_p[b] / static_cast<double>(B);
+        glz[b] = static_cast<scalar_t>(c);
+        const double ct = c / (n + kLenEps);
+        scalar_t* out = glp + b * T;
+        for (int64_t t = 0; t < T; ++t) out[t] = static_cast<scalar_t>(ct * m[t]);
+      }
+    });
+  });
+  return {g_lz, g_lp};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reasonrl_fast, CPU, m) {
+  m.impl("tb_loss", &tb_loss_cpu);
+  m.impl("tb_loss_backward", &tb_loss_backward_cpu);
+}
+
+}  // namespace reasonrl_fast

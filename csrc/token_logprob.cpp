@@ -1,0 +1,236 @@
+// CPU kernels of token_logprob (SPEC.md §1): one pass over each row of logits in forward
+// (block-wise online max and sum: every block is read from memory once and re-read from L1),
+// one pass in backward. No float32 copy of the logits is ever made.
+#include <torch/library.h>
+
+#include "common.h"
+
+namespace reasonrl_fast {
+namespace {
+
+constexpr int64_t kBlock = 1024;  // 4 KiB of float32 per block: stays in L1.
+
+template <typename scalar_t, typename acc_t>
+RRL_TARGET_CLONES void forward_row(const scalar_t* z, int64_t V, acc_t inv_tau, int64_t y,
+                                   bool want_entropy, acc_t* lp, acc_t* ent, acc_t* lse) {
+  constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
+  acc_t buf[kBlock];
+  acc_t m = -kInf;  // running max of s
+  acc_t S = 0;      // sum exp(s - m)
+  acc_t E = 0;      // sum exp(s - m) * (s - m): entropy without cancellation
+  int bad = 0;      // a NaN or +inf logit: the row is NaN, as in PyTorch
+  for (int64_t start = 0; start < V; start += kBlock) {
+    const int64_t len = std::min(kBlock, V - start);
+    const scalar_t* zb = z + start;
+    acc_t bm = -kInf;
+#pragma omp simd reduction(max : bm) reduction(| : bad)
+    for (int64_t i = 0; i < len; ++i) {
+      const acc_t s = static_cast<acc_t>(zb[i]) * inv_tau;
+      buf[i] = s;
+      bm = s > bm ? s : bm;
+      bad |= !(s < kInf);
+    }
+    if (bm > m) {
+      if (S > 0) {
+        const acc_t r = std::exp(m - bm);
+        E = r * (E + (m - bm) * S);
+        S = r * S;
+      }
+      m = bm;
+    }
+    if (m == -kInf) continue;  // all -inf so far: nothing to add
+    acc_t bs = 0, be = 0;
+    if (want_entropy) {
+#pragma omp simd reduction(+ : bs, be)
+      for (int64_t i = 0; i < len; ++i) {
+        acc_t d = buf[i] - m;
+        d = d < acc_t(kExpFloor) ? acc_t(kExpFloor) : d;
+        const acc_t e = fast_exp(d);
+        bs += e;
+        be += e * d;
+      }
+    } else {
+#pragma omp simd reduction(+ : bs)
+      for (int64_t i = 0; i < len; ++i) bs += fast_exp(buf[i] - m);
+    }
+    S += bs;
+    E += be;
+  }
+  const acc_t nan = std::numeric_limits<acc_t>::quiet_NaN();
+  const acc_t log_s = std::log(S);
+  *lse = bad ? nan : m + log_s;
+  *lp = static_cast<acc_t>(z[y]) * inv_tau - *lse;
+  if (want_entropy) *ent = bad ? nan : log_s - E / S;
+}
+
+template <typename scalar_t, typename acc_t>
+RRL_TARGET_CLONES void backward_row(const scalar_t* z, scalar_t* dz, int64_t V, acc_t inv_tau,
+                                    int64_t y, acc_t g_lp, acc_t g_ent, acc_t lse, acc_t mean_s) {
+  // dz_j = (g_lp (1[j = y] - p_j) - g_ent p_j (s_j - E_p[s])) / tau; the 1[j = y] term is
+  // added after the loop, in acc_t, so the loop has no branch.
+  const acc_t a = g_lp * inv_tau, b = g_ent * inv_tau;
+  const acc_t s_y = static_cast<acc_t>(z[y]) * inv_tau;
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) {
+    const acc_t s = static_cast<acc_t>(z[j]) * inv_tau;
+    const acc_t p = fast_exp(s - lse);
+    dz[j] = static_cast<scalar_t>(-p * (a + b * (s - mean_s)));
+  }
+  const acc_t p_y = fast_exp(s_y - lse);
+  dz[y] = static_cast<scalar_t>(a * (1 - p_y) - b * p_y * (s_y - mean_s));
+}
+
+void check_targets(const at::Tensor& target, int64_t V, int64_t ignore_index) {
+  const int64_t* t = target.data_ptr<int64_t>();
+  const int64_t N = target.numel();
+  for (int64_t n = 0; n < N; ++n) {
+    TORCH_CHECK_INDEX(t[n] == ignore_index || (t[n] >= 0 && t[n] < V), "token_logprob: target id ",
+                      t[n], " at flat position ", n, " is outside the vocabulary [0, ", V,
+                      ") and is not ignore_index (", ignore_index, ")");
+  }
+}
+
+void check_inputs(const at::Tensor& logits, const at::Tensor& target, double temperature) {
+  TORCH_CHECK(logits.dim() >= 1, "token_logprob: logits must have a vocabulary dimension");
+  TORCH_CHECK(at::isFloatingType(logits.scalar_type()),
+              "token_logprob: logits must be floating point, got ", logits.scalar_type());
+  TORCH_CHECK(!at::isFloatingType(target.scalar_type()) && !target.is_complex() &&
+                  target.scalar_type() != at::kBool,
+              "token_logprob: target ids must be an integer tensor, got ", target.scalar_type());
+  TORCH_CHECK(target.sizes() == logits.sizes().slice(0, logits.dim() - 1),
+              "token_logprob: target shape ", target.sizes(),
+              " must equal the logits shape without its last dimension ", logits.sizes());
+  TORCH_CHECK(temperature > 0 && std::isfinite(temperature),
+              "token_logprob: temperature must be a positive finite number, got ", temperature);
+  TORCH_CHECK(logits.size(-1) > 0 || target.numel() == 0,
+              "token_logprob: the vocabulary dimension is empty");
+}
+
+at::Tensor rows_view(const at::Tensor& logits) {
+  // Keep a strided view unless the last dimension itself is strided.
+  return logits.stride(-1) == 1 || logits.size(-1) <= 1 ? logits : logits.contiguous();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cpu(const at::Tensor& logits_in,
+                                                                 const at::Tensor& target_in,
+                                                                 double temperature,
+                                                                 int64_t ignore_index,
+                                                                 bool compute_entropy) {
+  check_inputs(logits_in, target_in, temperature);
+  const at::Tensor logits = rows_view(logits_in);
+  const at::Tensor target = target_in.to(at::kLong).contiguous();
+  const int64_t V = logits.size(-1);
+  const int64_t N = target.numel();
+  check_targets(target, V, ignore_index);
+
+  const auto out_dtype = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto opts = target.options().dtype(out_dtype);
+  at::Tensor lp = at::empty(target.sizes(), opts);
+  at::Tensor ent = compute_entropy ? at::empty(target.sizes(), opts) : at::empty({0}, opts);
+  at::Tensor lse = at::empty(target.sizes(), opts);
+  if (N == 0) return {lp, ent, lse};
+
+  const RowIndexer rows(logits);
+  const int64_t* t = target.data_ptr<int64_t>();
+  const int64_t grain = std::max<int64_t>(1, 65536 / V);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "token_logprob", [&] {
+    using acc_t = acc_type_t<scalar_t>;
+    const scalar_t* z = logits.data_ptr<scalar_t>();
+    acc_t* lp_p = lp.data_ptr<acc_t>();
+    acc_t* ent_p = compute_entropy ? ent.data_ptr<acc_t>() : nullptr;
+    acc_t* lse_p = lse.data_ptr<acc_t>();
+    const acc_t inv_tau = static_cast<acc_t>(1.0 / temperature);
+    at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        if (t[n] == ignore_index) {
+          lp_p[n] = 0;
+          lse_p[n] = 0;
+          if (ent_p) ent_p[n] = 0;
+          continue;
+        }
+        acc_t e;
+        forward_row<scalar_t, acc_t>(z + rows.offset(n), V, inv_tau, t[n], compute_entropy,
+                                     lp_p + n, ent_p ? ent_p + n : &e, lse_p + n);
+      }
+    });
+  });
+  return {lp, ent, lse};
+}
+
+void backward_into(const at::Tensor& grad_lp_in, const c10::optional<at::Tensor>& grad_ent_in,
+                   const at::Tensor& logits, const at::Tensor& out, const at::Tensor& target_in,
+                   const at::Tensor& lse_in, const at::Tensor& ent_in, double temperature,
+                   int64_t ignore_index) {
+  const bool has_ent = grad_ent_in.has_value() && grad_ent_in->defined();
+  TORCH_CHECK(!has_ent || ent_in.numel() == target_in.numel(),
+              "token_logprob_backward: an entropy gradient needs the forward's entropy");
+  const int64_t V = logits.size(-1);
+  const int64_t N = target_in.numel();
+  if (N == 0) return;
+  const auto acc = lse_in.scalar_type();
+  const at::Tensor target = target_in.to(at::kLong).contiguous();
+  const at::Tensor g_lp = grad_lp_in.to(acc).contiguous();
+  const at::Tensor g_ent = has_ent ? grad_ent_in->to(acc).contiguous() : at::Tensor();
+  const at::Tensor lse = lse_in.contiguous();
+  const at::Tensor ent = has_ent ? ent_in.to(acc).contiguous() : at::Tensor();
+  const RowIndexer in_rows(logits), out_rows(out);
+  const int64_t* t = target.data_ptr<int64_t>();
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(V, 1));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "token_logprob_backward", [&] {
+    using acc_t = acc_type_t<scalar_t>;
+    TORCH_CHECK(lse.scalar_type() == c10::CppTypeToScalarType<acc_t>::value,
+                "token_logprob_backward: lse has the wrong dtype");
+    const scalar_t* z = logits.data_ptr<scalar_t>();
+    scalar_t* dz = out.data_ptr<scalar_t>();
+    const acc_t* glp = g_lp.data_ptr<acc_t>();
+    const acc_t* gent = has_ent ? g_ent.data_ptr<acc_t>() : nullptr;
+    const acc_t* lse_p = lse.data_ptr<acc_t>();
+    const acc_t* ent_p = has_ent ? ent.data_ptr<acc_t>() : nullptr;
+    const acc_t inv_tau = static_cast<acc_t>(1.0 / temperature);
+    at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        scalar_t* row_out = dz + out_rows.offset(n);
+        if (t[n] == ignore_index) {
+          std::fill(row_out, row_out + V, scalar_t(0));
+          continue;
+        }
+        const acc_t ge = gent ? gent[n] : acc_t(0);
+        const acc_t mean_s = ent_p ? lse_p[n] - ent_p[n] : acc_t(0);  // E_p[s] = lse - H
+        backward_row<scalar_t, acc_t>(z + in_rows.offset(n), row_out, V, inv_tau, t[n], glp[n], ge,
+                                      lse_p[n], mean_s);
+      }
+    });
+  });
+}
+
+at::Tensor token_logprob_backward_cpu(const at::Tensor& grad_lp,
+                                      const c10::optional<at::Tensor>& grad_ent,
+                                      const at::Tensor& logits_in, const at::Tensor& target,
+                                      const at::Tensor& lse, const at::Tensor& ent,
+                                      double temperature, int64_t ignore_index) {
+  const at::Tensor logits = rows_view(logits_in);
+  at::Tensor out = at::empty_like(logits, at::MemoryFormat::Contiguous);
+  backward_into(grad_lp, grad_ent, logits, out, target, lse, ent, temperature, ignore_index);
+  return out;
+}
+
+void token_logprob_backward_inplace_cpu(const at::Tensor& grad_lp,
+                                        const c10::optional<at::Tensor>& grad_ent,
+                                        const at::Tensor& logits, const at::Tensor& target,
+                                        const at::Tensor& lse, const at::Tensor& ent,
+                                        double temperature, int64_t ignore_index) {
+  TORCH_CHECK(logits.stride(-1) == 1 || logits.size(-1) <= 1,
+              "token_logprob: inplace_backward needs logits whose last dimension is contiguous");
+  // Each element is read before it is overwritten, so reading and writing the same row is safe.
+  backward_into(grad_lp, grad_ent, logits, logits, target, lse, ent, temperature, ignore_index);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reasonrl_fast, CPU, m) {
+  m.impl("token_logprob", &token_logprob_cpu);
+  m.impl("token_logprob_backward", &token_logprob_backward_cpu);
+  m.impl("token_logprob_backward_", &token_logprob_backward_inplace_cpu);
+}
+
+}  // namespace reasonrl_fast

@@ -1,0 +1,94 @@
+"""tb_loss: FlowRL's trajectory-balance loss, forward and backward in one kernel each (SPEC.md §4)."""
+
+from __future__ import annotations
+
+import torch
+
+_op = torch.ops.reasonrl_fast
+
+
+def tb_loss(
+    log_z: torch.Tensor,
+    logprob: torch.Tensor,
+    ref_logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    reward: torch.Tensor,
+    response_mask: torch.Tensor,
+    beta: float = 15.0,
+    max_is_weight: float = 10.0,
+    is_clip_eps: float | None = None,
+    return_stats: bool = False,
+):
+    """loss = mean_b w[b] delta[b]^2, with
+
+        delta[b] = log_z[b] + mean_t(logprob) - beta * reward[b] - mean_t(ref_logprob)
+        w[b]     = stopgrad(min(exp(sum_t(logprob - old_logprob)), max_is_weight))
+
+    (means and sums over the response mask). Gradients flow to log_z and logprob only.
+
+    Args:
+        log_z: [B] from the Z-head. logprob, ref_logprob, old_logprob, response_mask: [B, T].
+        reward: [B], the group-normalised advantage (SPEC.md §2).
+        is_clip_eps: the paper's variant, w clipped to [1 - eps, 1 + eps] instead of
+            [0, max_is_weight].
+        return_stats: also return {"delta": [B], "is_weight": [B]} (detached) for logging.
+    """
+    bt = tuple(logprob.shape)
+    if logprob.dim() != 2:
+        raise ValueError(f"tb_loss: logprob must be [B, T], got {bt}")
+    for name, t in (("ref_logprob", ref_logprob), ("old_logprob", old_logprob), ("response_mask", response_mask)):
+        if tuple(t.shape) != bt:
+            raise ValueError(f"tb_loss: {name} must have shape {bt} like logprob, got {tuple(t.shape)}")
+    for name, t in (("log_z", log_z), ("reward", reward)):
+        if tuple(t.shape) != bt[:1]:
+            raise ValueError(f"tb_loss: {name} must be [B] = {bt[:1]}, got {tuple(t.shape)}")
+    tensors = (log_z, logprob, ref_logprob, old_logprob, reward, response_mask)
+    if any(t.device != logprob.device for t in tensors):
+        raise ValueError(f"tb_loss: all inputs must be on one device, got {[str(t.device) for t in tensors]}")
+    if is_clip_eps is not None:
+        if not 0 <= is_clip_eps <= 1:
+            raise ValueError(f"tb_loss: is_clip_eps must be in [0, 1], got {is_clip_eps}")
+        lo, hi = 1.0 - is_clip_eps, 1.0 + is_clip_eps
+    else:
+        if not max_is_weight > 0:
+            raise ValueError(f"tb_loss: max_is_weight must be > 0, got {max_is_weight}")
+        lo, hi = 0.0, float(max_is_weight)
+    loss, delta, w = _op.tb_loss(
+        log_z, logprob, ref_logprob, old_logprob, reward, response_mask, float(beta), lo, hi
+    )
+    if return_stats:
+        return loss, {"delta": delta.detach(), "is_weight": w.detach()}
+    return loss
+
+
+def _out_dtype(lp):
+    return torch.float64 if lp.dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("reasonrl_fast::tb_loss")
+def _(log_z, logprob, ref_logprob, old_logprob, reward, mask, beta, min_w, max_w):
+    dt = _out_dtype(logprob)
+    b = logprob.shape[0]
+    return logprob.new_empty((), dtype=dt), logprob.new_empty((b,), dtype=dt), logprob.new_empty((b,), dtype=dt)
+
+
+@torch.library.register_fake("reasonrl_fast::tb_loss_backward")
+def _(grad_loss, delta, is_weight, mask):
+    return delta.new_empty(delta.shape), delta.new_empty(mask.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    log_z, logprob, _, _, _, mask, *_ = inputs
+    _, delta, w = output
+    ctx.save_for_backward(delta, w, mask)
+    ctx.dtypes = (log_z.dtype, logprob.dtype)
+    ctx.mark_non_differentiable(delta, w)
+
+
+def _backward(ctx, grad_loss, _gd, _gw):
+    delta, w, mask = ctx.saved_tensors
+    g_lz, g_lp = _op.tb_loss_backward(grad_loss, delta, w, mask)
+    return g_lz.to(ctx.dtypes[0]), g_lp.to(ctx.dtypes[1]), None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("reasonrl_fast::tb_loss", _backward, setup_context=_setup_context)

@@ -1,0 +1,83 @@
+"""Build reasonrl_fast and its compiled extension reasonrl_fast._C.
+
+CPU kernels (csrc/*.cpp) are always built. CUDA kernels (csrc/kernels/*.cu) are added when the
+installed torch is a CUDA build and nvcc is found, or when FORCE_CUDA=1; REASONRL_FORCE_CPU=1
+skips them. Install with `pip install --no-build-isolation .` once torch is installed: the
+extension must be compiled against the torch it will run with.
+"""
+
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+try:
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+except ImportError:
+    sys.exit(
+        "reasonrl_fast: torch must be installed before building (the C++ extension compiles "
+        "against it). On a CPU machine: `pip install torch==2.13.0`, then "
+        "`pip install --no-build-isolation -e .` (plain `pip install .` builds in an isolated "
+        "environment without your torch)."
+    )
+
+if shutil.which(os.environ.get("CXX", "c++")) is None:
+    sys.exit("reasonrl_fast: no C++ compiler found; install g++ (Debian: apt-get install g++).")
+
+here = os.path.dirname(os.path.abspath(__file__))
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0").lower() in ("1", "true", "yes")
+
+
+def with_cuda() -> bool:
+    if _flag("REASONRL_FORCE_CPU"):
+        return False
+    if _flag("FORCE_CUDA"):
+        return True
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def extensions():
+    sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    cuda_sources = sorted(glob.glob(os.path.join("csrc", "kernels", "*.cu")))
+    debug = _flag("DEBUG")
+    cxx = ["-O0", "-g"] if debug else ["-O3"]
+    cxx += ["-fopenmp", "-std=c++17", "-DPy_LIMITED_API=0x03090000"]
+    extra = {"cxx": cxx}
+    macros = []
+    Ext = CppExtension
+    if with_cuda() and cuda_sources:
+        Ext = CUDAExtension
+        sources += cuda_sources
+        extra["nvcc"] = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
+        macros.append(("WITH_CUDA", None))
+    return [
+        Ext(
+            "reasonrl_fast._C",
+            sources,
+            include_dirs=[os.path.join(here, "csrc")],
+            define_macros=macros,
+            extra_compile_args=extra,
+            extra_link_args=["-fopenmp"],
+            py_limited_api=True,
+        )
+    ]
+
+
+setup(
+    name="reasonrl_fast",
+    version="0.1.0",
+    description="Fused PyTorch ops and a thin Ray + FSDP2 trainer for RL on reasoning (GRPO, FlowRL, FAPO)",
+    packages=find_packages(include=["reasonrl_fast", "reasonrl_fast.*"]),
+    python_requires=">=3.10",
+    install_requires=["torch>=2.6"],
+    extras_require={"dev": ["pytest>=8", "hypothesis>=6", "expecttest", "pytest-xdist"]},
+    ext_modules=extensions(),
+    cmdclass={"build_ext": BuildExtension},
+    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+)
