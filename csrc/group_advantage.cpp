@@ -47,6 +47,11 @@ at::Tensor group_advantage_cpu(const at::Tensor& rewards_in, const at::Tensor& g
     if (k > 1) {
       for (int64_t i = lo; i < hi; ++i) mean += rp[order[i]];
       mean /= static_cast<double>(k);
+      // One correction pass: makes the mean exact for equal rewards, so they get exactly 0
+      // rather than rounding noise divided by eps.
+      double c = 0;
+      for (int64_t i = lo; i < hi; ++i) c += rp[order[i]] - mean;
+      mean += c / static_cast<double>(k);
       double ss = 0;  // two passes: no cancellation for rewards with a large common offset
       for (int64_t i = lo; i < hi; ++i) ss += (rp[order[i]] - mean) * (rp[order[i]] - mean);
       std = std::sqrt(ss / static_cast<double>(k - 1));  // unbiased, as torch.std

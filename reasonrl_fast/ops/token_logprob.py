@@ -44,7 +44,7 @@ def token_logprob(
         raise ValueError(f"token_logprob: temperature must be > 0, got {temperature}")
     if logits.device != token_ids.device:
         raise ValueError(
-            f"token_logprob: logits are on {logits.device} but token_ids on {token_ids.device}"
+            f"token_logprob: logits and token_ids must be on one device, got {logits.device} and {token_ids.device}"
         )
     if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(token_ids.shape):
         raise ValueError(

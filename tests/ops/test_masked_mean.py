@@ -1,0 +1,99 @@
+"""masked_mean and ZHead (SPEC.md §5)."""
+
+import pytest
+import torch
+
+from reasonrl_fast.ops import ZHead, masked_mean
+from reasonrl_fast.ops import reference as ref
+
+
+def _inputs(b, t, h, dtype=torch.float64):
+    x = torch.randn(b, t, h, dtype=torch.float64).to(dtype)
+    mask = torch.rand(b, t) < 0.6
+    mask[0] = False  # an empty row
+    return x, mask
+
+
+@pytest.mark.parametrize("bth", [(1, 1, 1), (5, 7, 13), (3, 130, 257)])
+def test_matches_reference(bth):
+    x, mask = _inputs(*bth)
+    xg = x.clone().requires_grad_()
+    out = masked_mean(xg, mask)
+    g = torch.randn_like(out)
+    (out * g).sum().backward()
+    xr = x.clone().requires_grad_()
+    out_r = ref.masked_mean(xr, mask)
+    (out_r * g).sum().backward()
+    torch.testing.assert_close(out, out_r)
+    torch.testing.assert_close(xg.grad, xr.grad)
+    assert (out[0] == 0).all() and (xg.grad[0] == 0).all()
+
+
+def test_float_weights_mask():
+    x = torch.randn(4, 6, 5, dtype=torch.float64)
+    w = torch.rand(4, 6, dtype=torch.float64)
+    torch.testing.assert_close(masked_mean(x, w), ref.masked_mean(x, w))
+
+
+def test_bfloat16_within_twice_plain_pytorch():
+    x, mask = _inputs(8, 300, 64, dtype=torch.bfloat16)
+    exact = ref.masked_mean(x.double(), mask)
+    plain = ref.masked_mean(x, mask)
+    ours = masked_mean(x, mask)
+    assert ours.dtype == torch.bfloat16
+    assert (ours.double() - exact).abs().max() <= 2 * (plain.double() - exact).abs().max()
+
+
+def test_gradcheck_opcheck_compile():
+    x, mask = _inputs(3, 4, 5)
+    assert torch.autograd.gradcheck(lambda a: masked_mean(a, mask), (x.requires_grad_(),))
+    op = torch.ops.reasonrl_fast
+    xf = x.detach().float().requires_grad_()
+    torch.library.opcheck(op.masked_mean, (xf, mask))
+    torch.library.opcheck(op.masked_mean_backward, (torch.randn(3, 5), mask))
+    f = torch.compile(lambda a, m: masked_mean(a, m).square().sum(), fullgraph=True, backend="aot_eager")
+    a = xf.detach().clone().requires_grad_()
+    f(a, mask).backward()
+    masked_mean(xf, mask).square().sum().backward()
+    torch.testing.assert_close(a.grad, xf.grad)
+
+
+def test_empty_and_bad_input():
+    assert masked_mean(torch.randn(0, 3, 4), torch.ones(0, 3)).shape == (0, 4)
+    with pytest.raises(ValueError, match="mask"):
+        masked_mean(torch.randn(2, 3, 4), torch.ones(2, 4))
+    with pytest.raises(ValueError, match=r"\[B, T, H\]"):
+        masked_mean(torch.randn(2, 3), torch.ones(2, 3))
+    with pytest.raises(TypeError, match="floating"):
+        masked_mean(torch.ones(2, 3, 4, dtype=torch.long), torch.ones(2, 3))
+
+
+def test_zhead_layout_and_gradients_reach_the_backbone():
+    head = ZHead(16, num_layers=3, dropout=0.1)
+    keys = list(head.state_dict())
+    assert keys == [
+        "net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias",
+        "net.4.weight", "net.4.bias", "net.6.weight", "net.6.bias",
+        "net.8.weight", "net.8.bias",
+    ]
+    assert head.net[8].weight.shape == (1, 16)
+    head.eval()
+    h = torch.randn(3, 5, 16, requires_grad=True)
+    prompt = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [0, 1, 1, 0, 0]])
+    log_z = head(h, prompt)
+    assert log_z.shape == (3,)
+    # Same as the head applied to the reference pooling
+    torch.testing.assert_close(log_z, head.net(ref.masked_mean(h, prompt)).squeeze(-1))
+    log_z.sum().backward()
+    assert h.grad is not None and (h.grad[0, :2] != 0).any() and (h.grad[0, 2:] == 0).all()
+
+
+def test_zhead_loads_reference_checkpoint_names():
+    src = ZHead(8, num_layers=2)
+    proj_z = {f"proj_z.{k}": v for k, v in src.state_dict().items()}  # as saved by the reference trainer
+    dst = ZHead(8, num_layers=2)
+    dst.load_state_dict({k.removeprefix("proj_z."): v for k, v in proj_z.items()})
+    for a, b in zip(src.parameters(), dst.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError):
+        ZHead(0)

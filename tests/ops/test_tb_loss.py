@@ -1,0 +1,142 @@
+"""tb_loss against the float64 reference (SPEC.md §4)."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reasonrl_fast.ops import reference as ref
+from reasonrl_fast.ops import tb_loss
+
+
+def _inputs(b, t, dtype=torch.float64, empty_rows=()):
+    lp = -torch.rand(b, t, dtype=torch.float64) * 3
+    refl = -torch.rand(b, t, dtype=torch.float64) * 3
+    old = lp + torch.randn(b, t, dtype=torch.float64) * 0.05
+    lens = torch.randint(1, t + 1, (b,))
+    mask = (torch.arange(t)[None, :] < lens[:, None]).double()
+    for r in empty_rows:
+        mask[r] = 0
+    log_z = torch.randn(b, dtype=torch.float64)
+    reward = torch.randn(b, dtype=torch.float64)
+    return [x.to(dtype) for x in (log_z, lp, refl, old, reward)] + [mask]
+
+
+def _compare(args, rtol, beta=15.0, lo=0.0, hi=10.0, is_clip_eps=None):
+    log_z, lp, refl, old, reward, mask = args
+    a = [log_z.clone().requires_grad_(), lp.clone().requires_grad_()]
+    kw = dict(beta=beta, max_is_weight=hi) if is_clip_eps is None else dict(beta=beta, is_clip_eps=is_clip_eps)
+    loss, stats = tb_loss(a[0], a[1], refl, old, reward, mask, return_stats=True, **kw)
+    g = torch.rand(())
+    (loss * g).backward()
+    r = [log_z.double().requires_grad_(), lp.double().requires_grad_()]
+    loss_r, delta_r, w_r = ref.tb_loss(r[0], r[1], refl.double(), old.double(), reward.double(), mask, beta, lo, hi)
+    (loss_r * g.double()).backward()
+    torch.testing.assert_close(loss.double(), loss_r, rtol=rtol, atol=rtol)
+    torch.testing.assert_close(stats["delta"].double(), delta_r, rtol=rtol, atol=rtol)
+    torch.testing.assert_close(stats["is_weight"].double(), w_r, rtol=rtol, atol=rtol)
+    torch.testing.assert_close(a[0].grad.double(), r[0].grad, rtol=rtol, atol=rtol)
+    torch.testing.assert_close(a[1].grad.double(), r[1].grad, rtol=rtol, atol=rtol)
+    return a
+
+
+@pytest.mark.parametrize("bt", [(1, 1), (7, 13), (33, 257)])
+def test_matches_reference_float64(bt):
+    _compare(_inputs(*bt), rtol=1e-10)
+
+
+def test_float32_and_paper_clip_variant():
+    _compare([x.float() for x in _inputs(9, 100)], rtol=1e-4)
+    _compare(_inputs(9, 100), rtol=1e-10, lo=0.8, hi=1.2, is_clip_eps=0.2)
+
+
+def test_weight_is_capped_and_gets_no_gradient():
+    log_z, lp, refl, old, reward, mask = _inputs(4, 50)
+    old = lp - 1.0  # log-ratio sum >> log(10): the weight sits at the cap
+    _, stats = tb_loss(log_z, lp, refl, old, reward, mask, return_stats=True)
+    assert (stats["is_weight"] == 10.0).all()
+    assert not stats["is_weight"].requires_grad
+
+
+def test_bfloat16_within_twice_plain_pytorch():
+    args = _inputs(16, 200)
+    low = [x.to(torch.bfloat16) for x in args[:5]] + [args[5]]
+    exact, _, _ = ref.tb_loss(*[x.double() for x in low[:5]], args[5])
+    plain, _, _ = ref.tb_loss(*low)  # plain PyTorch in bf16
+    ours = tb_loss(*low)
+    assert abs(ours.double() - exact) <= 2 * abs(plain.double() - exact) + 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 6), t=st.integers(1, 9), data=st.data())
+def test_property_empty_mask_rows(b, t, data):
+    empty = data.draw(st.lists(st.integers(0, b - 1), max_size=b, unique=True))
+    a = _compare(_inputs(b, t, empty_rows=empty), rtol=1e-9)
+    for r in empty:  # an empty row: delta = log_z - beta r, no gradient to its tokens
+        assert (a[1].grad[r] == 0).all()
+
+
+def test_empty_batch():
+    loss = tb_loss(*_inputs(0, 5))
+    assert loss.shape == () and torch.isnan(loss)
+
+
+def test_gradcheck():
+    log_z, lp, refl, old, reward, mask = _inputs(5, 7)
+    # The weight is a stop-gradient of exp(sum(lp - old)): finite differences would see it
+    # move. Put every row at the cap, where it is locally constant.
+    old = lp - 1.0
+    assert torch.autograd.gradcheck(
+        lambda z, l: tb_loss(z, l, refl, old, reward, mask, beta=2.0),
+        (log_z.requires_grad_(), lp.requires_grad_()),
+    )
+
+
+def test_opcheck_and_compile():
+    log_z, lp, refl, old, reward, mask = [x.float() for x in _inputs(6, 11)]
+    op = torch.ops.reasonrl_fast
+    torch.library.opcheck(op.tb_loss, (log_z.requires_grad_(), lp.requires_grad_(), refl, old, reward, mask, 15.0, 0.0, 10.0))
+    _, delta, w = op.tb_loss(log_z, lp, refl, old, reward, mask, 15.0, 0.0, 10.0)
+    torch.library.opcheck(op.tb_loss_backward, (torch.tensor(1.0), delta, w, mask))
+
+    f = torch.compile(lambda *a: tb_loss(*a) * 3, fullgraph=True, backend="aot_eager")
+    z1, l1 = log_z.detach().clone().requires_grad_(), lp.detach().clone().requires_grad_()
+    f(z1, l1, refl, old, reward, mask).backward()
+    z2, l2 = log_z.detach().clone().requires_grad_(), lp.detach().clone().requires_grad_()
+    (tb_loss(z2, l2, refl, old, reward, mask) * 3).backward()
+    torch.testing.assert_close(z1.grad, z2.grad)
+    torch.testing.assert_close(l1.grad, l2.grad)
+
+
+def test_bool_mask():
+    args = _inputs(5, 9)
+    torch.testing.assert_close(tb_loss(*args[:5], args[5].bool()), tb_loss(*args))
+
+
+class TestBadInput:
+    def test_mask_shape(self):
+        a = _inputs(3, 4)
+        with pytest.raises(ValueError, match="response_mask"):
+            tb_loss(*a[:5], a[5][:, :3])
+
+    def test_log_z_shape(self):
+        a = _inputs(3, 4)
+        with pytest.raises(ValueError, match="log_z"):
+            tb_loss(a[0][:2], *a[1:])
+
+    def test_1d_logprob(self):
+        a = _inputs(3, 4)
+        with pytest.raises(ValueError, match=r"\[B, T\]"):
+            tb_loss(a[0], a[1][0], *a[2:])
+
+    def test_bad_weights(self):
+        a = _inputs(3, 4)
+        with pytest.raises(ValueError, match="max_is_weight"):
+            tb_loss(*a, max_is_weight=0.0)
+        with pytest.raises(ValueError, match="is_clip_eps"):
+            tb_loss(*a, is_clip_eps=1.5)
+
+    def test_integer_logprob(self):
+        a = _inputs(3, 4)
+        with pytest.raises(RuntimeError, match="floating"):
+            tb_loss(a[0], a[1].long(), *a[2:])
