@@ -52,7 +52,7 @@ def test_float32_and_paper_clip_variant():
 
 def test_weight_is_capped_and_gets_no_gradient():
     log_z, lp, refl, old, reward, mask = _inputs(4, 50)
-    old = lp - 1.0  # log-ratio sum >> log(10): the weight sits at the cap
+    old = lp - 5.0  # log-ratio sum >= 5 > log(10) even for one token: the weight sits at the cap
     _, stats = tb_loss(log_z, lp, refl, old, reward, mask, return_stats=True)
     assert (stats["is_weight"] == 10.0).all()
     assert not stats["is_weight"].requires_grad
