@@ -109,7 +109,9 @@ def _check(hidden, weight, target, bias, temperature):
 
 def _check_targets(t: torch.Tensor, V: int, ignore_index: int):
     ok = (t == ignore_index) | ((t >= 0) & (t < V))
-    if t.device.type == "cuda":
+    if t.device.type == "cuda" or type(t) is not torch.Tensor:
+        # CUDA, or traced (fake / functional tensors under torch.compile or export): a graph
+        # op instead of a data-dependent Python branch.
         # No host sync: a bad id fails a device-side assertion, which surfaces as a Python
         # RuntimeError at the caller's next synchronisation (e.g. .item(), .cpu(), backward).
         torch._assert_async(ok.all(), "linear_token_logprob: target id outside [0, V)")
@@ -126,8 +128,7 @@ def _contig(x):
     return x if x is None or x.is_contiguous() else x.contiguous()
 
 
-@_define("reasonrl_fast::linear_token_logprob")
-def _linear_token_logprob(
+def _forward_impl(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     target: torch.Tensor,
@@ -160,9 +161,15 @@ def _linear_token_logprob(
         lp = T.sum(0) - lse
     else:
         C = _chunk(N, H, V, hidden.device)
-        lse = torch.full((N,), float("-inf"), dtype=acc)
-        mean = torch.zeros((N,), dtype=acc)
-        sy = torch.zeros((N,), dtype=acc)
+        # Running statistics over the chunks seen so far, in float64 (O(N)): log-sum-exp L,
+        # the entropy Hs of the softmax restricted to those chunks, and the target logit.
+        # Merging (L, Hs) with a chunk's (l, h): L' = logaddexp(L, l), a = exp(L - L'),
+        # b = exp(l - L'), Hs' = a Hs + b h - a log a - b log b: every term is >= 0, so the
+        # entropy never comes from a difference of two large numbers (lse - E[s]).
+        f64 = torch.float64
+        lse = torch.full((N,), float("-inf"), dtype=f64)
+        hs = torch.zeros((N,), dtype=f64)
+        sy = torch.zeros((N,), dtype=f64)
         for c0 in range(0, V, C):
             c1 = min(c0 + C, V)
             Wc = weight[c0:c1]
@@ -171,20 +178,37 @@ def _linear_token_logprob(
             # Ignored rows are skipped by the kernel (-1); other rows read any in-chunk id.
             loc = torch.where(inside, tgt - c0, torch.where(valid, 0, -1))
             lp_c, ent_c, lse_c = _op.token_logprob(z, loc, temperature, -1, compute_entropy)
-            sy = torch.where(inside, lp_c + lse_c, sy)
+            lse_c = lse_c.to(f64)
+            sy = torch.where(inside, lp_c.to(f64) + lse_c, sy)
             new = torch.logaddexp(lse, lse_c)
             if compute_entropy:
-                w_old = torch.where(lse == float("-inf"), torch.zeros_like(lse), torch.exp(lse - new))
-                w_new = torch.where(lse_c == float("-inf"), torch.zeros_like(lse), torch.exp(lse_c - new))
-                mean = w_old * mean + w_new * (lse_c - ent_c)
+                fin = torch.isfinite(new)
+                a = torch.where(fin, torch.exp(lse - new), torch.zeros_like(new))
+                b = torch.where(fin, torch.exp(lse_c - new), torch.zeros_like(new))
+                hs = (a * hs + b * ent_c.to(f64)
+                      - torch.special.xlogy(a, a) - torch.special.xlogy(b, b))
             lse = new
-        lp = sy - lse
-        ent = lse - mean
+        lp = (sy - lse).to(acc)
+        ent = hs.to(acc)
+        lse = lse.to(acc)
     zero = torch.zeros_like(lse)
     lp = torch.where(valid, lp, zero)
     lse = torch.where(valid, lse, zero)
     ent = torch.where(valid, ent, zero) if compute_entropy else lse.new_empty((0,))
     return lp, ent, lse
+
+
+@_define("reasonrl_fast::linear_token_logprob")
+def _linear_token_logprob(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    temperature: float,
+    ignore_index: int,
+    compute_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward_impl(hidden, weight, target, bias, temperature, ignore_index, compute_entropy)
 
 
 @_linear_token_logprob.register_fake
@@ -196,8 +220,7 @@ def _(hidden, weight, target, bias, temperature, ignore_index, compute_entropy):
     return lp, ent, hidden.new_empty((N,), dtype=acc)
 
 
-@_define("reasonrl_fast::linear_token_logprob_backward")
-def _linear_token_logprob_backward(
+def _backward_impl(
     grad_logprob: torch.Tensor,
     grad_entropy: Optional[torch.Tensor],
     hidden: torch.Tensor,
@@ -264,6 +287,24 @@ def _linear_token_logprob_backward(
         if bias is not None:
             db[c0:c1] = dz.sum(0, dtype=acc).to(dtype)
     return dh.to(dtype), dW, db
+
+
+@_define("reasonrl_fast::linear_token_logprob_backward")
+def _linear_token_logprob_backward(
+    grad_logprob: torch.Tensor,
+    grad_entropy: Optional[torch.Tensor],
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    temperature: float,
+    ignore_index: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dh [N, H], dW [V, H], db [V] or [0] without bias), in the inputs' dtype."""
+    return _backward_impl(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy,
+                          temperature, ignore_index)
 
 
 @_linear_token_logprob_backward.register_fake
