@@ -113,8 +113,11 @@ class _MaxNumel(TorchDispatchMode):
         return out
 
 
-def check_memory_bound(device, monkeypatch, N=257, H=4, V=4001, chunk=64):
-    """No tensor the implementation creates is near [N, V]: the largest is the dW output."""
+def check_memory_bound(device, monkeypatch, N=257, H=4, V=4001, chunk=64, input_bytes=False):
+    """No tensor the implementation creates is near [N, V]: the largest is the dW output.
+
+    input_bytes: Triton's interpreter copies each input as a uint8 tensor (4 V H elements
+    for a float32 weight); allow that, it is not part of the GPU path."""
     monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", str(chunk))
     gen = torch.Generator().manual_seed(2)
     h, W, b, y = (t.to(device) if t is not None else None
@@ -124,9 +127,12 @@ def check_memory_bound(device, monkeypatch, N=257, H=4, V=4001, chunk=64):
     with _MaxNumel() as bwd:
         L._backward_impl(torch.ones_like(lp), torch.ones_like(ent), h, W, y, None, lse, ent,
                          1.0, -100)
-    assert fwd.max_numel <= N * (chunk + 1), fwd.max_numel
-    assert bwd.max_numel <= max(V * H, N * (chunk + 1)), bwd.max_numel
-    assert N * V > 10 * max(V * H, N * (chunk + 1))  # the bound is a real constraint here
+    wh = V * H * (4 if input_bytes else 1)
+    # O(N) statistics; the interpreter's byte copy of the [4, splits, N] partials is 64 N.
+    on = N * (chunk + 1) + (64 * N if input_bytes else 0)
+    assert fwd.max_numel <= max(on, wh if input_bytes else 0), fwd.max_numel
+    assert bwd.max_numel <= max(wh, on), bwd.max_numel
+    assert N * V > 5 * max(wh, on)  # the bound is a real constraint here
 
 
 @pytest.mark.parametrize("N,H,V,chunk", SHAPES)

@@ -24,8 +24,13 @@ import triton.language as tl
 @triton.jit
 def _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn, stride_wv,
                 inv_tau, HAS_BIAS: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
-    """s = (h[rows] · W[cols]ᵀ + b[cols]) / tau for one [BLOCK_N, BLOCK_V] tile, in ACC."""
+                UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                BLOCK_H: tl.constexpr):
+    """s = (h[rows] · W[cols]ᵀ + b[cols]) / tau for one [BLOCK_N, BLOCK_V] tile, in ACC.
+
+    UPCAST (interpreter only): Triton 3.7's interpreter returns garbage for tl.dot on
+    bfloat16 operands, so there the operands are widened to float32 first (exact: the
+    products of two bf16 values are exact in float32, as on tensor cores)."""
     acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=ACC)
     for k0 in range(0, H, BLOCK_H):
         ks = k0 + tl.arange(0, BLOCK_H)
@@ -34,6 +39,9 @@ def _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn,
                     mask=rmask[:, None] & kmask[None, :], other=0.0)
         b = tl.load(w_ptr + cols64[None, :] * stride_wv + ks[:, None],
                     mask=kmask[:, None] & cmask[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PREC, out_dtype=ACC)
     if HAS_BIAS:
         bias = tl.load(b_ptr + cols64, mask=cmask, other=0.0).to(ACC)
@@ -43,11 +51,13 @@ def _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn,
 
 @triton.jit
 def _fwd_kernel(h_ptr, w_ptr, b_ptr, y_ptr, m_ptr, s_ptr, e_ptr, t_ptr,
-                N, V, H, stride_hn, stride_wv, inv_tau, v_per_split,
+                N, V, H, stride_hn, stride_wv, tau_ptr, v_per_split,
                 HAS_BIAS: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
+                UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                BLOCK_H: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
+    inv_tau = tl.load(tau_ptr)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     rows64 = rows.to(tl.int64)
@@ -63,7 +73,7 @@ def _fwd_kernel(h_ptr, w_ptr, b_ptr, y_ptr, m_ptr, s_ptr, e_ptr, t_ptr,
         cmask = cols < v_end
         cols64 = cols.to(tl.int64)
         s = _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn,
-                        stride_wv, inv_tau, HAS_BIAS, ACC, PREC, BLOCK_N, BLOCK_V, BLOCK_H)
+                        stride_wv, inv_tau, HAS_BIAS, ACC, PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
         s = tl.where(cmask[None, :], s, float("-inf"))  # masked columns: -inf, not 0
         T += tl.sum(tl.where(cols64[None, :] == y[:, None], s, 0.0), axis=1)
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -85,12 +95,13 @@ def _fwd_kernel(h_ptr, w_ptr, b_ptr, y_ptr, m_ptr, s_ptr, e_ptr, t_ptr,
 
 @triton.jit
 def _dz_kernel(h_ptr, w_ptr, b_ptr, y_ptr, glp_ptr, gent_ptr, lse_ptr, mean_ptr, dz_ptr,
-               N, V, H, c0, c1, stride_hn, stride_wv, stride_dz, inv_tau, ignore_index,
+               N, V, H, c0, c1, stride_hn, stride_wv, stride_dz, tau_ptr, ignore_index,
                HAS_BIAS: tl.constexpr, HAS_ENT: tl.constexpr, ACC: tl.constexpr,
-               PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
-               BLOCK_H: tl.constexpr):
+               PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_v = tl.program_id(1)
+    inv_tau = tl.load(tau_ptr)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     rows64 = rows.to(tl.int64)
@@ -99,7 +110,7 @@ def _dz_kernel(h_ptr, w_ptr, b_ptr, y_ptr, glp_ptr, gent_ptr, lse_ptr, mean_ptr,
     cols64 = cols.to(tl.int64)
     y = tl.load(y_ptr + rows64, mask=rmask, other=ignore_index)
     s = _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn, stride_wv,
-                    inv_tau, HAS_BIAS, ACC, PREC, BLOCK_N, BLOCK_V, BLOCK_H)
+                    inv_tau, HAS_BIAS, ACC, PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
     lse = tl.load(lse_ptr + rows64, mask=rmask, other=0.0)
     glp = tl.load(glp_ptr + rows64, mask=rmask, other=0.0)
     p = tl.exp(s - lse[:, None])
@@ -122,11 +133,19 @@ def _types(dtype):
     return tl.float32, "tf32"  # bf16 / fp16 operands: the precision flag is unused
 
 
-def _blocks(device: torch.device):
+def _inv_tau(temperature, dtype, like):
+    # A Python float reaches a Triton kernel as float32: 1/tau would be rounded to 24 bits,
+    # too coarse for float64 inputs. A one-element tensor keeps the accumulation dtype.
+    return torch.full((1,), 1.0 / temperature, dtype=dtype, device=like.device)
+
+
+def _blocks(device: torch.device, dtype: torch.dtype):
     if device.type == "cuda":
-        return dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=8, num_stages=3)
+        return dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, UPCAST=False, num_warps=8,
+                    num_stages=3)
     # Interpreter: tl.dot needs >= 16 in every dimension; small blocks keep tests quick.
-    return dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16)
+    return dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16,
+                UPCAST=dtype in (torch.bfloat16, torch.float16))
 
 
 def forward_partials(hidden, weight, bias, target, temperature, splits=None, wrap=None):
@@ -136,7 +155,7 @@ def forward_partials(hidden, weight, bias, target, temperature, splits=None, wra
     V = weight.shape[0]
     acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     ACC, PREC = _types(hidden.dtype)
-    cfg = _blocks(hidden.device)
+    cfg = _blocks(hidden.device, hidden.dtype)
     BN, BV = cfg["BLOCK_N"], cfg["BLOCK_V"]
     row_blocks = triton.cdiv(N, BN)
     v_tiles = triton.cdiv(V, BV)
@@ -154,7 +173,8 @@ def forward_partials(hidden, weight, bias, target, temperature, splits=None, wra
     b = bias if bias is not None else hidden  # dummy pointer when HAS_BIAS is False
     wrap(_fwd_kernel)[(row_blocks, splits)](
         hidden, weight, b, target, parts[0], parts[1], parts[2], parts[3],
-        N, V, H, hidden.stride(0), weight.stride(0), 1.0 / temperature, v_per_split,
+        N, V, H, hidden.stride(0), weight.stride(0), _inv_tau(temperature, acc_dtype, hidden),
+        v_per_split,
         HAS_BIAS=bias is not None, ACC=ACC, PREC=PREC, **cfg)
     return parts
 
@@ -168,13 +188,13 @@ def chunk_dz(hidden, weight, bias, target, grad_lp, grad_ent, lse, mean_s, tempe
     if N == 0 or c1 <= c0:
         return out
     ACC, PREC = _types(hidden.dtype)
-    cfg = _blocks(hidden.device)
+    cfg = _blocks(hidden.device, hidden.dtype)
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(c1 - c0, cfg["BLOCK_V"]))
     b = bias if bias is not None else hidden
     has_ent = grad_ent is not None
     wrap(_dz_kernel)[grid](
         hidden, weight, b, target, grad_lp, grad_ent if has_ent else grad_lp, lse,
         mean_s if has_ent else lse, out, N, V, H, c0, c1, hidden.stride(0), weight.stride(0),
-        out.stride(0), 1.0 / temperature, ignore_index,
+        out.stride(0), _inv_tau(temperature, lse.dtype, hidden), ignore_index,
         HAS_BIAS=bias is not None, HAS_ENT=has_ent, ACC=ACC, PREC=PREC, **cfg)
     return out
