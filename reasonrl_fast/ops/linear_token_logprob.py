@@ -124,6 +124,15 @@ def _check_targets(t: torch.Tensor, V: int, ignore_index: int):
         )
 
 
+def _addmm_f32(acc, a, b):
+    """acc += a @ b with a, b in bf16/fp16 and acc float32, without rounding a @ b to 16 bits
+    (aten::addmm.dtype, CUDA). Falls back to a rounded product where that overload is missing."""
+    try:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    except (RuntimeError, TypeError, NotImplementedError):
+        acc += a @ b
+
+
 def _contig(x):
     return x if x is None or x.is_contiguous() else x.contiguous()
 
@@ -282,7 +291,7 @@ def _backward_impl(
         elif hidden.device.type == "cpu":
             dh.addmm_(dz.to(acc), Wc.to(acc))
         else:
-            dh += dz @ Wc
+            _addmm_f32(dh, dz, Wc)
         dW[c0:c1] = dz.T @ hidden
         if bias is not None:
             db[c0:c1] = dz.sum(0, dtype=acc).to(dtype)

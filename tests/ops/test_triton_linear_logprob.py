@@ -30,9 +30,6 @@ triton = pytest.importorskip("triton")
 # runs once more in a fresh interpreter (test_in_fresh_process) and its tests skip here.
 _INTERPRETED = type(triton.language.standard._sum_combine).__name__ == "InterpretedFunction"
 _RUN_HERE = DEVICE == "cuda" or _INTERPRETED
-pytestmark = pytest.mark.skipif(not _RUN_HERE and not os.environ.get("_RRL_SUBPROCESS"),
-                                reason="triton imported before TRITON_INTERPRET=1 was set; "
-                                "see test_in_fresh_process")
 
 import test_linear_token_logprob as T  # noqa: E402  (shared checks, same directory)
 
@@ -40,7 +37,10 @@ L = T.L
 
 
 @pytest.fixture(autouse=True)
-def _triton_path(monkeypatch):
+def _triton_path(monkeypatch, request):
+    if not _RUN_HERE and request.node.name != "test_in_fresh_process":
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: these tests run "
+                    "in test_in_fresh_process")
     monkeypatch.setenv("REASONRL_TRITON_CPU", "1")
     monkeypatch.setenv("REASONRL_TRITON_SPLITS", "3")
 
@@ -148,7 +148,8 @@ def test_torch_compile_sees_kernels():
     torch.testing.assert_close(out, ref)
 
 
-@pytest.mark.skipif(_RUN_HERE, reason="already running in this process")
+@pytest.mark.skipif(_RUN_HERE or bool(os.environ.get("_RRL_SUBPROCESS")),
+                    reason="the tests already run in this process")
 def test_in_fresh_process():
     env = dict(os.environ, TRITON_INTERPRET="1", _RRL_SUBPROCESS="1")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
