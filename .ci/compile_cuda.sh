@@ -81,16 +81,22 @@ for k in forward_kernel backward_kernel group_adv_kernel tb_seq_kernel tb_mean_k
   grep -q "$k" <<< "$syms" || { echo "compile_cuda: no symbol for $k" >&2; status=1; }
 done
 # The built library loads without a GPU and registers a CUDA kernel for every op schema.
-"$py" - "$(dirname "$(dirname "$so")")" <<'PY' 2>&1 | grep -v -i numpy || status=1
+(cd "$scratch" && "$py" - "$so" <<'PY' 2>&1 | grep -v -i numpy) || status=1
+# Load the built file itself: a reasonrl_fast package on sys.path (the worktree's CPU build)
+# must not shadow it.
+import importlib.util
 import sys
-sys.path.insert(0, sys.argv[1])
+
 import torch
-import reasonrl_fast._C  # noqa: F401
+
+spec = importlib.util.spec_from_file_location("_C", sys.argv[1])  # PyInit__C
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
 ops = ["token_logprob", "token_logprob_backward", "token_logprob_backward_", "group_advantage",
        "tb_loss", "tb_loss_backward", "masked_mean", "masked_mean_backward"]
 missing = [o for o in ops
            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"reasonrl_fast::{o}", "CUDA")]
-print("compile_cuda: CUDA kernels registered for", len(ops) - len(missing), "of", len(ops), "ops")
+print("compile_cuda: CUDA kernels registered for", len(ops) - len(missing), "of", len(ops), "ops",
+      "(missing: " + ", ".join(missing) + ")" if missing else "")
 sys.exit(1 if missing else 0)
 PY
 nsym=$(grep -c "STO_ENTRY" <<< "$syms" || true)
