@@ -263,9 +263,8 @@ def _backward_impl(
     C = _chunk(N, H, V, hidden.device)
     triton_path = _use_triton(hidden)
     valid = tgt != ignore_index
-    buf = torch.empty((N, C + 1), dtype=dtype, device=hidden.device)
-    if not triton_path:
-        buf[:, C].fill_(float("-inf"))
+    buf = torch.empty((N, C), dtype=dtype, device=hidden.device) if triton_path else None
+    dummy = torch.zeros((N, 1), dtype=dtype, device=hidden.device)
     for c0 in range(0, V, C):
         c1 = min(c0 + C, V)
         cc = c1 - c0
@@ -275,17 +274,18 @@ def _backward_impl(
             _tk.chunk_dz(hidden, weight, bias, tgt, g_lp, g_ent, lse, mean_s, temperature,
                          ignore_index, c0, c1, dz, wrap=_wrap())
         else:
-            # z in columns [0, cc) and a -inf dummy column cc: rows whose target lies in
-            # another chunk point at the dummy, whose (discarded) gradient absorbs the
-            # 1[j = y] term. The CPU kernel overwrites z with dz in place.
-            z = buf[:, : cc + 1]
-            if cc < C:
-                z[:, cc].fill_(float("-inf"))
-            z[:, :cc] = hidden @ Wc.T if bias is None else torch.addmm(bias[c0:c1], hidden, Wc.T)
+            # z in columns [0, cc) and a dummy column cc: rows whose target lies in another
+            # chunk point at the dummy, whose (discarded) gradient absorbs the 1[j = y] term.
+            # The kernel takes lse and entropy from the forward, so each column's gradient
+            # depends on that column only and the dummy's value (0, finite: no inf/NaN
+            # anywhere) changes nothing else. Out of place: torch.compile traces through
+            # this function (triton_op), and mutating views of a buffer broke it.
+            zc = hidden @ Wc.T if bias is None else torch.addmm(bias[c0:c1], hidden, Wc.T)
+            z = torch.cat([zc, dummy], dim=1)
             inside = valid & (tgt >= c0) & (tgt < c1)
             loc = torch.where(inside, tgt - c0, torch.where(valid, cc, -1))
-            _op.token_logprob_backward_(g_lp, g_ent, z, loc, lse, ent, temperature, -1)
-            dz = z[:, :cc]
+            dz = _op.token_logprob_backward(g_lp, g_ent, z, loc, lse, ent, temperature, -1)
+            dz = dz[:, :cc]
         if dtype == acc:
             dh.addmm_(dz, Wc)
         elif hidden.device.type == "cpu":

@@ -241,3 +241,38 @@ def test_gradcheck_cpu(monkeypatch):
         return lp, ent
 
     assert torch.autograd.gradcheck(f, (h, W, b))
+
+
+def _compiled_vs_eager(backend, entropy):
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(9, 8, generator=gen, requires_grad=True)
+    W = torch.randn(50, 8, generator=gen, requires_grad=True)
+    y = torch.randint(0, 50, (9,), generator=gen)
+
+    def fn(h, W):
+        out = linear_token_logprob(h, W, y, return_entropy=entropy)
+        return out[0].sum() + out[1].sum() if entropy else out.sum()
+
+    torch._dynamo.reset()
+    f = torch.compile(fn, fullgraph=True, backend=backend)
+    got = torch.autograd.grad(f(h, W), (h, W))
+    want = torch.autograd.grad(fn(h, W), (h, W))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_torch_compile_aot_eager(entropy, monkeypatch):
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "16")
+    _compiled_vs_eager("aot_eager", entropy)
+
+
+@pytest.mark.parametrize(
+    "entropy",
+    [False, pytest.param(True, marks=pytest.mark.xfail(
+        reason="known issue: inductor on CPU gives inf/NaN gradients with return_entropy=True "
+               "(aot_eager is exact); not yet understood", strict=False))],
+)
+def test_torch_compile_inductor_cpu(entropy, monkeypatch):
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "16")
+    _compiled_vs_eager("inductor", entropy)
