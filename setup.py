@@ -46,17 +46,20 @@ def extensions():
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
     cuda_sources = sorted(glob.glob(os.path.join("csrc", "kernels", "*.cu")))
     debug = _flag("DEBUG")
+    # torch >= 2.14's headers use C++20 (requires-clauses); older ones build as C++17.
+    major_minor = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    std = "-std=c++20" if major_minor >= (2, 14) else "-std=c++17"
     cxx = ["-O0", "-g"] if debug else ["-O3"]
     # -fno-trapping-math lets GCC if-convert the clamps in the exp loops and vectorise them
     # (see csrc/common.h); it changes no result, only the FP-exception flags nobody reads.
-    cxx += ["-fopenmp", "-fno-trapping-math", "-std=c++17", "-DPy_LIMITED_API=0x03090000"]
+    cxx += ["-fopenmp", "-fno-trapping-math", std, "-DPy_LIMITED_API=0x03090000"]
     extra = {"cxx": cxx}
     macros = []
     Ext = CppExtension
     if with_cuda() and cuda_sources:
         Ext = CUDAExtension
         sources += cuda_sources
-        extra["nvcc"] = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
+        extra["nvcc"] = ["-O3", std, "--expt-relaxed-constexpr", "-lineinfo"]
         macros.append(("WITH_CUDA", None))
     return [
         Ext(

@@ -1,0 +1,138 @@
+// CUDA kernel of group_advantage (SPEC.md §2), same schema, semantics and messages as
+// csrc/group_advantage.cpp.
+//
+// Group ids are arbitrary and groups need not be contiguous. Up to kTiledMax responses the
+// whole op is ONE launch: each thread owns one response and streams all (id, reward) pairs
+// through shared memory twice (group sum and count, then the squared deviations from its
+// group's mean), in double, in a fixed order, so the result is deterministic. That is
+// O(B^2 / threads) work, a few microseconds for B of a few thousand. Above kTiledMax the op
+// falls back to sort-free ATen segment reductions (unique + index_add), several launches.
+#include <torch/library.h>
+
+#include "common.cuh"
+
+namespace reasonrl_fast {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kTiledMax = 1 << 16;
+
+template <typename r_t, typename g_t>
+__global__ void __launch_bounds__(kThreads)
+    group_adv_kernel(const r_t* __restrict__ rewards, const g_t* __restrict__ gids, int64_t B,
+                     double eps, bool norm_by_std, float* __restrict__ out) {
+  __shared__ double sr[kThreads];
+  __shared__ int64_t sg[kThreads];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const bool live = i < B;
+  const int64_t g = live ? static_cast<int64_t>(gids[i]) : 0;
+  const double r = live ? static_cast<double>(rewards[i]) : 0.0;
+  double sum = 0, cnt = 0;
+  for (int64_t t0 = 0; t0 < B; t0 += kThreads) {
+    const int64_t j = t0 + threadIdx.x;
+    __syncthreads();
+    if (j < B) {
+      sr[threadIdx.x] = static_cast<double>(rewards[j]);
+      sg[threadIdx.x] = static_cast<int64_t>(gids[j]);
+    }
+    __syncthreads();
+    const int len = static_cast<int>(B - t0 < kThreads ? B - t0 : kThreads);
+    for (int k = 0; k < len; ++k) {
+      if (sg[k] == g) {
+        sum += sr[k];
+        cnt += 1;
+      }
+    }
+  }
+  const double mean = cnt > 1 ? sum / cnt : 0.0;  // a group of one: mean 0, std 1
+  double ss = 0;
+  if (norm_by_std) {
+    for (int64_t t0 = 0; t0 < B; t0 += kThreads) {
+      const int64_t j = t0 + threadIdx.x;
+      __syncthreads();
+      if (j < B) {
+        sr[threadIdx.x] = static_cast<double>(rewards[j]);
+        sg[threadIdx.x] = static_cast<int64_t>(gids[j]);
+      }
+      __syncthreads();
+      const int len = static_cast<int>(B - t0 < kThreads ? B - t0 : kThreads);
+      for (int k = 0; k < len; ++k) {
+        if (sg[k] == g) {
+          const double d = sr[k] - mean;
+          ss += d * d;
+        }
+      }
+    }
+  }
+  if (!live) return;
+  const double a = r - mean;
+  if (norm_by_std) {
+    const double std = cnt > 1 ? ::sqrt(ss / (cnt - 1)) : 1.0;  // unbiased, as torch.std
+    out[i] = static_cast<float>(a / (std + eps));
+  } else {
+    out[i] = static_cast<float>(a);
+  }
+}
+
+at::Tensor group_advantage_aten(const at::Tensor& rewards, const at::Tensor& group_ids,
+                                double eps, bool norm_by_std) {
+  const at::Tensor r = rewards.to(at::kDouble);
+  const at::Tensor g = group_ids.to(at::kLong);
+  at::Tensor uniq, inv, counts;
+  std::tie(uniq, inv, counts) = at::_unique2(g, /*sorted=*/true, /*return_inverse=*/true,
+                                             /*return_counts=*/true);
+  const int64_t G = uniq.numel();
+  const at::Tensor k = counts.to(at::kDouble);
+  at::Tensor mean = at::zeros({G}, r.options()).index_add_(0, inv, r) / k;
+  mean = at::where(counts > 1, mean, at::zeros_like(mean));
+  const at::Tensor a = r - mean.index_select(0, inv);
+  if (!norm_by_std) return a.to(at::kFloat);
+  const at::Tensor ss = at::zeros({G}, r.options()).index_add_(0, inv, a * a);
+  at::Tensor std = at::sqrt(ss / (k - 1).clamp_min(1));
+  std = at::where(counts > 1, std, at::ones_like(std));
+  return (a / (std.index_select(0, inv) + eps)).to(at::kFloat);
+}
+
+at::Tensor group_advantage_cuda(const at::Tensor& rewards_in, const at::Tensor& group_ids_in,
+                                double eps, bool norm_by_std) {
+  TORCH_CHECK(rewards_in.dim() == 1, "group_advantage: rewards must be 1-D [B], got shape ",
+              rewards_in.sizes());
+  TORCH_CHECK(at::isFloatingType(rewards_in.scalar_type()),
+              "group_advantage: rewards must be floating point, got ", rewards_in.scalar_type());
+  TORCH_CHECK(group_ids_in.dim() == 1 && group_ids_in.size(0) == rewards_in.size(0),
+              "group_advantage: group_ids must be 1-D with one id per reward (", rewards_in.size(0),
+              "), got shape ", group_ids_in.sizes());
+  TORCH_CHECK(!at::isFloatingType(group_ids_in.scalar_type()) && !group_ids_in.is_complex(),
+              "group_advantage: group_ids must be an integer tensor, got ",
+              group_ids_in.scalar_type());
+  TORCH_CHECK(eps >= 0, "group_advantage: eps must be >= 0, got ", eps);
+  TORCH_CHECK(group_ids_in.device() == rewards_in.device(), "group_advantage: group_ids are on ",
+              group_ids_in.device(), " but rewards on ", rewards_in.device());
+  const c10::cuda::CUDAGuard guard(rewards_in.device());
+  const int64_t B = rewards_in.size(0);
+  if (B == 0) return at::empty({0}, rewards_in.options().dtype(at::kFloat));
+  if (B > kTiledMax) return group_advantage_aten(rewards_in, group_ids_in, eps, norm_by_std);
+  const at::Tensor r = rewards_in.contiguous();
+  const at::Tensor g = group_ids_in.scalar_type() == at::kBool ? group_ids_in.to(at::kLong)
+                                                               : group_ids_in.contiguous();
+  at::Tensor out = at::empty({B}, rewards_in.options().dtype(at::kFloat));
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t blocks = (B + kThreads - 1) / kThreads;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, r.scalar_type(), "group_advantage_cuda", [&] {
+    using r_t = scalar_t;
+    AT_DISPATCH_INTEGRAL_TYPES(g.scalar_type(), "group_advantage_cuda_ids", [&] {
+      group_adv_kernel<r_t, scalar_t><<<blocks, kThreads, 0, stream>>>(
+          r.data_ptr<r_t>(), g.data_ptr<scalar_t>(), B, eps, norm_by_std, out.data_ptr<float>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace cuda
+
+TORCH_LIBRARY_IMPL(reasonrl_fast, CUDA, m) { m.impl("group_advantage", &cuda::group_advantage_cuda); }
+
+}  // namespace reasonrl_fast

@@ -1,0 +1,161 @@
+// CUDA kernels of masked_mean, the prompt pooling of the Z-head (SPEC.md §5), same schemas,
+// semantics and messages as csrc/masked_mean.cpp: out[b] = Σ_t x[b, t] m[b, t] / Σ_t m[b, t],
+// 0 for an empty mask, accumulated in float32 (float64 for float64).
+//
+// Forward: grid (B, H / (threads * VEC)); each thread owns VEC consecutive features (one
+// 16-byte load per token when H is a multiple of VEC and x is aligned, else scalar loads) and
+// walks the tokens, skipping masked-out ones. Backward: grid over (B * T, H chunks), one
+// 16-byte store per VEC features where alignment allows.
+#include <torch/library.h>
+
+#include "common.cuh"
+
+namespace reasonrl_fast {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+template <typename scalar_t, typename acc_t, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    masked_mean_kernel(const scalar_t* __restrict__ x, const acc_t* __restrict__ mask,
+                       const acc_t* __restrict__ count, int64_t T, int64_t H,
+                       scalar_t* __restrict__ out) {
+  using V16 = Vec16<scalar_t>;
+  constexpr int VEC = kVec ? V16::kSize : 1;
+  const int64_t b = blockIdx.x;
+  const int64_t h0 = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * VEC;
+  if (h0 >= H) return;
+  acc_t acc[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) acc[j] = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const acc_t m = mask[b * T + t];
+    if (m == 0) continue;  // prompts are short next to T: skip padding rows outright
+    const scalar_t* row = x + (b * T + t) * H + h0;
+    if constexpr (kVec) {
+      const V16 v = *reinterpret_cast<const V16*>(row);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] += static_cast<acc_t>(v.v[j]) * m;
+    } else {
+      acc[0] += static_cast<acc_t>(row[0]) * m;
+    }
+  }
+  const acc_t n = count[b];
+  const acc_t inv = n != 0 ? acc_t(1) / n : acc_t(0);
+  scalar_t* o = out + b * H + h0;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) o[j] = static_cast<scalar_t>(acc[j] * inv);
+}
+
+template <typename scalar_t, typename acc_t, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    masked_mean_backward_kernel(const scalar_t* __restrict__ grad, const acc_t* __restrict__ mask,
+                                const acc_t* __restrict__ count, int64_t T, int64_t H,
+                                scalar_t* __restrict__ out) {
+  using V16 = Vec16<scalar_t>;
+  constexpr int VEC = kVec ? V16::kSize : 1;
+  const int64_t bt = blockIdx.x;
+  const int64_t b = bt / T;
+  const int64_t h0 = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * VEC;
+  if (h0 >= H) return;
+  const acc_t n = count[b];
+  const acc_t c = n != 0 ? mask[bt] / n : acc_t(0);
+  const scalar_t* g = grad + b * H + h0;
+  scalar_t* o = out + bt * H + h0;
+  if constexpr (kVec) {
+    const V16 gv = *reinterpret_cast<const V16*>(g);
+    V16 ov;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) ov.v[j] = static_cast<scalar_t>(static_cast<acc_t>(gv.v[j]) * c);
+    *reinterpret_cast<V16*>(o) = ov;
+  } else {
+    o[0] = static_cast<scalar_t>(static_cast<acc_t>(g[0]) * c);
+  }
+}
+
+void check_inputs(const at::Tensor& x, const at::Tensor& mask, const char* op) {
+  TORCH_CHECK(x.dim() == 3, op, ": hidden states must be [B, T, H], got shape ", x.sizes());
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": hidden states must be floating point, got ",
+              x.scalar_type());
+  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == x.size(0) && mask.size(1) == x.size(1), op,
+              ": mask must be [B, T] = [", x.size(0), ", ", x.size(1), "], got shape ", mask.sizes());
+}
+
+template <typename scalar_t>
+bool can_vec(const void* p, int64_t H) {
+  return H % Vec16<scalar_t>::kSize == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+at::Tensor masked_mean_cuda(const at::Tensor& x_in, const at::Tensor& mask_in) {
+  check_inputs(x_in, mask_in, "masked_mean");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2);
+  at::Tensor out = at::empty({B, H}, x.options());
+  if (out.numel() == 0) return out;
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "masked_mean_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const auto acc = c10::CppTypeToScalarType<acc_t>::value;
+    const at::Tensor mask = mask_in.to(x.device(), acc).contiguous();
+    const at::Tensor count = mask.sum(1);
+    const bool vec = can_vec<scalar_t>(x.data_ptr(), H) && can_vec<scalar_t>(out.data_ptr(), H);
+    const int64_t per_block = kThreads * (vec ? Vec16<scalar_t>::kSize : 1);
+    const dim3 grid(static_cast<unsigned>(B), static_cast<unsigned>((H + per_block - 1) / per_block));
+    TORCH_CHECK(B < (int64_t(1) << 31), "masked_mean: batch too large");
+    if (vec) {
+      masked_mean_kernel<scalar_t, acc_t, true><<<grid, kThreads, 0, stream>>>(
+          x.data_ptr<scalar_t>(), mask.data_ptr<acc_t>(), count.data_ptr<acc_t>(), T, H,
+          out.data_ptr<scalar_t>());
+    } else {
+      masked_mean_kernel<scalar_t, acc_t, false><<<grid, kThreads, 0, stream>>>(
+          x.data_ptr<scalar_t>(), mask.data_ptr<acc_t>(), count.data_ptr<acc_t>(), T, H,
+          out.data_ptr<scalar_t>());
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+at::Tensor masked_mean_backward_cuda(const at::Tensor& grad_in, const at::Tensor& mask_in) {
+  TORCH_CHECK(grad_in.dim() == 2 && mask_in.dim() == 2 && grad_in.size(0) == mask_in.size(0),
+              "masked_mean_backward: grad [B, H] and mask [B, T] disagree");
+  const c10::cuda::CUDAGuard guard(grad_in.device());
+  const at::Tensor grad = grad_in.contiguous();
+  const int64_t B = mask_in.size(0), T = mask_in.size(1), H = grad.size(1);
+  at::Tensor out = at::empty({B, T, H}, grad.options());
+  if (out.numel() == 0) return out;
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad.scalar_type(), "masked_mean_backward_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const auto acc = c10::CppTypeToScalarType<acc_t>::value;
+    const at::Tensor mask = mask_in.to(grad.device(), acc).contiguous();
+    const at::Tensor count = mask.sum(1);
+    const bool vec = can_vec<scalar_t>(grad.data_ptr(), H) && can_vec<scalar_t>(out.data_ptr(), H);
+    const int64_t per_block = kThreads * (vec ? Vec16<scalar_t>::kSize : 1);
+    TORCH_CHECK(B * T < (int64_t(1) << 31), "masked_mean_backward: B * T too large");
+    const dim3 grid(static_cast<unsigned>(B * T), static_cast<unsigned>((H + per_block - 1) / per_block));
+    if (vec) {
+      masked_mean_backward_kernel<scalar_t, acc_t, true><<<grid, kThreads, 0, stream>>>(
+          grad.data_ptr<scalar_t>(), mask.data_ptr<acc_t>(), count.data_ptr<acc_t>(), T, H,
+          out.data_ptr<scalar_t>());
+    } else {
+      masked_mean_backward_kernel<scalar_t, acc_t, false><<<grid, kThreads, 0, stream>>>(
+          grad.data_ptr<scalar_t>(), mask.data_ptr<acc_t>(), count.data_ptr<acc_t>(), T, H,
+          out.data_ptr<scalar_t>());
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace cuda
+
+TORCH_LIBRARY_IMPL(reasonrl_fast, CUDA, m) {
+  m.impl("masked_mean", &cuda::masked_mean_cuda);
+  m.impl("masked_mean_backward", &cuda::masked_mean_backward_cuda);
+}
+
+}  // namespace reasonrl_fast

@@ -1,0 +1,166 @@
+// CUDA kernels of the FlowRL trajectory-balance loss (SPEC.md §4), same schemas, semantics and
+// messages as csrc/tb_loss.cpp.
+//
+// Forward: one block per sequence reduces the four masked token sums in double and writes
+// delta[b] and the importance weight w[b]; a second one-block kernel sums w δ² over the batch
+// in a fixed order (deterministic) and divides by B. Backward: one block per sequence. The
+// upstream gradient is read on the device (no .item() synchronisation).
+#include <torch/library.h>
+
+#include "common.cuh"
+
+namespace reasonrl_fast {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr double kLenEps = 1e-8;  // SPEC.md §4: n + 1e-8
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads)
+    tb_seq_kernel(const scalar_t* __restrict__ lz, const scalar_t* __restrict__ lp,
+                  const scalar_t* __restrict__ ref, const scalar_t* __restrict__ old,
+                  const scalar_t* __restrict__ rw, const scalar_t* __restrict__ mk, int64_t B,
+                  int64_t T, double beta, double min_w, double max_w, scalar_t* __restrict__ delta,
+                  scalar_t* __restrict__ w) {
+  __shared__ double shm[kWarp];
+  for (int64_t b = blockIdx.x; b < B; b += gridDim.x) {
+    const int64_t base = b * T;
+    double n = 0, s_lp = 0, s_ref = 0, s_ratio = 0;
+    for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+      const double m = static_cast<double>(mk[base + t]);
+      const double l = static_cast<double>(lp[base + t]);
+      n += m;
+      s_lp += l * m;
+      s_ref += static_cast<double>(ref[base + t]) * m;
+      s_ratio += (l - static_cast<double>(old[base + t])) * m;
+    }
+    n = block_sum(n, shm);
+    s_lp = block_sum(s_lp, shm);
+    s_ref = block_sum(s_ref, shm);
+    s_ratio = block_sum(s_ratio, shm);
+    if (threadIdx.x == 0) {
+      const double denom = n + kLenEps;
+      delta[b] = static_cast<scalar_t>(static_cast<double>(lz[b]) + s_lp / denom -
+                                        beta * static_cast<double>(rw[b]) - s_ref / denom);
+      w[b] = static_cast<scalar_t>(::fmin(::fmax(::exp(s_ratio), min_w), max_w));
+    }
+  }
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(1024)
+    tb_mean_kernel(const scalar_t* __restrict__ delta, const scalar_t* __restrict__ w, int64_t B,
+                   scalar_t* __restrict__ loss) {
+  __shared__ double shm[kWarp];
+  double total = 0;
+  for (int64_t b = threadIdx.x; b < B; b += blockDim.x) {
+    const double d = static_cast<double>(delta[b]);
+    total += static_cast<double>(w[b]) * d * d;
+  }
+  total = block_sum(total, shm);
+  if (threadIdx.x == 0) *loss = static_cast<scalar_t>(total / static_cast<double>(B));
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads)
+    tb_backward_kernel(const scalar_t* __restrict__ g_loss, const scalar_t* __restrict__ delta,
+                       const scalar_t* __restrict__ w, const scalar_t* __restrict__ mk, int64_t B,
+                       int64_t T, scalar_t* __restrict__ glz, scalar_t* __restrict__ glp) {
+  __shared__ double shm[kWarp];
+  const double g = static_cast<double>(*g_loss);
+  for (int64_t b = blockIdx.x; b < B; b += gridDim.x) {
+    const int64_t base = b * T;
+    double n = 0;
+    for (int64_t t = threadIdx.x; t < T; t += blockDim.x) n += static_cast<double>(mk[base + t]);
+    n = block_sum(n, shm);
+    const double c = g * 2.0 * static_cast<double>(w[b]) * static_cast<double>(delta[b]) /
+                     static_cast<double>(B);
+    if (threadIdx.x == 0) glz[b] = static_cast<scalar_t>(c);
+    const double ct = c / (n + kLenEps);
+    for (int64_t t = threadIdx.x; t < T; t += blockDim.x)
+      glp[base + t] = static_cast<scalar_t>(ct * static_cast<double>(mk[base + t]));
+  }
+}
+
+void check_bt(const at::Tensor& t, const char* name, at::IntArrayRef bt) {
+  TORCH_CHECK(t.sizes() == bt, "tb_loss: ", name, " must have shape ", bt, " like logprob, got ",
+              t.sizes());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_cuda(
+    const at::Tensor& log_z, const at::Tensor& logprob, const at::Tensor& ref_logprob,
+    const at::Tensor& old_logprob, const at::Tensor& reward, const at::Tensor& mask, double beta,
+    double min_w, double max_w) {
+  TORCH_CHECK(logprob.dim() == 2, "tb_loss: logprob must be [B, T], got shape ", logprob.sizes());
+  for (const auto* t : {&log_z, &logprob, &ref_logprob, &old_logprob, &reward})
+    TORCH_CHECK(at::isFloatingType(t->scalar_type()),
+                "tb_loss: log_z, logprob, ref_logprob, old_logprob and reward must be floating "
+                "point, got ", t->scalar_type());
+  const int64_t B = logprob.size(0), T = logprob.size(1);
+  check_bt(ref_logprob, "ref_logprob", logprob.sizes());
+  check_bt(old_logprob, "old_logprob", logprob.sizes());
+  check_bt(mask, "response_mask", logprob.sizes());
+  TORCH_CHECK(log_z.dim() == 1 && log_z.size(0) == B, "tb_loss: log_z must be [B] = [", B,
+              "], got shape ", log_z.sizes());
+  TORCH_CHECK(reward.dim() == 1 && reward.size(0) == B, "tb_loss: reward must be [B] = [", B,
+              "], got shape ", reward.sizes());
+  TORCH_CHECK(min_w <= max_w, "tb_loss: min_is_weight ", min_w, " > max_is_weight ", max_w);
+  const c10::cuda::CUDAGuard guard(logprob.device());
+
+  const auto dt = logprob.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto prep = [&](const at::Tensor& t) { return t.to(logprob.device(), dt).contiguous(); };
+  const at::Tensor lz = prep(log_z), lp = prep(logprob), ref = prep(ref_logprob),
+                   old = prep(old_logprob), rw = prep(reward), mk = prep(mask);
+  const auto opts = logprob.options().dtype(dt);
+  at::Tensor loss = at::empty({}, opts), delta = at::empty({B}, opts), w = at::empty({B}, opts);
+  if (B == 0) {  // mean over an empty batch: NaN, as torch.mean
+    loss.fill_(std::numeric_limits<double>::quiet_NaN());
+    return {loss, delta, w};
+  }
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES(dt, "tb_loss_cuda", [&] {
+    tb_seq_kernel<scalar_t><<<grid_for(B), kThreads, 0, stream>>>(
+        lz.data_ptr<scalar_t>(), lp.data_ptr<scalar_t>(), ref.data_ptr<scalar_t>(),
+        old.data_ptr<scalar_t>(), rw.data_ptr<scalar_t>(), mk.data_ptr<scalar_t>(), B, T, beta,
+        min_w, max_w, delta.data_ptr<scalar_t>(), w.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    tb_mean_kernel<scalar_t><<<1, 1024, 0, stream>>>(delta.data_ptr<scalar_t>(),
+                                                       w.data_ptr<scalar_t>(), B,
+                                                       loss.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {loss, delta, w};
+}
+
+std::tuple<at::Tensor, at::Tensor> tb_loss_backward_cuda(const at::Tensor& grad_loss,
+                                                         const at::Tensor& delta_in,
+                                                         const at::Tensor& w_in,
+                                                         const at::Tensor& mask) {
+  const c10::cuda::CUDAGuard guard(delta_in.device());
+  const int64_t B = mask.size(0), T = mask.size(1);
+  const auto dt = delta_in.scalar_type();
+  const at::Tensor mk = mask.to(delta_in.device(), dt).contiguous();
+  const at::Tensor delta = delta_in.contiguous(), w = w_in.to(dt).contiguous();
+  const at::Tensor g = grad_loss.to(delta_in.device(), dt).reshape({-1}).contiguous();
+  at::Tensor g_lz = at::empty({B}, delta.options()), g_lp = at::empty({B, T}, delta.options());
+  if (B == 0) return {g_lz, g_lp};
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES(dt, "tb_loss_backward_cuda", [&] {
+    tb_backward_kernel<scalar_t><<<grid_for(B), kThreads, 0, stream>>>(
+        g.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+        mk.data_ptr<scalar_t>(), B, T, g_lz.data_ptr<scalar_t>(), g_lp.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {g_lz, g_lp};
+}
+
+}  // namespace
+}  // namespace cuda
+
+TORCH_LIBRARY_IMPL(reasonrl_fast, CUDA, m) {
+  m.impl("tb_loss", &cuda::tb_loss_cuda);
+  m.impl("tb_loss_backward", &cuda::tb_loss_backward_cuda);
+}
+
+}  // namespace reasonrl_fast

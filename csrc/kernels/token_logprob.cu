@@ -1,0 +1,349 @@
+// CUDA kernels of token_logprob (SPEC.md §1), same schemas, semantics and error messages as
+// csrc/token_logprob.cpp.
+//
+// One block per row (grid-stride over rows). Forward reads each logit once: every thread keeps
+// an online (max m, S = Σ exp(s − m), E = Σ exp(s − m)(s − m)) over its elements, read as
+// 16-byte vectors after a scalar head that reaches 16-byte alignment, and the block merges the
+// triples. Backward reads each logit once more and writes dz once (in place for
+// token_logprob_backward_).
+//
+// Out-of-range target ids: the host cannot check them without a synchronisation, so the
+// forward kernel checks them on the device. A bad id prints the row and id from the device and
+// fails a device-side assertion; PyTorch reports it as a RuntimeError ("device-side assert
+// triggered") at the next synchronising call the caller makes (.item(), .cpu(),
+// torch.cuda.synchronize(), ...). As with PyTorch's own gather/nll_loss, the CUDA context is
+// unusable afterwards; run with CUDA_LAUNCH_BLOCKING=1 to see the failing call.
+#include <torch/library.h>
+
+#include "common.cuh"
+
+namespace reasonrl_fast {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename acc_t>
+struct Online {
+  acc_t m, S, E;
+  int bad;
+
+  __device__ __forceinline__ void init() {
+    m = -std::numeric_limits<acc_t>::infinity();
+    S = 0;
+    E = 0;
+    bad = 0;
+  }
+  __device__ __forceinline__ void add(acc_t s) {
+    constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
+    bad |= !(s < kInf);  // NaN or +inf: the row is NaN, as in PyTorch
+    if (s > m) {
+      if (S > 0) {
+        const acc_t r = fexp(m - s);
+        E = r * (E + (m - s) * S);
+        S = r * S;
+      }
+      m = s;
+    }
+    if (m == -kInf) return;  // all -inf so far
+    const acc_t d = s - m;
+    const acc_t e = fexp(d);
+    S += e;
+    E += e > 0 ? e * d : acc_t(0);  // 0 * log 0 = 0 for masked (-inf) logits
+  }
+  __device__ __forceinline__ void merge(acc_t om, acc_t oS, acc_t oE, int obad) {
+    constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
+    bad |= obad;
+    const acc_t M = om > m ? om : m;
+    if (M == -kInf) return;
+    acc_t nS = 0, nE = 0;
+    if (S > 0) {
+      const acc_t r = fexp(m - M);
+      nS += r * S;
+      nE += r * (E + (m - M) * S);
+    }
+    if (oS > 0) {
+      const acc_t r = fexp(om - M);
+      nS += r * oS;
+      nE += r * (oE + (om - M) * oS);
+    }
+    m = M;
+    S = nS;
+    E = nE;
+  }
+};
+
+template <typename acc_t>
+__device__ __forceinline__ void block_merge(Online<acc_t>& st) {
+  __shared__ acc_t sm[kWarp], sS[kWarp], sE[kWarp];
+  __shared__ int sb[kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const acc_t om = __shfl_xor_sync(0xffffffffu, st.m, o);
+    const acc_t oS = __shfl_xor_sync(0xffffffffu, st.S, o);
+    const acc_t oE = __shfl_xor_sync(0xffffffffu, st.E, o);
+    const int ob = __shfl_xor_sync(0xffffffffu, st.bad, o);
+    st.merge(om, oS, oE, ob);
+  }
+  __syncthreads();
+  if (lane == 0) {
+    sm[warp] = st.m;
+    sS[warp] = st.S;
+    sE[warp] = st.E;
+    sb[warp] = st.bad;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int nwarps = blockDim.x / kWarp;
+    st.init();
+    if (lane < nwarps) st.merge(sm[lane], sS[lane], sE[lane], sb[lane]);
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o >>= 1) {
+      const acc_t om = __shfl_xor_sync(0xffffffffu, st.m, o);
+      const acc_t oS = __shfl_xor_sync(0xffffffffu, st.S, o);
+      const acc_t oE = __shfl_xor_sync(0xffffffffu, st.E, o);
+      const int ob = __shfl_xor_sync(0xffffffffu, st.bad, o);
+      st.merge(om, oS, oE, ob);
+    }
+  }
+}
+
+// Elements before the first 16-byte boundary of a row (rows of a strided view or with V not a
+// multiple of the vector width need not start aligned).
+template <typename scalar_t>
+__device__ __forceinline__ int64_t aligned_head(const scalar_t* p, int64_t V) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a % sizeof(scalar_t) != 0) return V;  // cannot align: all scalar
+  const int64_t h = static_cast<int64_t>(((16 - (a & 15)) & 15) / sizeof(scalar_t));
+  return h < V ? h : V;
+}
+
+template <typename scalar_t, typename acc_t>
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(const scalar_t* __restrict__ z, RowIdx rows, const int64_t* __restrict__ tgt,
+                   int64_t N, int64_t V, acc_t inv_tau, int64_t ignore_index, bool want_ent,
+                   acc_t* __restrict__ lp, acc_t* __restrict__ ent, acc_t* __restrict__ lse) {
+  using V16 = Vec16<scalar_t>;
+  constexpr int VEC = V16::kSize;
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const int64_t y = tgt[n];
+    if (y == ignore_index) {
+      if (threadIdx.x == 0) {
+        lp[n] = 0;
+        lse[n] = 0;
+        if (want_ent) ent[n] = 0;
+      }
+      continue;
+    }
+    if (y < 0 || y >= V) {
+      if (threadIdx.x == 0)
+        printf("token_logprob: target id %lld at flat position %lld is outside the vocabulary "
+               "[0, %lld) and is not ignore_index (%lld)\n",
+               (long long)y, (long long)n, (long long)V, (long long)ignore_index);
+      CUDA_KERNEL_ASSERT(y >= 0 && y < V);
+      continue;
+    }
+    const scalar_t* row = z + rows.offset(n);
+    Online<acc_t> st;
+    st.init();
+    const int64_t head = aligned_head(row, V);
+    for (int64_t i = threadIdx.x; i < head; i += blockDim.x)
+      st.add(static_cast<acc_t>(row[i]) * inv_tau);
+    const int64_t nvec = (V - head) / VEC;
+    const V16* vrow = reinterpret_cast<const V16*>(row + head);
+    for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
+      const V16 v = vrow[k];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) st.add(static_cast<acc_t>(v.v[j]) * inv_tau);
+    }
+    for (int64_t i = head + nvec * VEC + threadIdx.x; i < V; i += blockDim.x)
+      st.add(static_cast<acc_t>(row[i]) * inv_tau);
+    block_merge(st);
+    if (threadIdx.x == 0) {
+      const acc_t nan = std::numeric_limits<acc_t>::quiet_NaN();
+      const acc_t log_s = ::log(st.S);
+      const acc_t l = st.bad ? nan : st.m + log_s;
+      lse[n] = l;
+      lp[n] = static_cast<acc_t>(row[y]) * inv_tau - l;
+      if (want_ent) ent[n] = st.bad ? nan : log_s - st.E / st.S;
+    }
+    __syncthreads();  // the shared buffers of block_merge are reused by the next row
+  }
+}
+
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ scalar_t grad_of(scalar_t zv, acc_t inv_tau, acc_t lse, acc_t a,
+                                            acc_t b, acc_t mean_s) {
+  const acc_t s = static_cast<acc_t>(zv) * inv_tau;
+  const acc_t p = fexp(s - lse);
+  return static_cast<scalar_t>(-p * (a + b * (s - mean_s)));
+}
+
+// out may alias z (in-place backward): each element is read before it is written, by the same
+// thread; the target element is read into a register before any write.
+template <typename scalar_t, typename acc_t>
+__global__ void __launch_bounds__(kThreads)
+    backward_kernel(const scalar_t* z, RowIdx in_rows, scalar_t* out, RowIdx out_rows,
+                    const int64_t* __restrict__ tgt, int64_t N, int64_t V, acc_t inv_tau,
+                    int64_t ignore_index, const acc_t* __restrict__ glp,
+                    const acc_t* __restrict__ gent, const acc_t* __restrict__ lse_p,
+                    const acc_t* __restrict__ ent_p) {
+  using V16 = Vec16<scalar_t>;
+  constexpr int VEC = V16::kSize;
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const int64_t y = tgt[n];
+    const scalar_t* row = z + in_rows.offset(n);
+    scalar_t* orow = out + out_rows.offset(n);
+    if (y == ignore_index) {
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) orow[i] = scalar_t(0);
+      continue;
+    }
+    CUDA_KERNEL_ASSERT(y >= 0 && y < V);
+    const acc_t a = glp[n] * inv_tau;
+    const acc_t b = gent ? gent[n] * inv_tau : acc_t(0);
+    const acc_t lse = lse_p[n];
+    const acc_t mean_s = ent_p ? lse - ent_p[n] : acc_t(0);  // E_p[s] = lse - H
+    acc_t s_y = 0;
+    if (threadIdx.x == 0) s_y = static_cast<acc_t>(row[y]) * inv_tau;
+    __syncthreads();  // s_y is read before anyone overwrites row[y]
+    const int64_t head_in = aligned_head(row, V);
+    const int64_t head = head_in == aligned_head(orow, V) ? head_in : V;  // same phase or scalar
+    for (int64_t i = threadIdx.x; i < head; i += blockDim.x)
+      orow[i] = grad_of(row[i], inv_tau, lse, a, b, mean_s);
+    const int64_t nvec = (V - head) / VEC;
+    const V16* vin = reinterpret_cast<const V16*>(row + head);
+    V16* vout = reinterpret_cast<V16*>(orow + head);
+    for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
+      V16 v = vin[k];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v.v[j] = grad_of(v.v[j], inv_tau, lse, a, b, mean_s);
+      vout[k] = v;
+    }
+    for (int64_t i = head + nvec * VEC + threadIdx.x; i < V; i += blockDim.x)
+      orow[i] = grad_of(row[i], inv_tau, lse, a, b, mean_s);
+    __syncthreads();  // the loop's value at y is replaced below
+    if (threadIdx.x == 0) {
+      const acc_t p_y = fexp(s_y - lse);
+      orow[y] = static_cast<scalar_t>(a * (1 - p_y) - b * p_y * (s_y - mean_s));
+    }
+  }
+}
+
+void check_inputs(const at::Tensor& logits, const at::Tensor& target, double temperature) {
+  TORCH_CHECK(logits.dim() >= 1, "token_logprob: logits must have a vocabulary dimension");
+  TORCH_CHECK(at::isFloatingType(logits.scalar_type()),
+              "token_logprob: logits must be floating point, got ", logits.scalar_type());
+  TORCH_CHECK(!at::isFloatingType(target.scalar_type()) && !target.is_complex() &&
+                  target.scalar_type() != at::kBool,
+              "token_logprob: target ids must be an integer tensor, got ", target.scalar_type());
+  TORCH_CHECK(target.sizes() == logits.sizes().slice(0, logits.dim() - 1),
+              "token_logprob: target shape ", target.sizes(),
+              " must equal the logits shape without its last dimension ", logits.sizes());
+  TORCH_CHECK(temperature > 0 && std::isfinite(temperature),
+              "token_logprob: temperature must be a positive finite number, got ", temperature);
+  TORCH_CHECK(logits.size(-1) > 0 || target.numel() == 0,
+              "token_logprob: the vocabulary dimension is empty");
+  TORCH_CHECK(target.device() == logits.device(), "token_logprob: target is on ",
+              target.device(), " but logits on ", logits.device());
+}
+
+at::Tensor rows_view(const at::Tensor& logits) {
+  return logits.stride(-1) == 1 || logits.size(-1) <= 1 ? logits : logits.contiguous();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cuda(const at::Tensor& logits_in,
+                                                                  const at::Tensor& target_in,
+                                                                  double temperature,
+                                                                  int64_t ignore_index,
+                                                                  bool compute_entropy) {
+  check_inputs(logits_in, target_in, temperature);
+  const c10::cuda::CUDAGuard guard(logits_in.device());
+  const at::Tensor logits = rows_view(logits_in);
+  const at::Tensor target = target_in.to(at::kLong).contiguous();
+  const int64_t V = logits.size(-1);
+  const int64_t N = target.numel();
+  const auto out_dtype = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto opts = target.options().dtype(out_dtype);
+  at::Tensor lp = at::empty(target.sizes(), opts);
+  at::Tensor ent = compute_entropy ? at::empty(target.sizes(), opts) : at::empty({0}, opts);
+  at::Tensor lse = at::empty(target.sizes(), opts);
+  if (N == 0) return {lp, ent, lse};
+  const RowIdx rows(logits);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "token_logprob_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    forward_kernel<scalar_t, acc_t><<<grid_for(N), kThreads, 0, stream>>>(
+        logits.data_ptr<scalar_t>(), rows, target.data_ptr<int64_t>(), N, V,
+        static_cast<acc_t>(1.0 / temperature), ignore_index, compute_entropy,
+        lp.data_ptr<acc_t>(), compute_entropy ? ent.data_ptr<acc_t>() : nullptr,
+        lse.data_ptr<acc_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {lp, ent, lse};
+}
+
+void backward_into(const at::Tensor& grad_lp_in, const c10::optional<at::Tensor>& grad_ent_in,
+                   const at::Tensor& logits, const at::Tensor& out, const at::Tensor& target_in,
+                   const at::Tensor& lse_in, const at::Tensor& ent_in, double temperature,
+                   int64_t ignore_index) {
+  const bool has_ent = grad_ent_in.has_value() && grad_ent_in->defined();
+  TORCH_CHECK(!has_ent || ent_in.numel() == target_in.numel(),
+              "token_logprob_backward: an entropy gradient needs the forward's entropy");
+  const int64_t V = logits.size(-1);
+  const int64_t N = target_in.numel();
+  if (N == 0) return;
+  const auto acc = lse_in.scalar_type();
+  const at::Tensor target = target_in.to(at::kLong).contiguous();
+  const at::Tensor g_lp = grad_lp_in.to(acc).contiguous();
+  const at::Tensor g_ent = has_ent ? grad_ent_in->to(acc).contiguous() : at::Tensor();
+  const at::Tensor lse = lse_in.contiguous();
+  const at::Tensor ent = has_ent ? ent_in.to(acc).contiguous() : at::Tensor();
+  const RowIdx in_rows(logits), out_rows(out);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "token_logprob_backward_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    TORCH_CHECK(lse.scalar_type() == c10::CppTypeToScalarType<acc_t>::value,
+                "token_logprob_backward: lse has the wrong dtype");
+    backward_kernel<scalar_t, acc_t><<<grid_for(N), kThreads, 0, stream>>>(
+        logits.data_ptr<scalar_t>(), in_rows, out.data_ptr<scalar_t>(), out_rows,
+        target.data_ptr<int64_t>(), N, V, static_cast<acc_t>(1.0 / temperature), ignore_index,
+        g_lp.data_ptr<acc_t>(), has_ent ? g_ent.data_ptr<acc_t>() : nullptr,
+        lse.data_ptr<acc_t>(), has_ent ? ent.data_ptr<acc_t>() : nullptr);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+at::Tensor token_logprob_backward_cuda(const at::Tensor& grad_lp,
+                                       const c10::optional<at::Tensor>& grad_ent,
+                                       const at::Tensor& logits_in, const at::Tensor& target,
+                                       const at::Tensor& lse, const at::Tensor& ent,
+                                       double temperature, int64_t ignore_index) {
+  const c10::cuda::CUDAGuard guard(logits_in.device());
+  const at::Tensor logits = rows_view(logits_in);
+  at::Tensor out = at::empty_like(logits, at::MemoryFormat::Contiguous);
+  backward_into(grad_lp, grad_ent, logits, out, target, lse, ent, temperature, ignore_index);
+  return out;
+}
+
+void token_logprob_backward_inplace_cuda(const at::Tensor& grad_lp,
+                                         const c10::optional<at::Tensor>& grad_ent,
+                                         const at::Tensor& logits, const at::Tensor& target,
+                                         const at::Tensor& lse, const at::Tensor& ent,
+                                         double temperature, int64_t ignore_index) {
+  TORCH_CHECK(logits.stride(-1) == 1 || logits.size(-1) <= 1,
+              "token_logprob: inplace_backward needs logits whose last dimension is contiguous");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  backward_into(grad_lp, grad_ent, logits, logits, target, lse, ent, temperature, ignore_index);
+}
+
+}  // namespace
+}  // namespace cuda
+
+TORCH_LIBRARY_IMPL(reasonrl_fast, CUDA, m) {
+  m.impl("token_logprob", &cuda::token_logprob_cuda);
+  m.impl("token_logprob_backward", &cuda::token_logprob_backward_cuda);
+  m.impl("token_logprob_backward_", &cuda::token_logprob_backward_inplace_cuda);
+}
+
+}  // namespace reasonrl_fast

@@ -1,0 +1,397 @@
+"""linear_token_logprob: token_logprob(hidden @ weight.T + bias) without the [N, V] logits.
+
+SPEC.md §1, fused linear variant. Two custom ops, `reasonrl_fast::linear_token_logprob` and
+`reasonrl_fast::linear_token_logprob_backward`, declared from Python with
+torch.library.triton_op (so torch.compile sees the Triton kernels through wrap_triton) when
+triton is installed, else with torch.library.custom_op.
+
+Implementations:
+- CUDA tensors: the Triton kernels of reasonrl_fast/ops/triton/linear_logprob.py.
+- CPU tensors: the vocabulary is cut into chunks of C columns; each chunk's logits [N, C] are
+  formed with one GEMM and reduced by the CPU token_logprob kernels (forward: a running
+  log-sum-exp, entropy mean and target logit per row; backward: the chunk's dz, then
+  dh += dz W_c and dW[c] = dzᵀ h). Extra memory: one [N, C + 1] chunk, O(N) statistics,
+  a float32 [N, H] accumulator for dh, and dW.
+- CPU tensors with REASONRL_TRITON_CPU=1 (and TRITON_INTERPRET=1 set before triton is
+  imported): the Triton kernels in Triton's interpreter. This is how the Triton code is
+  tested without a GPU.
+
+Chunk width: REASONRL_LINEAR_LOGPROB_CHUNK (columns) overrides the default.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+_op = torch.ops.reasonrl_fast
+
+try:  # triton is optional: the CPU path does not need it
+    import triton  # noqa: F401
+
+    from reasonrl_fast.ops.triton import linear_logprob as _tk
+
+    _HAS_TRITON = True
+except ImportError:  # pragma: no cover - depends on the environment
+    _tk = None
+    _HAS_TRITON = False
+
+
+def _define(name):
+    if _HAS_TRITON:
+        return torch.library.triton_op(name, mutates_args=())
+    return torch.library.custom_op(name, mutates_args=())
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    if t.device.type == "cuda":
+        if not _HAS_TRITON:
+            raise RuntimeError("linear_token_logprob: CUDA tensors need triton installed")
+        return True
+    if os.environ.get("REASONRL_TRITON_CPU", "0") == "1":
+        if not _HAS_TRITON:
+            raise RuntimeError("linear_token_logprob: REASONRL_TRITON_CPU=1 needs triton")
+        return True
+    return False
+
+
+def _wrap():
+    return torch.library.wrap_triton if _HAS_TRITON else None
+
+
+def _acc_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _chunk(N: int, H: int, V: int, device: torch.device) -> int:
+    env = os.environ.get("REASONRL_LINEAR_LOGPROB_CHUNK")
+    if env:
+        return max(1, min(int(env), V))
+    if device.type == "cuda":
+        # dz chunk of about the size of hidden (N x H), at least 16M elements, whole tiles.
+        c = max(H, (1 << 24) // max(N, 1))
+        c = -(-c // 128) * 128
+    else:
+        c = max(256, (1 << 22) // max(N, 1))  # 16 MiB of float32 per chunk
+    return max(1, min(c, V))
+
+
+def _check(hidden, weight, target, bias, temperature):
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"linear_token_logprob: hidden must be [N, H] and weight [V, H], got "
+            f"{tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
+    if target.dim() != 1 or target.shape[0] != hidden.shape[0]:
+        raise ValueError(
+            f"linear_token_logprob: token_ids must be [N] = [{hidden.shape[0]}], got "
+            f"{tuple(target.shape)}"
+        )
+    if not hidden.is_floating_point() or hidden.dtype != weight.dtype:
+        raise TypeError(
+            f"linear_token_logprob: hidden and weight must share one floating dtype, got "
+            f"{hidden.dtype} and {weight.dtype}"
+        )
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
+        raise ValueError(
+            f"linear_token_logprob: bias must be [V] = [{weight.shape[0]}] of dtype "
+            f"{weight.dtype}, got {tuple(bias.shape)} {bias.dtype}"
+        )
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise TypeError(f"linear_token_logprob: token_ids must be integer, got {target.dtype}")
+    if not (temperature > 0 and temperature < float("inf")):
+        raise ValueError(f"linear_token_logprob: temperature must be > 0, got {temperature}")
+    if weight.shape[0] == 0 and hidden.shape[0] > 0:
+        raise ValueError("linear_token_logprob: the vocabulary (weight.shape[0]) is empty")
+
+
+def _check_targets(t: torch.Tensor, V: int, ignore_index: int):
+    ok = (t == ignore_index) | ((t >= 0) & (t < V))
+    if t.device.type == "cuda" or type(t) is not torch.Tensor:
+        # CUDA, or traced (fake / functional tensors under torch.compile or export): a graph
+        # op instead of a data-dependent Python branch.
+        # No host sync: a bad id fails a device-side assertion, which surfaces as a Python
+        # RuntimeError at the caller's next synchronisation (e.g. .item(), .cpu(), backward).
+        torch._assert_async(ok.all(), "linear_token_logprob: target id outside [0, V)")
+        return
+    if t.numel() and not bool(ok.all()):
+        n = int((~ok).nonzero()[0, 0])
+        raise IndexError(
+            f"linear_token_logprob: target id {int(t[n])} at flat position {n} is outside the "
+            f"vocabulary [0, {V}) and is not ignore_index ({ignore_index})"
+        )
+
+
+def _addmm_f32(acc, a, b):
+    """acc += a @ b with a, b in bf16/fp16 and acc float32, without rounding a @ b to 16 bits
+    (aten::addmm.dtype, CUDA). Falls back to a rounded product where that overload is missing."""
+    try:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    except (RuntimeError, TypeError, NotImplementedError):
+        acc += a @ b
+
+
+def _contig(x):
+    return x if x is None or x.is_contiguous() else x.contiguous()
+
+
+def _forward_impl(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    temperature: float,
+    ignore_index: int,
+    compute_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check(hidden, weight, target, bias, temperature)
+    hidden, weight, bias = _contig(hidden), _contig(weight), _contig(bias)
+    N, H = hidden.shape
+    V = weight.shape[0]
+    acc = _acc_dtype(hidden.dtype)
+    tgt = target.to(torch.long).contiguous()
+    _check_targets(tgt, V, ignore_index)
+    valid = tgt != ignore_index
+    if N == 0:
+        e = hidden.new_empty((0,), dtype=acc)
+        return e, e.clone(), e.clone()
+    if _use_triton(hidden):
+        parts = _tk.forward_partials(hidden, weight, bias, tgt, temperature, wrap=_wrap())
+        m, S, E, T = parts.unbind(0)
+        M = m.amax(0)
+        Ms = torch.where(M == float("-inf"), torch.zeros_like(M), M)
+        w = torch.exp(m - Ms)
+        s_tot = (w * S).sum(0)
+        e_tot = torch.where(S > 0, w * (E + (m - Ms) * S), torch.zeros_like(S)).sum(0)
+        lse = Ms + torch.log(s_tot)
+        ent = torch.log(s_tot) - e_tot / s_tot
+        lp = T.sum(0) - lse
+    else:
+        C = _chunk(N, H, V, hidden.device)
+        # Running statistics over the chunks seen so far, in float64 (O(N)): log-sum-exp L,
+        # the entropy Hs of the softmax restricted to those chunks, and the target logit.
+        # Merging (L, Hs) with a chunk's (l, h): L' = logaddexp(L, l), a = exp(L - L'),
+        # b = exp(l - L'), Hs' = a Hs + b h - a log a - b log b: every term is >= 0, so the
+        # entropy never comes from a difference of two large numbers (lse - E[s]).
+        f64 = torch.float64
+        lse = torch.full((N,), float("-inf"), dtype=f64)
+        hs = torch.zeros((N,), dtype=f64)
+        sy = torch.zeros((N,), dtype=f64)
+        for c0 in range(0, V, C):
+            c1 = min(c0 + C, V)
+            Wc = weight[c0:c1]
+            z = hidden @ Wc.T if bias is None else torch.addmm(bias[c0:c1], hidden, Wc.T)
+            inside = valid & (tgt >= c0) & (tgt < c1)
+            # Ignored rows are skipped by the kernel (-1); other rows read any in-chunk id.
+            loc = torch.where(inside, tgt - c0, torch.where(valid, 0, -1))
+            lp_c, ent_c, lse_c = _op.token_logprob(z, loc, temperature, -1, compute_entropy)
+            lse_c = lse_c.to(f64)
+            sy = torch.where(inside, lp_c.to(f64) + lse_c, sy)
+            new = torch.logaddexp(lse, lse_c)
+            if compute_entropy:
+                fin = torch.isfinite(new)
+                a = torch.where(fin, torch.exp(lse - new), torch.zeros_like(new))
+                b = torch.where(fin, torch.exp(lse_c - new), torch.zeros_like(new))
+                hs = (a * hs + b * ent_c.to(f64)
+                      - torch.special.xlogy(a, a) - torch.special.xlogy(b, b))
+            lse = new
+        lp = (sy - lse).to(acc)
+        ent = hs.to(acc)
+        lse = lse.to(acc)
+    zero = torch.zeros_like(lse)
+    lp = torch.where(valid, lp, zero)
+    lse = torch.where(valid, lse, zero)
+    ent = torch.where(valid, ent, zero) if compute_entropy else lse.new_empty((0,))
+    return lp, ent, lse
+
+
+@_define("reasonrl_fast::linear_token_logprob")
+def _linear_token_logprob(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    temperature: float,
+    ignore_index: int,
+    compute_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward_impl(hidden, weight, target, bias, temperature, ignore_index, compute_entropy)
+
+
+@_linear_token_logprob.register_fake
+def _(hidden, weight, target, bias, temperature, ignore_index, compute_entropy):
+    acc = _acc_dtype(hidden.dtype)
+    N = hidden.shape[0]
+    lp = hidden.new_empty((N,), dtype=acc)
+    ent = hidden.new_empty((N,) if compute_entropy else (0,), dtype=acc)
+    return lp, ent, hidden.new_empty((N,), dtype=acc)
+
+
+def _backward_impl(
+    grad_logprob: torch.Tensor,
+    grad_entropy: Optional[torch.Tensor],
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    temperature: float,
+    ignore_index: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dh [N, H], dW [V, H], db [V] or [0] without bias), in the inputs' dtype."""
+    hidden, weight, bias = _contig(hidden), _contig(weight), _contig(bias)
+    N, H = hidden.shape
+    V = weight.shape[0]
+    dtype = hidden.dtype
+    acc = _acc_dtype(dtype)
+    dW = torch.zeros_like(weight)
+    db = torch.zeros_like(bias) if bias is not None else weight.new_empty((0,))
+    if N == 0 or V == 0:
+        return torch.zeros_like(hidden), dW, db
+    if grad_entropy is not None and entropy.numel() != lse.numel():
+        raise RuntimeError("linear_token_logprob_backward: an entropy gradient needs the forward's entropy")
+    tgt = target.to(torch.long).contiguous()
+    g_lp = grad_logprob.to(acc).contiguous()
+    g_ent = grad_entropy.to(acc).contiguous() if grad_entropy is not None else None
+    lse = lse.to(acc).contiguous()
+    ent = entropy.to(acc).contiguous() if g_ent is not None else lse.new_empty((0,))
+    mean_s = (lse - ent) if g_ent is not None else None
+    dh = torch.zeros((N, H), dtype=acc, device=hidden.device)
+    C = _chunk(N, H, V, hidden.device)
+    triton_path = _use_triton(hidden)
+    valid = tgt != ignore_index
+    buf = torch.empty((N, C), dtype=dtype, device=hidden.device) if triton_path else None
+    dummy = torch.zeros((N, 1), dtype=dtype, device=hidden.device)
+    for c0 in range(0, V, C):
+        c1 = min(c0 + C, V)
+        cc = c1 - c0
+        Wc = weight[c0:c1]
+        if triton_path:
+            dz = buf[:, :cc]
+            _tk.chunk_dz(hidden, weight, bias, tgt, g_lp, g_ent, lse, mean_s, temperature,
+                         ignore_index, c0, c1, dz, wrap=_wrap())
+        else:
+            # z in columns [0, cc) and a dummy column cc: rows whose target lies in another
+            # chunk point at the dummy, whose (discarded) gradient absorbs the 1[j = y] term.
+            # The kernel takes lse and entropy from the forward, so each column's gradient
+            # depends on that column only and the dummy's value (0, finite: no inf/NaN
+            # anywhere) changes nothing else. Out of place: torch.compile traces through
+            # this function (triton_op), and mutating views of a buffer broke it.
+            zc = hidden @ Wc.T if bias is None else torch.addmm(bias[c0:c1], hidden, Wc.T)
+            z = torch.cat([zc, dummy], dim=1)
+            inside = valid & (tgt >= c0) & (tgt < c1)
+            loc = torch.where(inside, tgt - c0, torch.where(valid, cc, -1))
+            dz = _op.token_logprob_backward(g_lp, g_ent, z, loc, lse, ent, temperature, -1)
+            dz = dz[:, :cc]
+        if dtype == acc:
+            dh.addmm_(dz, Wc)
+        elif hidden.device.type == "cpu":
+            dh.addmm_(dz.to(acc), Wc.to(acc))
+        else:
+            _addmm_f32(dh, dz, Wc)
+        dW[c0:c1] = dz.T @ hidden
+        if bias is not None:
+            db[c0:c1] = dz.sum(0, dtype=acc).to(dtype)
+    return dh.to(dtype), dW, db
+
+
+@_define("reasonrl_fast::linear_token_logprob_backward")
+def _linear_token_logprob_backward(
+    grad_logprob: torch.Tensor,
+    grad_entropy: Optional[torch.Tensor],
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    temperature: float,
+    ignore_index: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dh [N, H], dW [V, H], db [V] or [0] without bias), in the inputs' dtype."""
+    return _backward_impl(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy,
+                          temperature, ignore_index)
+
+
+@_linear_token_logprob_backward.register_fake
+def _(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy, temperature,
+      ignore_index):
+    db = torch.empty_like(bias) if bias is not None else weight.new_empty((0,))
+    return torch.empty_like(hidden), torch.empty_like(weight), db
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, weight, target, bias, temperature, ignore_index, _ = inputs
+    _, ent, lse = output
+    ctx.save_for_backward(hidden, weight, target, bias, lse, ent)
+    ctx.temperature, ctx.ignore_index = temperature, ignore_index
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad_lp, grad_ent, _grad_lse):
+    hidden, weight, target, bias, lse, ent = ctx.saved_tensors
+    if grad_lp is None:
+        grad_lp = torch.zeros_like(lse)
+    if ent.numel() != lse.numel():
+        grad_ent = None
+    dh, dW, db = _linear_token_logprob_backward(
+        grad_lp, grad_ent, hidden, weight, target, bias, lse, ent, ctx.temperature,
+        ctx.ignore_index,
+    )
+    return dh, dW, None, (db if ctx.has_bias else None), None, None, None
+
+
+_linear_token_logprob.register_autograd(_backward, setup_context=_setup_context)
+
+
+def linear_token_logprob(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    token_ids: torch.Tensor,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    bias: Optional[torch.Tensor] = None,
+    return_entropy: bool = False,
+):
+    """token_logprob(hidden @ weight.T + bias, token_ids) without materialising the logits.
+
+    Args:
+        hidden: [..., H] floating point (fp32, bf16, fp16 or fp64).
+        weight: [V, H], the LM head, same dtype as hidden.
+        token_ids: [...] integer ids (hidden's shape without H); ``ignore_index`` rows give 0
+            and no gradient.
+        temperature: divides the logits; > 0.
+        bias: optional [V].
+        return_entropy: also return the entropy of softmax(logits / temperature).
+
+    Returns:
+        logprob [...] float32 (float64 for float64 inputs), and entropy [...] when asked.
+        Gradients flow to hidden, weight and bias.
+
+    Raises:
+        IndexError: a token id outside [0, V) that is not ignore_index (CPU: at once; CUDA: a
+            device-side assertion reported at the next synchronisation).
+    """
+    if not isinstance(hidden, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise TypeError("linear_token_logprob: hidden and weight must be tensors")
+    if not float(temperature) > 0:
+        raise ValueError(f"linear_token_logprob: temperature must be > 0, got {temperature}")
+    if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != tuple(token_ids.shape):
+        raise ValueError(
+            f"linear_token_logprob: token_ids shape {tuple(token_ids.shape)} must equal the "
+            f"hidden shape {tuple(hidden.shape)} without its last dimension"
+        )
+    devs = {hidden.device, weight.device, token_ids.device} | ({bias.device} if bias is not None else set())
+    if len(devs) != 1:
+        raise ValueError(f"linear_token_logprob: tensors on different devices {devs}")
+    lead = token_ids.shape
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    lp, ent, _ = _linear_token_logprob(
+        h2, weight, token_ids.reshape(-1), bias, float(temperature), int(ignore_index),
+        bool(return_entropy),
+    )
+    lp = lp.reshape(lead)
+    return (lp, ent.reshape(lead)) if return_entropy else lp

@@ -1,0 +1,208 @@
+"""Triton kernels of linear_token_logprob (SPEC.md §1, fused linear variant).
+
+Forward: one kernel reads tiles of h·Wᵀ (never stored) and keeps, per row and per vocabulary
+split, an online max m, the sum S = Σ exp(s − m), the entropy term E = Σ exp(s − m)(s − m) and
+the target logit. The splits (O(N) floats each) are merged on the host into lse, lp and the
+entropy. Columns past V (V % BLOCK_V != 0) are set to −inf before the max and the sums, so a
+ragged last tile never counts as a logit of 0.
+
+Backward: for one vocabulary chunk [c0, c0 + C) at a time, a kernel recomputes the logit tiles
+and writes dz = ∂loss/∂z for that chunk only ([N, C] in the input dtype); the host then forms
+dh += dz Wᵀ_c and dW[c0:c0+C] = dzᵀ h with two GEMMs. Extra memory: the [N, C] chunk plus
+O(N + V), never [N, V].
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn, stride_wv,
+                inv_tau, HAS_BIAS: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                BLOCK_H: tl.constexpr):
+    """s = (h[rows] · W[cols]ᵀ + b[cols]) / tau for one [BLOCK_N, BLOCK_V] tile, in ACC.
+
+    UPCAST (interpreter only): Triton 3.7's interpreter returns garbage for tl.dot on
+    bfloat16 operands, so there the operands are widened to float32 first (exact: the
+    products of two bf16 values are exact in float32, as on tensor cores)."""
+    acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=ACC)
+    for k0 in range(0, H, BLOCK_H):
+        ks = k0 + tl.arange(0, BLOCK_H)
+        kmask = ks < H
+        a = tl.load(h_ptr + rows64[:, None] * stride_hn + ks[None, :],
+                    mask=rmask[:, None] & kmask[None, :], other=0.0)
+        b = tl.load(w_ptr + cols64[None, :] * stride_wv + ks[:, None],
+                    mask=kmask[:, None] & cmask[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PREC, out_dtype=ACC)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cols64, mask=cmask, other=0.0).to(ACC)
+        acc += bias[None, :]
+    return acc * inv_tau
+
+
+@triton.jit
+def _fwd_kernel(h_ptr, w_ptr, b_ptr, y_ptr, m_ptr, s_ptr, e_ptr, t_ptr,
+                N, V, H, stride_hn, stride_wv, tau_ptr, v_per_split,
+                HAS_BIAS: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                BLOCK_H: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    inv_tau = tl.load(tau_ptr)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    rows64 = rows.to(tl.int64)
+    y = tl.load(y_ptr + rows64, mask=rmask, other=-1)
+    v_begin = pid_s * v_per_split
+    v_end = tl.minimum(v_begin + v_per_split, V)
+    m = tl.full([BLOCK_N], float("-inf"), dtype=ACC)
+    S = tl.zeros([BLOCK_N], dtype=ACC)
+    E = tl.zeros([BLOCK_N], dtype=ACC)
+    T = tl.zeros([BLOCK_N], dtype=ACC)
+    for v0 in range(v_begin, v_end, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        cmask = cols < v_end
+        cols64 = cols.to(tl.int64)
+        s = _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn,
+                        stride_wv, inv_tau, HAS_BIAS, ACC, PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
+        s = tl.where(cmask[None, :], s, float("-inf"))  # masked columns: -inf, not 0
+        T += tl.sum(tl.where(cols64[None, :] == y[:, None], s, 0.0), axis=1)
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        E = tl.where(S > 0, alpha * (E + tl.where(S > 0, m - m_safe, 0.0) * S), 0.0)
+        S = alpha * S
+        p = tl.exp(s - m_safe[:, None])
+        d = tl.where(p > 0, s - m_safe[:, None], 0.0)  # 0 * log 0 = 0
+        S += tl.sum(p, axis=1)
+        E += tl.sum(p * d, axis=1)
+        m = m_new
+    out = pid_s.to(tl.int64) * N + rows64
+    tl.store(m_ptr + out, m, mask=rmask)
+    tl.store(s_ptr + out, S, mask=rmask)
+    tl.store(e_ptr + out, E, mask=rmask)
+    tl.store(t_ptr + out, T, mask=rmask)
+
+
+@triton.jit
+def _dz_kernel(h_ptr, w_ptr, b_ptr, y_ptr, glp_ptr, gent_ptr, lse_ptr, mean_ptr, dz_ptr,
+               N, V, H, c0, c1, stride_hn, stride_wv, stride_dz, tau_ptr, ignore_index,
+               HAS_BIAS: tl.constexpr, HAS_ENT: tl.constexpr, ACC: tl.constexpr,
+               PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    inv_tau = tl.load(tau_ptr)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    rows64 = rows.to(tl.int64)
+    cols = c0 + pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    cmask = cols < c1
+    cols64 = cols.to(tl.int64)
+    y = tl.load(y_ptr + rows64, mask=rmask, other=ignore_index)
+    s = _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn, stride_wv,
+                    inv_tau, HAS_BIAS, ACC, PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
+    lse = tl.load(lse_ptr + rows64, mask=rmask, other=0.0)
+    glp = tl.load(glp_ptr + rows64, mask=rmask, other=0.0)
+    p = tl.exp(s - lse[:, None])
+    g = glp[:, None] * (tl.where(cols64[None, :] == y[:, None], 1.0, 0.0) - p)
+    if HAS_ENT:
+        gent = tl.load(gent_ptr + rows64, mask=rmask, other=0.0)
+        mean = tl.load(mean_ptr + rows64, mask=rmask, other=0.0)
+        g -= gent[:, None] * p * (s - mean[:, None])
+    g = g * inv_tau
+    g = tl.where((y != ignore_index)[:, None], g, 0.0)
+    tl.store(dz_ptr + rows64[:, None] * stride_dz + (cols64 - c0)[None, :],
+             g.to(dz_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+def _types(dtype):
+    if dtype == torch.float64:
+        return tl.float64, "ieee"
+    if dtype == torch.float32:
+        return tl.float32, "ieee"  # no TF32: match torch.matmul's default for float32
+    return tl.float32, "tf32"  # bf16 / fp16 operands: the precision flag is unused
+
+
+def _inv_tau(temperature, dtype, like):
+    # A Python float reaches a Triton kernel as float32: 1/tau would be rounded to 24 bits,
+    # too coarse for float64 inputs. A one-element tensor keeps the accumulation dtype.
+    return torch.full((1,), 1.0 / temperature, dtype=dtype, device=like.device)
+
+
+def _blocks(device: torch.device, dtype: torch.dtype):
+    if device.type == "cuda":
+        # Shared memory per stage: (BLOCK_N + BLOCK_V) * BLOCK_H * itemsize; keep the pipeline
+        # under ~100 KiB so A100 (164 KiB) and H100 (228 KiB) both fit. Untuned on hardware.
+        if dtype == torch.float64:
+            return dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=32, UPCAST=False, num_warps=4,
+                        num_stages=2)
+        if dtype == torch.float32:
+            return dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, UPCAST=False, num_warps=8,
+                        num_stages=3)
+        return dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, UPCAST=False, num_warps=8,
+                    num_stages=3)
+    # Interpreter: tl.dot needs >= 16 in every dimension; small blocks keep tests quick.
+    return dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16,
+                UPCAST=dtype in (torch.bfloat16, torch.float16))
+
+
+def forward_partials(hidden, weight, bias, target, temperature, splits=None, wrap=None):
+    """Per-split (m, S, E, T) [splits, N] in the accumulation dtype (see module docstring)."""
+    wrap = wrap or (lambda k: k)
+    N, H = hidden.shape
+    V = weight.shape[0]
+    acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    ACC, PREC = _types(hidden.dtype)
+    cfg = _blocks(hidden.device, hidden.dtype)
+    BN, BV = cfg["BLOCK_N"], cfg["BLOCK_V"]
+    row_blocks = triton.cdiv(N, BN)
+    v_tiles = triton.cdiv(V, BV)
+    if splits is None and os.environ.get("REASONRL_TRITON_SPLITS"):
+        splits = int(os.environ["REASONRL_TRITON_SPLITS"])  # tests force several splits
+    if splits is None:
+        # Enough programs to fill an H100 (132 SMs) a few times over, each with >= 8 tiles.
+        splits = max(1, min(v_tiles // 8, triton.cdiv(528, max(row_blocks, 1))))
+    splits = max(1, min(splits, v_tiles))
+    v_per_split = triton.cdiv(v_tiles, splits) * BV
+    splits = triton.cdiv(V, v_per_split)
+    parts = torch.empty((4, splits, N), dtype=acc_dtype, device=hidden.device)
+    if N == 0:
+        return parts
+    b = bias if bias is not None else hidden  # dummy pointer when HAS_BIAS is False
+    wrap(_fwd_kernel)[(row_blocks, splits)](
+        hidden, weight, b, target, parts[0], parts[1], parts[2], parts[3],
+        N, V, H, hidden.stride(0), weight.stride(0), _inv_tau(temperature, acc_dtype, hidden),
+        v_per_split,
+        HAS_BIAS=bias is not None, ACC=ACC, PREC=PREC, **cfg)
+    return parts
+
+
+def chunk_dz(hidden, weight, bias, target, grad_lp, grad_ent, lse, mean_s, temperature,
+             ignore_index, c0, c1, out, wrap=None):
+    """Writes dz[:, c0:c1] (the gradient w.r.t. those logits) into out [N, >= c1 - c0]."""
+    wrap = wrap or (lambda k: k)
+    N, H = hidden.shape
+    V = weight.shape[0]
+    if N == 0 or c1 <= c0:
+        return out
+    ACC, PREC = _types(hidden.dtype)
+    cfg = _blocks(hidden.device, hidden.dtype)
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(c1 - c0, cfg["BLOCK_V"]))
+    b = bias if bias is not None else hidden
+    has_ent = grad_ent is not None
+    wrap(_dz_kernel)[grid](
+        hidden, weight, b, target, grad_lp, grad_ent if has_ent else grad_lp, lse,
+        mean_s if has_ent else lse, out, N, V, H, c0, c1, hidden.stride(0), weight.stride(0),
+        out.stride(0), _inv_tau(temperature, lse.dtype, hidden), ignore_index,
+        HAS_BIAS=bias is not None, HAS_ENT=has_ent, ACC=ACC, PREC=PREC, **cfg)
+    return out

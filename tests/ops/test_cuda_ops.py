@@ -1,0 +1,189 @@
+"""CUDA kernels (csrc/kernels/*.cu) against float64 references and the CPU kernels.
+
+Skipped without a GPU (and when the extension was built without CUDA kernels); run in full on
+one. Shapes are awkward on purpose: odd N and V (rows that are not 16-byte aligned, so the
+scalar head and tail of the vectorised loops are exercised), strided logits, ignored rows.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from reasonrl_fast.ops import group_advantage, masked_mean, tb_loss, token_logprob
+from reasonrl_fast.ops import reference as R
+
+_op = torch.ops.reasonrl_fast
+
+
+def _has_cuda_kernels():
+    if not torch.cuda.is_available():
+        return False
+    try:
+        _op.masked_mean(torch.zeros(1, 1, 8, device="cuda"), torch.ones(1, 1, device="cuda"))
+        return True
+    except (NotImplementedError, RuntimeError):
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _has_cuda_kernels(),
+                                reason="needs a GPU and reasonrl_fast built with CUDA kernels")
+DEV = "cuda"
+
+
+@pytest.mark.parametrize("shape,V", [((7,), 1000), ((3, 5), 7), ((1,), 1), ((4, 9), 152064 // 64 + 3),
+                                     ((0,), 11)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tau", [1.0, 0.6])
+def test_token_logprob_forward_backward(shape, V, dtype, tau):
+    gen = torch.Generator().manual_seed(0)
+    z64 = torch.randn(*shape, V, generator=gen, dtype=torch.float64) * 4
+    y = torch.randint(0, V, shape, generator=gen)
+    if y.numel() > 1:
+        y.view(-1)[1] = -100
+    z = z64.to(dtype)
+    zc = z.to(DEV).requires_grad_()
+    lp, ent = token_logprob(zc, y.to(DEV), temperature=tau, return_entropy=True)
+    zr = z.double().requires_grad_()
+    rlp, rent = R.token_logprob(zr, y, tau)
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(lp.cpu().double(), rlp, **tol)
+    torch.testing.assert_close(ent.cpu().double(), rent, **tol)
+    g1, g2 = torch.randn(shape, generator=gen, dtype=torch.float64), torch.randn(shape, generator=gen, dtype=torch.float64)
+    (gz,) = torch.autograd.grad((lp.double() * g1.to(DEV)).sum() + (ent.double() * g2.to(DEV)).sum(), zc)
+    (rz,) = torch.autograd.grad((rlp * g1).sum() + (rent * g2).sum(), zr)
+    if dtype == torch.float64:
+        torch.testing.assert_close(gz.cpu(), rz, rtol=1e-9, atol=1e-10)
+    else:  # the gradient is stored in dtype: compare with the CPU kernel, same rounding rules
+        zcpu = z.clone().requires_grad_()
+        clp, cent = token_logprob(zcpu, y, temperature=tau, return_entropy=True)
+        (cz,) = torch.autograd.grad((clp.double() * g1).sum() + (cent.double() * g2).sum(), zcpu)
+        err = (gz.cpu().double() - rz).abs().max().item() if rz.numel() else 0.0
+        cerr = (cz.double() - rz).abs().max().item() if rz.numel() else 0.0
+        assert err <= 2 * cerr + 1e-6
+
+
+def test_token_logprob_strided_and_inplace():
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 6, 101, generator=gen).to(torch.bfloat16)
+    y = torch.randint(0, 101, (3, 5), generator=gen)
+    z = base.to(DEV)[:, :-1]  # strided leading dims, rows start at odd element offsets
+    lp = token_logprob(z, y.to(DEV))
+    torch.testing.assert_close(lp.cpu(), token_logprob(base[:, :-1], y), rtol=1e-5, atol=1e-5)
+    a = base.to(DEV).contiguous()[:, :-1].clone().requires_grad_()
+    b = a.detach().clone().requires_grad_()
+    token_logprob(a, y.to(DEV)).sum().backward()
+    token_logprob(b, y.to(DEV), inplace_backward=True).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def test_token_logprob_opcheck_gradcheck():
+    z = torch.randn(4, 37, device=DEV, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([3, -100, 0, 36], device=DEV)
+    torch.library.opcheck(_op.token_logprob, (z, y, 0.7, -100, True))
+    assert torch.autograd.gradcheck(
+        lambda z: token_logprob(z, y, temperature=0.7, return_entropy=True), (z,))
+
+
+def test_token_logprob_bad_target_is_reported():
+    """A bad id fails a device-side assertion, reported at the next synchronisation. It
+    poisons the CUDA context, so it runs in a subprocess."""
+    code = textwrap.dedent("""
+        import torch, reasonrl_fast.ops as o
+        z = torch.randn(4, 10, device="cuda")
+        lp = o.token_logprob(z, torch.tensor([1, 2, 10, 3], device="cuda"))
+        torch.cuda.synchronize()
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "outside the vocabulary" in r.stdout + r.stderr or "device-side assert" in r.stderr
+
+
+@pytest.mark.parametrize("B", [1, 7, 1000, 8192, 70000])
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_group_advantage(B, norm_by_std):
+    gen = torch.Generator().manual_seed(2)
+    r = torch.randn(B, generator=gen, dtype=torch.float64) + 100
+    g = torch.randint(0, max(1, B // 5), (B,), generator=gen) * 7 - 3
+    got = group_advantage(r.to(DEV), g.to(DEV), norm_by_std=norm_by_std)
+    want = _op.group_advantage(r, g, 1e-6, norm_by_std)  # CPU kernel
+    if B <= 1000:
+        torch.testing.assert_close(
+            want.double(), R.group_advantage(r, g, norm_by_std=norm_by_std), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
+    assert got.dtype == torch.float32
+
+
+def test_group_advantage_opcheck():
+    torch.library.opcheck(_op.group_advantage, (torch.randn(9, device=DEV),
+                                                torch.tensor([0, 1, 0, 2, 2, 2, 5, 1, 0], device=DEV),
+                                                1e-6, True))
+
+
+@pytest.mark.parametrize("B,T", [(1, 1), (5, 33), (64, 1000)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_tb_loss(B, T, dtype):
+    gen = torch.Generator().manual_seed(3)
+    mk = lambda *s: torch.randn(*s, generator=gen, dtype=dtype) * 0.1  # noqa: E731
+    lz, lp, ref, old, rw = mk(B), mk(B, T) - 1, mk(B, T) - 1, mk(B, T) - 1, mk(B)
+    mask = torch.rand(B, T, generator=gen) < 0.7
+    ins = [t.to(DEV) for t in (lz, lp)]
+    ins = [t.requires_grad_() for t in ins]
+    loss = tb_loss(ins[0], ins[1], ref.to(DEV), old.to(DEV), rw.to(DEV), mask.to(DEV))
+    r_ins = [t.double().requires_grad_() for t in (lz, lp)]
+    rloss, _, _ = R.tb_loss(r_ins[0], r_ins[1], ref.double(), old.double(), rw.double(), mask)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss.cpu().double(), rloss, **tol)
+    got = torch.autograd.grad(loss, ins)
+    want = torch.autograd.grad(rloss, r_ins)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu().double(), b, **tol)
+
+
+def test_tb_loss_opcheck():
+    B, T = 3, 9
+    a = lambda *s: torch.randn(*s, device=DEV, dtype=torch.float64)  # noqa: E731
+    torch.library.opcheck(_op.tb_loss, (a(B).requires_grad_(), a(B, T).requires_grad_(), a(B, T),
+                                        a(B, T), a(B), torch.ones(B, T, device=DEV), 15.0, 0.0, 10.0))
+
+
+@pytest.mark.parametrize("B,T,H", [(1, 1, 1), (3, 7, 33), (2, 5, 64), (4, 3, 8)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_masked_mean(B, T, H, dtype):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(B, T, H, generator=gen, dtype=torch.float64).to(dtype)
+    mask = torch.rand(B, T, generator=gen) < 0.5
+    mask[0] = False  # an empty row: zeros and zero gradient
+    xc = x.to(DEV).requires_grad_()
+    out = masked_mean(xc, mask.to(DEV))
+    ref = R.masked_mean(x.double(), mask)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out.cpu().double(), ref, **tol)
+    torch.testing.assert_close(out.cpu(), masked_mean(x, mask), rtol=1e-5, atol=1e-5)
+    g = torch.randn(B, H, generator=gen, dtype=torch.float64).to(dtype)
+    (gx,) = torch.autograd.grad(out, xc, g.to(DEV))
+    xr = x.double().requires_grad_()
+    (rx,) = torch.autograd.grad(R.masked_mean(xr, mask), xr, g.double())
+    torch.testing.assert_close(gx.cpu().double(), rx, **tol)
+
+
+def test_masked_mean_opcheck_gradcheck():
+    x = torch.randn(2, 5, 9, device=DEV, dtype=torch.float64, requires_grad=True)
+    m = torch.tensor([[1, 0, 1, 1, 0], [0, 0, 0, 0, 0]], device=DEV)
+    torch.library.opcheck(_op.masked_mean, (x, m))
+    assert torch.autograd.gradcheck(lambda x: masked_mean(x, m), (x,))
+
+
+def test_current_stream_is_used():
+    s = torch.cuda.Stream()
+    z = torch.randn(64, 5003, device=DEV)
+    y = torch.randint(0, 5003, (64,), device=DEV)
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        lp = token_logprob(z, y)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.testing.assert_close(lp.cpu(), token_logprob(z.cpu(), y.cpu()), rtol=1e-5, atol=1e-5)

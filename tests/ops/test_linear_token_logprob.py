@@ -1,0 +1,276 @@
+"""linear_token_logprob on CPU (the chunked path) against float64 plain-PyTorch references.
+
+The same checks run on the Triton kernels in tests/ops/test_triton_linear_logprob.py (through
+`check_*` below) and on CUDA in tests/ops/test_cuda_ops.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from reasonrl_fast.ops import linear_token_logprob
+from reasonrl_fast.ops import reference as R
+
+# The package exports the function under the module's name; fetch the module itself.
+L = importlib.import_module("reasonrl_fast.ops.linear_token_logprob")
+
+# (N, H, V, chunk): odd sizes, V not a multiple of any block, one-column vocabularies, chunks
+# that do not divide V (None = the default chunk: a single chunk at these sizes).
+SHAPES = [(7, 5, 1000, 64), (13, 33, 7, 3), (1, 3, 1, None), (5, 17, 131, None), (9, 4, 37, 1)]
+
+
+def _inputs(N, H, V, dtype, bias, gen, ignore=True, lead=None):
+    h = torch.randn(N, H, generator=gen, dtype=torch.float64).to(dtype)
+    W = (torch.randn(V, H, generator=gen, dtype=torch.float64) / H**0.5 * 3).to(dtype)
+    b = torch.randn(V, generator=gen, dtype=torch.float64).to(dtype) if bias else None
+    y = torch.randint(0, V, (N,), generator=gen)
+    if ignore and N > 1:
+        y[1] = -100
+    return h, W, b, y
+
+
+def _ref(h, W, b, y, tau, ignore_index=-100):
+    z = h @ W.T
+    if b is not None:
+        z = z + b
+    return R.token_logprob(z, y, tau, ignore_index)
+
+
+def check_matches_reference(device, N, H, V, chunk, monkeypatch, bias=True, tau=0.7, seed=0):
+    if chunk is not None:
+        monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", str(chunk))
+    gen = torch.Generator().manual_seed(seed)
+    h, W, b, y = _inputs(N, H, V, torch.float64, bias, gen)
+    args = [t.to(device).requires_grad_() if t is not None and t.is_floating_point() else t
+            for t in (h, W, b)]
+    h_, W_, b_ = args
+    lp, ent = linear_token_logprob(h_, W_, y.to(device), temperature=tau, bias=b_,
+                                   return_entropy=True)
+    ref_in = [t.detach().clone().requires_grad_() if t is not None else None for t in (h, W, b)]
+    rlp, rent = _ref(*ref_in, y, tau)
+    assert lp.dtype == torch.float64 and lp.shape == (N,)
+    torch.testing.assert_close(lp.cpu(), rlp, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ent.cpu(), rent, rtol=1e-10, atol=1e-10)
+    g1 = torch.randn(N, generator=gen, dtype=torch.float64)
+    g2 = torch.randn(N, generator=gen, dtype=torch.float64)
+    leaves = [t for t in (h_, W_, b_) if t is not None]
+    got = torch.autograd.grad((lp * g1.to(device)).sum() + (ent * g2.to(device)).sum(), leaves)
+    want = torch.autograd.grad((rlp * g1).sum() + (rent * g2).sum(),
+                               [t for t in ref_in if t is not None])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-9, atol=1e-10)
+    if N > 1:  # the ignored row: zero outputs and no gradient to its hidden state
+        assert lp[1].item() == 0 and ent[1].item() == 0
+        assert got[0][1].abs().max().item() == 0
+
+
+def check_low_precision(device, dtype, monkeypatch, N=17, H=40, V=301, chunk=64):
+    """Error vs float64 at most twice plain PyTorch's at the same precision (+ a tiny floor)."""
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", str(chunk))
+    gen = torch.Generator().manual_seed(1)
+    h, W, b, y = _inputs(N, H, V, dtype, True, gen)
+    # float64 truth on the same (rounded) inputs
+    t_in = [t.double().requires_grad_() for t in (h, W, b)]
+    tlp, tent = _ref(*t_in, y, 1.0)
+    g1 = torch.randn(N, generator=gen, dtype=torch.float64)
+    g2 = torch.randn(N, generator=gen, dtype=torch.float64)
+    tg = torch.autograd.grad((tlp * g1 + tent * g2).sum(), t_in)
+    # plain PyTorch in dtype
+    p_in = [t.clone().requires_grad_() for t in (h, W, b)]
+    plp, pent = _ref(*p_in, y, 1.0)
+    pg = torch.autograd.grad((plp.double() * g1 + pent.double() * g2).sum(), p_in)
+    # ours
+    o_in = [t.to(device).requires_grad_() for t in (h, W, b)]
+    olp, oent = linear_token_logprob(o_in[0], o_in[1], y.to(device), bias=o_in[2],
+                                     return_entropy=True)
+    assert olp.dtype == torch.float32
+    og = torch.autograd.grad(
+        (olp.double() * g1.to(device) + oent.double() * g2.to(device)).sum(), o_in)
+    floor = 1e-6
+
+    def err(a, b):
+        return (a.double().cpu() - b).abs().max().item()
+
+    for o, p, t in [(olp, plp, tlp), (oent, pent, tent)] + list(zip(og, pg, tg)):
+        assert o.dtype in (torch.float32, dtype)
+        assert err(o, t) <= 2 * err(p, t) + floor, (err(o, t), err(p, t))
+
+
+class _MaxNumel(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.max_numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.max_numel = max(self.max_numel, t.numel())
+        return out
+
+
+def check_memory_bound(device, monkeypatch, N=257, H=4, V=4001, chunk=64, input_bytes=False):
+    """No tensor the implementation creates is near [N, V]: the largest is the dW output.
+
+    input_bytes: Triton's interpreter copies each input as a uint8 tensor (4 V H elements
+    for a float32 weight); allow that, it is not part of the GPU path."""
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", str(chunk))
+    gen = torch.Generator().manual_seed(2)
+    h, W, b, y = (t.to(device) if t is not None else None
+                  for t in _inputs(N, H, V, torch.float32, False, gen))
+    with _MaxNumel() as fwd:
+        lp, ent, lse = L._forward_impl(h, W, y, None, 1.0, -100, True)
+    with _MaxNumel() as bwd:
+        L._backward_impl(torch.ones_like(lp), torch.ones_like(ent), h, W, y, None, lse, ent,
+                         1.0, -100)
+    wh = V * H * (4 if input_bytes else 1)
+    # O(N) statistics; the interpreter's byte copy of the [4, splits, N] partials is 64 N.
+    on = N * (chunk + 1) + (64 * N if input_bytes else 0)
+    assert fwd.max_numel <= max(on, wh if input_bytes else 0), fwd.max_numel
+    assert bwd.max_numel <= max(wh, on), bwd.max_numel
+    assert N * V > 5 * max(wh, on)  # the bound is a real constraint here
+
+
+@pytest.mark.parametrize("N,H,V,chunk", SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_reference_cpu(N, H, V, chunk, bias, monkeypatch):
+    check_matches_reference("cpu", N, H, V, chunk, monkeypatch, bias=bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_cpu(dtype, monkeypatch):
+    check_low_precision("cpu", dtype, monkeypatch)
+
+
+def test_memory_bound_cpu(monkeypatch):
+    check_memory_bound("cpu", monkeypatch)
+
+
+def test_matches_token_logprob_of_full_logits(monkeypatch):
+    """Same numbers as the existing op on materialised logits (float32), leading dims too."""
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "10")
+    gen = torch.Generator().manual_seed(3)
+    h = torch.randn(2, 3, 6, generator=gen)
+    W = torch.randn(29, 6, generator=gen)
+    y = torch.randint(0, 29, (2, 3), generator=gen)
+    from reasonrl_fast.ops import token_logprob
+
+    lp, ent = linear_token_logprob(h, W, y, temperature=1.3, return_entropy=True)
+    rlp, rent = token_logprob(h @ W.T, y, temperature=1.3, return_entropy=True)
+    assert lp.shape == (2, 3)
+    torch.testing.assert_close(lp, rlp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, rent, rtol=1e-5, atol=1e-5)
+
+
+def test_empty_and_all_ignored():
+    h = torch.randn(0, 4, requires_grad=True)
+    W = torch.randn(9, 4, requires_grad=True)
+    lp = linear_token_logprob(h, W, torch.zeros(0, dtype=torch.long))
+    assert lp.shape == (0,)
+    lp.sum().backward()
+    assert W.grad.abs().sum() == 0 and h.grad.shape == (0, 4)
+    h = torch.randn(3, 4, requires_grad=True)
+    W.grad = None
+    lp, ent = linear_token_logprob(h, W, torch.full((3,), 5), ignore_index=5, return_entropy=True)
+    assert lp.abs().sum() == 0 and ent.abs().sum() == 0
+    (lp.sum() + ent.sum()).backward()
+    assert h.grad.abs().sum() == 0 and W.grad.abs().sum() == 0
+
+
+def test_errors():
+    h, W = torch.randn(3, 4), torch.randn(9, 4)
+    with pytest.raises(IndexError, match="outside the vocabulary"):
+        linear_token_logprob(h, W, torch.tensor([0, 9, 1]))
+    with pytest.raises(IndexError):
+        linear_token_logprob(h, W, torch.tensor([0, -1, 1]))
+    with pytest.raises(ValueError, match="temperature"):
+        linear_token_logprob(h, W, torch.tensor([0, 1, 2]), temperature=0.0)
+    with pytest.raises(ValueError):
+        linear_token_logprob(h, torch.randn(9, 5), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError):
+        linear_token_logprob(h, W, torch.tensor([0, 1]))
+    with pytest.raises(TypeError):
+        linear_token_logprob(h, W.double(), torch.tensor([0, 1, 2]))
+    with pytest.raises(TypeError):
+        linear_token_logprob(h, W, torch.tensor([0.0, 1.0, 2.0]))
+
+
+def test_masked_columns_count_as_minus_infinity(monkeypatch):
+    """A ragged last chunk must not add exp(0) terms: with very negative logits every column
+    past V would dominate the sum if it were read as 0."""
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "16")
+    h = torch.ones(3, 2, dtype=torch.float64)
+    W = torch.full((19, 2), -50.0, dtype=torch.float64)
+    y = torch.tensor([0, 18, 7])
+    lp = linear_token_logprob(h, W, y)
+    torch.testing.assert_close(lp, torch.full((3,), -torch.log(torch.tensor(19.0)).item(),
+                                              dtype=torch.float64))
+
+
+def opcheck_args(device, dtype=torch.float64, bias=True, N=5, H=6, V=23):
+    gen = torch.Generator().manual_seed(4)
+    h, W, b, y = _inputs(N, H, V, dtype, bias, gen)
+    mv = lambda t: t.to(device).requires_grad_() if t is not None else None  # noqa: E731
+    return (mv(h), mv(W), y.to(device), mv(b), 0.9, -100, True)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_opcheck_cpu(bias, monkeypatch):
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "5")
+    torch.library.opcheck(L._linear_token_logprob, opcheck_args("cpu", bias=bias))
+    args = opcheck_args("cpu", bias=bias)
+    lp, ent, lse = L._linear_token_logprob(*[a.detach() if isinstance(a, torch.Tensor) else a
+                                             for a in args])
+    h, W, y, b = (a.detach() if isinstance(a, torch.Tensor) else a for a in args[:4])
+    torch.library.opcheck(
+        L._linear_token_logprob_backward,
+        (torch.randn_like(lp), torch.randn_like(ent), h, W, y, b, lse, ent, 0.9, -100),
+    )
+
+
+def test_gradcheck_cpu(monkeypatch):
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "4")
+    h, W, y, b, *_ = opcheck_args("cpu", N=4, H=3, V=9)
+
+    def f(h, W, b):
+        lp, ent = linear_token_logprob(h, W, y, temperature=0.8, bias=b, return_entropy=True)
+        return lp, ent
+
+    assert torch.autograd.gradcheck(f, (h, W, b))
+
+
+def _compiled_vs_eager(backend, entropy):
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(9, 8, generator=gen, requires_grad=True)
+    W = torch.randn(50, 8, generator=gen, requires_grad=True)
+    y = torch.randint(0, 50, (9,), generator=gen)
+
+    def fn(h, W):
+        out = linear_token_logprob(h, W, y, return_entropy=entropy)
+        return out[0].sum() + out[1].sum() if entropy else out.sum()
+
+    torch._dynamo.reset()
+    f = torch.compile(fn, fullgraph=True, backend=backend)
+    # No inductor/AOT caches: their key is the traced call of the op, not the op's Python
+    # implementation, so a cache written by an older implementation would be replayed.
+    with torch._inductor.config.patch(force_disable_caches=True):
+        got = torch.autograd.grad(f(h, W), (h, W))
+    want = torch.autograd.grad(fn(h, W), (h, W))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_torch_compile_aot_eager(entropy, monkeypatch):
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "16")
+    _compiled_vs_eager("aot_eager", entropy)
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_torch_compile_inductor_cpu(entropy, monkeypatch):
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "16")
+    _compiled_vs_eager("inductor", entropy)
