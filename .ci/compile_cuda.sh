@@ -3,7 +3,7 @@
 # without a GPU. Exit status != 0 when the build fails or a cubin for sm_80 / sm_90 is missing.
 #
 # Environment (all optional):
-#   VENV_CUDA        venv holding a CUDA build of torch (default /work/venv-cuda); created with
+#   VENV_CUDA        venv holding a CUDA build of torch (default ~/.cache/reasonrl_fast/venv-cuda); created with
 #                    `pip install torch==$TORCH_CUDA_VERSION ninja setuptools wheel` if absent,
 #                    reused otherwise (the system python and its CPU torch are never touched).
 #   TORCH_CUDA_VERSION  default 2.14.1 (a CUDA 13.0 build on this project's package index)
@@ -15,7 +15,7 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV_CUDA="${VENV_CUDA:-/work/venv-cuda}"
+VENV_CUDA="${VENV_CUDA:-${XDG_CACHE_HOME:-$HOME/.cache}/reasonrl_fast/venv-cuda}"
 TORCH_CUDA_VERSION="${TORCH_CUDA_VERSION:-2.14.1}"
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-8.0;9.0}"

@@ -31,7 +31,7 @@ triton = pytest.importorskip("triton")
 _INTERPRETED = type(triton.language.standard._sum_combine).__name__ == "InterpretedFunction"
 _RUN_HERE = DEVICE == "cuda" or _INTERPRETED
 
-import test_linear_token_logprob as T  # noqa: E402  (shared checks, same directory)
+from tests.ops import test_linear_token_logprob as T  # noqa: E402  (shared checks)
 
 L = T.L
 
