@@ -25,13 +25,13 @@ class ModelConfig:
     path: str = ""
     """Local Hugging Face causal-LM directory. Empty: the embedded tiny Qwen2 model with a
     character-level tokenizer, warm-started by the supervised stage (see `sft`)."""
-    hidden_size: int = 64
+    hidden_size: int = 128
     """Tiny model only: hidden size."""
     num_layers: int = 2
     """Tiny model only: decoder layers."""
     num_heads: int = 4
     """Tiny model only: attention heads (key/value heads = heads / 2)."""
-    intermediate_size: int = 256
+    intermediate_size: int = 512
     """Tiny model only: MLP width."""
     max_position_embeddings: int = 256
     """Tiny model only: the longest sequence (prompt + response) the model accepts."""
@@ -44,9 +44,9 @@ class ModelConfig:
 class SFTConfig:
     """Supervised warm start of the embedded tiny model (cached, keyed by the config)."""
 
-    steps: int = 250
+    steps: int = 300
     """Optimiser steps of the supervised stage (0: no warm start)."""
-    batch_size: int = 32
+    batch_size: int = 64
     """Examples per supervised step."""
     lr: float = 3e-3
     """Learning rate of the supervised stage (AdamW, cosine decay)."""

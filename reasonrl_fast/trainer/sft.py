@@ -34,10 +34,14 @@ def warm_start(cfg, log=print) -> str:
         log(f"[sft] using cached warm start {path}")
         return path
     torch.manual_seed(cfg.trainer.seed)
+    # One thread: on a small shared CPU, OpenMP threads fighting for cores are slower than one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     tok = char_tokenizer()
     model = tiny_model(cfg.model, len(tok), tok)
     if cfg.sft.steps:
         _train(model, tok, cfg, log)
+    torch.set_num_threads(threads)
     tmp = f"{path}.tmp{os.getpid()}"
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
