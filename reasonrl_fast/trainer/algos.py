@@ -47,14 +47,15 @@ def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg
     Returns (loss, stats)."""
     ratio = torch.exp(logprob - old_logprob)
     a = adv.unsqueeze(-1).to(logprob.dtype)
-    surr = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a)
+    clipped_obj = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
+    surr = torch.minimum(ratio * a, clipped_obj)
     loss_tok = -surr
     if kl_coef and ref_logprob is not None:
         loss_tok = loss_tok + kl_coef * kl_k3(logprob, ref_logprob)
     loss = aggregate(loss_tok, mask, agg)
     with torch.no_grad():
         m = mask.float()
-        clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
+        clipped = (clipped_obj < ratio * a).float()  # tokens where the clip is active (no gradient)
         stats = {"grpo/clip_frac": float((clipped * m).sum() / m.sum().clamp(min=1))}
         if ref_logprob is not None:
             stats["kl/mean"] = float((kl_k3(logprob, ref_logprob) * m).sum() / m.sum().clamp(min=1))

@@ -35,7 +35,7 @@ def test_grpo_clip_higher_token_mean():
     loss.backward()
     # the clipped token gets no gradient; the unclipped ones d(-ratio*A)/dlp = -ratio*A / 3
     torch.testing.assert_close(lp.grad, torch.tensor([[0.0, -e(-0.5) / 3], [e(0.5) / 3, 0.0]]))
-    assert st["grpo/clip_frac"] == pytest.approx(2 / 3)
+    assert st["grpo/clip_frac"] == pytest.approx(1 / 3)  # only the first token is clipped
 
 
 @pytest.mark.parametrize("mode,expected", [

@@ -103,3 +103,25 @@ def test_reward_fn_that_raises_gives_zero_and_is_counted():
 
     rewards, errors = compute_rewards(flaky, ["ok", "boom", "ok"], ["1", "1", "1"])
     assert rewards == [1.0, 0.0, 1.0] and errors == 1
+
+
+def test_vllm_backend_is_guarded():
+    import importlib.util
+
+    from reasonrl_fast.trainer.rollout import VLLMRollout
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed")
+    with pytest.raises(ImportError, match="rollout.backend=hf"):
+        VLLMRollout("/nonexistent", 0.5, 128, 0)
+
+
+def test_sft_cache_is_keyed_by_config():
+    from reasonrl_fast.trainer.sft import sft_cache_path
+
+    base = sft_cache_path(load_config())
+    assert sft_cache_path(load_config()) == base
+    for o in ("model.hidden_size=96", "sft.steps=7", "data.digits=4", "data.carry_slip_prob=0.1", "trainer.seed=3"):
+        assert sft_cache_path(load_config(None, [o])) != base, o
+    # RL-only settings do not invalidate the warm start
+    assert sft_cache_path(load_config(None, ["optim.lr=0.5", "algo=grpo"])) == base
