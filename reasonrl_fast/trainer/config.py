@@ -63,14 +63,16 @@ class DataConfig:
     """Validation files (same format). Empty: a held-out split of the synthetic task."""
     prompts_per_step: int = 16
     """Prompts per RL step (each sampled `rollout.n` times)."""
-    max_prompt_length: int = 32
+    max_prompt_length: int = 16
     """Prompts longer than this (in tokens) are dropped at load time, with a warning."""
     val_size: int = 256
     """Synthetic task: number of validation prompts."""
     train_size: int = 100000
     """Synthetic task: number of training prompts."""
-    digits: int = 3
+    digits: int = 2
     """Synthetic task: digits per operand of the addition."""
+    carry_frac: float = 0.75
+    """Synthetic task: fraction of problems whose sum needs a carry between columns."""
     carry_slip_prob: float = 0.5
     """Synthetic task: probability that a supervised demonstration forgets one carry
     (noisy demonstrations leave room for RL to improve on the warm start)."""
@@ -87,7 +89,7 @@ class RolloutConfig:
     """hf (Hugging Face generate, works everywhere) or vllm (colocated engine, GPU only)."""
     n: int = 8
     """Responses sampled per prompt (the GRPO/FlowRL group)."""
-    max_new_tokens: int = 40
+    max_new_tokens: int = 32
     """Longest response, in tokens."""
     temperature: float = 1.0
     """Sampling temperature (also used for log-probs)."""
@@ -135,7 +137,7 @@ class FlowRLConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3
+    lr: float = 1e-4
     """Peak learning rate (AdamW)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -152,7 +154,7 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 120
+    steps: int = 150
     """RL steps."""
     output_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, TensorBoard events, checkpoint-N/."""
@@ -170,7 +172,7 @@ class TrainerConfig:
     """Also checkpoint after the last step."""
     keep_checkpoints: int = 2
     """Keep the newest N checkpoints (0: keep all)."""
-    val_every: int = 20
+    val_every: int = 25
     """Validate every N steps (and before the first and after the last); 0: never."""
     resume: str = "auto"
     """auto (newest complete checkpoint in output_dir, if any), never, or a checkpoint path."""

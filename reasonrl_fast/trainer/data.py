@@ -37,12 +37,26 @@ def make_prompt(a: int, b: int) -> str:
     return f"{a}+{b}="
 
 
-def synthetic_split(n: int, digits: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
+def has_carry(a: int, b: int, digits: int) -> bool:
+    return any(_carry_into(a, b, digits, i) for i in range(1, digits))
+
+
+def sample_operands(rng: random.Random, digits: int, carry_frac: float) -> tuple[int, int]:
+    """Two `digits`-digit numbers; with probability `carry_frac` the sum needs a carry between
+    columns (the step that demonstrations get wrong), else it needs none (rejection sampling)."""
     lo, hi = 10 ** (digits - 1), 10**digits - 1
+    want = rng.random() < carry_frac
+    while True:
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        if has_carry(a, b, digits) == want:
+            return a, b
+
+
+def synthetic_split(n: int, digits: int, seed: int, carry_frac: float = 0.75) -> list[dict]:
+    rng = random.Random(seed)
     items = []
     for _ in range(n):
-        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        a, b = sample_operands(rng, digits, carry_frac)
         items.append({"prompt": make_prompt(a, b), "answer": str(a + b), "a": a, "b": b})
     return items
 
@@ -102,13 +116,13 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     if d.train_files:
         train = [r for p in d.train_files for r in load_records(p)]
     else:
-        train = synthetic_split(d.train_size, d.digits, seed=cfg.trainer.seed * 1000 + 1)
+        train = synthetic_split(d.train_size, d.digits, cfg.trainer.seed * 1000 + 1, d.carry_frac)
     if d.val_files:
         val = [r for p in d.val_files for r in load_records(p)]
     elif d.train_files:
         val = []
     else:
-        val = synthetic_split(d.val_size, d.digits, seed=cfg.trainer.seed * 1000 + 2)
+        val = synthetic_split(d.val_size, d.digits, cfg.trainer.seed * 1000 + 2, d.carry_frac)
     train = filter_long(train, tokenizer, d.max_prompt_length, "data.train_files")
     if val:
         val = filter_long(val, tokenizer, d.max_prompt_length, "data.val_files")

@@ -14,7 +14,7 @@ import torch
 
 from reasonrl_fast.ops import token_logprob
 from reasonrl_fast.trainer.config import config_hash
-from reasonrl_fast.trainer.data import sft_example
+from reasonrl_fast.trainer.data import sample_operands, sft_example
 from reasonrl_fast.trainer.model import char_tokenizer, tiny_model
 from reasonrl_fast.trainer.policy import make_batch
 
@@ -23,7 +23,7 @@ SFT_VERSION = 1  # bump when the supervised recipe changes
 
 def sft_cache_path(cfg) -> str:
     key = config_hash(cfg.model, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.data.digits,
-                      cfg.data.carry_slip_prob, cfg.trainer.seed, SFT_VERSION)
+                      cfg.data.carry_slip_prob, cfg.data.carry_frac, cfg.trainer.seed, SFT_VERSION)
     return os.path.join(os.path.expanduser(cfg.sft.cache_dir), key)
 
 
@@ -56,7 +56,6 @@ def warm_start(cfg, log=print) -> str:
 def _train(model, tok, cfg, log):
     rng = random.Random(cfg.trainer.seed + 12345)
     d = cfg.data
-    lo, hi = 10 ** (d.digits - 1), 10**d.digits - 1
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=0.0, betas=(0.9, 0.99))
     steps = cfg.sft.steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
@@ -65,7 +64,7 @@ def _train(model, tok, cfg, log):
     for step in range(steps):
         prompts, responses = [], []
         for _ in range(cfg.sft.batch_size):
-            a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+            a, b = sample_operands(rng, d.digits, d.carry_frac)
             prompts.append(tok(f"{a}+{b}=")["input_ids"])
             responses.append(tok(sft_example(a, b, d.digits, d.carry_slip_prob, rng))["input_ids"] + [tok.eos_token_id])
         batch = make_batch(prompts, responses, tok.pad_token_id, "cpu")
