@@ -26,7 +26,9 @@ def load_model_tensors(ckpt: str) -> dict[str, torch.Tensor]:
 
 
 def merge(ckpt: str, out_dir: str) -> str:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from reasonrl_fast.trainer.model import load_tokenizer
 
     hf = os.path.join(ckpt, "hf")
     if not os.path.exists(os.path.join(ckpt, "trainer_state.json")):
@@ -40,7 +42,7 @@ def merge(ckpt: str, out_dir: str) -> str:
     model.load_state_dict(lm_sd, strict=True, assign=True)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    AutoTokenizer.from_pretrained(hf).save_pretrained(out_dir)
+    load_tokenizer(hf).save_pretrained(out_dir)
     if z_sd:
         save_file(z_sd, os.path.join(out_dir, "proj_z.safetensors"))
     return out_dir

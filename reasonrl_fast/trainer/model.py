@@ -3,13 +3,17 @@ character-level tokenizer saved as a standard `tokenizer.json` (loads with AutoT
 
 from __future__ import annotations
 
+import json
+import os
 import string
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+# EOS is spelled like Qwen2's so that AutoTokenizer (which picks Qwen2Tokenizer for a qwen2
+# config.json) finds it in the vocabulary instead of appending a token the model does not have.
+PAD, BOS, EOS = "<pad>", "<s>", "<|endoftext|>"
 CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
@@ -47,7 +51,15 @@ def tiny_model(cfg, vocab_size: int, tokenizer) -> Qwen2ForCausalLM:
 
 
 def load_tokenizer(path: str):
-    tok = AutoTokenizer.from_pretrained(path)
+    """AutoTokenizer, except for a plain `tokenizers` tokenizer (our character tokenizer):
+    transformers 5 swaps in the model type's class (Qwen2Tokenizer for a qwen2 config.json),
+    whose pre-tokenizer drops spaces, so that one is loaded as the class it was saved as."""
+    cfg_file = os.path.join(path, "tokenizer_config.json")
+    declared = json.load(open(cfg_file)).get("tokenizer_class") if os.path.exists(cfg_file) else None
+    if declared in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+        tok = PreTrainedTokenizerFast.from_pretrained(path)
+    else:
+        tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

@@ -43,6 +43,11 @@ def test_flowrl_smoke_and_merge(tmp_path):
     z = ZHead(model.config.hidden_size)
     z.load_state_dict(load_file(merged / "proj_z.safetensors"))
     assert not any(k.startswith("proj_z") for k in model.state_dict())
+    assert model.config.vocab_size == len(tok)  # no token the model lacks
+    from reasonrl_fast.trainer.model import char_tokenizer, load_tokenizer
+
+    text = r"12+34= 4+2=6,1+3=4 \boxed{46}"
+    assert load_tokenizer(str(merged))(text)["input_ids"] == char_tokenizer()(text)["input_ids"]
     ids = tok("12+34=", return_tensors="pt")["input_ids"]
     assert model(ids).logits.shape[-1] == len(tok)
 
