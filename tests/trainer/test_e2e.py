@@ -84,7 +84,8 @@ def test_resume_equivalence(tmp_path):
     # a half-written later checkpoint must be ignored by resume=auto
     shutil.copytree(full / "checkpoint-4", killed / "checkpoint-4.tmp")
     (killed / "metrics.jsonl").write_text("".join(open(full / "metrics.jsonl").readlines()[:3]))
-    run_train(args + [f"trainer.output_dir={killed}", "trainer.resume=auto"], tmp_path)
+    p = run_train(args + [f"trainer.output_dir={killed}", "trainer.resume=auto"], tmp_path)
+    assert "checkpoint-2 (step 2)" in p.stdout  # it resumed (a restart from 0 would match too)
     got = read_metrics(killed)
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for a, b in zip(ref, got):
