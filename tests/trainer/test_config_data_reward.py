@@ -125,3 +125,19 @@ def test_sft_cache_is_keyed_by_config():
         assert sft_cache_path(load_config(None, [o])) != base, o
     # RL-only settings do not invalidate the warm start
     assert sft_cache_path(load_config(None, ["optim.lr=0.5", "algo=grpo"])) == base
+
+
+def test_metrics_logger_progress_tensorboard_and_truncation(tmp_path):
+    from reasonrl_fast.trainer.logger import MetricsLogger
+
+    cfg = load_config(None, ["trainer.progress=true", "trainer.logger=tensorboard"])
+    lg = MetricsLogger(cfg, str(tmp_path), 0, 3)
+    for s in (1, 2, 3):
+        lg.log({"step": s, "reward/mean": 0.5, "grad_norm": float("nan"), "val/accuracy": 0.25, "time/step_s": 1.0})
+    lg.close()
+    rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["grad_norm"] is None
+    assert any(p.name.startswith("events.") for p in (tmp_path / "tensorboard").iterdir())
+    # resuming from step 1 drops the rows a killed run logged after its checkpoint
+    MetricsLogger(load_config(None, ["trainer.progress=false", "trainer.logger=none"]), str(tmp_path), 1, 3).close()
+    assert [json.loads(x)["step"] for x in open(tmp_path / "metrics.jsonl")] == [1]
