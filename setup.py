@@ -81,7 +81,11 @@ setup(
     packages=find_packages(include=["reasonrl_fast", "reasonrl_fast.*"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.6"],
-    extras_require={"dev": ["pytest>=8", "hypothesis>=6", "expecttest", "pytest-xdist"]},
+    extras_require={
+        "dev": ["pytest>=8", "hypothesis>=6", "expecttest", "pytest-xdist"],
+        "train": ["ray>=2.40", "transformers>=4.56", "tokenizers>=0.20", "omegaconf>=2.3", "safetensors>=0.4",
+                  "tensorboard>=2.15", "rich>=13", "math-verify>=0.7"],
+    },
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExtension},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},

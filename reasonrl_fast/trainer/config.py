@@ -1,0 +1,272 @@
+"""Trainer configuration: nested dataclasses, loaded from YAML and dotted `key=value` overrides.
+
+OmegaConf structured configs give us type checking for free: an unknown key or a value of the
+wrong type raises an error that names the key (we re-raise it as a short ConfigError).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A bad configuration: unknown key, wrong type, or an invalid value."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """Local Hugging Face causal-LM directory. Empty: the embedded tiny Qwen2 model with a
+    character-level tokenizer, warm-started by the supervised stage (see `sft`)."""
+    hidden_size: int = 128
+    """Tiny model only: hidden size."""
+    num_layers: int = 2
+    """Tiny model only: decoder layers."""
+    num_heads: int = 4
+    """Tiny model only: attention heads (key/value heads = heads / 2)."""
+    intermediate_size: int = 512
+    """Tiny model only: MLP width."""
+    max_position_embeddings: int = 256
+    """Tiny model only: the longest sequence (prompt + response) the model accepts."""
+    dtype: str = "auto"
+    """Parameter dtype of the master weights: auto (float32), float32 or bfloat16. On GPU the
+    forward/backward runs in bf16 via FSDP2 mixed precision either way."""
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm start of the embedded tiny model (cached, keyed by the config)."""
+
+    steps: int = 300
+    """Optimiser steps of the supervised stage (0: no warm start)."""
+    batch_size: int = 64
+    """Examples per supervised step."""
+    lr: float = 3e-3
+    """Learning rate of the supervised stage (AdamW, cosine decay)."""
+    cache_dir: str = "~/.cache/reasonrl_fast/sft"
+    """Where the warm-started model is cached; the folder name is a hash of everything that
+    shapes it (model, task, sft, seed), so a changed config never reuses a stale cache."""
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)
+    """jsonl/parquet files with fields `prompt` and `answer`. Empty: the built-in synthetic task."""
+    val_files: list[str] = field(default_factory=list)
+    """Validation files (same format). Empty: a held-out split of the synthetic task."""
+    prompts_per_step: int = 16
+    """Prompts per RL step (each sampled `rollout.n` times)."""
+    max_prompt_length: int = 16
+    """Prompts longer than this (in tokens) are dropped at load time, with a warning."""
+    val_size: int = 256
+    """Synthetic task: number of validation prompts."""
+    train_size: int = 100000
+    """Synthetic task: number of training prompts."""
+    digits: int = 2
+    """Synthetic task: digits per operand of the addition."""
+    carry_frac: float = 0.75
+    """Synthetic task: fraction of problems whose sum needs a carry between columns."""
+    carry_slip_prob: float = 0.5
+    """Synthetic task: probability that a supervised demonstration forgets one carry
+    (noisy demonstrations leave room for RL to improve on the warm start)."""
+    shuffle: bool = True
+    """Shuffle the training prompts (each epoch, seeded)."""
+    reward_fn: str = ""
+    """Reward function `package.module:function(response, answer) -> float`; empty: the math
+    reward (last \\boxed{} vs the answer, math-verify equivalence)."""
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "hf"
+    """hf (Hugging Face generate, works everywhere) or vllm (colocated engine, GPU only)."""
+    n: int = 8
+    """Responses sampled per prompt (the GRPO/FlowRL group)."""
+    max_new_tokens: int = 32
+    """Longest response, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature (also used for log-probs)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    val_temperature: float = 1.0
+    """Temperature for validation samples (accuracy is mean@val_n at this temperature)."""
+    val_n: int = 1
+    """Samples per validation prompt."""
+    gpu_memory_utilization: float = 0.5
+    """vllm only: fraction of GPU memory for the engine."""
+
+
+@dataclass
+class GRPOConfig:
+    clip_low: float = 0.2
+    """epsilon_low of the clipped surrogate."""
+    clip_high: float = 0.28
+    """epsilon_high (clip-higher, DAPO)."""
+    loss_agg: str = "token-mean"
+    """token-mean, seq-mean-token-mean or seq-mean-token-sum."""
+    kl_coef: float = 0.0
+    """Coefficient of the k3 KL to the reference policy (0: no reference model)."""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping buffer L_buf in tokens (0: off)."""
+    overlong_factor: float = 1.0
+    """DAPO overlong penalty factor."""
+    norm_by_std: bool = True
+    """Divide advantages by the group std (False: Dr.GRPO)."""
+
+
+@dataclass
+class FlowRLConfig:
+    beta: float = 15.0
+    """Reward temperature beta of the trajectory-balance loss."""
+    max_is_weight: float = 10.0
+    """Cap of the importance weight."""
+    is_clip_eps: Optional[float] = None
+    """Paper variant: clip the importance weight to [1-eps, 1+eps] instead."""
+    zhead_layers: int = 3
+    """Layers of the Z-head MLP."""
+    zhead_lr_mult: float = 1.0
+    """Learning-rate multiplier for the Z-head parameters."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear warm-up steps, then constant."""
+    grad_clip: float = 1.0
+    """Gradient-norm clipping; a step with a non-finite norm is skipped and counted."""
+    mini_batch_prompts: int = 16
+    """Prompts per mini-batch update (all their responses); fewer than prompts_per_step gives
+    several updates per step, and then old log-probs are computed before the first."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    """AdamW betas."""
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 150
+    """RL steps."""
+    output_dir: str = "runs/default"
+    """Run directory: config.yaml, metrics.jsonl, TensorBoard events, checkpoint-N/."""
+    nnodes: int = 1
+    """Ray nodes to place workers on."""
+    workers_per_node: int = 2
+    """Workers (FSDP ranks) per node: one GPU each on GPU nodes, one CPU slot each otherwise."""
+    cpus_per_worker: int = 1
+    """CPU slots per worker (CPU runs; also its torch thread count)."""
+    ray_address: str = ""
+    """Join this Ray cluster (or $RAY_ADDRESS); empty starts a local instance."""
+    save_every: int = 0
+    """Checkpoint every N steps (0: only at the end if save_last)."""
+    save_last: bool = False
+    """Also checkpoint after the last step."""
+    keep_checkpoints: int = 2
+    """Keep the newest N checkpoints (0: keep all)."""
+    val_every: int = 25
+    """Validate every N steps (and before the first and after the last); 0: never."""
+    resume: str = "auto"
+    """auto (newest complete checkpoint in output_dir, if any), never, or a checkpoint path."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    logger: str = "tensorboard"
+    """tensorboard, wandb (if installed; TensorBoard is written too), or none."""
+    project: str = "reasonrl_fast"
+    """wandb project name."""
+    progress: bool = True
+    """Console progress bar."""
+
+
+@dataclass
+class Config:
+    algo: str = "flowrl"
+    """flowrl or grpo."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    flowrl: FlowRLConfig = field(default_factory=FlowRLConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+_CHOICES = {
+    "algo": ("flowrl", "grpo"),
+    "rollout.backend": ("hf", "vllm"),
+    "grpo.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    "trainer.logger": ("tensorboard", "wandb", "none"),
+    "model.dtype": ("auto", "float32", "bfloat16"),
+}
+
+
+def _get(cfg: Config, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def validate(cfg: Config) -> Config:
+    for key, choices in _CHOICES.items():
+        if _get(cfg, key) not in choices:
+            raise ConfigError(f"{key}={_get(cfg, key)!r}: must be one of {choices}")
+    positive = ["data.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "trainer.nnodes",
+                "trainer.workers_per_node", "optim.mini_batch_prompts", "rollout.temperature"]
+    for key in positive:
+        if not _get(cfg, key) > 0:
+            raise ConfigError(f"{key}={_get(cfg, key)!r}: must be > 0")
+    if cfg.trainer.steps < 0:
+        raise ConfigError(f"trainer.steps={cfg.trainer.steps}: must be >= 0")
+    world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
+    if cfg.data.prompts_per_step % world:
+        raise ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple "
+                          f"of the number of workers ({world})")
+    per_worker = cfg.data.prompts_per_step // world
+    mb = min(cfg.optim.mini_batch_prompts, cfg.data.prompts_per_step)
+    if cfg.data.prompts_per_step % mb or mb % world:
+        raise ConfigError(f"optim.mini_batch_prompts={cfg.optim.mini_batch_prompts} must divide "
+                          f"data.prompts_per_step and be a multiple of the number of workers")
+    del per_worker
+    return cfg
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults <- YAML file <- dotted overrides, type-checked against the dataclasses."""
+    try:
+        schema = OmegaConf.structured(Config)
+        merged = [schema]
+        if path:
+            merged.append(OmegaConf.load(path))
+        if overrides:
+            bad = [o for o in overrides if "=" not in o]
+            if bad:
+                raise ConfigError(f"overrides must be key=value, got {bad}")
+            merged.append(OmegaConf.from_dotlist(list(overrides)))
+        cfg = OmegaConf.merge(*merged)
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"config key {key!r}: {msg}" if key else msg) from None
+    return validate(obj)
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def config_hash(*parts) -> str:
+    """Stable short hash of dataclasses / plain values (used to key the SFT cache)."""
+    blob = json.dumps([dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

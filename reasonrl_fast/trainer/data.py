@@ -1,0 +1,167 @@
+"""Prompts: the built-in synthetic task (addition with the carries written out) and jsonl/parquet
+files with `prompt` and `answer` fields, behind a small seeded sampler whose position is saved
+in checkpoints."""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------- synthetic task
+
+
+def addition_steps(a: int, b: int, digits: int, slip_at: int | None = None) -> tuple[str, int]:
+    """Column addition from the last digit, one step per column: '7+5=12,4+8+1=13,...'.
+
+    `slip_at`: index of a column whose incoming carry is forgotten (a noisy demonstration);
+    the final answer then follows the slip, so the written work stays self-consistent.
+    Returns (steps, the answer the steps arrive at).
+    """
+    da, db = str(a).zfill(digits)[::-1], str(b).zfill(digits)[::-1]
+    carry, out, steps = 0, [], []
+    for i in range(digits):
+        if i == slip_at:
+            carry = 0
+        s = int(da[i]) + int(db[i]) + carry
+        steps.append(f"{da[i]}+{db[i]}" + ("+1" if carry else "") + f"={s}")
+        out.append(str(s % 10))
+        carry = s // 10
+    if carry:
+        out.append("1")
+    return ",".join(steps), int("".join(reversed(out)))
+
+
+def make_prompt(a: int, b: int) -> str:
+    return f"{a}+{b}="
+
+
+def has_carry(a: int, b: int, digits: int) -> bool:
+    return any(_carry_into(a, b, digits, i) for i in range(1, digits))
+
+
+def sample_operands(rng: random.Random, digits: int, carry_frac: float) -> tuple[int, int]:
+    """Two `digits`-digit numbers; with probability `carry_frac` the sum needs a carry between
+    columns (the step that demonstrations get wrong), else it needs none (rejection sampling)."""
+    lo, hi = 10 ** (digits - 1), 10**digits - 1
+    want = rng.random() < carry_frac
+    while True:
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        if has_carry(a, b, digits) == want:
+            return a, b
+
+
+def synthetic_split(n: int, digits: int, seed: int, carry_frac: float = 0.75) -> list[dict]:
+    rng = random.Random(seed)
+    items = []
+    for _ in range(n):
+        a, b = sample_operands(rng, digits, carry_frac)
+        items.append({"prompt": make_prompt(a, b), "answer": str(a + b), "a": a, "b": b})
+    return items
+
+
+def sft_example(a: int, b: int, digits: int, slip_prob: float, rng: random.Random) -> str:
+    """A supervised demonstration; with probability `slip_prob` one carry is forgotten."""
+    carries = [i for i in range(1, digits) if _carry_into(a, b, digits, i)]
+    slip = rng.choice(carries) if carries and rng.random() < slip_prob else None
+    steps, ans = addition_steps(a, b, digits, slip)
+    return f"{steps} \\boxed{{{ans}}}"
+
+
+def _carry_into(a: int, b: int, digits: int, col: int) -> bool:
+    m = 10**col
+    return (a % m) + (b % m) >= m
+
+
+# ---------------------------------------------------------------- files
+
+
+def load_records(path: str) -> list[dict]:
+    if path.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:  # pragma: no cover
+            raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+        rows = pq.read_table(path).to_pylist()
+    else:
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    out = []
+    for i, r in enumerate(rows):
+        prompt = r.get("prompt", r.get("question", r.get("problem")))
+        answer = r.get("answer", r.get("ground_truth"))
+        if isinstance(prompt, list):  # chat format [{"role":..., "content":...}]
+            prompt = "\n".join(m["content"] for m in prompt)
+        if prompt is None or answer is None:
+            raise ValueError(f"{path}:{i + 1}: a record needs `prompt` and `answer` fields, got {sorted(r)}")
+        out.append({"prompt": str(prompt), "answer": str(answer)})
+    return out
+
+
+def filter_long(items: list[dict], tokenizer, max_len: int, name: str) -> list[dict]:
+    """Drop prompts longer than `max_len` tokens (they would be truncated mid-question)."""
+    keep = [it for it in items if len(tokenizer(it["prompt"])["input_ids"]) <= max_len]
+    if len(keep) < len(items):
+        warnings.warn(f"{name}: dropped {len(items) - len(keep)} prompts longer than "
+                      f"data.max_prompt_length={max_len} tokens", stacklevel=2)
+    if not keep:
+        raise ValueError(f"{name}: the dataset is empty (after dropping prompts longer than "
+                         f"data.max_prompt_length={max_len})")
+    return keep
+
+
+def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
+    d = cfg.data
+    if d.train_files:
+        train = [r for p in d.train_files for r in load_records(p)]
+    else:
+        train = synthetic_split(d.train_size, d.digits, cfg.trainer.seed * 1000 + 1, d.carry_frac)
+    if d.val_files:
+        val = [r for p in d.val_files for r in load_records(p)]
+    elif d.train_files:
+        val = []
+    else:
+        val = synthetic_split(d.val_size, d.digits, cfg.trainer.seed * 1000 + 2, d.carry_frac)
+    train = filter_long(train, tokenizer, d.max_prompt_length, "data.train_files")
+    if val:
+        val = filter_long(val, tokenizer, d.max_prompt_length, "data.val_files")
+    return train, val
+
+
+# ---------------------------------------------------------------- sampler
+
+
+@dataclass
+class Sampler:
+    """Seeded epoch-wise shuffling; `state()`/`load_state()` make resume exact."""
+
+    size: int
+    seed: int
+    shuffle: bool = True
+    epoch: int = 0
+    pos: int = 0
+
+    def _order(self) -> list[int]:
+        idx = list(range(self.size))
+        if self.shuffle:
+            random.Random(self.seed * 7919 + self.epoch).shuffle(idx)
+        return idx
+
+    def next(self, k: int) -> list[int]:
+        out: list[int] = []
+        order = self._order()
+        while len(out) < k:
+            if self.pos >= self.size:
+                self.epoch, self.pos = self.epoch + 1, 0
+                order = self._order()
+            take = min(k - len(out), self.size - self.pos)
+            out += order[self.pos:self.pos + take]
+            self.pos += take
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state(self, s: dict) -> None:
+        self.epoch, self.pos = int(s["epoch"]), int(s["pos"])

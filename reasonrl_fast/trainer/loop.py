@@ -1,0 +1,143 @@
+"""The training loop, top to bottom: rollout -> reward -> group advantage -> (on the workers) old
+and reference log-probs, mini-batch updates, weight sync -> metrics, checkpoints, validation.
+
+The driver (this process) holds the data, the reward function and the loop; Ray actors
+(worker.py) hold the FSDP shards and the rollout engines. Each worker generates for its own
+share of the prompts and trains on those samples, so only token ids and scalars cross Ray."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import torch
+
+from reasonrl_fast.trainer import checkpoint as ckpt
+from reasonrl_fast.trainer.algos import advantages, overlong_penalty
+from reasonrl_fast.trainer.config import to_yaml
+from reasonrl_fast.trainer.data import Sampler, load_datasets
+from reasonrl_fast.trainer.logger import MetricsLogger
+from reasonrl_fast.trainer.model import load_tokenizer
+from reasonrl_fast.trainer.reward import compute_rewards, load_reward_fn
+from reasonrl_fast.trainer.sft import warm_start
+
+
+def run(cfg, log=print) -> dict:
+    """Train according to `cfg`; returns the last metrics row."""
+    t_start = time.time()
+    out_dir = cfg.trainer.output_dir
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.yaml"), "w") as f:
+        f.write(to_yaml(cfg))
+
+    # Model: a local HF directory, or the embedded tiny model after its (cached) warm start.
+    model_path = cfg.model.path or warm_start(cfg, log)
+    tok = load_tokenizer(model_path)
+    train_set, val_set = load_datasets(cfg, tok)
+    reward_fn = load_reward_fn(cfg.data.reward_fn)
+
+    from reasonrl_fast.trainer.cluster import Cluster  # imports ray
+
+    cluster = Cluster(cfg, model_path)
+    try:
+        resume_from = ckpt.resolve_resume(out_dir, cfg.trainer.resume)
+        sampler = Sampler(len(train_set), cfg.trainer.seed, cfg.data.shuffle)
+        start = 0
+        if resume_from:
+            state = ckpt.read_state(resume_from)
+            start = state["step"]
+            sampler.load_state(state["sampler"])
+            random.setstate(_tuple(state["python_rng"]))
+            cluster.call("load", resume_from)
+            log(f"resumed from {resume_from} (step {start})")
+        logger = MetricsLogger(cfg, out_dir, start, cfg.trainer.steps)
+        last: dict = {}
+        every = cfg.trainer.val_every
+        if val_set and every and start == 0:
+            logger.log({"step": 0, **validate(cfg, cluster, tok, val_set, reward_fn, step=0)})
+
+        for step in range(start + 1, cfg.trainer.steps + 1):
+            t0 = time.perf_counter()
+            items = [train_set[i] for i in sampler.next(cfg.data.prompts_per_step)]
+            prompts = [tok(it["prompt"])["input_ids"] for it in items]
+            n = cfg.rollout.n
+
+            # 1. rollout: each worker samples n responses for its share of the prompts
+            t = time.perf_counter()
+            responses = cluster.generate(prompts, n, cfg.rollout.temperature, seed=step)
+            t_rollout = time.perf_counter() - t
+
+            # 2. reward: verifiable answers; a reward function that raises gives 0 (counted)
+            t = time.perf_counter()
+            texts = tok.batch_decode(responses, skip_special_tokens=True)
+            answers = [it["answer"] for it in items for _ in range(n)]
+            correct, errors = compute_rewards(reward_fn, texts, answers)
+            lengths = torch.tensor([len(r) for r in responses])
+            rewards = torch.tensor(correct) + overlong_penalty(
+                lengths, cfg.rollout.max_new_tokens, cfg.grpo.overlong_buffer, cfg.grpo.overlong_factor)
+            t_reward = time.perf_counter() - t
+
+            # 3. group advantage (the group is the prompt)
+            group_ids = torch.arange(len(items)).repeat_interleave(n)
+            norm = cfg.grpo.norm_by_std if cfg.algo == "grpo" else True
+            adv = advantages(rewards, group_ids, norm_by_std=norm)
+
+            # 4-6. old/ref log-probs, mini-batch updates, weight sync (on the workers)
+            rep_prompts = [p for p in prompts for _ in range(n)]
+            w = cluster.train_step(rep_prompts, responses, adv.tolist(), step)
+
+            t_step = time.perf_counter() - t0
+            tokens = sum(len(p) for p in rep_prompts) + int(lengths.sum())
+            row = {
+                "step": step,
+                "reward/mean": float(rewards.mean()),
+                "accuracy/mean": sum(correct) / len(correct),
+                "reward/errors": errors,
+                "response_length/mean": float(lengths.float().mean()),
+                "response_length/clip_frac": float((lengths >= cfg.rollout.max_new_tokens).float().mean()),
+                **w,
+                "time/rollout_s": t_rollout,
+                "time/reward_s": t_reward,
+                "time/step_s": t_step,
+                "perf/tokens_per_s": tokens / t_step,
+            }
+            if cfg.trainer.save_every and step % cfg.trainer.save_every == 0 or (
+                    cfg.trainer.save_last and step == cfg.trainer.steps):
+                save(cfg, cluster, tok, step, sampler)
+            if val_set and every and (step % every == 0 or step == cfg.trainer.steps):
+                row.update(validate(cfg, cluster, tok, val_set, reward_fn, step))
+            logger.log(row)
+            last = row
+        logger.close()
+        log(f"done in {time.time() - t_start:.0f}s: {_summary(last)}")
+        return last
+    finally:
+        cluster.shutdown()
+
+
+def validate(cfg, cluster, tok, val_set, reward_fn, step: int) -> dict:
+    """mean@val_n accuracy on the validation prompts at rollout.val_temperature."""
+    t = time.perf_counter()
+    k = cfg.rollout.val_n
+    prompts = [tok(it["prompt"])["input_ids"] for it in val_set]
+    responses = cluster.generate(prompts, k, cfg.rollout.val_temperature, seed=10**6 + step)
+    texts = tok.batch_decode(responses, skip_special_tokens=True)
+    correct, _ = compute_rewards(reward_fn, texts, [it["answer"] for it in val_set for _ in range(k)])
+    return {"val/accuracy": sum(correct) / len(correct), "time/val_s": time.perf_counter() - t}
+
+
+def save(cfg, cluster, tok, step: int, sampler) -> str:
+    tmp = ckpt.tmp_path(cfg.trainer.output_dir, step)
+    cluster.call("save", tmp)
+    state = {"step": step, "sampler": sampler.state(), "python_rng": random.getstate()}
+    return ckpt.finalize(tmp, state, tok, cluster.hf_config, cfg.trainer.keep_checkpoints)
+
+
+def _tuple(x):
+    return tuple(_tuple(v) for v in x) if isinstance(x, list) else x
+
+
+def _summary(row: dict) -> str:
+    keys = ("step", "reward/mean", "accuracy/mean", "val/accuracy", "time/step_s")
+    return " ".join(f"{k}={row[k]:.4g}" for k in keys if k in row)

@@ -1,0 +1,188 @@
+"""One FSDP rank as a Ray actor: it owns a shard of the policy (and of the frozen reference), an
+optimiser, and a rollout engine with a full copy of the weights. The driver (loop.py) tells it
+what to do; every method that touches sharded weights is called on all workers together."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import resource
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from reasonrl_fast.trainer import algos
+from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, shard
+from reasonrl_fast.trainer.model import load_model, load_tokenizer
+from reasonrl_fast.trainer.policy import Actor, make_batch, slice_batch
+from reasonrl_fast.trainer.rollout import make_rollout
+
+
+class Worker:
+    def __init__(self, cfg, rank: int, world: int, model_path: str):
+        self.cfg, self.rank, self.world, self.model_path = cfg, rank, world, model_path
+        if not torch.cuda.is_available():
+            # One CPU slot per worker: more threads than cores only adds contention.
+            torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
+
+    def address(self) -> tuple[str, int]:
+        """Rank 0's address and a free port for the process group rendezvous."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, master_addr: str, master_port: int) -> dict:
+        cfg = self.cfg
+        self.device, mesh = init_distributed(self.rank, self.world, master_addr, master_port)
+        torch.manual_seed(cfg.trainer.seed)  # same init of the Z-head on every rank
+        self.tok = load_tokenizer(self.model_path)
+        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        lm = load_model(self.model_path, dtype)
+        self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id, self.device)
+        bf16 = self.device.type == "cuda"
+        self.flowrl = cfg.algo == "flowrl"
+        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.flowrl else 0).to(self.device)
+        shard(self.actor, lm, mesh, bf16)
+        self.ref = None
+        if self.flowrl or cfg.grpo.kl_coef > 0:  # frozen reference, sharded the same way
+            ref_lm = load_model(self.model_path, dtype)
+            self.ref = Actor(ref_lm).to(self.device).eval()
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+            shard(self.ref, ref_lm, mesh, bf16)
+        o = cfg.optim
+        z_params = [p for n, p in self.actor.named_parameters() if n.startswith("proj_z.")]
+        lm_params = [p for n, p in self.actor.named_parameters() if not n.startswith("proj_z.")]
+        groups = [{"params": lm_params, "lr": o.lr}]
+        if z_params:
+            groups.append({"params": z_params, "lr": o.lr * cfg.flowrl.zhead_lr_mult})
+        self.opt = torch.optim.AdamW(groups, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
+        warm = max(0, o.warmup_steps)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        return {"params": sum(p.numel() for p in lm_params), "device": str(self.device)}
+
+    # ------------------------------------------------------------------ rollout
+
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, seed: int) -> list[list[int]]:
+        r = self.cfg.rollout
+        return self.rollout.generate(prompts, n, temperature, r.top_p, r.max_new_tokens, seed)
+
+    # ------------------------------------------------------------------ update
+
+    @torch.no_grad()
+    def _logprobs(self, model, batch, mb_size):
+        out = []
+        for i in range(0, batch["input_ids"].shape[0], mb_size):
+            out.append(model(slice_batch(batch, slice(i, i + mb_size)), self.cfg.rollout.temperature)[0])
+        return torch.cat(out)
+
+    def train_step(self, prompts, responses, adv, step: int) -> dict:
+        """Old/ref log-probs, mini-batch updates, weight sync. `prompts`/`responses` are this rank's
+        samples (prompt-major groups of rollout.n), `adv` their group-normalised advantages."""
+        cfg, t = self.cfg, {}
+        self._seed(step, salt=1)  # Z-head dropout: reproducible per step
+        batch = make_batch(prompts, responses, self.tok.pad_token_id, self.device)
+        adv = torch.tensor(adv, dtype=torch.float32, device=self.device)
+        b = len(responses)
+        n_mb = max(1, cfg.data.prompts_per_step // min(cfg.optim.mini_batch_prompts, cfg.data.prompts_per_step))
+        mb = b // n_mb
+        t0 = time.perf_counter()
+        ref_lp = self._logprobs(self.ref, batch, mb) if self.ref is not None else None
+        # Old log-probs only matter when the policy moves between mini-batches; with one
+        # mini-batch the current log-probs (detached) are the old ones.
+        old_lp = self._logprobs(self.actor, batch, mb) if n_mb > 1 else None
+        t["time/logprob_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        self.actor.train()
+        stats: dict[str, list[float]] = {}
+        skipped, norms = 0, []
+        for k in range(n_mb):
+            idx = slice(k * mb, (k + 1) * mb)
+            mbatch = slice_batch(batch, idx)
+            mask = mbatch["response_mask"]
+            lp, ent, log_z = self.actor(mbatch, cfg.rollout.temperature, entropy=True, log_z=self.flowrl)
+            old = old_lp[idx] if old_lp is not None else lp.detach()
+            ref = ref_lp[idx] if ref_lp is not None else None
+            if self.flowrl:
+                f = cfg.flowrl
+                loss, st = algos.flowrl_loss(log_z, lp, ref, old, adv[idx], mask, f.beta, f.max_is_weight, f.is_clip_eps)
+            else:
+                g = cfg.grpo
+                loss, st = algos.grpo_loss(lp, old, adv[idx], mask, g.clip_low, g.clip_high, g.loss_agg, ref, g.kl_coef)
+            st["loss"] = float(loss.detach())
+            st["entropy/mean"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.optim.grad_clip)
+            norm = float(full_tensor(norm))
+            if math.isfinite(norm):
+                self.opt.step()
+                norms.append(norm)
+            else:  # same decision on every rank: the norm is global
+                skipped += 1
+            for key, v in st.items():
+                stats.setdefault(key, []).append(v)
+        self.opt.zero_grad(set_to_none=True)
+        self.sched.step()
+        t["time/update_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        self.sync_weights()
+        t["time/sync_s"] = time.perf_counter() - t0
+        out = {k: sum(v) / len(v) for k, v in stats.items()}
+        out.update(t)
+        out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
+        out["train/skipped_updates"] = skipped
+        out["lr"] = self.sched.get_last_lr()[0]
+        out["memory/peak_gb"] = self._peak_gb()
+        return out
+
+    def sync_weights(self):
+        """Gather each parameter of the LM (not the Z-head) and copy it into the rollout engine."""
+        self.rollout.wake()
+        self.rollout.load_weights(
+            (name[len("lm."):], full_tensor(p.detach()))
+            for name, p in self.actor.named_parameters() if name.startswith("lm."))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, path: str) -> None:
+        model_sd, optim_sd = get_state_dict(self.actor, self.opt)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "sched": self.sched.state_dict()}
+        torch.save(rng, os.path.join(path, f"rng_rank{self.rank}.pt"))
+        dist.barrier()
+
+    def load(self, path: str) -> None:
+        model_sd, optim_sd = get_state_dict(self.actor, self.opt)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(self.actor, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        rng = torch.load(os.path.join(path, f"rng_rank{self.rank % self.world}.pt"), weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        self.sched.load_state_dict(rng["sched"])
+        self.sync_weights()
+
+    # ------------------------------------------------------------------ misc
+
+    def _seed(self, step: int, salt: int) -> None:
+        torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step * 1009 + self.rank * 17 + salt)
+
+    def _peak_gb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated() / 2**30
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

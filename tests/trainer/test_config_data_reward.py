@@ -1,0 +1,143 @@
+"""Bad config, bad data, rewards; no Ray needed."""
+
+import json
+import random
+
+import pytest
+
+from reasonrl_fast.trainer.config import ConfigError, load_config
+from reasonrl_fast.trainer.data import Sampler, addition_steps, filter_long, load_records, sft_example
+from reasonrl_fast.trainer.model import char_tokenizer
+from reasonrl_fast.trainer.reward import compute_rewards, last_boxed, math_reward
+
+
+def test_overrides_and_yaml(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("algo: grpo\nrollout:\n  n: 4\n")
+    cfg = load_config(str(y), ["rollout.max_new_tokens=12", "data.train_files=[a.jsonl]"])
+    assert (cfg.algo, cfg.rollout.n, cfg.rollout.max_new_tokens, cfg.data.train_files) == ("grpo", 4, 12, ["a.jsonl"])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("trainer.stepz=3", "trainer.stepz"),
+    ("rollout.n=many", "rollout.n"),
+    ("optimm.lr=1", "optimm"),
+    ("algo=ppo", "algo"),
+    ("rollout.backend=sglang", "rollout.backend"),
+])
+def test_bad_config_names_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_bad_yaml_key(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("trainer:\n  nodes: 2\n")
+    with pytest.raises(ConfigError, match="nodes"):
+        load_config(str(y))
+
+
+def test_presets_load():
+    import glob
+    import os
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+    files = glob.glob(os.path.join(root, "*.yaml"))
+    assert len(files) >= 3
+    for f in files:
+        load_config(f)
+
+
+def test_addition_steps_and_slip():
+    steps, ans = addition_steps(347, 285, 3)
+    assert (steps, ans) == ("7+5=12,4+8+1=13,3+2+1=6", 632)
+    steps, ans = addition_steps(347, 285, 3, slip_at=1)
+    assert (steps, ans) == ("7+5=12,4+8=12,3+2+1=6", 622)
+    rng = random.Random(0)
+    demos = [sft_example(347, 285, 3, 1.0, rng) for _ in range(20)]
+    assert all(math_reward(d, "632") == 0.0 for d in demos)
+    assert all(math_reward(sft_example(347, 285, 3, 0.0, rng), "632") == 1.0 for _ in range(5))
+
+
+def test_empty_dataset_and_long_prompt(tmp_path):
+    tok = char_tokenizer()
+    items = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "x" * 50, "answer": "1"}]
+    with pytest.warns(UserWarning, match="dropped 1"):
+        kept = filter_long(items, tok, 10, "train")
+    assert kept == items[:1]
+    with pytest.raises(ValueError, match="empty"):
+        filter_long(items[1:], tok, 10, "train")
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        filter_long(load_records(str(empty)), tok, 10, "train")
+    bad = tmp_path / "b.jsonl"
+    bad.write_text(json.dumps({"text": "no prompt"}) + "\n")
+    with pytest.raises(ValueError, match="prompt"):
+        load_records(str(bad))
+
+
+def test_sampler_resume_is_exact():
+    a = Sampler(10, seed=3)
+    first = a.next(7)
+    b = Sampler(10, seed=3)
+    b.load_state(a.state())
+    assert a.next(9) == b.next(9)
+    assert sorted(first + Sampler(10, seed=3, epoch=0, pos=7).next(3)) == list(range(10))
+
+
+def test_rewards():
+    assert last_boxed(r"a \boxed{1} b \boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert last_boxed(r"\boxed{12") is None
+    assert math_reward(r"so \boxed{\frac{1}{2}}", "0.5") == 1.0
+    assert math_reward(r"\boxed{632}", "632") == 1.0
+    assert math_reward(r"\boxed{631}", "632") == 0.0
+    assert math_reward("632", "632") == 0.0  # no box, no reward
+
+
+def test_reward_fn_that_raises_gives_zero_and_is_counted():
+    def flaky(resp, ans):
+        if "boom" in resp:
+            raise RuntimeError("bad sample")
+        return 1.0
+
+    rewards, errors = compute_rewards(flaky, ["ok", "boom", "ok"], ["1", "1", "1"])
+    assert rewards == [1.0, 0.0, 1.0] and errors == 1
+
+
+def test_vllm_backend_is_guarded():
+    import importlib.util
+
+    from reasonrl_fast.trainer.rollout import VLLMRollout
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed")
+    with pytest.raises(ImportError, match="rollout.backend=hf"):
+        VLLMRollout("/nonexistent", 0.5, 128, 0)
+
+
+def test_sft_cache_is_keyed_by_config():
+    from reasonrl_fast.trainer.sft import sft_cache_path
+
+    base = sft_cache_path(load_config())
+    assert sft_cache_path(load_config()) == base
+    for o in ("model.hidden_size=96", "sft.steps=7", "data.digits=4", "data.carry_slip_prob=0.1", "trainer.seed=3"):
+        assert sft_cache_path(load_config(None, [o])) != base, o
+    # RL-only settings do not invalidate the warm start
+    assert sft_cache_path(load_config(None, ["optim.lr=0.5", "algo=grpo"])) == base
+
+
+def test_metrics_logger_progress_tensorboard_and_truncation(tmp_path):
+    from reasonrl_fast.trainer.logger import MetricsLogger
+
+    cfg = load_config(None, ["trainer.progress=true", "trainer.logger=tensorboard"])
+    lg = MetricsLogger(cfg, str(tmp_path), 0, 3)
+    for s in (1, 2, 3):
+        lg.log({"step": s, "reward/mean": 0.5, "grad_norm": float("nan"), "val/accuracy": 0.25, "time/step_s": 1.0})
+    lg.close()
+    rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["grad_norm"] is None
+    assert any(p.name.startswith("events.") for p in (tmp_path / "tensorboard").iterdir())
+    # resuming from step 1 drops the rows a killed run logged after its checkpoint
+    MetricsLogger(load_config(None, ["trainer.progress=false", "trainer.logger=none"]), str(tmp_path), 1, 3).close()
+    assert [json.loads(x)["step"] for x in open(tmp_path / "metrics.jsonl")] == [1]
