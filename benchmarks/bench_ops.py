@@ -93,11 +93,17 @@ def bench_token_logprob(n, v, repeats):
         },
         "forward + backward": {
             "reasonrl_fast": lambda: fwd_bwd(token_logprob)(xg, ids),
+            "eager": lambda: fwd_bwd(eager_logprob)(xg, ids),
+            "torch.compile": (torch.compile(eager_logprob), lambda f: fwd_bwd(f)(xg, ids)),
+        },
+        # The logits as an upstream op's output (an LM head's), which is where
+        # inplace_backward can hand their storage back as the gradient.
+        "fwd + bwd, non-leaf logits": {
+            "reasonrl_fast": lambda: fwd_bwd(lambda a, b: token_logprob(a * 1.0, b))(xg, ids),
             "reasonrl_fast (inplace_backward)": lambda: fwd_bwd(
                 lambda a, b: token_logprob(a * 1.0, b, inplace_backward=True)
             )(xg, ids),
-            "eager": lambda: fwd_bwd(eager_logprob)(xg, ids),
-            "torch.compile": (torch.compile(eager_logprob), lambda f: fwd_bwd(f)(xg, ids)),
+            "eager": lambda: fwd_bwd(lambda a, b: eager_logprob(a * 1.0, b))(xg, ids),
         },
     }
     size = f"N={n}, V={v}, fp32 (logits {x.numel() * 4 / MiB:.0f} MiB)"
@@ -232,7 +238,7 @@ def main():
     print(md)
     if a.write:
         head = (
-            f"## CPU ops ({datetime.date.today().isoformat()}, {machine()})\n\n"
+            f"### CPU ops ({datetime.date.today().isoformat()}, {machine()})\n\n"
             f"`python benchmarks/bench_ops.py --write {a.write}`; median of {rep} runs after warm-up; "
             "speed-up = baseline time / this time; peak extra = peak RSS growth during one call.\n"
         )
