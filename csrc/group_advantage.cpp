@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "checks.h"
 #include "common.h"
 
 namespace reasonrl_fast {
@@ -14,18 +15,7 @@ namespace {
 
 at::Tensor group_advantage_cpu(const at::Tensor& rewards_in, const at::Tensor& group_ids_in,
                                double eps, bool norm_by_std) {
-  TORCH_CHECK(rewards_in.dim() == 1, "group_advantage: rewards must be 1-D [B], got shape ",
-              rewards_in.sizes());
-  TORCH_CHECK(at::isFloatingType(rewards_in.scalar_type()),
-              "group_advantage: rewards must be floating point, got ", rewards_in.scalar_type());
-  TORCH_CHECK(group_ids_in.dim() == 1 && group_ids_in.size(0) == rewards_in.size(0),
-              "group_advantage: group_ids must be 1-D with one id per reward (", rewards_in.size(0),
-              "), got shape ", group_ids_in.sizes());
-  TORCH_CHECK(!at::isFloatingType(group_ids_in.scalar_type()) && !group_ids_in.is_complex(),
-              "group_advantage: group_ids must be an integer tensor, got ",
-              group_ids_in.scalar_type());
-  TORCH_CHECK(eps >= 0, "group_advantage: eps must be >= 0, got ", eps);
-
+  check_group_advantage(rewards_in, group_ids_in, eps);
   const int64_t B = rewards_in.size(0);
   const at::Tensor r = rewards_in.to(at::kDouble).contiguous();
   const at::Tensor g = group_ids_in.to(at::kLong).contiguous();

@@ -4,18 +4,12 @@
 
 #include <vector>
 
+#include "checks.h"
 #include "common.h"
 
 namespace reasonrl_fast {
 namespace {
 
-void check_inputs(const at::Tensor& x, const at::Tensor& mask, const char* op) {
-  TORCH_CHECK(x.dim() == 3, op, ": hidden states must be [B, T, H], got shape ", x.sizes());
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": hidden states must be floating point, got ",
-              x.scalar_type());
-  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == x.size(0) && mask.size(1) == x.size(1), op,
-              ": mask must be [B, T] = [", x.size(0), ", ", x.size(1), "], got shape ", mask.sizes());
-}
 
 template <typename scalar_t, typename acc_t>
 RRL_TARGET_CLONES void accumulate(acc_t* acc, const scalar_t* x, acc_t m, int64_t H) {
@@ -24,7 +18,7 @@ RRL_TARGET_CLONES void accumulate(acc_t* acc, const scalar_t* x, acc_t m, int64_
 }
 
 at::Tensor masked_mean_cpu(const at::Tensor& x_in, const at::Tensor& mask_in) {
-  check_inputs(x_in, mask_in, "masked_mean");
+  check_masked_mean(x_in, mask_in);
   const at::Tensor x = x_in.contiguous();
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2);
   at::Tensor out = at::empty({B, H}, x.options());
@@ -55,8 +49,7 @@ at::Tensor masked_mean_cpu(const at::Tensor& x_in, const at::Tensor& mask_in) {
 }
 
 at::Tensor masked_mean_backward_cpu(const at::Tensor& grad_in, const at::Tensor& mask_in) {
-  TORCH_CHECK(grad_in.dim() == 2 && mask_in.dim() == 2 && grad_in.size(0) == mask_in.size(0),
-              "masked_mean_backward: grad [B, H] and mask [B, T] disagree");
+  check_masked_mean_backward(grad_in, mask_in);
   const at::Tensor grad = grad_in.contiguous();
   const int64_t B = mask_in.size(0), T = mask_in.size(1), H = grad.size(1);
   at::Tensor out = at::empty({B, T, H}, grad.options());

@@ -3,6 +3,7 @@
 // one pass in backward. No float32 copy of the logits is ever made.
 #include <torch/library.h>
 
+#include "checks.h"
 #include "common.h"
 
 namespace reasonrl_fast {
@@ -98,33 +99,12 @@ void check_targets(const at::Tensor& target, int64_t V, int64_t ignore_index) {
   }
 }
 
-void check_inputs(const at::Tensor& logits, const at::Tensor& target, double temperature) {
-  TORCH_CHECK(logits.dim() >= 1, "token_logprob: logits must have a vocabulary dimension");
-  TORCH_CHECK(at::isFloatingType(logits.scalar_type()),
-              "token_logprob: logits must be floating point, got ", logits.scalar_type());
-  TORCH_CHECK(!at::isFloatingType(target.scalar_type()) && !target.is_complex() &&
-                  target.scalar_type() != at::kBool,
-              "token_logprob: target ids must be an integer tensor, got ", target.scalar_type());
-  TORCH_CHECK(target.sizes() == logits.sizes().slice(0, logits.dim() - 1),
-              "token_logprob: target shape ", target.sizes(),
-              " must equal the logits shape without its last dimension ", logits.sizes());
-  TORCH_CHECK(temperature > 0 && std::isfinite(temperature),
-              "token_logprob: temperature must be a positive finite number, got ", temperature);
-  TORCH_CHECK(logits.size(-1) > 0 || target.numel() == 0,
-              "token_logprob: the vocabulary dimension is empty");
-}
-
-at::Tensor rows_view(const at::Tensor& logits) {
-  // Keep a strided view unless the last dimension itself is strided.
-  return logits.stride(-1) == 1 || logits.size(-1) <= 1 ? logits : logits.contiguous();
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cpu(const at::Tensor& logits_in,
                                                                  const at::Tensor& target_in,
                                                                  double temperature,
                                                                  int64_t ignore_index,
                                                                  bool compute_entropy) {
-  check_inputs(logits_in, target_in, temperature);
+  check_token_logprob(logits_in, target_in, temperature);
   const at::Tensor logits = rows_view(logits_in);
   const at::Tensor target = target_in.to(at::kLong).contiguous();
   const int64_t V = logits.size(-1);

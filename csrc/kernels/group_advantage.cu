@@ -9,6 +9,7 @@
 // falls back to sort-free ATen segment reductions (unique + index_add), several launches.
 #include <torch/library.h>
 
+#include "checks.h"
 #include "common.cuh"
 
 namespace reasonrl_fast {
@@ -96,19 +97,7 @@ at::Tensor group_advantage_aten(const at::Tensor& rewards, const at::Tensor& gro
 
 at::Tensor group_advantage_cuda(const at::Tensor& rewards_in, const at::Tensor& group_ids_in,
                                 double eps, bool norm_by_std) {
-  TORCH_CHECK(rewards_in.dim() == 1, "group_advantage: rewards must be 1-D [B], got shape ",
-              rewards_in.sizes());
-  TORCH_CHECK(at::isFloatingType(rewards_in.scalar_type()),
-              "group_advantage: rewards must be floating point, got ", rewards_in.scalar_type());
-  TORCH_CHECK(group_ids_in.dim() == 1 && group_ids_in.size(0) == rewards_in.size(0),
-              "group_advantage: group_ids must be 1-D with one id per reward (", rewards_in.size(0),
-              "), got shape ", group_ids_in.sizes());
-  TORCH_CHECK(!at::isFloatingType(group_ids_in.scalar_type()) && !group_ids_in.is_complex(),
-              "group_advantage: group_ids must be an integer tensor, got ",
-              group_ids_in.scalar_type());
-  TORCH_CHECK(eps >= 0, "group_advantage: eps must be >= 0, got ", eps);
-  TORCH_CHECK(group_ids_in.device() == rewards_in.device(), "group_advantage: group_ids are on ",
-              group_ids_in.device(), " but rewards on ", rewards_in.device());
+  check_group_advantage(rewards_in, group_ids_in, eps);
   const c10::cuda::CUDAGuard guard(rewards_in.device());
   const int64_t B = rewards_in.size(0);
   if (B == 0) return at::empty({0}, rewards_in.options().dtype(at::kFloat));

@@ -7,6 +7,7 @@
 // upstream gradient is read on the device (no .item() synchronisation).
 #include <torch/library.h>
 
+#include "checks.h"
 #include "common.cuh"
 
 namespace reasonrl_fast {
@@ -83,29 +84,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void check_bt(const at::Tensor& t, const char* name, at::IntArrayRef bt) {
-  TORCH_CHECK(t.sizes() == bt, "tb_loss: ", name, " must have shape ", bt, " like logprob, got ",
-              t.sizes());
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_cuda(
     const at::Tensor& log_z, const at::Tensor& logprob, const at::Tensor& ref_logprob,
     const at::Tensor& old_logprob, const at::Tensor& reward, const at::Tensor& mask, double beta,
     double min_w, double max_w) {
-  TORCH_CHECK(logprob.dim() == 2, "tb_loss: logprob must be [B, T], got shape ", logprob.sizes());
-  for (const auto* t : {&log_z, &logprob, &ref_logprob, &old_logprob, &reward})
-    TORCH_CHECK(at::isFloatingType(t->scalar_type()),
-                "tb_loss: log_z, logprob, ref_logprob, old_logprob and reward must be floating "
-                "point, got ", t->scalar_type());
+  check_tb_loss(log_z, logprob, ref_logprob, old_logprob, reward, mask, min_w, max_w);
   const int64_t B = logprob.size(0), T = logprob.size(1);
-  check_bt(ref_logprob, "ref_logprob", logprob.sizes());
-  check_bt(old_logprob, "old_logprob", logprob.sizes());
-  check_bt(mask, "response_mask", logprob.sizes());
-  TORCH_CHECK(log_z.dim() == 1 && log_z.size(0) == B, "tb_loss: log_z must be [B] = [", B,
-              "], got shape ", log_z.sizes());
-  TORCH_CHECK(reward.dim() == 1 && reward.size(0) == B, "tb_loss: reward must be [B] = [", B,
-              "], got shape ", reward.sizes());
-  TORCH_CHECK(min_w <= max_w, "tb_loss: min_is_weight ", min_w, " > max_is_weight ", max_w);
   const c10::cuda::CUDAGuard guard(logprob.device());
 
   const auto dt = logprob.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;

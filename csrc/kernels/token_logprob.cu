@@ -15,6 +15,7 @@
 // unusable afterwards; run with CUDA_LAUNCH_BLOCKING=1 to see the failing call.
 #include <torch/library.h>
 
+#include "checks.h"
 #include "common.cuh"
 
 namespace reasonrl_fast {
@@ -230,34 +231,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void check_inputs(const at::Tensor& logits, const at::Tensor& target, double temperature) {
-  TORCH_CHECK(logits.dim() >= 1, "token_logprob: logits must have a vocabulary dimension");
-  TORCH_CHECK(at::isFloatingType(logits.scalar_type()),
-              "token_logprob: logits must be floating point, got ", logits.scalar_type());
-  TORCH_CHECK(!at::isFloatingType(target.scalar_type()) && !target.is_complex() &&
-                  target.scalar_type() != at::kBool,
-              "token_logprob: target ids must be an integer tensor, got ", target.scalar_type());
-  TORCH_CHECK(target.sizes() == logits.sizes().slice(0, logits.dim() - 1),
-              "token_logprob: target shape ", target.sizes(),
-              " must equal the logits shape without its last dimension ", logits.sizes());
-  TORCH_CHECK(temperature > 0 && std::isfinite(temperature),
-              "token_logprob: temperature must be a positive finite number, got ", temperature);
-  TORCH_CHECK(logits.size(-1) > 0 || target.numel() == 0,
-              "token_logprob: the vocabulary dimension is empty");
-  TORCH_CHECK(target.device() == logits.device(), "token_logprob: target is on ",
-              target.device(), " but logits on ", logits.device());
-}
-
-at::Tensor rows_view(const at::Tensor& logits) {
-  return logits.stride(-1) == 1 || logits.size(-1) <= 1 ? logits : logits.contiguous();
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cuda(const at::Tensor& logits_in,
                                                                   const at::Tensor& target_in,
                                                                   double temperature,
                                                                   int64_t ignore_index,
                                                                   bool compute_entropy) {
-  check_inputs(logits_in, target_in, temperature);
+  check_token_logprob(logits_in, target_in, temperature);
   const c10::cuda::CUDAGuard guard(logits_in.device());
   const at::Tensor logits = rows_view(logits_in);
   const at::Tensor target = target_in.to(at::kLong).contiguous();

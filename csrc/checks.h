@@ -1,0 +1,101 @@
+// Input validation shared by the CPU (csrc/*.cpp) and CUDA (csrc/kernels/*.cu) kernels, so both
+// devices reject the same inputs with the same messages. Shape, dtype and device checks only;
+// data checks (target ids in range) are the kernels' own, since they need the data.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+namespace reasonrl_fast {
+
+inline bool is_integer_dtype(const at::Tensor& t) {
+  return !at::isFloatingType(t.scalar_type()) && !t.is_complex() && t.scalar_type() != at::kBool;
+}
+
+inline void check_token_logprob(const at::Tensor& logits, const at::Tensor& target,
+                                double temperature) {
+  TORCH_CHECK(logits.dim() >= 1, "token_logprob: logits must have a vocabulary dimension");
+  TORCH_CHECK(at::isFloatingType(logits.scalar_type()),
+              "token_logprob: logits must be floating point, got ", logits.scalar_type());
+  TORCH_CHECK(is_integer_dtype(target),
+              "token_logprob: target ids must be an integer tensor, got ", target.scalar_type());
+  TORCH_CHECK(target.sizes() == logits.sizes().slice(0, logits.dim() - 1),
+              "token_logprob: target shape ", target.sizes(),
+              " must equal the logits shape without its last dimension ", logits.sizes());
+  TORCH_CHECK(temperature > 0 && std::isfinite(temperature),
+              "token_logprob: temperature must be a positive finite number, got ", temperature);
+  TORCH_CHECK(logits.size(-1) > 0 || target.numel() == 0,
+              "token_logprob: the vocabulary dimension is empty");
+  TORCH_CHECK(target.device() == logits.device(), "token_logprob: target is on ",
+              target.device(), " but logits on ", logits.device());
+}
+
+// The logits as the kernels read them: a strided view is kept (no copy of [N, V]) unless the
+// vocabulary dimension itself is strided.
+inline at::Tensor rows_view(const at::Tensor& logits) {
+  return logits.stride(-1) == 1 || logits.size(-1) <= 1 ? logits : logits.contiguous();
+}
+
+inline void check_group_advantage(const at::Tensor& rewards, const at::Tensor& group_ids,
+                                  double eps) {
+  TORCH_CHECK(rewards.dim() == 1, "group_advantage: rewards must be 1-D [B], got shape ",
+              rewards.sizes());
+  TORCH_CHECK(at::isFloatingType(rewards.scalar_type()),
+              "group_advantage: rewards must be floating point, got ", rewards.scalar_type());
+  TORCH_CHECK(group_ids.dim() == 1 && group_ids.size(0) == rewards.size(0),
+              "group_advantage: group_ids must be 1-D with one id per reward (", rewards.size(0),
+              "), got shape ", group_ids.sizes());
+  TORCH_CHECK(is_integer_dtype(group_ids), "group_advantage: group_ids must be an integer tensor, got ",
+              group_ids.scalar_type());
+  TORCH_CHECK(eps >= 0, "group_advantage: eps must be >= 0, got ", eps);
+  TORCH_CHECK(group_ids.device() == rewards.device(), "group_advantage: group_ids are on ",
+              group_ids.device(), " but rewards on ", rewards.device());
+}
+
+inline void check_tb_loss(const at::Tensor& log_z, const at::Tensor& logprob,
+                          const at::Tensor& ref_logprob, const at::Tensor& old_logprob,
+                          const at::Tensor& reward, const at::Tensor& mask, double min_w,
+                          double max_w) {
+  TORCH_CHECK(logprob.dim() == 2, "tb_loss: logprob must be [B, T], got shape ", logprob.sizes());
+  for (const auto* t : {&log_z, &logprob, &ref_logprob, &old_logprob, &reward}) {
+    TORCH_CHECK(at::isFloatingType(t->scalar_type()),
+                "tb_loss: log_z, logprob, ref_logprob, old_logprob and reward must be floating "
+                "point, got ", t->scalar_type());
+  }
+  for (const auto& [t, name] : {std::pair{&ref_logprob, "ref_logprob"},
+                                std::pair{&old_logprob, "old_logprob"},
+                                std::pair{&mask, "response_mask"}}) {
+    TORCH_CHECK(t->sizes() == logprob.sizes(), "tb_loss: ", name, " must have shape ",
+                logprob.sizes(), " like logprob, got ", t->sizes());
+  }
+  const int64_t B = logprob.size(0);
+  TORCH_CHECK(log_z.dim() == 1 && log_z.size(0) == B, "tb_loss: log_z must be [B] = [", B,
+              "], got shape ", log_z.sizes());
+  TORCH_CHECK(reward.dim() == 1 && reward.size(0) == B, "tb_loss: reward must be [B] = [", B,
+              "], got shape ", reward.sizes());
+  TORCH_CHECK(min_w <= max_w, "tb_loss: min_is_weight ", min_w, " > max_is_weight ", max_w);
+  for (const auto* t : {&log_z, &ref_logprob, &old_logprob, &reward, &mask}) {
+    TORCH_CHECK(t->device() == logprob.device(), "tb_loss: all inputs must be on one device, got ",
+                t->device(), " and ", logprob.device());
+  }
+}
+
+inline void check_masked_mean(const at::Tensor& x, const at::Tensor& mask) {
+  TORCH_CHECK(x.dim() == 3, "masked_mean: hidden states must be [B, T, H], got shape ", x.sizes());
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()),
+              "masked_mean: hidden states must be floating point, got ", x.scalar_type());
+  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == x.size(0) && mask.size(1) == x.size(1),
+              "masked_mean: mask must be [B, T] = [", x.size(0), ", ", x.size(1), "], got shape ",
+              mask.sizes());
+  TORCH_CHECK(mask.device() == x.device(), "masked_mean: mask is on ", mask.device(),
+              " but hidden states on ", x.device());
+}
+
+inline void check_masked_mean_backward(const at::Tensor& grad, const at::Tensor& mask) {
+  TORCH_CHECK(grad.dim() == 2 && mask.dim() == 2 && grad.size(0) == mask.size(0),
+              "masked_mean_backward: grad [B, H] and mask [B, T] disagree");
+}
+
+}  // namespace reasonrl_fast
