@@ -17,7 +17,3 @@ def pytest_report_header(config):
 def _seed(request):
     torch.manual_seed(_SEED + hash(request.node.nodeid) % 100_000)
 
-
-def bf16_error_ratio(op_err: float, torch_err: float) -> float:
-    """The standards' bf16 rule: error of the op <= 2x the error of plain PyTorch at bf16."""
-    return op_err / max(torch_err, 1e-12)
