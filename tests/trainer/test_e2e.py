@@ -70,20 +70,25 @@ def _comparable(row):
 
 
 def test_resume_equivalence(tmp_path):
-    """Kill after a checkpoint (simulated: a run dir holding checkpoint-2 and metrics up to step 3)
-    and resume: steps 3-4 must match the uninterrupted run exactly."""
+    """A run SIGKILLed in the middle of step 3 (after checkpoint-2) and resumed with resume=auto
+    logs exactly the metrics of an uninterrupted run."""
+    args = ["algo=flowrl", "trainer.steps=4", "trainer.save_every=2", "trainer.keep_checkpoints=0",
+            "trainer.val_every=0", "data.reward_fn=killing_reward:reward"]
     full = tmp_path / "full"
-    args = ["algo=flowrl", "trainer.steps=4", "trainer.save_every=2", "trainer.keep_checkpoints=0", "trainer.val_every=0"]
     run_train(args + [f"trainer.output_dir={full}"], tmp_path)
     ref = read_metrics(full)
     assert [r["step"] for r in ref] == [1, 2, 3, 4]
 
     killed = tmp_path / "killed"
-    killed.mkdir()
-    shutil.copytree(full / "checkpoint-2", killed / "checkpoint-2")
+    per_step = 4 * 2  # data.prompts_per_step x rollout.n in the tiny config: reward calls per step
+    p = run_train(args + [f"trainer.output_dir={killed}"], tmp_path, check=False,
+                  env_extra={"REASONRL_KILL_AT_CALL": str(2 * per_step + 1)})
+    assert p.returncode == -9, (p.returncode, p.stderr[-2000:])  # killed during step 3's rewards
+    assert (killed / "checkpoint-2").is_dir() and not (killed / "checkpoint-4").exists()
+    assert [r["step"] for r in read_metrics(killed)] == [1, 2]
     # a half-written later checkpoint must be ignored by resume=auto
     shutil.copytree(full / "checkpoint-4", killed / "checkpoint-4.tmp")
-    (killed / "metrics.jsonl").write_text("".join(open(full / "metrics.jsonl").readlines()[:3]))
+
     p = run_train(args + [f"trainer.output_dir={killed}", "trainer.resume=auto"], tmp_path)
     assert "checkpoint-2 (step 2)" in p.stdout  # it resumed (a restart from 0 would match too)
     got = read_metrics(killed)
