@@ -1,6 +1,7 @@
-// Input validation shared by the CPU (csrc/*.cpp) and CUDA (csrc/kernels/*.cu) kernels, so both
-// devices reject the same inputs with the same messages. Shape, dtype and device checks only;
-// data checks (target ids in range) are the kernels' own, since they need the data.
+// Input validation (and the backward's input preparation) shared by the CPU (csrc/*.cpp) and
+// CUDA (csrc/kernels/*.cu) kernels, so both devices reject the same inputs with the same
+// messages. Shape, dtype and device checks only; data checks (target ids in range) are the
+// kernels' own, since they need the data.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -36,6 +37,30 @@ inline void check_token_logprob(const at::Tensor& logits, const at::Tensor& targ
 // vocabulary dimension itself is strided.
 inline at::Tensor rows_view(const at::Tensor& logits) {
   return logits.stride(-1) == 1 || logits.size(-1) <= 1 ? logits : logits.contiguous();
+}
+
+// token_logprob's backward inputs, checked, contiguous and in the accumulation dtype (that of
+// lse). grad_entropy and entropy stay undefined when no entropy gradient flows.
+struct LogprobBackwardInputs {
+  at::Tensor target, grad_logprob, grad_entropy, lse, entropy;
+  bool has_entropy;
+};
+
+inline LogprobBackwardInputs prepare_logprob_backward(const at::Tensor& grad_logprob,
+                                                      const c10::optional<at::Tensor>& grad_entropy,
+                                                      const at::Tensor& target,
+                                                      const at::Tensor& lse,
+                                                      const at::Tensor& entropy) {
+  const bool has_ent = grad_entropy.has_value() && grad_entropy->defined();
+  TORCH_CHECK(!has_ent || entropy.numel() == target.numel(),
+              "token_logprob_backward: an entropy gradient needs the forward's entropy");
+  const auto acc = lse.scalar_type();
+  return {target.to(at::kLong).contiguous(),
+          grad_logprob.to(acc).contiguous(),
+          has_ent ? grad_entropy->to(acc).contiguous() : at::Tensor(),
+          lse.contiguous(),
+          has_ent ? entropy.to(acc).contiguous() : at::Tensor(),
+          has_ent};
 }
 
 inline void check_group_advantage(const at::Tensor& rewards, const at::Tensor& group_ids,

@@ -266,18 +266,13 @@ void backward_into(const at::Tensor& grad_lp_in, const c10::optional<at::Tensor>
                    const at::Tensor& logits, const at::Tensor& out, const at::Tensor& target_in,
                    const at::Tensor& lse_in, const at::Tensor& ent_in, double temperature,
                    int64_t ignore_index) {
-  const bool has_ent = grad_ent_in.has_value() && grad_ent_in->defined();
-  TORCH_CHECK(!has_ent || ent_in.numel() == target_in.numel(),
-              "token_logprob_backward: an entropy gradient needs the forward's entropy");
   const int64_t V = logits.size(-1);
   const int64_t N = target_in.numel();
+  const auto in = prepare_logprob_backward(grad_lp_in, grad_ent_in, target_in, lse_in, ent_in);
   if (N == 0) return;
-  const auto acc = lse_in.scalar_type();
-  const at::Tensor target = target_in.to(at::kLong).contiguous();
-  const at::Tensor g_lp = grad_lp_in.to(acc).contiguous();
-  const at::Tensor g_ent = has_ent ? grad_ent_in->to(acc).contiguous() : at::Tensor();
-  const at::Tensor lse = lse_in.contiguous();
-  const at::Tensor ent = has_ent ? ent_in.to(acc).contiguous() : at::Tensor();
+  const at::Tensor &target = in.target, &g_lp = in.grad_logprob, &g_ent = in.grad_entropy,
+                   &lse = in.lse, &ent = in.entropy;
+  const bool has_ent = in.has_entropy;
   const RowIdx in_rows(logits), out_rows(out);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "token_logprob_backward_cuda", [&] {
