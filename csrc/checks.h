@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <limits>
 
 namespace reasonrl_fast {
 
@@ -105,6 +106,26 @@ inline void check_tb_loss(const at::Tensor& log_z, const at::Tensor& logprob,
     TORCH_CHECK(t->device() == logprob.device(), "tb_loss: all inputs must be on one device, got ",
                 t->device(), " and ", logprob.device());
   }
+}
+
+// tb_loss's inputs in the compute dtype (float32; float64 for float64 logprob), contiguous,
+// and its outputs allocated (loss [], delta [B], is_weight [B]); an empty batch's loss is NaN,
+// as torch.mean's. Call after check_tb_loss.
+struct TbLossTensors {
+  at::Tensor log_z, logprob, ref_logprob, old_logprob, reward, mask, loss, delta, weight;
+};
+
+inline TbLossTensors prepare_tb_loss(const at::Tensor& log_z, const at::Tensor& logprob,
+                                     const at::Tensor& ref_logprob, const at::Tensor& old_logprob,
+                                     const at::Tensor& reward, const at::Tensor& mask) {
+  const auto dt = logprob.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto prep = [&](const at::Tensor& t) { return t.to(dt).contiguous(); };
+  const auto opts = logprob.options().dtype(dt);
+  const int64_t B = logprob.size(0);
+  TbLossTensors io{prep(log_z), prep(logprob), prep(ref_logprob), prep(old_logprob), prep(reward),
+                   prep(mask), at::empty({}, opts), at::empty({B}, opts), at::empty({B}, opts)};
+  if (B == 0) io.loss.fill_(std::numeric_limits<double>::quiet_NaN());
+  return io;
 }
 
 inline void check_masked_mean(const at::Tensor& x, const at::Tensor& mask) {

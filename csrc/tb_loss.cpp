@@ -57,16 +57,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_cpu(
     double min_w, double max_w) {
   check_tb_loss(log_z, logprob, ref_logprob, old_logprob, reward, mask, min_w, max_w);
   const int64_t B = logprob.size(0), T = logprob.size(1);
-  const auto dt = logprob.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  auto prep = [&](const at::Tensor& t) { return t.to(dt).contiguous(); };
-  const at::Tensor lz = prep(log_z), lp = prep(logprob), ref = prep(ref_logprob),
-                   old = prep(old_logprob), rw = prep(reward), mk = prep(mask);
-  const auto opts = logprob.options().dtype(dt);
-  at::Tensor loss = at::empty({}, opts), delta = at::empty({B}, opts), w = at::empty({B}, opts);
-  if (B == 0) {  // mean over an empty batch: NaN, as torch.mean
-    loss.fill_(std::numeric_limits<double>::quiet_NaN());
-    return {loss, delta, w};
-  }
+  auto io = prepare_tb_loss(log_z, logprob, ref_logprob, old_logprob, reward, mask);
+  if (B == 0) return {io.loss, io.delta, io.weight};
+  const at::Tensor &lz = io.log_z, &lp = io.logprob, &ref = io.ref_logprob, &old = io.old_logprob,
+                   &rw = io.reward, &mk = io.mask;
+  at::Tensor &loss = io.loss, &delta = io.delta, &w = io.weight;
+  const auto dt = lp.scalar_type();
   AT_DISPATCH_FLOATING_TYPES(dt, "tb_loss", [&] {
     const scalar_t *lz_p = lz.data_ptr<scalar_t>(), *lp_p = lp.data_ptr<scalar_t>(),
                    *ref_p = ref.data_ptr<scalar_t>(), *old_p = old.data_ptr<scalar_t>(),
