@@ -221,12 +221,20 @@ def validate(cfg: Config) -> Config:
         if _get(cfg, key) not in choices:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be one of {choices}")
     positive = ["data.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "trainer.nnodes",
-                "trainer.workers_per_node", "optim.mini_batch_prompts", "rollout.temperature"]
+                "trainer.workers_per_node", "trainer.cpus_per_worker", "optim.mini_batch_prompts",
+                "rollout.temperature"]
     for key in positive:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be > 0")
-    if cfg.trainer.steps < 0:
-        raise ConfigError(f"trainer.steps={cfg.trainer.steps}: must be >= 0")
+    # 0 means "off" (or "keep all") for the counters below; a negative value means nothing.
+    for key in ("trainer.steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.val_every"):
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key}={_get(cfg, key)!r}: must be >= 0")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p!r}: must be in (0, 1]")
+    if cfg.data.reward_fn and ":" not in cfg.data.reward_fn:
+        raise ConfigError(f"data.reward_fn={cfg.data.reward_fn!r}: expected `module:function` "
+                          f"or `path/to/file.py:function`")
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
     if cfg.data.prompts_per_step % world:
         raise ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple "

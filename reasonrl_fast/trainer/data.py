@@ -83,20 +83,38 @@ def load_records(path: str) -> list[dict]:
             import pyarrow.parquet as pq
         except ImportError:  # pragma: no cover
             raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
-        rows = pq.read_table(path).to_pylist()
+        rows = list(enumerate(pq.read_table(path).to_pylist(), 1))
     else:
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+        rows = _read_jsonl(path)
     out = []
-    for i, r in enumerate(rows):
+    for i, r in rows:
         prompt = r.get("prompt", r.get("question", r.get("problem")))
         answer = r.get("answer", r.get("ground_truth"))
         if isinstance(prompt, list):  # chat format [{"role":..., "content":...}]
             prompt = "\n".join(m["content"] for m in prompt)
         if prompt is None or answer is None:
-            raise ValueError(f"{path}:{i + 1}: a record needs `prompt` and `answer` fields, got {sorted(r)}")
+            raise ValueError(f"{path}:{i}: a record needs `prompt` and `answer` fields, got {sorted(r)}")
         out.append({"prompt": str(prompt), "answer": str(answer)})
     return out
+
+
+def _read_jsonl(path: str) -> list[tuple[int, dict]]:
+    """(line number, record) for each non-blank line; a line that is not a JSON object is an
+    error naming the file and line (blank lines are skipped but still counted)."""
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
+            if not isinstance(r, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with `prompt` and `answer` "
+                                 f"fields, got {type(r).__name__}")
+            rows.append((lineno, r))
+    return rows
 
 
 def filter_long(items: list[dict], tokenizer, max_len: int, name: str) -> list[dict]:

@@ -50,10 +50,22 @@ def tiny_model(cfg, vocab_size: int, tokenizer) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config)
 
 
+def check_model_dir(path: str) -> None:
+    """Models load from local directories only. Without this, a missing directory reaches the
+    Hub client, whose complaint ("Repo id must use alphanumeric chars") hides the real problem."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model.path={path!r}: no such directory (model.path must be a local "
+                                f"Hugging Face model directory; nothing is downloaded)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"model.path={path!r}: the directory has no config.json (model.path "
+                                f"must be a local Hugging Face model directory; nothing is downloaded)")
+
+
 def load_tokenizer(path: str):
     """AutoTokenizer, except for a plain `tokenizers` tokenizer (our character tokenizer):
     transformers 5 swaps in the model type's class (Qwen2Tokenizer for a qwen2 config.json),
     whose pre-tokenizer drops spaces, so that one is loaded as the class it was saved as."""
+    check_model_dir(path)
     cfg_file = os.path.join(path, "tokenizer_config.json")
     declared = json.load(open(cfg_file)).get("tokenizer_class") if os.path.exists(cfg_file) else None
     if declared in ("PreTrainedTokenizerFast", "TokenizersBackend"):
@@ -67,6 +79,7 @@ def load_tokenizer(path: str):
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32):
+    check_model_dir(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
 
 

@@ -5,6 +5,8 @@ that raises gives 0 for that sample and is counted (`reward/errors`), and traini
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 import re
 from typing import Callable
 
@@ -52,11 +54,29 @@ def math_reward(response: str, answer: str) -> float:
 
 
 def load_reward_fn(spec: str) -> Callable[[str, str], float]:
-    """'' -> math_reward; 'package.module:function' -> that function(response, answer)."""
+    """'' -> math_reward; 'package.module:function' or 'path/to/file.py:function' -> that
+    function(response, answer). Each way it can fail names `data.reward_fn`."""
     if not spec:
         return math_reward
-    mod, _, name = spec.partition(":")
-    return getattr(importlib.import_module(mod), name)
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ValueError(f"data.reward_fn={spec!r}: expected `module:function` or "
+                         f"`path/to/file.py:function`")
+    if where.endswith(".py"):
+        if not os.path.isfile(where):
+            raise FileNotFoundError(f"data.reward_fn={spec!r}: no such file {where!r}")
+        loader = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(f"data.reward_fn={spec!r}: cannot import {where!r} ({e})") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AttributeError(f"data.reward_fn={spec!r}: {where!r} has no function {name!r}")
+    return fn
 
 
 def compute_rewards(fn: Callable[[str, str], float], responses: list[str], answers: list[str]) -> tuple[list[float], int]:

@@ -8,7 +8,6 @@ import math
 import os
 import random
 import resource
-import socket
 import time
 
 import torch
@@ -17,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from reasonrl_fast.trainer import algos
-from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, shard
+from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, rendezvous_socket, shard
 from reasonrl_fast.trainer.model import load_model, load_tokenizer
 from reasonrl_fast.trainer.policy import Actor, make_batch, slice_batch
 from reasonrl_fast.trainer.rollout import make_rollout
@@ -31,17 +30,17 @@ class Worker:
             torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
 
     def address(self) -> tuple[str, int]:
-        """Rank 0's address and a free port for the process group rendezvous."""
+        """Rank 0's address and a port for the process group rendezvous (see `rendezvous_socket`)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        host = ray.util.get_node_ip_address()
+        self._listen = rendezvous_socket(host)
+        return host, self._listen.getsockname()[1]
 
     def setup(self, master_addr: str, master_port: int) -> dict:
         cfg = self.cfg
-        self.device, mesh = init_distributed(self.rank, self.world, master_addr, master_port)
+        self.device, mesh = init_distributed(self.rank, self.world, master_addr, master_port,
+                                             getattr(self, "_listen", None))
         torch.manual_seed(cfg.trainer.seed)  # same init of the Z-head on every rank
         self.tok = load_tokenizer(self.model_path)
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32

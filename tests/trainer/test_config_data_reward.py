@@ -141,3 +141,74 @@ def test_metrics_logger_progress_tensorboard_and_truncation(tmp_path):
     # resuming from step 1 drops the rows a killed run logged after its checkpoint
     MetricsLogger(load_config(None, ["trainer.progress=false", "trainer.logger=none"]), str(tmp_path), 1, 3).close()
     assert [json.loads(x)["step"] for x in open(tmp_path / "metrics.jsonl")] == [1]
+
+
+@pytest.mark.parametrize("override,key", [
+    ("trainer.save_every=-1", "trainer.save_every"),
+    ("trainer.keep_checkpoints=-2", "trainer.keep_checkpoints"),
+    ("trainer.val_every=-5", "trainer.val_every"),
+    ("rollout.top_p=0", "rollout.top_p"),
+    ("rollout.top_p=1.5", "rollout.top_p"),
+    ("rollout.top_p=-0.1", "rollout.top_p"),
+    ("trainer.cpus_per_worker=0", "trainer.cpus_per_worker"),
+    ("trainer.cpus_per_worker=-1", "trainer.cpus_per_worker"),
+    ("data.reward_fn=my_rewards.score", "data.reward_fn"),
+])
+def test_bad_value_names_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_edge_values_are_accepted():
+    cfg = load_config(None, ["rollout.top_p=1.0", "trainer.save_every=0", "trainer.keep_checkpoints=0",
+                             "trainer.val_every=0", "data.reward_fn=pkg.mod:fn"])
+    assert cfg.rollout.top_p == 1.0 and cfg.trainer.val_every == 0
+
+
+def test_missing_model_path_says_nothing_is_downloaded(tmp_path):
+    from reasonrl_fast.trainer.model import load_model, load_tokenizer
+
+    missing = str(tmp_path / "no-such-model")
+    for load in (load_tokenizer, load_model):
+        with pytest.raises(FileNotFoundError, match=r"(?s)model\.path=.*no-such-model.*no such directory.*nothing is downloaded"):
+            load(missing)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_tokenizer(str(tmp_path))
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path):
+    bad = tmp_path / "b.jsonl"
+    # blank lines still count: the broken record is on line 4 of the file
+    bad.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n\n\n" + '{"prompt": "2+2=", "answer": 4\n')
+    with pytest.raises(ValueError, match=rf"{bad}:4: not valid JSON \(Expecting"):
+        load_records(str(bad))
+    fields = tmp_path / "f.jsonl"
+    fields.write_text("\n" + json.dumps({"text": "no prompt"}) + "\n")
+    with pytest.raises(ValueError, match=rf"{fields}:2: a record needs"):
+        load_records(str(fields))
+
+
+@pytest.mark.parametrize("line,kind", [("[1, 2]", "list"), ('"just a string"', "str"), ("3", "int")])
+def test_jsonl_line_that_is_not_an_object(tmp_path, line, kind):
+    bad = tmp_path / "b.jsonl"
+    bad.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=rf"{bad}:2: expected a JSON object .* got {kind}"):
+        load_records(str(bad))
+
+
+def test_reward_fn_specs(tmp_path):
+    from reasonrl_fast.trainer.reward import load_reward_fn
+
+    assert load_reward_fn("") is math_reward
+    assert load_reward_fn("reasonrl_fast.trainer.reward:math_reward") is math_reward
+    f = tmp_path / "my_reward.py"
+    f.write_text("def score(response, answer):\n    return 0.25\n")
+    assert load_reward_fn(f"{f}:score")("x", "y") == 0.25
+    with pytest.raises(ValueError, match=r"data\.reward_fn='my_rewards\.score': expected `module:function`"):
+        load_reward_fn("my_rewards.score")
+    with pytest.raises(FileNotFoundError, match=r"data\.reward_fn=.*no such file"):
+        load_reward_fn(f"{tmp_path / 'missing.py'}:score")
+    with pytest.raises(AttributeError, match=r"data\.reward_fn=.*no function 'nope'"):
+        load_reward_fn(f"{f}:nope")
+    with pytest.raises(ModuleNotFoundError, match=r"data\.reward_fn=.*cannot import 'no_such_module_xyz'"):
+        load_reward_fn("no_such_module_xyz:fn")
