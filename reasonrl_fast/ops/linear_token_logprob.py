@@ -137,6 +137,60 @@ def _contig(x):
     return x if x is None or x.is_contiguous() else x.contiguous()
 
 
+def _forward_triton(hidden, weight, tgt, bias, temperature):
+    """(lp, ent, lse) from the Triton kernel's per-split partial statistics."""
+    parts = _tk.forward_partials(hidden, weight, bias, tgt, temperature, wrap=_wrap())
+    m, S, E, T = parts.unbind(0)
+    M = m.amax(0)
+    Ms = torch.where(M == float("-inf"), torch.zeros_like(M), M)
+    w = torch.exp(m - Ms)  # 0 for a split whose columns are all -inf (m = -inf, S = 0)
+    s_tot = (w * S).sum(0)
+    e_tot = torch.where(S > 0, w * (E + (m - Ms) * S), torch.zeros_like(S)).sum(0)
+    lse = Ms + torch.log(s_tot)
+    return T.sum(0) - lse, torch.log(s_tot) - e_tot / s_tot, lse
+
+
+def _forward_chunks(hidden, weight, tgt, bias, temperature, valid, compute_entropy):
+    """(lp, ent, lse) in float64, one GEMM and one token_logprob call per vocabulary chunk.
+
+    Running statistics over the chunks seen so far, in float64 (O(N)): log-sum-exp L, the
+    entropy Hs of the softmax restricted to those chunks, and the target logit. Merging (L, Hs)
+    with a chunk's (l, h): L' = logaddexp(L, l), a = exp(L - L'), b = exp(l - L'),
+    Hs' = a Hs + b h - a log a - b log b: every term is >= 0, so the entropy never comes from
+    a difference of two large numbers (lse - E[s])."""
+    N, H = hidden.shape
+    V = weight.shape[0]
+    C = _chunk(N, H, V, hidden.device)
+    f64, ninf = torch.float64, float("-inf")
+    lse = torch.full((N,), ninf, dtype=f64)
+    hs = torch.zeros((N,), dtype=f64)
+    sy = torch.zeros((N,), dtype=f64)
+    zero = torch.zeros((), dtype=f64)
+    for c0 in range(0, V, C):
+        c1 = min(c0 + C, V)
+        Wc = weight[c0:c1]
+        z = hidden @ Wc.T if bias is None else torch.addmm(bias[c0:c1], hidden, Wc.T)
+        inside = valid & (tgt >= c0) & (tgt < c1)
+        # Ignored rows are skipped by the kernel (-1); other rows read any in-chunk id.
+        loc = torch.where(inside, tgt - c0, torch.where(valid, 0, -1))
+        lp_c, ent_c, lse_c = _op.token_logprob(z, loc, temperature, -1, compute_entropy)
+        lse_c = lse_c.to(f64)
+        # A row whose chunk logits are all -inf (masked columns) has lse_c = -inf: its lp_c
+        # and ent_c are undefined (-inf - -inf, 0/0) and the chunk adds nothing, except a
+        # target logit of -inf.
+        empty = lse_c == ninf
+        sy = torch.where(inside, torch.where(empty, ninf, lp_c.to(f64) + lse_c), sy)
+        new = torch.logaddexp(lse, lse_c)
+        if compute_entropy:
+            fin = torch.isfinite(new)
+            a = torch.where(fin, torch.exp(lse - new), zero)
+            b = torch.where(fin & ~empty, torch.exp(lse_c - new), zero)
+            hb = torch.where(b > 0, b * ent_c.to(f64), zero)  # 0 * NaN would poison hs
+            hs = a * hs + hb - torch.special.xlogy(a, a) - torch.special.xlogy(b, b)
+        lse = new
+    return sy - lse, hs, lse
+
+
 def _forward_impl(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -148,62 +202,23 @@ def _forward_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _check(hidden, weight, target, bias, temperature)
     hidden, weight, bias = _contig(hidden), _contig(weight), _contig(bias)
-    N, H = hidden.shape
-    V = weight.shape[0]
+    N = hidden.shape[0]
     acc = _acc_dtype(hidden.dtype)
     tgt = target.to(torch.long).contiguous()
-    _check_targets(tgt, V, ignore_index)
+    _check_targets(tgt, weight.shape[0], ignore_index)
     valid = tgt != ignore_index
     if N == 0:
         e = hidden.new_empty((0,), dtype=acc)
         return e, e.clone(), e.clone()
     if _use_triton(hidden):
-        parts = _tk.forward_partials(hidden, weight, bias, tgt, temperature, wrap=_wrap())
-        m, S, E, T = parts.unbind(0)
-        M = m.amax(0)
-        Ms = torch.where(M == float("-inf"), torch.zeros_like(M), M)
-        w = torch.exp(m - Ms)
-        s_tot = (w * S).sum(0)
-        e_tot = torch.where(S > 0, w * (E + (m - Ms) * S), torch.zeros_like(S)).sum(0)
-        lse = Ms + torch.log(s_tot)
-        ent = torch.log(s_tot) - e_tot / s_tot
-        lp = T.sum(0) - lse
+        lp, ent, lse = _forward_triton(hidden, weight, tgt, bias, temperature)
     else:
-        C = _chunk(N, H, V, hidden.device)
-        # Running statistics over the chunks seen so far, in float64 (O(N)): log-sum-exp L,
-        # the entropy Hs of the softmax restricted to those chunks, and the target logit.
-        # Merging (L, Hs) with a chunk's (l, h): L' = logaddexp(L, l), a = exp(L - L'),
-        # b = exp(l - L'), Hs' = a Hs + b h - a log a - b log b: every term is >= 0, so the
-        # entropy never comes from a difference of two large numbers (lse - E[s]).
-        f64 = torch.float64
-        lse = torch.full((N,), float("-inf"), dtype=f64)
-        hs = torch.zeros((N,), dtype=f64)
-        sy = torch.zeros((N,), dtype=f64)
-        for c0 in range(0, V, C):
-            c1 = min(c0 + C, V)
-            Wc = weight[c0:c1]
-            z = hidden @ Wc.T if bias is None else torch.addmm(bias[c0:c1], hidden, Wc.T)
-            inside = valid & (tgt >= c0) & (tgt < c1)
-            # Ignored rows are skipped by the kernel (-1); other rows read any in-chunk id.
-            loc = torch.where(inside, tgt - c0, torch.where(valid, 0, -1))
-            lp_c, ent_c, lse_c = _op.token_logprob(z, loc, temperature, -1, compute_entropy)
-            lse_c = lse_c.to(f64)
-            sy = torch.where(inside, lp_c.to(f64) + lse_c, sy)
-            new = torch.logaddexp(lse, lse_c)
-            if compute_entropy:
-                fin = torch.isfinite(new)
-                a = torch.where(fin, torch.exp(lse - new), torch.zeros_like(new))
-                b = torch.where(fin, torch.exp(lse_c - new), torch.zeros_like(new))
-                hs = (a * hs + b * ent_c.to(f64)
-                      - torch.special.xlogy(a, a) - torch.special.xlogy(b, b))
-            lse = new
-        lp = (sy - lse).to(acc)
-        ent = hs.to(acc)
-        lse = lse.to(acc)
-    zero = torch.zeros_like(lse)
-    lp = torch.where(valid, lp, zero)
-    lse = torch.where(valid, lse, zero)
-    ent = torch.where(valid, ent, zero) if compute_entropy else lse.new_empty((0,))
+        lp, ent, lse = _forward_chunks(hidden, weight, tgt, bias, temperature, valid,
+                                       compute_entropy)
+    zero = torch.zeros((), dtype=acc, device=hidden.device)
+    lp = torch.where(valid, lp.to(acc), zero)
+    lse = torch.where(valid, lse.to(acc), zero)
+    ent = torch.where(valid, ent.to(acc), zero) if compute_entropy else lse.new_empty((0,))
     return lp, ent, lse
 
 
@@ -364,7 +379,9 @@ def linear_token_logprob(
         token_ids: [...] integer ids (hidden's shape without H); ``ignore_index`` rows give 0
             and no gradient.
         temperature: divides the logits; > 0.
-        bias: optional [V].
+        bias: optional [V]. A -inf entry masks its column: probability 0, gradient exactly 0
+            (a target on a masked column gets logprob -inf and the finite gradient of
+            log_softmax).
         return_entropy: also return the entropy of softmax(logits / temperature).
 
     Returns:

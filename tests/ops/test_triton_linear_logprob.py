@@ -148,6 +148,15 @@ def test_torch_compile_sees_kernels():
     torch.testing.assert_close(out, ref)
 
 
+@pytest.mark.parametrize("dtype", T.ALL_FLOATS)
+@pytest.mark.parametrize("kind", ["inf", "min"])
+@pytest.mark.parametrize("entropy", [False, True])
+def test_masked_bias_columns(dtype, kind, entropy, monkeypatch):
+    # Three 16-wide splits in forward (the first fully masked) and chunks of 7 and 16 in
+    # backward (the first one or two fully masked).
+    T.check_masked_columns(DEVICE, dtype, kind, entropy, [7, 16], monkeypatch)
+
+
 @pytest.mark.skipif(_RUN_HERE or bool(os.environ.get("_RRL_SUBPROCESS")),
                     reason="the tests already run in this process")
 def test_in_fresh_process():
