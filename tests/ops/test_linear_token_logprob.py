@@ -370,3 +370,115 @@ def test_masked_chunk_forward_has_no_nan(monkeypatch):
     rlp, rent = _ref(h, W, b, y, 0.7)
     torch.testing.assert_close(lp, rlp, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(ent, rent, rtol=1e-10, atol=1e-10)
+
+
+# --- argument checks of the two ops, called directly -------------------------------------------
+
+# Each case: (expression evaluated in the child, expected exception type or "no exception").
+# Names in the child: fwd, bwd (the two ops), h, W, b, y (valid arguments: N = 3, H = 4, V = 5,
+# float64), lp, ent, lse (a valid forward's outputs), g (a valid gradient), other (a device
+# that is not dev), ii = -100.
+_FWD = "fwd({h}, {W}, {y}, {b}, {t}, ii, True)"
+_BWD = "bwd({g}, {ge}, {h}, {W}, {y}, {b}, {lse}, {ent}, {t}, ii)"
+_ARGS = dict(h="h", W="W", y="y", b="b", t="0.9", g="g", ge="g", lse="lse", ent="ent")
+
+_COMMON = [  # (argument, bad value, expected exception), for both ops
+    ("h", "h[0]", "ValueError"), ("h", "h[None]", "ValueError"), ("h", "h[:, :3]", "ValueError"),
+    ("h", "h[:2]", "ValueError"), ("h", "h.long()", "TypeError"), ("h", "h.float()", "TypeError"),
+    ("h", "h.to(torch.complex128)", "TypeError"), ("h", "h.to(other)", "ValueError"),
+    ("W", "W[0]", "ValueError"), ("W", "W[:, :3]", "ValueError"), ("W", "W.float()", "TypeError"),
+    ("W", "W.to(other)", "ValueError"), ("W", "W[:0]", "ValueError"),
+    ("y", "y[:2]", "ValueError"), ("y", "y[:, None]", "ValueError"),
+    ("y", "y.double()", "TypeError"), ("y", "y.bool()", "TypeError"),
+    ("y", "y.to(other)", "ValueError"),
+    ("y", "torch.tensor([0, 5, 1], device=dev)", "IndexError"),
+    ("y", "torch.tensor([0, -1, 1], device=dev)", "IndexError"),
+    ("y", "torch.tensor([0, 2**64 - 100, 1], dtype=torch.uint64, device=dev)", "IndexError"),
+    ("y", "torch.tensor([0, 2**63, 1], dtype=torch.uint64, device=dev)", "IndexError"),
+    ("y", "torch.tensor([0, 4, 1], dtype=torch.uint64, device=dev)", "no exception"),
+    ("y", "torch.tensor([0, 4, -100], dtype=torch.int32, device=dev)", "no exception"),
+    ("b", "b[None]", "ValueError"), ("b", "b[:4]", "ValueError"), ("b", "b.float()", "TypeError"),
+    ("b", "b.to(other)", "ValueError"), ("b", "None", "no exception"),
+    ("t", "0.0", "ValueError"), ("t", "-1.0", "ValueError"), ("t", "float('nan')", "ValueError"),
+    ("t", "float('inf')", "ValueError"), ("t", "1e-310", "ValueError"),
+]
+_BWD_ONLY = [
+    ("g", "g[:2]", "ValueError"), ("g", "g[None]", "ValueError"), ("g", "g.long()", "TypeError"),
+    ("g", "g.to(other)", "ValueError"),
+    ("ge", "g[:2]", "ValueError"), ("ge", "g.long()", "TypeError"), ("ge", "g.to(other)", "ValueError"),
+    ("ge", "None", "no exception"),
+    ("lse", "lse[:2]", "ValueError"), ("lse", "lse.long()", "TypeError"),
+    ("lse", "lse.to(other)", "ValueError"), ("lse", "lse[:0]", "ValueError"),
+    ("ent", "ent[:2]", "ValueError"), ("ent", "ent.long()", "TypeError"),
+    ("ent", "ent.to(other)", "ValueError"),
+    ("ent", "ent[:0]", "ValueError"),  # an entropy gradient without the forward's entropy
+]
+
+
+def direct_call_cases():
+    cases = [("fwd ok", _FWD.format(**_ARGS), "no exception"),
+             ("bwd ok", _BWD.format(**_ARGS), "no exception")]
+    for arg, bad, want in _COMMON:
+        for name, fmt in (("fwd", _FWD), ("bwd", _BWD)):
+            cases.append((f"{name} {arg}={bad}", fmt.format(**dict(_ARGS, **{arg: bad})), want))
+    for arg, bad, want in _BWD_ONLY:
+        cases.append((f"bwd {arg}={bad}", _BWD.format(**dict(_ARGS, **{arg: bad})), want))
+    # 1/T overflows float32 (the accumulation dtype of float32, bfloat16 and float16 inputs)
+    for dt in ("float", "bfloat16", "half"):
+        lo = dict(h=f"h.{dt}()", W=f"W.{dt}()", b=f"b.{dt}()", t="1e-40")
+        cases.append((f"fwd {dt} T=1e-40", _FWD.format(**dict(_ARGS, **lo)), "ValueError"))
+        cases.append((f"bwd {dt} T=1e-40", _BWD.format(**dict(_ARGS, **lo)), "ValueError"))
+    return cases
+
+
+def check_direct_calls(device, env=None, skip_index_errors=False):
+    """Every argument of both ops wrong in turn, in a child process (a crash fails the test
+    with the signal's name instead of killing the session)."""
+    from tests.childproc import child_outcomes
+
+    cases = [c for c in direct_call_cases() if not (skip_index_errors and c[2] == "IndexError")]
+    other = "meta" if device == "cpu" else "cpu"
+    code = f"""
+        import os
+        dev, other, ii = {device!r}, {other!r}, -100
+        fwd, bwd = ops.linear_token_logprob, ops.linear_token_logprob_backward
+        gen = torch.Generator().manual_seed(0)
+        h = torch.randn(3, 4, generator=gen, dtype=torch.float64).to(dev)
+        W = torch.randn(5, 4, generator=gen, dtype=torch.float64).to(dev)
+        b = torch.randn(5, generator=gen, dtype=torch.float64).to(dev)
+        y = torch.tensor([0, 4, -100], device=dev)
+        lp, ent, lse = fwd(h, W, y, b, 0.9, ii, True)
+        g = torch.ones_like(lp)
+        for expr in {[c[1] for c in cases]!r}:
+            print(outcome(lambda: eval(expr)))
+    """
+    lines = child_outcomes(code, env=env, timeout=300)
+    assert len(lines) == len(cases), lines
+    wrong = [(name, want, line) for (name, _, want), line in zip(cases, lines)
+             if not line.startswith(want)]
+    assert not wrong, "\n".join(f"{n}: expected {w}, got {g}" for n, w, g in wrong)
+    return dict(zip((c[0] for c in cases), lines))
+
+
+def test_direct_op_calls_validate_every_argument():
+    got = check_direct_calls("cpu", env={"REASONRL_TRITON_CPU": "0"})
+    assert "smallest supported temperature is 2.93874e-39" in got["fwd float T=1e-40"]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "1.5"])
+def test_bad_chunk_variable(value, monkeypatch):
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", value)
+    h = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(ValueError, match=f"REASONRL_LINEAR_LOGPROB_CHUNK.*{value}"):
+        linear_token_logprob(h, torch.randn(9, 4), torch.tensor([0, 1, 2])).sum().backward()
+
+
+def test_tiny_temperature_is_rejected():
+    h, W, y = torch.randn(3, 4), torch.randn(9, 4), torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match="smallest supported temperature"):
+        linear_token_logprob(h, W, y, temperature=1e-40)
+    with pytest.raises(ValueError, match="smallest supported temperature"):
+        linear_token_logprob(h.bfloat16(), W.bfloat16(), y, temperature=1e-40)
+    # float64 accumulates in float64: 1e-40 is fine there
+    lp = linear_token_logprob(h.double(), W.double(), y, temperature=1e-40)
+    assert not lp.isnan().any()

@@ -157,6 +157,41 @@ def test_masked_bias_columns(dtype, kind, entropy, monkeypatch):
     T.check_masked_columns(DEVICE, dtype, kind, entropy, [7, 16], monkeypatch)
 
 
+def test_direct_op_calls_validate_every_argument():
+    # On CUDA a bad target id fails a device-side assertion, which breaks the CUDA context of
+    # the process: those cases run one per child in test_bad_target_direct_calls_cuda.
+    T.check_direct_calls(DEVICE, env={"REASONRL_TRITON_CPU": "1", "TRITON_INTERPRET": "1"},
+                         skip_index_errors=DEVICE == "cuda")
+
+
+_CUDA_ARGS = """
+    fwd, bwd = ops.linear_token_logprob, ops.linear_token_logprob_backward
+    dev = "cuda"
+    h, W = torch.randn(3, 4, device=dev), torch.randn(5, 4, device=dev)
+    ok = torch.tensor([0, 4, -100], device=dev)
+    lp, ent, lse = fwd(h, W, ok, None, 0.9, -100, True)
+    torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="needs a GPU")
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize("ids", ["torch.tensor([0, 5, 1], device=dev)",
+                                 "torch.tensor([0, 2**64 - 100, 1], dtype=torch.uint64, "
+                                 "device=dev)"])
+def test_bad_target_direct_calls_cuda(op, ids):
+    from tests.childproc import child_outcomes
+
+    call = ("fwd(h, W, y, None, 0.9, -100, True)" if op == "fwd"
+            else "bwd(torch.ones_like(lp), None, h, W, y, None, lse, ent, 0.9, -100)")
+    code = _CUDA_ARGS + f"""
+    y = {ids}
+    print(outcome(lambda: ({call}, torch.cuda.synchronize())))
+    """
+    (line,) = child_outcomes(code)
+    assert line.startswith("RuntimeError"), line
+
+
 @pytest.mark.skipif(_RUN_HERE or bool(os.environ.get("_RRL_SUBPROCESS")),
                     reason="the tests already run in this process")
 def test_in_fresh_process():
