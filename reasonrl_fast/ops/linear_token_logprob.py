@@ -21,6 +21,7 @@ Chunk width: REASONRL_LINEAR_LOGPROB_CHUNK (columns) overrides the default.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Optional
 
@@ -166,6 +167,11 @@ def _targets(target: torch.Tensor, V: int, ignore_index: int) -> torch.Tensor:
     return t
 
 
+def _device_guard(t: torch.Tensor):
+    # Triton launches on the current device and stream: make them hidden's.
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
 def _addmm_f32(acc, a, b):
     """acc += a @ b with a, b in bf16/fp16 and acc float32, without rounding a @ b to 16 bits
     (aten::addmm.dtype, CUDA). Falls back to a rounded product where that overload is missing."""
@@ -251,15 +257,16 @@ def _forward_impl(
         e = hidden.new_empty((0,), dtype=acc)
         return e, e.clone(), e.clone()
     valid = tgt != ignore_index
-    if _use_triton(hidden):
-        lp, ent, lse = _forward_triton(hidden, weight, tgt, bias, temperature)
-    else:
-        lp, ent, lse = _forward_chunks(hidden, weight, tgt, bias, temperature, valid,
-                                       compute_entropy)
-    zero = torch.zeros((), dtype=acc, device=hidden.device)
-    lp = torch.where(valid, lp.to(acc), zero)
-    lse = torch.where(valid, lse.to(acc), zero)
-    ent = torch.where(valid, ent.to(acc), zero) if compute_entropy else lse.new_empty((0,))
+    with _device_guard(hidden):
+        if _use_triton(hidden):
+            lp, ent, lse = _forward_triton(hidden, weight, tgt, bias, temperature)
+        else:
+            lp, ent, lse = _forward_chunks(hidden, weight, tgt, bias, temperature, valid,
+                                           compute_entropy)
+        zero = torch.zeros((), dtype=acc, device=hidden.device)
+        lp = torch.where(valid, lp.to(acc), zero)
+        lse = torch.where(valid, lse.to(acc), zero)
+        ent = torch.where(valid, ent.to(acc), zero) if compute_entropy else lse.new_empty((0,))
     return lp, ent, lse
 
 
@@ -349,28 +356,29 @@ def _backward_impl(
     C = _chunk(N, H, V, hidden.device)
     triton_path = _use_triton(hidden)
     valid = tgt != ignore_index
-    dh = torch.zeros((N, H), dtype=acc, device=hidden.device)
-    buf = torch.empty((N, C), dtype=dtype, device=hidden.device) if triton_path else None
-    for c0 in range(0, V, C):
-        c1 = min(c0 + C, V)
-        Wc = weight[c0:c1]
-        if triton_path:
-            dz = buf[:, :c1 - c0]
-            _tk.chunk_dz(hidden, weight, bias, tgt, g_lp, g_ent, lse, mean_s, temperature,
-                         ignore_index, c0, c1, dz, wrap=_wrap())
-        else:
-            bc = bias[c0:c1] if bias is not None else None
-            dz = _chunk_dz_cpu(hidden, Wc, bc, tgt, valid, c0, g_lp, g_ent, lse, ent,
-                               temperature)
-        if dtype == acc:
-            dh.addmm_(dz, Wc)
-        elif hidden.device.type == "cpu":
-            dh.addmm_(dz.to(acc), Wc.to(acc))
-        else:
-            _addmm_f32(dh, dz, Wc)
-        dW[c0:c1] = dz.T @ hidden
-        if bias is not None:
-            db[c0:c1] = dz.sum(0, dtype=acc).to(dtype)
+    with _device_guard(hidden):
+        dh = torch.zeros((N, H), dtype=acc, device=hidden.device)
+        buf = torch.empty((N, C), dtype=dtype, device=hidden.device) if triton_path else None
+        for c0 in range(0, V, C):
+            c1 = min(c0 + C, V)
+            Wc = weight[c0:c1]
+            if triton_path:
+                dz = buf[:, :c1 - c0]
+                _tk.chunk_dz(hidden, weight, bias, tgt, g_lp, g_ent, lse, mean_s, temperature,
+                             ignore_index, c0, c1, dz, wrap=_wrap())
+            else:
+                bc = bias[c0:c1] if bias is not None else None
+                dz = _chunk_dz_cpu(hidden, Wc, bc, tgt, valid, c0, g_lp, g_ent, lse, ent,
+                                   temperature)
+            if dtype == acc:
+                dh.addmm_(dz, Wc)
+            elif hidden.device.type == "cpu":
+                dh.addmm_(dz.to(acc), Wc.to(acc))
+            else:
+                _addmm_f32(dh, dz, Wc)
+            dW[c0:c1] = dz.T @ hidden
+            if bias is not None:
+                db[c0:c1] = dz.sum(0, dtype=acc).to(dtype)
     return dh.to(dtype), dW, db
 
 
