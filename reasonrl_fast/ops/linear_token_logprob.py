@@ -96,6 +96,10 @@ def _need(err, cond, msg):
     torch._check_with(err, cond, lambda: msg)
 
 
+def _on(name, what, t, dev):
+    _need(ValueError, t.device == dev, f"{name}: {what} is on {t.device}, hidden on {dev}")
+
+
 def _vec(name, what, t, N, dev, allow_empty=False):
     """t must be a floating [N] tensor on dev ([0] too when allow_empty)."""
     _need(TypeError, t.is_floating_point(), f"{name}: {what} must be floating point, got {t.dtype}")
@@ -103,7 +107,7 @@ def _vec(name, what, t, N, dev, allow_empty=False):
     if allow_empty and t.dim() == 1:
         shape_ok = shape_ok | (t.shape[0] == 0)
     _need(ValueError, shape_ok, f"{name}: {what} must be [N] = [{N}], got {tuple(t.shape)}")
-    _need(ValueError, t.device == dev, f"{name}: {what} is on {t.device}, hidden on {dev}")
+    _on(name, what, t, dev)
 
 
 def _check_inputs(name, hidden, weight, target, bias, temperature):
@@ -112,26 +116,27 @@ def _check_inputs(name, hidden, weight, target, bias, temperature):
           f"{name}: hidden must be float32, bfloat16, float16 or float64, got {hidden.dtype}")
     _need(TypeError, weight.dtype == hidden.dtype,
           f"{name}: weight ({weight.dtype}) must have hidden's dtype ({hidden.dtype})")
-    _need(ValueError, hidden.dim() == 2, f"{name}: hidden must be [N, H], got {tuple(hidden.shape)}")
+    _need(ValueError, hidden.dim() == 2,
+          f"{name}: hidden must be [N, H], got {tuple(hidden.shape)}")
     N, H = hidden.shape
     _need(ValueError, weight.dim() == 2 and weight.shape[1] == H,
           f"{name}: weight must be [V, H] with H = {H}, got {tuple(weight.shape)}")
     V = weight.shape[0]
     _need(ValueError, (V > 0) | (N == 0), f"{name}: the vocabulary (weight.shape[0]) is empty")
     dev = hidden.device
-    _need(ValueError, weight.device == dev, f"{name}: weight is on {weight.device}, hidden on {dev}")
+    _on(name, "weight", weight, dev)
     if bias is not None:
         _need(TypeError, bias.dtype == hidden.dtype,
               f"{name}: bias ({bias.dtype}) must have hidden's dtype ({hidden.dtype})")
         _need(ValueError, bias.dim() == 1 and bias.shape[0] == V,
               f"{name}: bias must be [V] = [{V}], got {tuple(bias.shape)}")
-        _need(ValueError, bias.device == dev, f"{name}: bias is on {bias.device}, hidden on {dev}")
+        _on(name, "bias", bias, dev)
     _need(TypeError, not (target.is_floating_point() or target.is_complex()
                           or target.dtype == torch.bool),
           f"{name}: target must hold integer ids, got {target.dtype}")
     _need(ValueError, target.dim() == 1 and target.shape[0] == N,
           f"{name}: target must be [N] = [{N}], got {tuple(target.shape)}")
-    _need(ValueError, target.device == dev, f"{name}: target is on {target.device}, hidden on {dev}")
+    _on(name, "target", target, dev)
     t = float(temperature)
     _need(ValueError, 0 < t < float("inf"), f"{name}: temperature must be > 0, got {temperature}")
     # The kernels scale by 1/temperature in the accumulation dtype: an infinite scale would

@@ -405,7 +405,8 @@ _COMMON = [  # (argument, bad value, expected exception), for both ops
 _BWD_ONLY = [
     ("g", "g[:2]", "ValueError"), ("g", "g[None]", "ValueError"), ("g", "g.long()", "TypeError"),
     ("g", "g.to(other)", "ValueError"),
-    ("ge", "g[:2]", "ValueError"), ("ge", "g.long()", "TypeError"), ("ge", "g.to(other)", "ValueError"),
+    ("ge", "g[:2]", "ValueError"), ("ge", "g.long()", "TypeError"),
+    ("ge", "g.to(other)", "ValueError"),
     ("ge", "None", "no exception"),
     ("lse", "lse[:2]", "ValueError"), ("lse", "lse.long()", "TypeError"),
     ("lse", "lse.to(other)", "ValueError"), ("lse", "lse[:0]", "ValueError"),
