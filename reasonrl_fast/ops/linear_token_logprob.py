@@ -21,6 +21,7 @@ Chunk width: REASONRL_LINEAR_LOGPROB_CHUNK (columns) overrides the default.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Optional
 
@@ -68,7 +69,15 @@ def _acc_dtype(dtype):
 def _chunk(N: int, H: int, V: int, device: torch.device) -> int:
     env = os.environ.get("REASONRL_LINEAR_LOGPROB_CHUNK")
     if env:
-        return max(1, min(int(env), V))
+        try:
+            c = int(env)
+        except ValueError:
+            c = 0
+        if c < 1:
+            raise ValueError(
+                f"REASONRL_LINEAR_LOGPROB_CHUNK must be a positive number of columns, got {env!r}"
+            )
+        return min(c, max(V, 1))
     if device.type == "cuda":
         # dz chunk of about the size of hidden (N x H), at least 16M elements, whole tiles.
         c = max(H, (1 << 24) // max(N, 1))
@@ -78,50 +87,94 @@ def _chunk(N: int, H: int, V: int, device: torch.device) -> int:
     return max(1, min(c, V))
 
 
-def _check(hidden, weight, target, bias, temperature):
-    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(
-            f"linear_token_logprob: hidden must be [N, H] and weight [V, H], got "
-            f"{tuple(hidden.shape)} and {tuple(weight.shape)}"
-        )
-    if target.dim() != 1 or target.shape[0] != hidden.shape[0]:
-        raise ValueError(
-            f"linear_token_logprob: token_ids must be [N] = [{hidden.shape[0]}], got "
-            f"{tuple(target.shape)}"
-        )
-    if not hidden.is_floating_point() or hidden.dtype != weight.dtype:
-        raise TypeError(
-            f"linear_token_logprob: hidden and weight must share one floating dtype, got "
-            f"{hidden.dtype} and {weight.dtype}"
-        )
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
-        raise ValueError(
-            f"linear_token_logprob: bias must be [V] = [{weight.shape[0]}] of dtype "
-            f"{weight.dtype}, got {tuple(bias.shape)} {bias.dtype}"
-        )
-    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-        raise TypeError(f"linear_token_logprob: token_ids must be integer, got {target.dtype}")
-    if not (temperature > 0 and temperature < float("inf")):
-        raise ValueError(f"linear_token_logprob: temperature must be > 0, got {temperature}")
-    if weight.shape[0] == 0 and hidden.shape[0] > 0:
-        raise ValueError("linear_token_logprob: the vocabulary (weight.shape[0]) is empty")
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
-def _check_targets(t: torch.Tensor, V: int, ignore_index: int):
+def _need(err, cond, msg):
+    # torch._check_with takes plain and symbolic (fake tensor) conditions alike, so the real
+    # and the fake implementations share these checks.
+    torch._check_with(err, cond, lambda: msg)
+
+
+def _on(name, what, t, dev):
+    _need(ValueError, t.device == dev, f"{name}: {what} is on {t.device}, hidden on {dev}")
+
+
+def _vec(name, what, t, N, dev, allow_empty=False):
+    """t must be a floating [N] tensor on dev ([0] too when allow_empty)."""
+    _need(TypeError, t.is_floating_point(), f"{name}: {what} must be floating point, got {t.dtype}")
+    shape_ok = t.dim() == 1 and t.shape[0] == N
+    if allow_empty and t.dim() == 1:
+        shape_ok = shape_ok | (t.shape[0] == 0)
+    _need(ValueError, shape_ok, f"{name}: {what} must be [N] = [{N}], got {tuple(t.shape)}")
+    _on(name, what, t, dev)
+
+
+def _check_inputs(name, hidden, weight, target, bias, temperature):
+    """Shapes, dtypes, devices and temperature of the arguments both ops share."""
+    _need(TypeError, hidden.dtype in _FLOATS,
+          f"{name}: hidden must be float32, bfloat16, float16 or float64, got {hidden.dtype}")
+    _need(TypeError, weight.dtype == hidden.dtype,
+          f"{name}: weight ({weight.dtype}) must have hidden's dtype ({hidden.dtype})")
+    _need(ValueError, hidden.dim() == 2,
+          f"{name}: hidden must be [N, H], got {tuple(hidden.shape)}")
+    N, H = hidden.shape
+    _need(ValueError, weight.dim() == 2 and weight.shape[1] == H,
+          f"{name}: weight must be [V, H] with H = {H}, got {tuple(weight.shape)}")
+    V = weight.shape[0]
+    _need(ValueError, (V > 0) | (N == 0), f"{name}: the vocabulary (weight.shape[0]) is empty")
+    dev = hidden.device
+    _on(name, "weight", weight, dev)
+    if bias is not None:
+        _need(TypeError, bias.dtype == hidden.dtype,
+              f"{name}: bias ({bias.dtype}) must have hidden's dtype ({hidden.dtype})")
+        _need(ValueError, bias.dim() == 1 and bias.shape[0] == V,
+              f"{name}: bias must be [V] = [{V}], got {tuple(bias.shape)}")
+        _on(name, "bias", bias, dev)
+    _need(TypeError, not (target.is_floating_point() or target.is_complex()
+                          or target.dtype == torch.bool),
+          f"{name}: target must hold integer ids, got {target.dtype}")
+    _need(ValueError, target.dim() == 1 and target.shape[0] == N,
+          f"{name}: target must be [N] = [{N}], got {tuple(target.shape)}")
+    _on(name, "target", target, dev)
+    t = float(temperature)
+    _need(ValueError, 0 < t < float("inf"), f"{name}: temperature must be > 0, got {temperature}")
+    # The kernels scale by 1/temperature in the accumulation dtype: an infinite scale would
+    # turn every logit into +-inf or NaN.
+    big = torch.finfo(_acc_dtype(hidden.dtype)).max
+    _need(ValueError, 1.0 / t <= big,
+          f"{name}: temperature {temperature} is too small for {hidden.dtype} inputs: "
+          f"1/temperature overflows; the smallest supported temperature is {1.0 / big:.6g}")
+
+
+def _targets(target: torch.Tensor, V: int, ignore_index: int) -> torch.Tensor:
+    """target as contiguous int64 after checking every id is in [0, V) or ignore_index."""
+    # uint64 ids from 2**63 on become negative in int64 (possibly ignore_index): they are
+    # out of range whatever ignore_index is.
+    wide = target.dtype == torch.uint64
+    t = (target.view(torch.int64) if wide else target.to(torch.long)).contiguous()
     ok = (t == ignore_index) | ((t >= 0) & (t < V))
+    if wide:
+        ok = ok & (t >= 0)
     if t.device.type == "cuda" or type(t) is not torch.Tensor:
         # CUDA, or traced (fake / functional tensors under torch.compile or export): a graph
         # op instead of a data-dependent Python branch.
         # No host sync: a bad id fails a device-side assertion, which surfaces as a Python
         # RuntimeError at the caller's next synchronisation (e.g. .item(), .cpu(), backward).
         torch._assert_async(ok.all(), "linear_token_logprob: target id outside [0, V)")
-        return
+        return t
     if t.numel() and not bool(ok.all()):
         n = int((~ok).nonzero()[0, 0])
         raise IndexError(
-            f"linear_token_logprob: target id {int(t[n])} at flat position {n} is outside the "
-            f"vocabulary [0, {V}) and is not ignore_index ({ignore_index})"
+            f"linear_token_logprob: target id {target[n].item()} at flat position {n} is "
+            f"outside the vocabulary [0, {V}) and is not ignore_index ({ignore_index})"
         )
+    return t
+
+
+def _device_guard(t: torch.Tensor):
+    # Triton launches on the current device and stream: make them hidden's.
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 def _addmm_f32(acc, a, b):
@@ -137,6 +190,60 @@ def _contig(x):
     return x if x is None or x.is_contiguous() else x.contiguous()
 
 
+def _forward_triton(hidden, weight, tgt, bias, temperature):
+    """(lp, ent, lse) from the Triton kernel's per-split partial statistics."""
+    parts = _tk.forward_partials(hidden, weight, bias, tgt, temperature, wrap=_wrap())
+    m, S, E, T = parts.unbind(0)
+    M = m.amax(0)
+    Ms = torch.where(M == float("-inf"), torch.zeros_like(M), M)
+    w = torch.exp(m - Ms)  # 0 for a split whose columns are all -inf (m = -inf, S = 0)
+    s_tot = (w * S).sum(0)
+    e_tot = torch.where(S > 0, w * (E + (m - Ms) * S), torch.zeros_like(S)).sum(0)
+    lse = Ms + torch.log(s_tot)
+    return T.sum(0) - lse, torch.log(s_tot) - e_tot / s_tot, lse
+
+
+def _forward_chunks(hidden, weight, tgt, bias, temperature, valid, compute_entropy):
+    """(lp, ent, lse) in float64, one GEMM and one token_logprob call per vocabulary chunk.
+
+    Running statistics over the chunks seen so far, in float64 (O(N)): log-sum-exp L, the
+    entropy Hs of the softmax restricted to those chunks, and the target logit. Merging (L, Hs)
+    with a chunk's (l, h): L' = logaddexp(L, l), a = exp(L - L'), b = exp(l - L'),
+    Hs' = a Hs + b h - a log a - b log b: every term is >= 0, so the entropy never comes from
+    a difference of two large numbers (lse - E[s])."""
+    N, H = hidden.shape
+    V = weight.shape[0]
+    C = _chunk(N, H, V, hidden.device)
+    f64, ninf = torch.float64, float("-inf")
+    lse = torch.full((N,), ninf, dtype=f64)
+    hs = torch.zeros((N,), dtype=f64)
+    sy = torch.zeros((N,), dtype=f64)
+    zero = torch.zeros((), dtype=f64)
+    for c0 in range(0, V, C):
+        c1 = min(c0 + C, V)
+        Wc = weight[c0:c1]
+        z = hidden @ Wc.T if bias is None else torch.addmm(bias[c0:c1], hidden, Wc.T)
+        inside = valid & (tgt >= c0) & (tgt < c1)
+        # Ignored rows are skipped by the kernel (-1); other rows read any in-chunk id.
+        loc = torch.where(inside, tgt - c0, torch.where(valid, 0, -1))
+        lp_c, ent_c, lse_c = _op.token_logprob(z, loc, temperature, -1, compute_entropy)
+        lse_c = lse_c.to(f64)
+        # A row whose chunk logits are all -inf (masked columns) has lse_c = -inf: its lp_c
+        # and ent_c are undefined (-inf - -inf, 0/0) and the chunk adds nothing, except a
+        # target logit of -inf.
+        empty = lse_c == ninf
+        sy = torch.where(inside, torch.where(empty, ninf, lp_c.to(f64) + lse_c), sy)
+        new = torch.logaddexp(lse, lse_c)
+        if compute_entropy:
+            fin = torch.isfinite(new)
+            a = torch.where(fin, torch.exp(lse - new), zero)
+            b = torch.where(fin & ~empty, torch.exp(lse_c - new), zero)
+            hb = torch.where(b > 0, b * ent_c.to(f64), zero)  # 0 * NaN would poison hs
+            hs = a * hs + hb - torch.special.xlogy(a, a) - torch.special.xlogy(b, b)
+        lse = new
+    return sy - lse, hs, lse
+
+
 def _forward_impl(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -146,64 +253,25 @@ def _forward_impl(
     ignore_index: int,
     compute_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check(hidden, weight, target, bias, temperature)
+    _check_inputs("linear_token_logprob", hidden, weight, target, bias, temperature)
     hidden, weight, bias = _contig(hidden), _contig(weight), _contig(bias)
-    N, H = hidden.shape
-    V = weight.shape[0]
+    N = hidden.shape[0]
     acc = _acc_dtype(hidden.dtype)
-    tgt = target.to(torch.long).contiguous()
-    _check_targets(tgt, V, ignore_index)
-    valid = tgt != ignore_index
+    tgt = _targets(target, weight.shape[0], ignore_index)
     if N == 0:
         e = hidden.new_empty((0,), dtype=acc)
         return e, e.clone(), e.clone()
-    if _use_triton(hidden):
-        parts = _tk.forward_partials(hidden, weight, bias, tgt, temperature, wrap=_wrap())
-        m, S, E, T = parts.unbind(0)
-        M = m.amax(0)
-        Ms = torch.where(M == float("-inf"), torch.zeros_like(M), M)
-        w = torch.exp(m - Ms)
-        s_tot = (w * S).sum(0)
-        e_tot = torch.where(S > 0, w * (E + (m - Ms) * S), torch.zeros_like(S)).sum(0)
-        lse = Ms + torch.log(s_tot)
-        ent = torch.log(s_tot) - e_tot / s_tot
-        lp = T.sum(0) - lse
-    else:
-        C = _chunk(N, H, V, hidden.device)
-        # Running statistics over the chunks seen so far, in float64 (O(N)): log-sum-exp L,
-        # the entropy Hs of the softmax restricted to those chunks, and the target logit.
-        # Merging (L, Hs) with a chunk's (l, h): L' = logaddexp(L, l), a = exp(L - L'),
-        # b = exp(l - L'), Hs' = a Hs + b h - a log a - b log b: every term is >= 0, so the
-        # entropy never comes from a difference of two large numbers (lse - E[s]).
-        f64 = torch.float64
-        lse = torch.full((N,), float("-inf"), dtype=f64)
-        hs = torch.zeros((N,), dtype=f64)
-        sy = torch.zeros((N,), dtype=f64)
-        for c0 in range(0, V, C):
-            c1 = min(c0 + C, V)
-            Wc = weight[c0:c1]
-            z = hidden @ Wc.T if bias is None else torch.addmm(bias[c0:c1], hidden, Wc.T)
-            inside = valid & (tgt >= c0) & (tgt < c1)
-            # Ignored rows are skipped by the kernel (-1); other rows read any in-chunk id.
-            loc = torch.where(inside, tgt - c0, torch.where(valid, 0, -1))
-            lp_c, ent_c, lse_c = _op.token_logprob(z, loc, temperature, -1, compute_entropy)
-            lse_c = lse_c.to(f64)
-            sy = torch.where(inside, lp_c.to(f64) + lse_c, sy)
-            new = torch.logaddexp(lse, lse_c)
-            if compute_entropy:
-                fin = torch.isfinite(new)
-                a = torch.where(fin, torch.exp(lse - new), torch.zeros_like(new))
-                b = torch.where(fin, torch.exp(lse_c - new), torch.zeros_like(new))
-                hs = (a * hs + b * ent_c.to(f64)
-                      - torch.special.xlogy(a, a) - torch.special.xlogy(b, b))
-            lse = new
-        lp = (sy - lse).to(acc)
-        ent = hs.to(acc)
-        lse = lse.to(acc)
-    zero = torch.zeros_like(lse)
-    lp = torch.where(valid, lp, zero)
-    lse = torch.where(valid, lse, zero)
-    ent = torch.where(valid, ent, zero) if compute_entropy else lse.new_empty((0,))
+    valid = tgt != ignore_index
+    with _device_guard(hidden):
+        if _use_triton(hidden):
+            lp, ent, lse = _forward_triton(hidden, weight, tgt, bias, temperature)
+        else:
+            lp, ent, lse = _forward_chunks(hidden, weight, tgt, bias, temperature, valid,
+                                           compute_entropy)
+        zero = torch.zeros((), dtype=acc, device=hidden.device)
+        lp = torch.where(valid, lp.to(acc), zero)
+        lse = torch.where(valid, lse.to(acc), zero)
+        ent = torch.where(valid, ent.to(acc), zero) if compute_entropy else lse.new_empty((0,))
     return lp, ent, lse
 
 
@@ -222,11 +290,42 @@ def _linear_token_logprob(
 
 @_linear_token_logprob.register_fake
 def _(hidden, weight, target, bias, temperature, ignore_index, compute_entropy):
+    _check_inputs("linear_token_logprob", hidden, weight, target, bias, temperature)
     acc = _acc_dtype(hidden.dtype)
     N = hidden.shape[0]
     lp = hidden.new_empty((N,), dtype=acc)
     ent = hidden.new_empty((N,) if compute_entropy else (0,), dtype=acc)
     return lp, ent, hidden.new_empty((N,), dtype=acc)
+
+
+def _check_backward_inputs(grad_logprob, grad_entropy, hidden, weight, target, bias, lse,
+                           entropy, temperature):
+    name = "linear_token_logprob_backward"
+    _check_inputs(name, hidden, weight, target, bias, temperature)
+    N, dev = hidden.shape[0], hidden.device
+    _vec(name, "grad_logprob", grad_logprob, N, dev)
+    _vec(name, "lse", lse, N, dev)
+    # entropy is [0] when the forward did not compute it; an entropy gradient needs it.
+    _vec(name, "entropy", entropy, N, dev, allow_empty=grad_entropy is None)
+    if grad_entropy is not None:
+        _vec(name, "grad_entropy", grad_entropy, N, dev)
+
+
+def _chunk_dz_cpu(hidden, Wc, bc, tgt, valid, c0, g_lp, g_ent, lse, ent, temperature):
+    """dz for the columns of Wc with the CPU token_logprob_backward kernel.
+
+    The chunk's logits in columns [0, cc) and a dummy column cc: rows whose target lies in
+    another chunk point at the dummy, whose (discarded) gradient absorbs the 1[j = y] term.
+    The kernel takes lse and entropy from the forward, so each column's gradient depends on
+    that column only and the dummy's value (0, finite) changes nothing else. Out of place:
+    torch.compile traces through this function (triton_op), and mutating views of a buffer
+    broke it."""
+    cc = Wc.shape[0]
+    zc = hidden @ Wc.T if bc is None else torch.addmm(bc, hidden, Wc.T)
+    z = torch.cat([zc, zc.new_zeros((zc.shape[0], 1))], dim=1)
+    inside = valid & (tgt >= c0) & (tgt < c0 + cc)
+    loc = torch.where(inside, tgt - c0, torch.where(valid, cc, -1))
+    return _op.token_logprob_backward(g_lp, g_ent, z, loc, lse, ent, temperature, -1)[:, :cc]
 
 
 def _backward_impl(
@@ -242,59 +341,49 @@ def _backward_impl(
     ignore_index: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dh [N, H], dW [V, H], db [V] or [0] without bias), in the inputs' dtype."""
+    _check_backward_inputs(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy,
+                           temperature)
     hidden, weight, bias = _contig(hidden), _contig(weight), _contig(bias)
     N, H = hidden.shape
     V = weight.shape[0]
     dtype = hidden.dtype
     acc = _acc_dtype(dtype)
+    tgt = _targets(target, V, ignore_index)
     dW = torch.zeros_like(weight)
     db = torch.zeros_like(bias) if bias is not None else weight.new_empty((0,))
-    if N == 0 or V == 0:
+    if N == 0:
         return torch.zeros_like(hidden), dW, db
-    if grad_entropy is not None and entropy.numel() != lse.numel():
-        raise RuntimeError("linear_token_logprob_backward: an entropy gradient needs the forward's entropy")
-    tgt = target.to(torch.long).contiguous()
     g_lp = grad_logprob.to(acc).contiguous()
     g_ent = grad_entropy.to(acc).contiguous() if grad_entropy is not None else None
     lse = lse.to(acc).contiguous()
     ent = entropy.to(acc).contiguous() if g_ent is not None else lse.new_empty((0,))
     mean_s = (lse - ent) if g_ent is not None else None
-    dh = torch.zeros((N, H), dtype=acc, device=hidden.device)
     C = _chunk(N, H, V, hidden.device)
     triton_path = _use_triton(hidden)
     valid = tgt != ignore_index
-    buf = torch.empty((N, C), dtype=dtype, device=hidden.device) if triton_path else None
-    dummy = torch.zeros((N, 1), dtype=dtype, device=hidden.device)
-    for c0 in range(0, V, C):
-        c1 = min(c0 + C, V)
-        cc = c1 - c0
-        Wc = weight[c0:c1]
-        if triton_path:
-            dz = buf[:, :cc]
-            _tk.chunk_dz(hidden, weight, bias, tgt, g_lp, g_ent, lse, mean_s, temperature,
-                         ignore_index, c0, c1, dz, wrap=_wrap())
-        else:
-            # z in columns [0, cc) and a dummy column cc: rows whose target lies in another
-            # chunk point at the dummy, whose (discarded) gradient absorbs the 1[j = y] term.
-            # The kernel takes lse and entropy from the forward, so each column's gradient
-            # depends on that column only and the dummy's value (0, finite: no inf/NaN
-            # anywhere) changes nothing else. Out of place: torch.compile traces through
-            # this function (triton_op), and mutating views of a buffer broke it.
-            zc = hidden @ Wc.T if bias is None else torch.addmm(bias[c0:c1], hidden, Wc.T)
-            z = torch.cat([zc, dummy], dim=1)
-            inside = valid & (tgt >= c0) & (tgt < c1)
-            loc = torch.where(inside, tgt - c0, torch.where(valid, cc, -1))
-            dz = _op.token_logprob_backward(g_lp, g_ent, z, loc, lse, ent, temperature, -1)
-            dz = dz[:, :cc]
-        if dtype == acc:
-            dh.addmm_(dz, Wc)
-        elif hidden.device.type == "cpu":
-            dh.addmm_(dz.to(acc), Wc.to(acc))
-        else:
-            _addmm_f32(dh, dz, Wc)
-        dW[c0:c1] = dz.T @ hidden
-        if bias is not None:
-            db[c0:c1] = dz.sum(0, dtype=acc).to(dtype)
+    with _device_guard(hidden):
+        dh = torch.zeros((N, H), dtype=acc, device=hidden.device)
+        buf = torch.empty((N, C), dtype=dtype, device=hidden.device) if triton_path else None
+        for c0 in range(0, V, C):
+            c1 = min(c0 + C, V)
+            Wc = weight[c0:c1]
+            if triton_path:
+                dz = buf[:, :c1 - c0]
+                _tk.chunk_dz(hidden, weight, bias, tgt, g_lp, g_ent, lse, mean_s, temperature,
+                             ignore_index, c0, c1, dz, wrap=_wrap())
+            else:
+                bc = bias[c0:c1] if bias is not None else None
+                dz = _chunk_dz_cpu(hidden, Wc, bc, tgt, valid, c0, g_lp, g_ent, lse, ent,
+                                   temperature)
+            if dtype == acc:
+                dh.addmm_(dz, Wc)
+            elif hidden.device.type == "cpu":
+                dh.addmm_(dz.to(acc), Wc.to(acc))
+            else:
+                _addmm_f32(dh, dz, Wc)
+            dW[c0:c1] = dz.T @ hidden
+            if bias is not None:
+                db[c0:c1] = dz.sum(0, dtype=acc).to(dtype)
     return dh.to(dtype), dW, db
 
 
@@ -319,6 +408,8 @@ def _linear_token_logprob_backward(
 @_linear_token_logprob_backward.register_fake
 def _(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy, temperature,
       ignore_index):
+    _check_backward_inputs(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy,
+                           temperature)
     db = torch.empty_like(bias) if bias is not None else weight.new_empty((0,))
     return torch.empty_like(hidden), torch.empty_like(weight), db
 
@@ -364,7 +455,9 @@ def linear_token_logprob(
         token_ids: [...] integer ids (hidden's shape without H); ``ignore_index`` rows give 0
             and no gradient.
         temperature: divides the logits; > 0.
-        bias: optional [V].
+        bias: optional [V]. A -inf entry masks its column: probability 0, gradient exactly 0
+            (a target on a masked column gets logprob -inf and the finite gradient of
+            log_softmax).
         return_entropy: also return the entropy of softmax(logits / temperature).
 
     Returns:
@@ -372,21 +465,21 @@ def linear_token_logprob(
         Gradients flow to hidden, weight and bias.
 
     Raises:
+        ValueError: mismatched shapes or devices; temperature <= 0, or so small that
+            1/temperature overflows the accumulation dtype; a bad REASONRL_LINEAR_LOGPROB_CHUNK.
+        TypeError: a dtype other than float32/bfloat16/float16/float64, hidden, weight and
+            bias of different dtypes, non-integer token_ids.
         IndexError: a token id outside [0, V) that is not ignore_index (CPU: at once; CUDA: a
             device-side assertion reported at the next synchronisation).
     """
-    if not isinstance(hidden, torch.Tensor) or not isinstance(weight, torch.Tensor):
-        raise TypeError("linear_token_logprob: hidden and weight must be tensors")
-    if not float(temperature) > 0:
-        raise ValueError(f"linear_token_logprob: temperature must be > 0, got {temperature}")
+    # The op validates its arguments; only what the reshape below relies on is checked here.
+    if not all(isinstance(t, torch.Tensor) for t in (hidden, weight, token_ids)):
+        raise TypeError("linear_token_logprob: hidden, weight and token_ids must be tensors")
     if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != tuple(token_ids.shape):
         raise ValueError(
             f"linear_token_logprob: token_ids shape {tuple(token_ids.shape)} must equal the "
             f"hidden shape {tuple(hidden.shape)} without its last dimension"
         )
-    devs = {hidden.device, weight.device, token_ids.device} | ({bias.device} if bias is not None else set())
-    if len(devs) != 1:
-        raise ValueError(f"linear_token_logprob: tensors on different devices {devs}")
     lead = token_ids.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])
     lp, ent, _ = _linear_token_logprob(

@@ -274,3 +274,212 @@ def test_torch_compile_aot_eager(entropy, monkeypatch):
 def test_torch_compile_inductor_cpu(entropy, monkeypatch):
     monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "16")
     _compiled_vs_eager("inductor", entropy)
+
+
+# --- masked vocabulary columns (a -inf bias, or a bias so negative that logits / tau overflow) --
+
+def _masked_inputs(dtype, kind, gen, N=7, H=5, V=40):
+    """Columns 0-15 (a whole chunk or split at widths 1, 7 and 16), 20, 27 and the last one
+    are masked. Row 0 targets a masked column, row 1 is ignored, the others target unmasked
+    columns."""
+    h, W, b, _ = _inputs(N, H, V, dtype, True, gen)
+    mask = torch.zeros(V, dtype=torch.bool)
+    mask[:16] = True
+    mask[[20, 27, V - 1]] = True
+    fill = float("-inf") if kind == "inf" else torch.finfo(dtype).min
+    b = b.masked_fill(mask, fill)
+    free = (~mask).nonzero().squeeze(1)
+    y = free[torch.randint(0, free.numel(), (N,), generator=gen)]
+    y[0], y[1] = 3, -100
+    return h, W, b, y, mask
+
+
+def _eager(h, W, b, y, tau, entropy, g1, g2):
+    """(lp, ent, grads) of the eager formula log_softmax((h W^T + b) / tau), in h's dtype."""
+    leaves = [t.clone().requires_grad_() for t in (h, W, b)]
+    lp, ent = _ref(*leaves, y, tau)
+    loss = (lp.double() * g1).sum() + ((ent.double() * g2).sum() if entropy else 0)
+    return lp, ent, torch.autograd.grad(loss, leaves)
+
+
+def _err(a, b):
+    """Largest |a - b|, equal entries (the same infinity) counting 0; NaN in a gives NaN."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return torch.where(a == b, 0.0, (a - b).abs()).max().item()
+
+
+def check_masked_columns(device, dtype, kind, entropy, chunks, monkeypatch, tau=0.7):
+    """Masked columns get gradient exactly 0 and contribute nothing; a target on a masked column
+    gets lp = -inf and the (finite) gradient of eager autograd; everything else matches
+    the eager formula's autograd: in float64 closely, in lower precisions with at most twice
+    the error of plain PyTorch at that precision (against float64)."""
+    gen = torch.Generator().manual_seed(11)
+    h, W, b, y, mask = _masked_inputs(dtype, kind, gen)
+    N = h.shape[0]
+    g1 = torch.randn(N, generator=gen, dtype=torch.float64)
+    g2 = torch.randn(N, generator=gen, dtype=torch.float64)
+    tlp, tent, tg = _eager(*(t.double() for t in (h, W, b)), y, tau, entropy, g1, g2)
+    plp, pent, pg = _eager(h, W, b, y, tau, entropy, g1, g2)
+    for chunk in chunks:
+        if chunk is None:
+            monkeypatch.delenv("REASONRL_LINEAR_LOGPROB_CHUNK", raising=False)
+        else:
+            monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", str(chunk))
+        leaves = [t.to(device).requires_grad_() for t in (h, W, b)]
+        out = linear_token_logprob(leaves[0], leaves[1], y.to(device), temperature=tau,
+                                   bias=leaves[2], return_entropy=entropy)
+        lp, ent = out if entropy else (out, None)
+        loss = (lp.double() * g1.to(device)).sum()
+        if entropy:
+            loss = loss + (ent.double() * g2.to(device)).sum()
+        got = torch.autograd.grad(loss, leaves)
+        dh, dW, db = (g.cpu() for g in got)
+        where = f"chunk {chunk}"
+        # Masked columns no row targets get no gradient at all. Column 3 (row 0's target)
+        # gets lp's finite gradient 1 - p = 1, as in eager autograd: compared below.
+        quiet = mask.clone()
+        quiet[3] = False
+        assert db[quiet].eq(0).all() and dW[quiet].eq(0).all(), where
+        assert lp[0].item() < -1e4 and lp[1].item() == 0, (where, lp[:2])
+        pairs = [(lp, plp, tlp)] + ([(ent, pent, tent)] if entropy else []) + list(zip(got, pg, tg))
+        for i, (o, p, t) in enumerate(pairs):
+            if dtype == torch.float64:
+                torch.testing.assert_close(o.detach().cpu(), t, rtol=1e-9, atol=1e-10,
+                                           msg=lambda m: f"{where}, output {i}: {m}")
+            else:
+                assert _err(o, t) <= 2 * _err(p, t) + 1e-6, (where, i, _err(o, t), _err(p, t))
+
+
+ALL_FLOATS = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", ALL_FLOATS)
+@pytest.mark.parametrize("kind", ["inf", "min"])
+@pytest.mark.parametrize("entropy", [False, True])
+def test_masked_bias_columns_cpu(dtype, kind, entropy, monkeypatch):
+    check_masked_columns("cpu", dtype, kind, entropy, [1, 7, 16, None], monkeypatch)
+
+
+def test_masked_chunk_forward_has_no_nan(monkeypatch):
+    """A chunk whose logits are all -inf adds nothing to the log-sum-exp or the entropy (it used
+    to merge its undefined 0/0 entropy as 0 * NaN)."""
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "4")
+    gen = torch.Generator().manual_seed(12)
+    h, W, b, y, mask = _masked_inputs(torch.float64, "inf", gen)
+    lp, ent = linear_token_logprob(h, W, y, temperature=0.7, bias=b, return_entropy=True)
+    rlp, rent = _ref(h, W, b, y, 0.7)
+    torch.testing.assert_close(lp, rlp, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ent, rent, rtol=1e-10, atol=1e-10)
+
+
+# --- argument checks of the two ops, called directly -------------------------------------------
+
+# Each case: (expression evaluated in the child, expected exception type or "no exception").
+# Names in the child: fwd, bwd (the two ops), h, W, b, y (valid arguments: N = 3, H = 4, V = 5,
+# float64), lp, ent, lse (a valid forward's outputs), g (a valid gradient), other (a device
+# that is not dev), ii = -100.
+_FWD = "fwd({h}, {W}, {y}, {b}, {t}, ii, True)"
+_BWD = "bwd({g}, {ge}, {h}, {W}, {y}, {b}, {lse}, {ent}, {t}, ii)"
+_ARGS = dict(h="h", W="W", y="y", b="b", t="0.9", g="g", ge="g", lse="lse", ent="ent")
+
+_COMMON = [  # (argument, bad value, expected exception), for both ops
+    ("h", "h[0]", "ValueError"), ("h", "h[None]", "ValueError"), ("h", "h[:, :3]", "ValueError"),
+    ("h", "h[:2]", "ValueError"), ("h", "h.long()", "TypeError"), ("h", "h.float()", "TypeError"),
+    ("h", "h.to(torch.complex128)", "TypeError"), ("h", "h.to(other)", "ValueError"),
+    ("W", "W[0]", "ValueError"), ("W", "W[:, :3]", "ValueError"), ("W", "W.float()", "TypeError"),
+    ("W", "W.to(other)", "ValueError"), ("W", "W[:0]", "ValueError"),
+    ("y", "y[:2]", "ValueError"), ("y", "y[:, None]", "ValueError"),
+    ("y", "y.double()", "TypeError"), ("y", "y.bool()", "TypeError"),
+    ("y", "y.to(other)", "ValueError"),
+    ("y", "torch.tensor([0, 5, 1], device=dev)", "IndexError"),
+    ("y", "torch.tensor([0, -1, 1], device=dev)", "IndexError"),
+    ("y", "torch.tensor([0, 2**64 - 100, 1], dtype=torch.uint64, device=dev)", "IndexError"),
+    ("y", "torch.tensor([0, 2**63, 1], dtype=torch.uint64, device=dev)", "IndexError"),
+    ("y", "torch.tensor([0, 4, 1], dtype=torch.uint64, device=dev)", "no exception"),
+    ("y", "torch.tensor([0, 4, -100], dtype=torch.int32, device=dev)", "no exception"),
+    ("b", "b[None]", "ValueError"), ("b", "b[:4]", "ValueError"), ("b", "b.float()", "TypeError"),
+    ("b", "b.to(other)", "ValueError"), ("b", "None", "no exception"),
+    ("t", "0.0", "ValueError"), ("t", "-1.0", "ValueError"), ("t", "float('nan')", "ValueError"),
+    ("t", "float('inf')", "ValueError"), ("t", "1e-310", "ValueError"),
+]
+_BWD_ONLY = [
+    ("g", "g[:2]", "ValueError"), ("g", "g[None]", "ValueError"), ("g", "g.long()", "TypeError"),
+    ("g", "g.to(other)", "ValueError"),
+    ("ge", "g[:2]", "ValueError"), ("ge", "g.long()", "TypeError"),
+    ("ge", "g.to(other)", "ValueError"),
+    ("ge", "None", "no exception"),
+    ("lse", "lse[:2]", "ValueError"), ("lse", "lse.long()", "TypeError"),
+    ("lse", "lse.to(other)", "ValueError"), ("lse", "lse[:0]", "ValueError"),
+    ("ent", "ent[:2]", "ValueError"), ("ent", "ent.long()", "TypeError"),
+    ("ent", "ent.to(other)", "ValueError"),
+    ("ent", "ent[:0]", "ValueError"),  # an entropy gradient without the forward's entropy
+]
+
+
+def direct_call_cases():
+    cases = [("fwd ok", _FWD.format(**_ARGS), "no exception"),
+             ("bwd ok", _BWD.format(**_ARGS), "no exception")]
+    for arg, bad, want in _COMMON:
+        for name, fmt in (("fwd", _FWD), ("bwd", _BWD)):
+            cases.append((f"{name} {arg}={bad}", fmt.format(**dict(_ARGS, **{arg: bad})), want))
+    for arg, bad, want in _BWD_ONLY:
+        cases.append((f"bwd {arg}={bad}", _BWD.format(**dict(_ARGS, **{arg: bad})), want))
+    # 1/T overflows float32 (the accumulation dtype of float32, bfloat16 and float16 inputs)
+    for dt in ("float", "bfloat16", "half"):
+        lo = dict(h=f"h.{dt}()", W=f"W.{dt}()", b=f"b.{dt}()", t="1e-40")
+        cases.append((f"fwd {dt} T=1e-40", _FWD.format(**dict(_ARGS, **lo)), "ValueError"))
+        cases.append((f"bwd {dt} T=1e-40", _BWD.format(**dict(_ARGS, **lo)), "ValueError"))
+    return cases
+
+
+def check_direct_calls(device, env=None, skip_index_errors=False):
+    """Every argument of both ops wrong in turn, in a child process (a crash fails the test
+    with the signal's name instead of killing the session)."""
+    from tests.childproc import child_outcomes
+
+    cases = [c for c in direct_call_cases() if not (skip_index_errors and c[2] == "IndexError")]
+    other = "meta" if device == "cpu" else "cpu"
+    code = f"""
+        import os
+        dev, other, ii = {device!r}, {other!r}, -100
+        fwd, bwd = ops.linear_token_logprob, ops.linear_token_logprob_backward
+        gen = torch.Generator().manual_seed(0)
+        h = torch.randn(3, 4, generator=gen, dtype=torch.float64).to(dev)
+        W = torch.randn(5, 4, generator=gen, dtype=torch.float64).to(dev)
+        b = torch.randn(5, generator=gen, dtype=torch.float64).to(dev)
+        y = torch.tensor([0, 4, -100], device=dev)
+        lp, ent, lse = fwd(h, W, y, b, 0.9, ii, True)
+        g = torch.ones_like(lp)
+        for expr in {[c[1] for c in cases]!r}:
+            print(outcome(lambda: eval(expr)))
+    """
+    lines = child_outcomes(code, env=env, timeout=300)
+    assert len(lines) == len(cases), lines
+    wrong = [(name, want, line) for (name, _, want), line in zip(cases, lines)
+             if not line.startswith(want)]
+    assert not wrong, "\n".join(f"{n}: expected {w}, got {g}" for n, w, g in wrong)
+    return dict(zip((c[0] for c in cases), lines))
+
+
+def test_direct_op_calls_validate_every_argument():
+    got = check_direct_calls("cpu", env={"REASONRL_TRITON_CPU": "0"})
+    assert "smallest supported temperature is 2.93874e-39" in got["fwd float T=1e-40"]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "1.5"])
+def test_bad_chunk_variable(value, monkeypatch):
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", value)
+    h = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(ValueError, match=f"REASONRL_LINEAR_LOGPROB_CHUNK.*{value}"):
+        linear_token_logprob(h, torch.randn(9, 4), torch.tensor([0, 1, 2])).sum().backward()
+
+
+def test_tiny_temperature_is_rejected():
+    h, W, y = torch.randn(3, 4), torch.randn(9, 4), torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match="smallest supported temperature"):
+        linear_token_logprob(h, W, y, temperature=1e-40)
+    with pytest.raises(ValueError, match="smallest supported temperature"):
+        linear_token_logprob(h.bfloat16(), W.bfloat16(), y, temperature=1e-40)
+    # float64 accumulates in float64: 1e-40 is fine there
+    lp = linear_token_logprob(h.double(), W.double(), y, temperature=1e-40)
+    assert not lp.isnan().any()

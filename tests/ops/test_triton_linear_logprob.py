@@ -148,6 +148,94 @@ def test_torch_compile_sees_kernels():
     torch.testing.assert_close(out, ref)
 
 
+@pytest.mark.parametrize("dtype", T.ALL_FLOATS)
+@pytest.mark.parametrize("kind", ["inf", "min"])
+@pytest.mark.parametrize("entropy", [False, True])
+def test_masked_bias_columns(dtype, kind, entropy, monkeypatch):
+    # Three 16-wide splits in forward (the first fully masked) and chunks of 7 and 16 in
+    # backward (the first one or two fully masked).
+    T.check_masked_columns(DEVICE, dtype, kind, entropy, [7, 16], monkeypatch)
+
+
+def test_direct_op_calls_validate_every_argument():
+    # On CUDA a bad target id fails a device-side assertion, which breaks the CUDA context of
+    # the process: those cases run one per child in test_bad_target_direct_calls_cuda.
+    env = {"REASONRL_TRITON_CPU": "1", "TRITON_INTERPRET": "1"} if DEVICE == "cpu" else None
+    T.check_direct_calls(DEVICE, env=env, skip_index_errors=DEVICE == "cuda")
+
+
+_CUDA_ARGS = """
+    fwd, bwd = ops.linear_token_logprob, ops.linear_token_logprob_backward
+    dev = "cuda"
+    h, W = torch.randn(3, 4, device=dev), torch.randn(5, 4, device=dev)
+    ok = torch.tensor([0, 4, -100], device=dev)
+    lp, ent, lse = fwd(h, W, ok, None, 0.9, -100, True)
+    torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="needs a GPU")
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize("ids", ["torch.tensor([0, 5, 1], device=dev)",
+                                 "torch.tensor([0, 2**64 - 100, 1], dtype=torch.uint64, "
+                                 "device=dev)"])
+def test_bad_target_direct_calls_cuda(op, ids):
+    from tests.childproc import child_outcomes
+
+    call = ("fwd(h, W, y, None, 0.9, -100, True)" if op == "fwd"
+            else "bwd(torch.ones_like(lp), None, h, W, y, None, lse, ent, 0.9, -100)")
+    code = _CUDA_ARGS + f"""
+    y = {ids}
+    print(outcome(lambda: ({call}, torch.cuda.synchronize())))
+    """
+    (line,) = child_outcomes(code)
+    assert line.startswith("RuntimeError"), line
+
+
+def _grads_on(device, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(9)
+    h, W, b, y = T._inputs(37, 24, 300, dtype, True, gen)
+    leaves = [t.to(device).requires_grad_() for t in (h, W, b)]
+    lp, ent = T.linear_token_logprob(leaves[0], leaves[1], y.to(device), bias=leaves[2],
+                                     temperature=0.8, return_entropy=True)
+    grads = torch.autograd.grad(lp.sum() + ent.sum(), leaves)
+    return [lp, ent, *grads]
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="needs a GPU")
+def test_outputs_on_the_inputs_device_and_stream():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    want = _grads_on(dev)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        got = _grads_on(dev)
+    s.synchronize()
+    for g, w in zip(got, want):
+        assert g.device == dev
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.skipif(DEVICE == "cpu" or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_second_gpu_while_the_first_is_current():
+    """Tensors on cuda:1 while cuda:0 is current: the kernels must run on cuda:1 (a launch on
+    cuda:0 with cuda:1 pointers faults or reads garbage). In a child: a fault may kill it."""
+    from tests.childproc import child_outcomes
+
+    code = """
+    from tests.ops.test_triton_linear_logprob import _grads_on
+    torch.cuda.set_device(0)
+    got = _grads_on(torch.device("cuda", 1))
+    torch.cuda.synchronize(1)
+    want = _grads_on(torch.device("cpu"), torch.float64)
+    print(all(str(g.device) == "cuda:1" for g in got))
+    for g, w in zip(got, want):
+        print(outcome(torch.testing.assert_close, g.double().cpu(), w, rtol=1e-3, atol=1e-3))
+    """
+    lines = child_outcomes(code, env={"REASONRL_TRITON_CPU": "0"})
+    assert lines[0] == "True", lines
+    assert all(line == "no exception" for line in lines[1:]), lines
+
+
 @pytest.mark.skipif(_RUN_HERE or bool(os.environ.get("_RRL_SUBPROCESS")),
                     reason="the tests already run in this process")
 def test_in_fresh_process():

@@ -118,7 +118,8 @@ def _dz_kernel(h_ptr, w_ptr, b_ptr, y_ptr, glp_ptr, gent_ptr, lse_ptr, mean_ptr,
     if HAS_ENT:
         gent = tl.load(gent_ptr + rows64, mask=rmask, other=0.0)
         mean = tl.load(mean_ptr + rows64, mask=rmask, other=0.0)
-        g -= gent[:, None] * p * (s - mean[:, None])
+        # A masked column (s = -inf) has p = 0 and no gradient: 0 * (-inf) would be NaN.
+        g -= gent[:, None] * p * tl.where(p > 0, s - mean[:, None], 0.0)
     g = g * inv_tau
     g = tl.where((y != ignore_index)[:, None], g, 0.0)
     tl.store(dz_ptr + rows64[:, None] * stride_dz + (cols64 - c0)[None, :],
