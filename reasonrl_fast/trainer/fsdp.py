@@ -14,14 +14,15 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from reasonrl_fast.trainer.model import decoder_layers
 
 
-def init_distributed(rank: int, world: int, master_addr: str, master_port: int):
-    """nccl on GPU, gloo on CPU; returns (device, mesh)."""
+def init_distributed(rank: int, world: int, master_addr: str, master_port: int, timeout_s: float = 1800):
+    """nccl on GPU, gloo on CPU; returns (device, mesh). A collective that waits longer than
+    `timeout_s` for another rank (dead or stuck) fails instead of hanging."""
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
                       RANK=str(rank), WORLD_SIZE=str(world))
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(minutes=30))
+                            timeout=datetime.timedelta(seconds=timeout_s))
     return device, init_device_mesh(device.type, (world,))
 
 
