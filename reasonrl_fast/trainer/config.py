@@ -179,7 +179,8 @@ class TrainerConfig:
     fresh run (nothing to resume) refuses a directory holding an earlier run's checkpoints."""
     overwrite: bool = False
     """Start a fresh run in output_dir, deleting an earlier run's checkpoints, metrics.jsonl and
-    TensorBoard events first (resume is then ignored)."""
+    TensorBoard events first (resume is then ignored). For one launch: a restart with it still
+    set deletes the checkpoints it would have resumed from."""
     trust_checkpoint: bool = False
     """Load a checkpoint even when other users could have written to it (group- or
     world-writable, owned by another user). Loading a checkpoint can run code: its DCP
