@@ -4,6 +4,7 @@ every rank), a dead worker (the driver waited for the collective timeout)."""
 import glob
 import math
 import os
+import re
 import time
 
 import pytest
@@ -64,3 +65,13 @@ def test_dead_worker_is_named_at_once():
         assert time.time() - t < 60
     finally:
         ray.shutdown()
+
+
+def test_worker_killed_mid_run_ends_the_run_naming_its_rank(tmp_path):
+    out = tmp_path / "run"
+    t = time.time()
+    p = run_train(["trainer.steps=3", f"trainer.output_dir={out}", "trainer.val_every=0",
+                   "data.reward_fn=worker_killing_reward:reward"], tmp_path, check=False, timeout=240)
+    assert "killing worker process" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    assert p.returncode != 0 and re.search(r"worker rank [01] died during train_step", p.stderr), p.stderr[-3000:]
+    assert time.time() - t < 200  # not the collective timeout
