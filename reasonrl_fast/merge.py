@@ -2,16 +2,23 @@
 
 Turns a sharded torch.distributed.checkpoint into a Hugging Face model directory (safetensors,
 config, tokenizer) that loads with AutoModelForCausalLM, plus `proj_z.safetensors` (the FlowRL
-Z-head, keys `net.0.weight`, ...) beside it. Runs in one process, no GPU or process group."""
+Z-head, keys `net.0.weight`, ...) beside it. Runs in one process, no GPU or process group.
+
+A checkpoint directory is trusted input, like any PyTorch checkpoint: torch.distributed.checkpoint's
+`.metadata` is a pickle, and loading it can run code. Merge refuses a checkpoint that other users
+could have written to unless told `--trust-checkpoint`."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
+
+from reasonrl_fast.trainer import checkpoint
 
 
 def load_model_tensors(ckpt: str) -> dict[str, torch.Tensor]:
@@ -25,14 +32,17 @@ def load_model_tensors(ckpt: str) -> dict[str, torch.Tensor]:
     return {k[len("model."):]: v for k, v in state.items()}
 
 
-def merge(ckpt: str, out_dir: str) -> str:
+def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from reasonrl_fast.trainer.model import load_tokenizer
 
     hf = os.path.join(ckpt, "hf")
-    if not os.path.exists(os.path.join(ckpt, "trainer_state.json")):
-        raise FileNotFoundError(f"{ckpt} is not a complete checkpoint (no trainer_state.json)")
+    missing = checkpoint.missing_files(ckpt)
+    if missing:
+        raise checkpoint.CheckpointError(f"{ckpt} is not a complete checkpoint, missing: {', '.join(missing)}")
+    if not trust:
+        checkpoint.check_trusted(ckpt, "--trust-checkpoint")
     tensors = load_model_tensors(ckpt)
     lm_sd = {k[len("lm."):]: v for k, v in tensors.items() if k.startswith("lm.")}
     z_sd = {k[len("proj_z."):]: v.contiguous() for k, v in tensors.items() if k.startswith("proj_z.")}
@@ -49,10 +59,21 @@ def merge(ckpt: str, out_dir: str) -> str:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        sys.exit("usage: python -m reasonrl_fast.merge RUN_DIR/checkpoint-N OUT_DIR")
-    print(merge(*argv))
+    p = argparse.ArgumentParser(
+        prog="python -m reasonrl_fast.merge",
+        description="Turn a trainer checkpoint into a Hugging Face model directory. A checkpoint is trusted "
+                    "input, like any PyTorch checkpoint: its .metadata (torch.distributed.checkpoint) is a "
+                    "pickle, and loading it can run code. Only merge checkpoints you or a trusted user wrote.")
+    p.add_argument("checkpoint", help="RUN_DIR/checkpoint-N")
+    p.add_argument("out_dir", help="where the Hugging Face model is written")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="load it even when other users could have written to it (group- or world-writable "
+                        "files, another owner); by default such a checkpoint is refused")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        print(merge(args.checkpoint, args.out_dir, trust=args.trust_checkpoint))
+    except checkpoint.CheckpointError as e:
+        sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,13 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = load_config(path, overrides)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
+    from reasonrl_fast.trainer.checkpoint import CheckpointError
     from reasonrl_fast.trainer.loop import run
 
-    return run(cfg)
+    try:
+        return run(cfg)
+    except CheckpointError as e:  # a refused run directory or checkpoint: the message says why
+        sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

@@ -134,6 +134,29 @@ def unplaceable(world: int, bundle: dict, strategy: str, nodes: list[dict]) -> s
             f"(per node: {per_node}; other jobs may hold some of it)")
 
 
+class WorkerError(RuntimeError):
+    """A worker rank died or raised; the message names the rank."""
+
+
+def gather(refs: list, what: str) -> list:
+    """ray.get of one call per rank, in rank order, failing as soon as any rank fails. A plain
+    ray.get on the list would wait for rank 0 first, and rank 0 may be blocked in a collective
+    with the dead rank until the collective timeout runs out."""
+    rank_of = {ref: r for r, ref in enumerate(refs)}
+    out: list = [None] * len(refs)
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        r = rank_of[ready[0]]
+        try:
+            out[r] = ray.get(ready[0])
+        except ray.exceptions.RayActorError as e:
+            raise WorkerError(f"worker rank {r} died during {what}: {str(e).splitlines()[0]}") from e
+        except ray.exceptions.RayTaskError as e:
+            raise WorkerError(f"worker rank {r} failed during {what}: {getattr(e, 'cause', e)!r}") from e
+    return out
+
+
 class Cluster:
     def __init__(self, cfg, model_path: str):
         self.owns_ray = start_ray(cfg)
@@ -153,12 +176,12 @@ class Cluster:
                            ).remote(cfg, i, world, model_path)
             for i in range(world)]
         addr, port = ray.get(self.workers[0].address.remote())
-        ray.get([w.setup.remote(addr, port) for w in self.workers])
+        gather([w.setup.remote(addr, port) for w in self.workers], "setup")
         self.hf_config = AutoConfig.from_pretrained(model_path)
         self.world = world
 
     def call(self, method: str, *args):
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+        return gather([getattr(w, method).remote(*args) for w in self.workers], method)
 
     def _split(self, xs: list) -> list[list]:
         k = -(-len(xs) // self.world)
@@ -167,25 +190,24 @@ class Cluster:
     def generate(self, prompts: list[list[int]], n: int, temperature: float, seed: int) -> list[list[int]]:
         """n samples per prompt (prompt-major), prompts split evenly over the workers."""
         shards = self._split(prompts)
-        outs = ray.get([w.generate.remote(s, n, temperature, seed * 1000 + i)
-                        for i, (w, s) in enumerate(zip(self.workers, shards))])
+        outs = gather([w.generate.remote(s, n, temperature, seed * 1000 + i)
+                       for i, (w, s) in enumerate(zip(self.workers, shards))], "generate")
         return [r for o in outs for r in o]
 
     def train_step(self, prompts, responses, adv, step: int) -> dict:
         """Each worker trains on the samples it generated (same split as `generate`)."""
         ps, rs, advs = self._split(prompts), self._split(responses), self._split(adv)
-        outs = ray.get([w.train_step.remote(p, r, a, step)
-                        for w, p, r, a in zip(self.workers, ps, rs, advs)])
+        outs = gather([w.train_step.remote(p, r, a, step)
+                       for w, p, r, a in zip(self.workers, ps, rs, advs)], "train_step")
         merged = {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
         merged["memory/peak_gb"] = max(o["memory/peak_gb"] for o in outs)
         merged["train/skipped_updates"] = outs[0]["train/skipped_updates"]
         return merged
 
     def shutdown(self) -> None:
-        try:
-            self.call("shutdown")
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            pass
+        # Best effort and bounded: after a failure a surviving rank may still be blocked in a
+        # collective, and its shutdown call would queue behind that forever.
+        ray.wait([w.shutdown.remote() for w in self.workers], num_returns=len(self.workers), timeout=10)
         for w in self.workers:
             ray.kill(w)
         remove_placement_group(self.pg)

@@ -175,7 +175,20 @@ class TrainerConfig:
     val_every: int = 25
     """Validate every N steps (and before the first and after the last); 0: never."""
     resume: str = "auto"
-    """auto (newest complete checkpoint in output_dir, if any), never, or a checkpoint path."""
+    """auto (newest complete checkpoint in output_dir, if any), never, or a checkpoint path. A
+    fresh run (nothing to resume) refuses a directory holding an earlier run's checkpoints."""
+    overwrite: bool = False
+    """Start a fresh run in output_dir, deleting an earlier run's checkpoints, metrics.jsonl and
+    TensorBoard events first (resume is then ignored). For one launch: a restart with it still
+    set deletes the checkpoints it would have resumed from."""
+    trust_checkpoint: bool = False
+    """Load a checkpoint even when other users could have written to it (group- or
+    world-writable, owned by another user). Loading a checkpoint can run code: its DCP
+    .metadata is a pickle."""
+    collective_timeout_s: int = 1800
+    """How long a collective waits for the other ranks before failing: long enough for the
+    slowest legitimate wait (a 7B FlowRL checkpoint save, ~85 GB of weights and Adam states
+    written at ~50 MB/s per node), short enough that a dead or stuck rank ends the run."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
     logger: str = "tensorboard"

@@ -37,14 +37,15 @@ def rendezvous_socket(host: str) -> socket.socket:
 
 
 def init_distributed(rank: int, world: int, master_addr: str, master_port: int,
-                     listen: socket.socket | None = None):
-    """nccl on GPU, gloo on CPU; returns (device, mesh). `listen`: rank 0's socket from
-    `rendezvous_socket`."""
+                     timeout_s: float = 1800, listen: socket.socket | None = None):
+    """nccl on GPU, gloo on CPU; returns (device, mesh). A collective that waits longer than
+    `timeout_s` for another rank (dead or stuck) fails instead of hanging. `listen`: rank 0's
+    socket from `rendezvous_socket`."""
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
                       RANK=str(rank), WORLD_SIZE=str(world))
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    timeout = datetime.timedelta(minutes=30)
+    timeout = datetime.timedelta(seconds=timeout_s)
     store = None
     if _is_loopback(master_addr):
         # gloo's and NCCL's bootstrap sockets bind the address of the interface named here

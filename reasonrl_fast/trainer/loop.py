@@ -7,6 +7,7 @@ share of the prompts and trains on those samples, so only token ids and scalars 
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -24,10 +25,18 @@ from reasonrl_fast.trainer.sft import warm_start
 
 
 def run(cfg, log=print) -> dict:
-    """Train according to `cfg`; returns the last metrics row."""
+    """Train according to `cfg`; returns the last metrics row. The run directory is locked for
+    the whole run: a second trainer on it fails at once instead of interleaving with this one."""
+    with ckpt.locked(cfg.trainer.output_dir):
+        return _run(cfg, log)
+
+
+def _run(cfg, log) -> dict:
     t_start = time.time()
     out_dir = cfg.trainer.output_dir
-    os.makedirs(out_dir, exist_ok=True)
+    # Before anything slow: which checkpoint (if any) we continue, checked complete and trusted.
+    resume_from, state = ckpt.prepare_run(cfg, warn=log)
+    run_id = state["run_id"] if state else ckpt.new_run_id()
     with open(os.path.join(out_dir, "config.yaml"), "w") as f:
         f.write(to_yaml(cfg))
 
@@ -41,14 +50,12 @@ def run(cfg, log=print) -> dict:
 
     cluster = Cluster(cfg, model_path)
     try:
-        resume_from = ckpt.resolve_resume(out_dir, cfg.trainer.resume)
         sampler = Sampler(len(train_set), cfg.trainer.seed, cfg.data.shuffle)
         start = 0
         if resume_from:
-            state = ckpt.read_state(resume_from)
             start = state["step"]
             sampler.load_state(state["sampler"])
-            random.setstate(_tuple(state["python_rng"]))
+            random.setstate(ckpt.as_tuple(state["python_rng"]))
             cluster.call("load", resume_from)
             log(f"resumed from {resume_from} (step {start})")
         logger = MetricsLogger(cfg, out_dir, start, cfg.trainer.steps)
@@ -73,6 +80,7 @@ def run(cfg, log=print) -> dict:
             texts = tok.batch_decode(responses, skip_special_tokens=True)
             answers = [it["answer"] for it in items for _ in range(n)]
             correct, errors = compute_rewards(reward_fn, texts, answers)
+            correct, nonfinite = finite_rewards(correct)
             lengths = torch.tensor([len(r) for r in responses])
             rewards = torch.tensor(correct) + overlong_penalty(
                 lengths, cfg.rollout.max_new_tokens, cfg.grpo.overlong_buffer, cfg.grpo.overlong_factor)
@@ -94,6 +102,7 @@ def run(cfg, log=print) -> dict:
                 "reward/mean": float(rewards.mean()),
                 "accuracy/mean": sum(correct) / len(correct),
                 "reward/errors": errors,
+                "reward/nonfinite": nonfinite,
                 "response_length/mean": float(lengths.float().mean()),
                 "response_length/clip_frac": float((lengths >= cfg.rollout.max_new_tokens).float().mean()),
                 **w,
@@ -104,7 +113,7 @@ def run(cfg, log=print) -> dict:
             }
             if cfg.trainer.save_every and step % cfg.trainer.save_every == 0 or (
                     cfg.trainer.save_last and step == cfg.trainer.steps):
-                save(cfg, cluster, tok, step, sampler)
+                save(cfg, cluster, tok, step, sampler, run_id)
             if val_set and every and (step % every == 0 or step == cfg.trainer.steps):
                 row.update(validate(cfg, cluster, tok, val_set, reward_fn, step))
             logger.log(row)
@@ -124,18 +133,23 @@ def validate(cfg, cluster, tok, val_set, reward_fn, step: int) -> dict:
     responses = cluster.generate(prompts, k, cfg.rollout.val_temperature, seed=10**6 + step)
     texts = tok.batch_decode(responses, skip_special_tokens=True)
     correct, _ = compute_rewards(reward_fn, texts, [it["answer"] for it in val_set for _ in range(k)])
+    correct, _ = finite_rewards(correct)
     return {"val/accuracy": sum(correct) / len(correct), "time/val_s": time.perf_counter() - t}
 
 
-def save(cfg, cluster, tok, step: int, sampler) -> str:
+def finite_rewards(rewards: list[float]) -> tuple[list[float], int]:
+    """Non-finite rewards become 0 and are counted (`reward/nonfinite`): one NaN would make the
+    group's advantages, hence every update of the step, non-finite, and the step would be lost."""
+    out = [r if math.isfinite(r) else 0.0 for r in rewards]
+    return out, sum(not math.isfinite(r) for r in rewards)
+
+
+def save(cfg, cluster, tok, step: int, sampler, run_id: str) -> str:
     tmp = ckpt.tmp_path(cfg.trainer.output_dir, step)
     cluster.call("save", tmp)
-    state = {"step": step, "sampler": sampler.state(), "python_rng": random.getstate()}
+    state = {"step": step, "run_id": run_id, "world_size": cluster.world, "sampler": sampler.state(),
+             "python_rng": random.getstate()}
     return ckpt.finalize(tmp, state, tok, cluster.hf_config, cfg.trainer.keep_checkpoints)
-
-
-def _tuple(x):
-    return tuple(_tuple(v) for v in x) if isinstance(x, list) else x
 
 
 def _summary(row: dict) -> str:

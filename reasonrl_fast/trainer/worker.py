@@ -5,8 +5,6 @@ what to do; every method that touches sharded weights is called on all workers t
 from __future__ import annotations
 
 import math
-import os
-import random
 import resource
 import time
 
@@ -16,6 +14,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from reasonrl_fast.trainer import algos
+from reasonrl_fast.trainer import checkpoint as ckpt
 from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, rendezvous_socket, shard
 from reasonrl_fast.trainer.model import load_model, load_tokenizer
 from reasonrl_fast.trainer.policy import Actor, make_batch, slice_batch
@@ -40,7 +39,7 @@ class Worker:
     def setup(self, master_addr: str, master_port: int) -> dict:
         cfg = self.cfg
         self.device, mesh = init_distributed(self.rank, self.world, master_addr, master_port,
-                                             getattr(self, "_listen", None))
+                                             cfg.trainer.collective_timeout_s, getattr(self, "_listen", None))
         torch.manual_seed(cfg.trainer.seed)  # same init of the Z-head on every rank
         self.tok = load_tokenizer(self.model_path)
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
@@ -157,19 +156,16 @@ class Worker:
     def save(self, path: str) -> None:
         model_sd, optim_sd = get_state_dict(self.actor, self.opt)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "sched": self.sched.state_dict()}
-        torch.save(rng, os.path.join(path, f"rng_rank{self.rank}.pt"))
+        ckpt.save_rng(path, self.rank, self.sched)
         dist.barrier()
 
     def load(self, path: str) -> None:
+        """`path` was checked complete and trusted by the driver before any worker reads it."""
         model_sd, optim_sd = get_state_dict(self.actor, self.opt)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self.actor, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        rng = torch.load(os.path.join(path, f"rng_rank{self.rank % self.world}.pt"), weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        self.sched.load_state_dict(rng["sched"])
+        ckpt.load_rng(path, self.rank, self.sched)
         self.sync_weights()
 
     # ------------------------------------------------------------------ misc

@@ -1,0 +1,77 @@
+"""Failures that used to pass silently or hang: non-finite rewards (the step was thrown away on
+every rank), a dead worker (the driver waited for the collective timeout)."""
+
+import glob
+import math
+import os
+import re
+import time
+
+import pytest
+
+from conftest import read_metrics, run_train
+from reasonrl_fast.trainer.loop import finite_rewards
+
+
+def test_finite_rewards():
+    got, n = finite_rewards([1.0, float("nan"), 0.5, float("inf"), float("-inf"), 0.0])
+    assert got == [1.0, 0.0, 0.5, 0.0, 0.0, 0.0] and n == 3
+
+
+def test_nan_rewards_train_and_the_run_dir_is_guarded(tmp_path):
+    """One real run shared by several checks: NaN/inf rewards are counted and the steps still
+    train; the checkpoint holds no pickle; keep_checkpoints prunes the run's own checkpoints;
+    a fresh run on that directory is refused before anything slow starts."""
+    out = tmp_path / "run"
+    run_train(["trainer.steps=2", f"trainer.output_dir={out}", "trainer.val_every=0", "trainer.save_every=1",
+               "trainer.keep_checkpoints=1", "data.reward_fn=nan_reward:reward"], tmp_path)
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["reward/nonfinite"] > 0 and r["train/skipped_updates"] == 0
+        assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and math.isfinite(r["reward/mean"])
+
+    ck = out / "checkpoint-2"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]  # keep_checkpoints=1
+    assert sorted(os.path.basename(p) for p in glob.glob(str(ck / "rng_rank*"))) == [
+        "rng_rank0.safetensors", "rng_rank1.safetensors"]
+    assert not glob.glob(str(ck / "**" / "*.pt"), recursive=True)
+
+    t = time.time()
+    p = run_train(["trainer.steps=2", f"trainer.output_dir={out}", "trainer.resume=never"], tmp_path, check=False)
+    assert p.returncode != 0 and "holds checkpoints of an earlier run (checkpoint-2)" in p.stderr, p.stderr[-2000:]
+    assert "trainer.overwrite=true" in p.stderr and ck.is_dir() and len(read_metrics(out)) == 2
+    assert time.time() - t < 60  # refused before Ray or the warm start
+
+
+def test_dead_worker_is_named_at_once():
+    ray = pytest.importorskip("ray")
+    from reasonrl_fast.trainer.cluster import WorkerError, gather
+
+    class Rank:  # defined here so that Ray ships it by value (the test module is not importable there)
+        def work(self, die: bool) -> int:
+            if die:
+                time.sleep(1)
+                os._exit(1)
+            time.sleep(120)  # a rank blocked in a collective with the dead one
+            return 0
+
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        actors = [ray.remote(num_cpus=0)(Rank).remote() for _ in range(2)]
+        t = time.time()
+        with pytest.raises(WorkerError, match="worker rank 1 died during train_step"):
+            gather([a.work.remote(i == 1) for i, a in enumerate(actors)], "train_step")
+        assert time.time() - t < 60
+    finally:
+        ray.shutdown()
+
+
+def test_worker_killed_mid_run_ends_the_run_naming_its_rank(tmp_path):
+    out = tmp_path / "run"
+    t = time.time()
+    p = run_train(["trainer.steps=3", f"trainer.output_dir={out}", "trainer.val_every=0",
+                   "data.reward_fn=worker_killing_reward:reward"], tmp_path, check=False, timeout=240)
+    assert "killing worker process" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    assert p.returncode != 0 and re.search(r"worker rank [01] died during train_step", p.stderr), p.stderr[-3000:]
+    assert time.time() - t < 200  # not the collective timeout
