@@ -1,8 +1,8 @@
 """Input checks shared by the fake implementations (register_fake) of the ops.
 
 The kernels validate their inputs themselves (csrc/checks.h); the fake implementations repeat
-those checks with torch._check_* so that bad input fails with the same exception type while
-torch.compile traces, before any kernel runs.
+those checks with torch._check_* so that torch.compile rejects the same inputs while it traces
+(dynamo reports it as a TorchRuntimeError whose message quotes the ValueError or TypeError).
 """
 
 from __future__ import annotations

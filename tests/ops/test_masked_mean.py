@@ -151,3 +151,13 @@ def test_direct_kernel_calls_reject_bad_input():
     for line in lines:
         want, got = line.split("|", 1)
         assert got.split(":")[0] == want, line
+
+
+def test_compile_rejects_bad_shapes_while_tracing():
+    # The fake implementation checks shapes too (the op is called directly, without the
+    # wrapper), so tracing fails with the kernel's message instead of building a graph around
+    # an output whose shape means nothing.
+    op = torch.ops.reasonrl_fast.masked_mean
+    f = torch.compile(lambda a, m: op(a, m), fullgraph=True, backend="aot_eager")
+    with pytest.raises(RuntimeError, match=r"ValueError.*mask must be \[B, T\]"):
+        f(torch.randn(2, 3, 4), torch.ones(2, 4))
