@@ -2,8 +2,9 @@
 
 CPU kernels (csrc/*.cpp) are always built. CUDA kernels (csrc/kernels/*.cu) are added when the
 installed torch is a CUDA build, or when FORCE_CUDA=1; then nvcc (CUDA_HOME) must be found, or
-the build stops and says what to install. REASONRL_FORCE_CPU=1 skips them. Install with `pip install --no-build-isolation .` once torch is installed: the
-extension must be compiled against the torch it will run with.
+the build stops and says what to install. REASONRL_FORCE_CPU=1 skips them. Install with
+`pip install --no-build-isolation .` once torch is installed: the extension must be compiled
+against the torch it will run with.
 """
 
 import glob

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reasonrl_fast.ops._checks import check_devices, check_kernel_float
+from reasonrl_fast.ops._checks import check_devices, check_kernel_float, dtype, value
 
 _op = torch.ops.reasonrl_fast
 
@@ -30,14 +30,14 @@ def group_advantage(
 
 @torch.library.register_fake("reasonrl_fast::group_advantage")
 def _(rewards, group_ids, eps, norm_by_std):
-    torch._check_value(rewards.dim() == 1,
-                       lambda: f"group_advantage: rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
-    torch._check_value(group_ids.dim() == 1 and group_ids.shape[0] == rewards.shape[0], lambda: (
-        f"group_advantage: group_ids must be 1-D [B] with one id per reward (B = {rewards.shape[0]}), "
-        f"got shape {tuple(group_ids.shape)}"))
+    b = rewards.shape[0] if rewards.dim() else None
+    value(rewards.dim() == 1, f"group_advantage: rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    value(group_ids.dim() == 1 and group_ids.shape[0] == b, f"group_advantage: group_ids must be 1-D [B] "
+          f"with one id per reward (B = {b}), got shape {tuple(group_ids.shape)}")
     check_kernel_float("group_advantage", "rewards", rewards)
-    torch._check_type(not (group_ids.dtype.is_floating_point or group_ids.dtype.is_complex or group_ids.dtype == torch.bool),
-                      lambda: f"group_advantage: group_ids must be an integer tensor, got {group_ids.dtype}")
-    torch._check_value(eps >= 0, lambda: f"group_advantage: eps must be >= 0, got {eps}")
+    gdt = group_ids.dtype
+    dtype(not (gdt.is_floating_point or gdt.is_complex or gdt == torch.bool),
+          f"group_advantage: group_ids must be an integer tensor, got {gdt}")
+    value(eps >= 0, f"group_advantage: eps must be >= 0, got {eps}")
     check_devices("group_advantage", rewards, group_ids)
     return rewards.new_empty(rewards.shape, dtype=torch.float32)

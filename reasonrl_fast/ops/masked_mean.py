@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reasonrl_fast.ops._checks import check_devices, check_kernel_float, check_mask_dtype
+from reasonrl_fast.ops._checks import check_devices, check_kernel_float, check_mask_dtype, value
 
 _op = torch.ops.reasonrl_fast
 
@@ -24,9 +24,9 @@ def masked_mean(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
 
 @torch.library.register_fake("reasonrl_fast::masked_mean")
 def _(x, mask):
-    torch._check_value(x.dim() == 3, lambda: f"masked_mean: hidden states must be [B, T, H], got shape {tuple(x.shape)}")
-    torch._check_value(mask.shape == x.shape[:2],
-                       lambda: f"masked_mean: mask must be [B, T] = {list(x.shape[:2])}, got shape {tuple(mask.shape)}")
+    value(x.dim() == 3, f"masked_mean: hidden states must be [B, T, H], got shape {tuple(x.shape)}")
+    value(mask.shape == x.shape[:2],
+          f"masked_mean: mask must be [B, T] = {list(x.shape[:2])}, got shape {tuple(mask.shape)}")
     check_kernel_float("masked_mean", "hidden states", x)
     check_mask_dtype("masked_mean", mask)
     check_devices("masked_mean", x, mask)
@@ -35,12 +35,13 @@ def _(x, mask):
 
 @torch.library.register_fake("reasonrl_fast::masked_mean_backward")
 def _(grad, mask):
-    torch._check_value(grad.dim() == 2, lambda: f"masked_mean_backward: grad must be [B, H], got shape {tuple(grad.shape)}")
-    torch._check_value(mask.dim() == 2 and mask.shape[0] == grad.shape[0], lambda: (
-        f"masked_mean_backward: mask must be [B, T] with B = {grad.shape[0]} like grad, got shape {tuple(mask.shape)}"))
-    check_kernel_float("masked_mean_backward", "grad", grad)
-    check_mask_dtype("masked_mean_backward", mask)
-    check_devices("masked_mean_backward", grad, mask)
+    op = "masked_mean_backward"
+    value(grad.dim() == 2, f"{op}: grad must be [B, H], got shape {tuple(grad.shape)}")
+    value(mask.dim() == 2 and mask.shape[0] == grad.shape[0],
+          f"{op}: mask must be [B, T] with B = {grad.shape[0]} like grad, got shape {tuple(mask.shape)}")
+    check_kernel_float(op, "grad", grad)
+    check_mask_dtype(op, mask)
+    check_devices(op, grad, mask)
     return grad.new_empty((mask.shape[0], mask.shape[1], grad.shape[1]))
 
 

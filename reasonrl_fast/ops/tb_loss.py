@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reasonrl_fast.ops._checks import check_devices, check_mask_dtype
+from reasonrl_fast.ops._checks import check_devices, check_mask_dtype, dtype, value
 
 _op = torch.ops.reasonrl_fast
 
@@ -60,41 +60,42 @@ def _out_dtype(lp):
 # The fake implementations check what the kernels check (csrc/checks.h).
 @torch.library.register_fake("reasonrl_fast::tb_loss")
 def _(log_z, logprob, ref_logprob, old_logprob, reward, mask, beta, min_w, max_w):
-    torch._check_value(logprob.dim() == 2, lambda: f"tb_loss: logprob must be [B, T], got shape {tuple(logprob.shape)}")
+    bt = tuple(logprob.shape)
+    value(logprob.dim() == 2, f"tb_loss: logprob must be [B, T], got shape {bt}")
     for name, t in (("ref_logprob", ref_logprob), ("old_logprob", old_logprob), ("response_mask", mask)):
-        torch._check_value(t.shape == logprob.shape, lambda: (
-            f"tb_loss: {name} must have shape {tuple(logprob.shape)} like logprob, got {tuple(t.shape)}"))
-    b = logprob.shape[0]
+        value(t.shape == logprob.shape,
+              f"tb_loss: {name} must have shape {bt} like logprob, got {tuple(t.shape)}")
+    b = bt[0]
     for name, t in (("log_z", log_z), ("reward", reward)):
-        torch._check_value(t.dim() == 1 and t.shape[0] == b,
-                           lambda: f"tb_loss: {name} must be [B] = [{b}], got shape {tuple(t.shape)}")
+        value(t.dim() == 1 and t.shape[0] == b,
+              f"tb_loss: {name} must be [B] = [{b}], got shape {tuple(t.shape)}")
     for name, t in (("log_z", log_z), ("logprob", logprob), ("ref_logprob", ref_logprob),
                     ("old_logprob", old_logprob), ("reward", reward)):
-        torch._check_type(t.dtype.is_floating_point, lambda: f"tb_loss: {name} must be floating point, got {t.dtype}")
+        dtype(t.dtype.is_floating_point, f"tb_loss: {name} must be floating point, got {t.dtype}")
     check_mask_dtype("tb_loss", mask)
-    torch._check_value(min_w <= max_w, lambda: f"tb_loss: min_is_weight {min_w} > max_is_weight {max_w}")
+    value(min_w <= max_w, f"tb_loss: min_is_weight {min_w} > max_is_weight {max_w}")
     check_devices("tb_loss", logprob, log_z, ref_logprob, old_logprob, reward, mask)
     dt = _out_dtype(logprob)
-    return logprob.new_empty((), dtype=dt), logprob.new_empty((b,), dtype=dt), logprob.new_empty((b,), dtype=dt)
+    return (logprob.new_empty((), dtype=dt), logprob.new_empty((b,), dtype=dt),
+            logprob.new_empty((b,), dtype=dt))
 
 
 @torch.library.register_fake("reasonrl_fast::tb_loss_backward")
 def _(grad_loss, delta, is_weight, mask):
-    torch._check_value(grad_loss.dim() == 0,
-                       lambda: f"tb_loss_backward: grad_loss must be a scalar, got shape {tuple(grad_loss.shape)}")
-    torch._check_value(delta.dim() == 1, lambda: f"tb_loss_backward: delta must be [B], got shape {tuple(delta.shape)}")
+    op = "tb_loss_backward"
+    value(grad_loss.dim() == 0, f"{op}: grad_loss must be a scalar, got shape {tuple(grad_loss.shape)}")
+    value(delta.dim() == 1, f"{op}: delta must be [B], got shape {tuple(delta.shape)}")
     b = delta.shape[0]
-    torch._check_value(is_weight.dim() == 1 and is_weight.shape[0] == b, lambda: (
-        f"tb_loss_backward: is_weight must be [B] = [{b}] like delta, got shape {tuple(is_weight.shape)}"))
-    torch._check_value(mask.dim() == 2 and mask.shape[0] == b, lambda: (
-        f"tb_loss_backward: mask must be [B, T] with B = {b} like delta, got shape {tuple(mask.shape)}"))
-    torch._check_type(delta.dtype in (torch.float32, torch.float64), lambda: (
-        f"tb_loss_backward: delta must be float32 or float64 (the forward's output), got {delta.dtype}"))
+    value(is_weight.dim() == 1 and is_weight.shape[0] == b,
+          f"{op}: is_weight must be [B] = [{b}] like delta, got shape {tuple(is_weight.shape)}")
+    value(mask.dim() == 2 and mask.shape[0] == b,
+          f"{op}: mask must be [B, T] with B = {b} like delta, got shape {tuple(mask.shape)}")
+    dtype(delta.dtype in (torch.float32, torch.float64),
+          f"{op}: delta must be float32 or float64 (the forward's output), got {delta.dtype}")
     for name, t in (("grad_loss", grad_loss), ("is_weight", is_weight)):
-        torch._check_type(t.dtype.is_floating_point,
-                          lambda: f"tb_loss_backward: {name} must be floating point, got {t.dtype}")
-    check_mask_dtype("tb_loss_backward", mask)
-    check_devices("tb_loss_backward", delta, grad_loss, is_weight, mask)
+        dtype(t.dtype.is_floating_point, f"{op}: {name} must be floating point, got {t.dtype}")
+    check_mask_dtype(op, mask)
+    check_devices(op, delta, grad_loss, is_weight, mask)
     return delta.new_empty((b,)), delta.new_empty(mask.shape)
 
 
