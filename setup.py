@@ -1,9 +1,10 @@
 """Build reasonrl_fast and its compiled extension reasonrl_fast._C.
 
 CPU kernels (csrc/*.cpp) are always built. CUDA kernels (csrc/kernels/*.cu) are added when the
-installed torch is a CUDA build and nvcc is found, or when FORCE_CUDA=1; REASONRL_FORCE_CPU=1
-skips them. Install with `pip install --no-build-isolation .` once torch is installed: the
-extension must be compiled against the torch it will run with.
+installed torch is a CUDA build, or when FORCE_CUDA=1; then nvcc (CUDA_HOME) must be found, or
+the build stops and says what to install. REASONRL_FORCE_CPU=1 skips them. Install with
+`pip install --no-build-isolation .` once torch is installed: the extension must be compiled
+against the torch it will run with.
 """
 
 import glob
@@ -35,11 +36,23 @@ def _flag(name: str) -> bool:
 
 
 def with_cuda() -> bool:
+    """Whether to build the CUDA kernels. A CUDA torch without nvcc stops the build: a CPU-only
+    extension would fail on every CUDA tensor ("Could not run 'reasonrl_fast::...' with
+    arguments from the 'CUDA' backend"), long after the install seemed to succeed."""
     if _flag("REASONRL_FORCE_CPU"):
         return False
-    if _flag("FORCE_CUDA"):
-        return True
-    return torch.version.cuda is not None and CUDA_HOME is not None
+    if torch.version.cuda is None and not _flag("FORCE_CUDA"):
+        return False
+    if CUDA_HOME is None:
+        want = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CUDA"
+        sys.exit(
+            f"reasonrl_fast: torch {torch.__version__} is a {want} build (or FORCE_CUDA=1 is set), "
+            f"but no CUDA toolkit was found (no nvcc, CUDA_HOME unset), so the CUDA kernels cannot "
+            f"be compiled. Install the CUDA toolkit matching torch.version.cuda ({torch.version.cuda}) "
+            f"with its nvcc, and set CUDA_HOME to it (e.g. CUDA_HOME=/usr/local/cuda) unless nvcc "
+            f"is on PATH; or set REASONRL_FORCE_CPU=1 to build the CPU kernels only."
+        )
+    return True
 
 
 def extensions():

@@ -85,18 +85,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_cpu(
 }
 
 std::tuple<at::Tensor, at::Tensor> tb_loss_backward_cpu(const at::Tensor& grad_loss,
-                                                        const at::Tensor& delta,
-                                                        const at::Tensor& w,
-                                                        const at::Tensor& mask) {
-  const int64_t B = mask.size(0), T = mask.size(1);
-  const auto dt = delta.scalar_type();
-  const at::Tensor mk = mask.to(dt).contiguous();
-  at::Tensor g_lz = at::empty({B}, delta.options()), g_lp = at::empty({B, T}, delta.options());
+                                                        const at::Tensor& delta_in,
+                                                        const at::Tensor& w_in,
+                                                        const at::Tensor& mask_in) {
+  check_tb_loss_backward(grad_loss, delta_in, w_in, mask_in);
+  auto io = prepare_tb_loss_backward(grad_loss, delta_in, w_in, mask_in);
+  const int64_t B = io.mask.size(0), T = io.mask.size(1);
+  at::Tensor &g_lz = io.grad_log_z, &g_lp = io.grad_logprob;
   if (B == 0) return {g_lz, g_lp};
-  AT_DISPATCH_FLOATING_TYPES(dt, "tb_loss_backward", [&] {
-    const double g = grad_loss.item<double>();
-    const scalar_t *d_p = delta.data_ptr<scalar_t>(), *w_p = w.data_ptr<scalar_t>(),
-                   *m_p = mk.data_ptr<scalar_t>();
+  AT_DISPATCH_FLOATING_TYPES(io.delta.scalar_type(), "tb_loss_backward", [&] {
+    const double g = io.grad_loss.item<double>();
+    const scalar_t *d_p = io.delta.data_ptr<scalar_t>(), *w_p = io.weight.data_ptr<scalar_t>(),
+                   *m_p = io.mask.data_ptr<scalar_t>();
     scalar_t *glz = g_lz.data_ptr<scalar_t>(), *glp = g_lp.data_ptr<scalar_t>();
     at::parallel_for(0, B, std::max<int64_t>(1, 16384 / std::max<int64_t>(T, 1)), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {

@@ -1,6 +1,7 @@
 // CUDA kernels of masked_mean, the prompt pooling of the Z-head (SPEC.md §5), same schemas,
 // semantics and messages as csrc/masked_mean.cpp: out[b] = Σ_t x[b, t] m[b, t] / Σ_t m[b, t],
-// 0 for an empty mask, accumulated in float32 (float64 for float64).
+// 0 (and zero gradient) where Σ_t m[b, t] == 0 (an empty mask, or weights that cancel such as
+// [1, -1]), accumulated in float32 (float64 for float64).
 //
 // Forward: grid (B, H / (threads * VEC)); each thread owns VEC consecutive features (one
 // 16-byte load per token when H is a multiple of VEC and x is aligned, else scalar loads) and
@@ -75,6 +76,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// CUDA grids hold at most 2^31 - 1 blocks in x and 65535 in y.
+void check_grid(int64_t x, int64_t y, const char* op) {
+  TORCH_CHECK_VALUE(x < (int64_t(1) << 31) && y <= 65535, op,
+                    ": too large for one launch (grid ", x, " x ", y, ")");
+}
+
 template <typename scalar_t>
 bool can_vec(const void* p, int64_t H) {
   return H % Vec16<scalar_t>::kSize == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
@@ -95,8 +102,8 @@ at::Tensor masked_mean_cuda(const at::Tensor& x_in, const at::Tensor& mask_in) {
     const at::Tensor count = mask.sum(1);
     const bool vec = can_vec<scalar_t>(x.data_ptr(), H) && can_vec<scalar_t>(out.data_ptr(), H);
     const int64_t per_block = kThreads * (vec ? Vec16<scalar_t>::kSize : 1);
+    check_grid(B, (H + per_block - 1) / per_block, "masked_mean");
     const dim3 grid(static_cast<unsigned>(B), static_cast<unsigned>((H + per_block - 1) / per_block));
-    TORCH_CHECK(B < (int64_t(1) << 31), "masked_mean: batch too large");
     if (vec) {
       masked_mean_kernel<scalar_t, acc_t, true><<<grid, kThreads, 0, stream>>>(
           x.data_ptr<scalar_t>(), mask.data_ptr<acc_t>(), count.data_ptr<acc_t>(), T, H,
@@ -126,7 +133,7 @@ at::Tensor masked_mean_backward_cuda(const at::Tensor& grad_in, const at::Tensor
     const at::Tensor count = mask.sum(1);
     const bool vec = can_vec<scalar_t>(grad.data_ptr(), H) && can_vec<scalar_t>(out.data_ptr(), H);
     const int64_t per_block = kThreads * (vec ? Vec16<scalar_t>::kSize : 1);
-    TORCH_CHECK(B * T < (int64_t(1) << 31), "masked_mean_backward: B * T too large");
+    check_grid(B * T, (H + per_block - 1) / per_block, "masked_mean_backward");
     const dim3 grid(static_cast<unsigned>(B * T), static_cast<unsigned>((H + per_block - 1) / per_block));
     if (vec) {
       masked_mean_backward_kernel<scalar_t, acc_t, true><<<grid, kThreads, 0, stream>>>(

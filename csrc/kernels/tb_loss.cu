@@ -44,7 +44,10 @@ __global__ void __launch_bounds__(kThreads)
       const double denom = n + kLenEps;
       delta[b] = static_cast<scalar_t>(static_cast<double>(lz[b]) + s_lp / denom -
                                         beta * static_cast<double>(rw[b]) - s_ref / denom);
-      w[b] = static_cast<scalar_t>(::fmin(::fmax(::exp(s_ratio), min_w), max_w));
+      // Comparisons, not fmin/fmax: those return the other operand for a NaN, which would turn
+      // a NaN weight (a NaN log-prob) into a bound and silently drop the sequence from the loss.
+      const double e = ::exp(s_ratio);
+      w[b] = static_cast<scalar_t>(e < min_w ? min_w : (e > max_w ? max_w : e));
     }
   }
 }
@@ -116,20 +119,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_cuda(
 std::tuple<at::Tensor, at::Tensor> tb_loss_backward_cuda(const at::Tensor& grad_loss,
                                                          const at::Tensor& delta_in,
                                                          const at::Tensor& w_in,
-                                                         const at::Tensor& mask) {
+                                                         const at::Tensor& mask_in) {
+  check_tb_loss_backward(grad_loss, delta_in, w_in, mask_in);
   const c10::cuda::CUDAGuard guard(delta_in.device());
-  const int64_t B = mask.size(0), T = mask.size(1);
-  const auto dt = delta_in.scalar_type();
-  const at::Tensor mk = mask.to(delta_in.device(), dt).contiguous();
-  const at::Tensor delta = delta_in.contiguous(), w = w_in.to(dt).contiguous();
-  const at::Tensor g = grad_loss.to(delta_in.device(), dt).reshape({-1}).contiguous();
-  at::Tensor g_lz = at::empty({B}, delta.options()), g_lp = at::empty({B, T}, delta.options());
+  auto io = prepare_tb_loss_backward(grad_loss, delta_in, w_in, mask_in);
+  const int64_t B = io.mask.size(0), T = io.mask.size(1);
+  at::Tensor &g_lz = io.grad_log_z, &g_lp = io.grad_logprob;
   if (B == 0) return {g_lz, g_lp};
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES(dt, "tb_loss_backward_cuda", [&] {
+  AT_DISPATCH_FLOATING_TYPES(io.delta.scalar_type(), "tb_loss_backward_cuda", [&] {
     tb_backward_kernel<scalar_t><<<grid_for(B), kThreads, 0, stream>>>(
-        g.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
-        mk.data_ptr<scalar_t>(), B, T, g_lz.data_ptr<scalar_t>(), g_lp.data_ptr<scalar_t>());
+        io.grad_loss.data_ptr<scalar_t>(), io.delta.data_ptr<scalar_t>(),
+        io.weight.data_ptr<scalar_t>(), io.mask.data_ptr<scalar_t>(), B, T,
+        g_lz.data_ptr<scalar_t>(), g_lp.data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {g_lz, g_lp};

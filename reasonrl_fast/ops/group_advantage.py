@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from reasonrl_fast.ops._checks import check_devices, check_kernel_float, dtype, value
+
 _op = torch.ops.reasonrl_fast
 
 
@@ -22,24 +24,20 @@ def group_advantage(
     A group of one response uses mean 0 and std 1 (the reference trainer's convention).
     Returns float32 [B]. Not differentiable (rewards are data, not parameters).
     """
-    if rewards.device != group_ids.device:
-        raise ValueError(
-            f"group_advantage: rewards are on {rewards.device} but group_ids on {group_ids.device}"
-        )
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"group_advantage: rewards and group_ids must both be [B], got "
-            f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}"
-        )
-    if not rewards.is_floating_point():
-        raise TypeError(f"group_advantage: rewards must be floating point, got {rewards.dtype}")
-    if group_ids.is_floating_point() or group_ids.dtype == torch.bool:
-        raise TypeError(f"group_advantage: group_ids must be integer, got {group_ids.dtype}")
-    if eps < 0:
-        raise ValueError(f"group_advantage: eps must be >= 0, got {eps}")
+    # Shapes, dtypes, devices and eps are checked by the kernels (and the fake implementation).
     return _op.group_advantage(rewards, group_ids, float(eps), bool(norm_by_std))
 
 
 @torch.library.register_fake("reasonrl_fast::group_advantage")
 def _(rewards, group_ids, eps, norm_by_std):
+    b = rewards.shape[0] if rewards.dim() else None
+    value(rewards.dim() == 1, f"group_advantage: rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    value(group_ids.dim() == 1 and group_ids.shape[0] == b, f"group_advantage: group_ids must be 1-D [B] "
+          f"with one id per reward (B = {b}), got shape {tuple(group_ids.shape)}")
+    check_kernel_float("group_advantage", "rewards", rewards)
+    gdt = group_ids.dtype
+    dtype(not (gdt.is_floating_point or gdt.is_complex or gdt == torch.bool),
+          f"group_advantage: group_ids must be an integer tensor, got {gdt}")
+    value(eps >= 0, f"group_advantage: eps must be >= 0, got {eps}")
+    check_devices("group_advantage", rewards, group_ids)
     return rewards.new_empty(rewards.shape, dtype=torch.float32)

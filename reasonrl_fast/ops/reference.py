@@ -50,6 +50,9 @@ def tb_loss(log_z, logprob, ref_logprob, old_logprob, reward, mask, beta=15.0,
 
 
 def masked_mean(x, mask):
+    """sum_t x m / sum_t m; 0 (and no gradient) where sum_t m == 0, e.g. weights [1, -1]."""
     mask = mask.to(x.dtype)
     n = mask.sum(-1, keepdim=True)
-    return (x * mask.unsqueeze(-1)).sum(1) / torch.where(n == 0, torch.ones_like(n), n)
+    empty = n == 0
+    out = (x * mask.unsqueeze(-1)).sum(1) / torch.where(empty, torch.ones_like(n), n)
+    return torch.where(empty, torch.zeros_like(out), out)

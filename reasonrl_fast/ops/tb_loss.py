@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from reasonrl_fast.ops._checks import check_devices, check_mask_dtype, dtype, value
+
 _op = torch.ops.reasonrl_fast
 
 
@@ -33,18 +35,8 @@ def tb_loss(
             [0, max_is_weight].
         return_stats: also return {"delta": [B], "is_weight": [B]} (detached) for logging.
     """
-    bt = tuple(logprob.shape)
-    if logprob.dim() != 2:
-        raise ValueError(f"tb_loss: logprob must be [B, T], got {bt}")
-    for name, t in (("ref_logprob", ref_logprob), ("old_logprob", old_logprob), ("response_mask", response_mask)):
-        if tuple(t.shape) != bt:
-            raise ValueError(f"tb_loss: {name} must have shape {bt} like logprob, got {tuple(t.shape)}")
-    for name, t in (("log_z", log_z), ("reward", reward)):
-        if tuple(t.shape) != bt[:1]:
-            raise ValueError(f"tb_loss: {name} must be [B] = {bt[:1]}, got {tuple(t.shape)}")
-    tensors = (log_z, logprob, ref_logprob, old_logprob, reward, response_mask)
-    if any(t.device != logprob.device for t in tensors):
-        raise ValueError(f"tb_loss: all inputs must be on one device, got {[str(t.device) for t in tensors]}")
+    # Tensor shapes, dtypes and devices are checked by the kernels (and, under torch.compile,
+    # by the fake implementations below); only the Python-level options are checked here.
     if is_clip_eps is not None:
         if not 0 <= is_clip_eps <= 1:
             raise ValueError(f"tb_loss: is_clip_eps must be in [0, 1], got {is_clip_eps}")
@@ -65,16 +57,46 @@ def _out_dtype(lp):
     return torch.float64 if lp.dtype == torch.float64 else torch.float32
 
 
+# The fake implementations check what the kernels check (csrc/checks.h).
 @torch.library.register_fake("reasonrl_fast::tb_loss")
 def _(log_z, logprob, ref_logprob, old_logprob, reward, mask, beta, min_w, max_w):
+    bt = tuple(logprob.shape)
+    value(logprob.dim() == 2, f"tb_loss: logprob must be [B, T], got shape {bt}")
+    for name, t in (("ref_logprob", ref_logprob), ("old_logprob", old_logprob), ("response_mask", mask)):
+        value(t.shape == logprob.shape,
+              f"tb_loss: {name} must have shape {bt} like logprob, got {tuple(t.shape)}")
+    b = bt[0]
+    for name, t in (("log_z", log_z), ("reward", reward)):
+        value(t.dim() == 1 and t.shape[0] == b,
+              f"tb_loss: {name} must be [B] = [{b}], got shape {tuple(t.shape)}")
+    for name, t in (("log_z", log_z), ("logprob", logprob), ("ref_logprob", ref_logprob),
+                    ("old_logprob", old_logprob), ("reward", reward)):
+        dtype(t.dtype.is_floating_point, f"tb_loss: {name} must be floating point, got {t.dtype}")
+    check_mask_dtype("tb_loss", mask)
+    value(min_w <= max_w, f"tb_loss: min_is_weight {min_w} > max_is_weight {max_w}")
+    check_devices("tb_loss", logprob, log_z, ref_logprob, old_logprob, reward, mask)
     dt = _out_dtype(logprob)
-    b = logprob.shape[0]
-    return logprob.new_empty((), dtype=dt), logprob.new_empty((b,), dtype=dt), logprob.new_empty((b,), dtype=dt)
+    return (logprob.new_empty((), dtype=dt), logprob.new_empty((b,), dtype=dt),
+            logprob.new_empty((b,), dtype=dt))
 
 
 @torch.library.register_fake("reasonrl_fast::tb_loss_backward")
 def _(grad_loss, delta, is_weight, mask):
-    return delta.new_empty(delta.shape), delta.new_empty(mask.shape)
+    op = "tb_loss_backward"
+    value(grad_loss.dim() == 0, f"{op}: grad_loss must be a scalar, got shape {tuple(grad_loss.shape)}")
+    value(delta.dim() == 1, f"{op}: delta must be [B], got shape {tuple(delta.shape)}")
+    b = delta.shape[0]
+    value(is_weight.dim() == 1 and is_weight.shape[0] == b,
+          f"{op}: is_weight must be [B] = [{b}] like delta, got shape {tuple(is_weight.shape)}")
+    value(mask.dim() == 2 and mask.shape[0] == b,
+          f"{op}: mask must be [B, T] with B = {b} like delta, got shape {tuple(mask.shape)}")
+    dtype(delta.dtype in (torch.float32, torch.float64),
+          f"{op}: delta must be float32 or float64 (the forward's output), got {delta.dtype}")
+    for name, t in (("grad_loss", grad_loss), ("is_weight", is_weight)):
+        dtype(t.dtype.is_floating_point, f"{op}: {name} must be floating point, got {t.dtype}")
+    check_mask_dtype(op, mask)
+    check_devices(op, delta, grad_loss, is_weight, mask)
+    return delta.new_empty((b,)), delta.new_empty(mask.shape)
 
 
 def _setup_context(ctx, inputs, output):

@@ -16,6 +16,7 @@ import torch
 
 from reasonrl_fast.ops import group_advantage, masked_mean, tb_loss, token_logprob
 from reasonrl_fast.ops import reference as R
+from tests.childproc import child_outcomes
 
 _op = torch.ops.reasonrl_fast
 
@@ -118,6 +119,21 @@ def test_group_advantage(B, norm_by_std):
     assert got.dtype == torch.float32
 
 
+@pytest.mark.parametrize("B", [64, 70000])  # the tiled kernel and the ATen path above kTiledMax
+@pytest.mark.parametrize("rdtype", [torch.float64, torch.float32])
+def test_group_advantage_equal_rewards(B, rdtype):
+    # Groups of 8 equal rewards (0.1, whose mean rounds): the correction pass gives exactly 0,
+    # and with eps = 0 exactly 0 / 0 = NaN as on the CPU (not noise / noise, of order 1).
+    g = torch.arange(B) // 8
+    r = (0.1 * (1 + g % 5).double()).to(rdtype)  # float32 sums of 8 are exact in double
+    for eps in (1e-6, 0.0):
+        got = group_advantage(r.to(DEV), g.to(DEV), eps=eps).cpu()
+        want = _op.group_advantage(r, g, eps, True)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert (got == 0).all() if eps else got.isnan().all()
+        assert (group_advantage(r.to(DEV), g.to(DEV), norm_by_std=False) == 0).all()
+
+
 def test_group_advantage_opcheck():
     torch.library.opcheck(_op.group_advantage, (torch.randn(9, device=DEV),
                                                 torch.tensor([0, 1, 0, 2, 2, 2, 5, 1, 0], device=DEV),
@@ -142,6 +158,29 @@ def test_tb_loss(B, T, dtype):
     want = torch.autograd.grad(rloss, r_ins)
     for a, b in zip(got, want):
         torch.testing.assert_close(a.cpu().double(), b, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_tb_loss_nan_weight_propagates(dtype):
+    # fmin/fmax would clamp a NaN importance weight to a bound, silently dropping the sequence:
+    # the weight, the loss and that sequence's gradients must be NaN, as on the CPU.
+    gen = torch.Generator().manual_seed(5)
+    B, T = 4, 37
+    mk = lambda *s: (torch.randn(*s, generator=gen, dtype=torch.float64) * 0.1).to(dtype)  # noqa: E731
+    lz, lp, ref, old, rw = mk(B), mk(B, T) - 1, mk(B, T) - 1, mk(B, T) - 1, mk(B)
+    mask = torch.rand(B, T, generator=gen) < 0.7
+    old[1, 3] = float("nan")
+    outs = []
+    for dev in ("cpu", DEV):
+        ins = [t.detach().to(dev).requires_grad_() for t in (lz, lp)]
+        loss, st = tb_loss(ins[0], ins[1], ref.to(dev), old.to(dev), rw.to(dev), mask.to(dev), return_stats=True)
+        loss.backward()
+        outs.append([t.detach().cpu() for t in (loss, st["delta"], st["is_weight"], ins[0].grad, ins[1].grad)])
+    (loss, delta, w, glz, glp), cpu = outs[1], outs[0]
+    assert torch.isnan(loss) and torch.isnan(w[1]) and torch.isnan(glz[1]) and torch.isnan(glp[1]).all()
+    assert torch.isfinite(delta).all() and torch.isfinite(w[[0, 2, 3]]).all()
+    for a, b in zip(outs[1], cpu):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
 def test_tb_loss_opcheck():
@@ -169,6 +208,80 @@ def test_masked_mean(B, T, H, dtype):
     xr = x.double().requires_grad_()
     (rx,) = torch.autograd.grad(R.masked_mean(xr, mask), xr, g.double())
     torch.testing.assert_close(gx.cpu().double(), rx, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_masked_mean_weights_summing_to_zero(dtype):
+    # A row whose weights sum to 0 has no mean: 0 and zero gradient, as on the CPU.
+    x = torch.randn(3, 4, 8, dtype=torch.float64).to(dtype)
+    w = torch.tensor([[1.0, -1.0, 0.0, 0.0], [2.0, -1.0, 0.5, -1.5], [1.0, 2.0, 0.0, 1.0]])
+    xc = x.to(DEV).requires_grad_()
+    out = masked_mean(xc, w.to(DEV))
+    g = torch.randn(3, 8, dtype=torch.float64).to(dtype)
+    (gx,) = torch.autograd.grad(out, xc, g.to(DEV))
+    assert (out[:2] == 0).all() and (gx[:2] == 0).all()
+    xcpu = x.clone().requires_grad_()
+    ocpu = masked_mean(xcpu, w)
+    (gcpu,) = torch.autograd.grad(ocpu, xcpu, g)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5  # float32 rounding may flip a bf16 rounding
+    torch.testing.assert_close(out.cpu(), ocpu, rtol=tol, atol=tol)
+    torch.testing.assert_close(gx.cpu(), gcpu, rtol=tol, atol=tol)
+
+
+def test_direct_kernel_calls_reject_bad_input():
+    # The CUDA kernels check sizes, dtypes and devices themselves: a mismatch raises the
+    # promised Python exception, never an illegal memory access (hence the child process).
+    lines = child_outcomes("""
+        c = lambda *s, dt=torch.float32: torch.rand(*s).to("cuda", dt)
+        B, T = 3, 4
+        fwd = [c(B), c(B, T), c(B, T), c(B, T), c(B), torch.ones(B, T, dtype=torch.bool, device="cuda")]
+        bwd = [c(), c(B), c(B), c(B, T)]
+        big = torch.ones(20_000_000, 1, dtype=torch.bool, device="cuda")
+        def tb(i, t):
+            a = list(fwd)
+            a[i] = t
+            return ops.tb_loss(*a, 15.0, 0.0, 10.0)
+        def tbb(i, t):
+            a = list(bwd)
+            a[i] = t
+            return ops.tb_loss_backward(*a)
+        cases = [("no exception", lambda: tb(0, fwd[0])), ("no exception", lambda: tbb(0, bwd[0]))]
+        for i, t in enumerate(fwd):
+            cases += [("ValueError", lambda i=i, t=t: tb(i, t.cpu())),
+                      ("ValueError", lambda i=i, t=t: tb(i, t[:-1]))]
+        cases += [("TypeError", lambda: tb(1, c(B, T, dt=torch.long))),
+                  ("ValueError", lambda: tb(5, big))]
+        for i, t in enumerate(bwd):
+            cases += [("ValueError", lambda i=i, t=t: tbb(i, t.cpu())),
+                      ("ValueError", lambda i=i, t=t: tbb(i, t[None]))]
+        cases += [("TypeError", lambda: tbb(1, c(B, dt=torch.long))),
+                  ("ValueError", lambda: ops.tb_loss_backward(c(), c(1), c(1), big)),
+                  ("ValueError", lambda: ops.tb_loss_backward(c(), c(1), c(2), c(1, 5)))]
+        x, m, g = c(B, T, 8), c(B, T), c(B, 8)
+        cases += [("no exception", lambda: ops.masked_mean(x, m)),
+                  ("ValueError", lambda: ops.masked_mean(x, m.cpu())),
+                  ("ValueError", lambda: ops.masked_mean(x.cpu(), m)),
+                  ("ValueError", lambda: ops.masked_mean(x, m[:, :-1])),
+                  ("ValueError", lambda: ops.masked_mean(x[:1, :1], big)),
+                  ("TypeError", lambda: ops.masked_mean(x.long(), m)),
+                  ("no exception", lambda: ops.masked_mean_backward(g, m)),
+                  ("ValueError", lambda: ops.masked_mean_backward(g, m.cpu())),
+                  ("ValueError", lambda: ops.masked_mean_backward(g[:-1], m)),
+                  ("ValueError", lambda: ops.masked_mean_backward(g[:1], big)),
+                  ("TypeError", lambda: ops.masked_mean_backward(g.long(), m))]
+        r, ids = c(B), torch.arange(B, device="cuda")
+        cases += [("no exception", lambda: ops.group_advantage(r, ids, 1e-6, True)),
+                  ("ValueError", lambda: ops.group_advantage(r, ids.cpu(), 1e-6, True)),
+                  ("ValueError", lambda: ops.group_advantage(r, ids[:-1], 1e-6, True)),
+                  ("TypeError", lambda: ops.group_advantage(r, ids.float(), 1e-6, True))]
+        for want, fn in cases:
+            print(want + "|" + outcome(fn))
+        torch.cuda.synchronize()
+    """)
+    assert len(lines) == 42
+    for line in lines:
+        want, got = line.split("|", 1)
+        assert got.split(":")[0] == want, line
 
 
 def test_masked_mean_opcheck_gradcheck():

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from reasonrl_fast.ops import group_advantage
 from reasonrl_fast.ops import reference as ref
+from tests.childproc import child_outcomes
 
 
 def _check(rewards, ids, eps=1e-6, norm_by_std=True):
@@ -92,3 +93,40 @@ class TestBadInput:
     def test_negative_eps(self):
         with pytest.raises(ValueError, match="eps"):
             group_advantage(torch.randn(4), torch.zeros(4, dtype=torch.long), eps=-1.0)
+
+
+def test_equal_rewards_with_eps_zero():
+    # The correction pass makes the mean exact, so a - mean is exactly 0 and 0 / (0 + 0) is NaN
+    # (not rounding noise / rounding noise, of order 1); the CUDA kernel must agree.
+    r = torch.full((8,), 0.1)
+    out = group_advantage(r, torch.zeros(8, dtype=torch.long), eps=0.0)
+    assert torch.isnan(out).all()
+    assert (group_advantage(r, torch.zeros(8, dtype=torch.long)) == 0).all()
+
+
+def test_direct_kernel_calls_reject_bad_input():
+    # torch.ops.reasonrl_fast.group_advantage skips the Python wrapper: the kernel checks every
+    # argument. In a child process, so an out-of-bounds read fails this test only.
+    lines = child_outcomes("""
+        r, g = torch.randn(6), torch.tensor([0, 1, 0, 1, 2, 2])
+        cases = [
+            ("no exception", r, g, 1e-6),
+            ("ValueError", r[None], g, 1e-6),
+            ("ValueError", r, g[None], 1e-6),
+            ("ValueError", r, g[:5], 1e-6),
+            ("ValueError", r[:1], torch.zeros(20_000_000, dtype=torch.int32), 1e-6),
+            ("ValueError", r, g, -1.0),
+            ("ValueError", r, g, float("nan")),
+            ("TypeError", r.long(), g, 1e-6),
+            ("TypeError", r.to(torch.float8_e5m2), g, 1e-6),
+            ("TypeError", r, g.float(), 1e-6),
+            ("TypeError", r, g.bool(), 1e-6),
+            ("ValueError", r, g.to("meta"), 1e-6),
+        ]
+        for want, *args in cases:
+            print(want + "|" + outcome(ops.group_advantage, *args, True))
+    """)
+    assert len(lines) == 12
+    for line in lines:
+        want, got = line.split("|", 1)
+        assert got.split(":")[0] == want, line

@@ -5,6 +5,7 @@ import torch
 
 from reasonrl_fast.ops import ZHead, masked_mean
 from reasonrl_fast.ops import reference as ref
+from tests.childproc import child_outcomes
 
 
 def _inputs(b, t, h, dtype=torch.float64):
@@ -97,3 +98,66 @@ def test_zhead_loads_reference_checkpoint_names():
         assert torch.equal(a, b)
     with pytest.raises(ValueError):
         ZHead(0)
+
+
+def test_weights_summing_to_zero_give_zero_and_no_gradient():
+    # Such a row has no mean (dividing by 0): it is treated like an empty mask, by the kernel
+    # and the reference alike.
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    w = torch.tensor([[1.0, -1.0, 0.0, 0.0], [2.0, -1.0, 0.5, -1.5], [1.0, 2.0, 0.0, 1.0]], dtype=torch.float64)
+    xg, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, out_r = masked_mean(xg, w), ref.masked_mean(xr, w)
+    g = torch.randn_like(out)
+    (out * g).sum().backward()
+    (out_r * g).sum().backward()
+    assert (out[:2] == 0).all() and (xg.grad[:2] == 0).all()
+    torch.testing.assert_close(out, out_r)
+    torch.testing.assert_close(xg.grad, xr.grad)
+    torch.testing.assert_close(out[2], (x[2] * w[2, :, None]).sum(0) / 4)
+
+
+def test_direct_kernel_calls_reject_bad_input():
+    # torch.ops.reasonrl_fast.* skip the Python wrapper: the kernels check every argument. In a
+    # child process, so an out-of-bounds read fails this test only. Each line: type | outcome.
+    lines = child_outcomes("""
+        B, T, H = 3, 4, 5
+        x, m, g = torch.randn(B, T, H), torch.ones(B, T, dtype=torch.bool), torch.randn(B, H)
+        cases = [
+            ("no exception", ops.masked_mean, x, m),
+            ("no exception", ops.masked_mean_backward, g, m),
+            ("ValueError", ops.masked_mean, torch.randn(B, T), m),
+            ("ValueError", ops.masked_mean, torch.randn(B + 1, T, H), m),
+            ("ValueError", ops.masked_mean, x, torch.ones(B, T + 1)),
+            ("ValueError", ops.masked_mean, x, torch.ones(B - 1, T)),
+            ("ValueError", ops.masked_mean, x, torch.ones(B * T)),
+            ("ValueError", ops.masked_mean, x[:1, :1], torch.ones(20_000_000, 1, dtype=torch.bool)),
+            ("TypeError", ops.masked_mean, x.long(), m),
+            ("TypeError", ops.masked_mean, x.to(torch.float8_e4m3fn), m),
+            ("TypeError", ops.masked_mean, x, m.to(torch.complex64)),
+            ("ValueError", ops.masked_mean, x, m.to("meta")),
+            ("ValueError", ops.masked_mean_backward, torch.randn(B), m),
+            ("ValueError", ops.masked_mean_backward, torch.randn(B, H, 1), m),
+            ("ValueError", ops.masked_mean_backward, torch.randn(B + 1, H), m),
+            ("ValueError", ops.masked_mean_backward, g, torch.ones(B)),
+            ("ValueError", ops.masked_mean_backward, g[:1], torch.ones(20_000_000, 1, dtype=torch.bool)),
+            ("TypeError", ops.masked_mean_backward, g.long(), m),
+            ("TypeError", ops.masked_mean_backward, g, m.to(torch.complex64)),
+            ("ValueError", ops.masked_mean_backward, g, m.to("meta")),
+        ]
+        for want, fn, *args in cases:
+            print(want + "|" + outcome(fn, *args))
+    """)
+    assert len(lines) == 20
+    for line in lines:
+        want, got = line.split("|", 1)
+        assert got.split(":")[0] == want, line
+
+
+def test_compile_rejects_bad_shapes_while_tracing():
+    # The fake implementation checks shapes too (the op is called directly, without the
+    # wrapper), so tracing fails with the kernel's message instead of building a graph around
+    # an output whose shape means nothing.
+    op = torch.ops.reasonrl_fast.masked_mean
+    f = torch.compile(lambda a, m: op(a, m), fullgraph=True, backend="aot_eager")
+    with pytest.raises(RuntimeError, match=r"ValueError.*mask must be \[B, T\]"):
+        f(torch.randn(2, 3, 4), torch.ones(2, 4))

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from reasonrl_fast.ops import reference as ref
 from reasonrl_fast.ops import tb_loss
+from tests.childproc import child_outcomes
 
 
 def _inputs(b, t, dtype=torch.float64, empty_rows=()):
@@ -139,5 +140,90 @@ class TestBadInput:
 
     def test_integer_logprob(self):
         a = _inputs(3, 4)
-        with pytest.raises(RuntimeError, match="floating"):
+        with pytest.raises(TypeError, match="floating"):
             tb_loss(a[0], a[1].long(), *a[2:])
+
+
+def test_direct_kernel_calls_reject_bad_input():
+    # torch.ops.reasonrl_fast.* skip the Python wrapper: the kernels must check every tensor
+    # argument themselves. In a child process, since the unchecked backward read out of bounds
+    # (a [1] delta with a [2e7, 1] mask ended in SIGSEGV). Each line: expected type | outcome.
+    lines = child_outcomes("""
+        B, T = 3, 4
+        f = lambda *s, dt=torch.float32: torch.rand(*s).to(dt)
+        fwd = dict(log_z=f(B), logprob=f(B, T), ref_logprob=f(B, T), old_logprob=f(B, T),
+                   reward=f(B), mask=torch.ones(B, T, dtype=torch.bool))
+        def call_fwd(lo=0.0, hi=10.0, **bad):
+            return ops.tb_loss(*{**fwd, **bad}.values(), 15.0, lo, hi)
+        bwd = dict(grad_loss=torch.tensor(1.0), delta=f(B), is_weight=f(B), mask=torch.ones(B, T))
+        def call_bwd(**bad):
+            return ops.tb_loss_backward(*{**bwd, **bad}.values())
+        big_mask = torch.ones(20_000_000, 1, dtype=torch.bool)
+        cases = [
+            ("no exception", call_fwd), ("no exception", call_bwd),
+            ("ValueError", lambda: call_fwd(log_z=f(B + 1))),
+            ("ValueError", lambda: call_fwd(log_z=f(B, 1))),
+            ("ValueError", lambda: call_fwd(logprob=f(B))),
+            ("ValueError", lambda: call_fwd(logprob=f(B, T + 1))),
+            ("ValueError", lambda: call_fwd(ref_logprob=f(B, T - 1))),
+            ("ValueError", lambda: call_fwd(old_logprob=f(B + 1, T))),
+            ("ValueError", lambda: call_fwd(reward=f(B - 1))),
+            ("ValueError", lambda: call_fwd(mask=torch.ones(B, T + 1))),
+            ("ValueError", lambda: call_fwd(mask=big_mask)),
+            ("ValueError", lambda: call_fwd(lo=2.0, hi=1.0)),
+            ("TypeError", lambda: call_fwd(log_z=f(B, dt=torch.long))),
+            ("TypeError", lambda: call_fwd(logprob=f(B, T, dt=torch.int32))),
+            ("TypeError", lambda: call_fwd(ref_logprob=f(B, T, dt=torch.long))),
+            ("TypeError", lambda: call_fwd(old_logprob=f(B, T, dt=torch.bool))),
+            ("TypeError", lambda: call_fwd(reward=f(B, dt=torch.long))),
+            ("TypeError", lambda: call_fwd(mask=f(B, T, dt=torch.complex64))),
+            ("ValueError", lambda: call_fwd(reward=f(B).to("meta"))),
+            ("ValueError", lambda: call_bwd(grad_loss=f(2))),
+            ("ValueError", lambda: call_bwd(grad_loss=f(0))),
+            ("ValueError", lambda: call_bwd(delta=f(1), is_weight=f(1), mask=big_mask)),
+            ("ValueError", lambda: call_bwd(delta=f(1), is_weight=f(1))),
+            ("ValueError", lambda: call_bwd(delta=f(B, 1))),
+            ("ValueError", lambda: call_bwd(is_weight=f(B - 1))),
+            ("ValueError", lambda: call_bwd(is_weight=f(B + 1))),
+            ("ValueError", lambda: call_bwd(mask=torch.ones(B + 1, T))),
+            ("ValueError", lambda: call_bwd(mask=torch.ones(B))),
+            ("TypeError", lambda: call_bwd(grad_loss=torch.tensor(1))),
+            ("TypeError", lambda: call_bwd(delta=f(B, dt=torch.long))),
+            ("TypeError", lambda: call_bwd(delta=f(B, dt=torch.bfloat16))),
+            ("TypeError", lambda: call_bwd(is_weight=f(B, dt=torch.long))),
+            ("TypeError", lambda: call_bwd(mask=f(B, T, dt=torch.complex64))),
+            ("ValueError", lambda: call_bwd(mask=torch.ones(B, T, device="meta"))),
+        ]
+        for want, fn in cases:
+            print(want + "|" + outcome(fn))
+    """)
+    assert len(lines) == 34
+    for line in lines:
+        want, got = line.split("|", 1)
+        assert got.split(":")[0] == want, line
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("masked_out", [False, True])
+def test_nan_old_logprob_makes_its_weight_and_the_loss_nan(masked_out, dtype):
+    # A NaN importance weight must not be clamped into [min, max] (fmin/fmax would do that):
+    # the sequence would silently drop out of, or be capped in, the loss. As in the reference,
+    # it is NaN, and so are the loss and that sequence's gradients (NaN * 0 at masked tokens).
+    log_z, lp, refl, old, reward, mask = _inputs(4, 6, dtype)
+    mask[1] = 1
+    mask[1, 5] = 0
+    old[1, 5 if masked_out else 2] = float("nan")
+    a = [log_z.clone().requires_grad_(), lp.clone().requires_grad_()]
+    loss, stats = tb_loss(a[0], a[1], refl, old, reward, mask, return_stats=True)
+    loss.backward()
+    r = [log_z.clone().requires_grad_(), lp.clone().requires_grad_()]
+    loss_r, delta_r, w_r = ref.tb_loss(r[0], r[1], refl, old, reward, mask)
+    loss_r.backward()
+    assert torch.isnan(loss) and torch.isnan(stats["is_weight"][1])
+    assert torch.isfinite(stats["delta"]).all()
+    assert torch.isnan(a[0].grad[1]) and torch.isnan(a[1].grad[1]).all()
+    keep = [0, 2, 3]
+    assert torch.isfinite(a[1].grad[keep]).all()
+    torch.testing.assert_close(stats["is_weight"], w_r, equal_nan=True)
+    torch.testing.assert_close(a[0].grad, r[0].grad, equal_nan=True)
+    torch.testing.assert_close(a[1].grad, r[1].grad, equal_nan=True)
