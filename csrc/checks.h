@@ -7,8 +7,11 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 namespace reasonrl_fast {
 
@@ -16,22 +19,106 @@ inline bool is_integer_dtype(const at::Tensor& t) {
   return !at::isFloatingType(t.scalar_type()) && !t.is_complex() && t.scalar_type() != at::kBool;
 }
 
+// The accumulation (and output) dtype of token_logprob for these logits.
+inline at::ScalarType logprob_acc_dtype(const at::Tensor& logits) {
+  return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 inline void check_token_logprob(const at::Tensor& logits, const at::Tensor& target,
                                 double temperature) {
-  TORCH_CHECK(logits.dim() >= 1, "token_logprob: logits must have a vocabulary dimension");
-  TORCH_CHECK(at::isFloatingType(logits.scalar_type()),
-              "token_logprob: logits must be floating point, got ", logits.scalar_type());
-  TORCH_CHECK(is_integer_dtype(target),
-              "token_logprob: target ids must be an integer tensor, got ", target.scalar_type());
-  TORCH_CHECK(target.sizes() == logits.sizes().slice(0, logits.dim() - 1),
-              "token_logprob: target shape ", target.sizes(),
-              " must equal the logits shape without its last dimension ", logits.sizes());
-  TORCH_CHECK(temperature > 0 && std::isfinite(temperature),
-              "token_logprob: temperature must be a positive finite number, got ", temperature);
-  TORCH_CHECK(logits.size(-1) > 0 || target.numel() == 0,
-              "token_logprob: the vocabulary dimension is empty");
-  TORCH_CHECK(target.device() == logits.device(), "token_logprob: target is on ",
-              target.device(), " but logits on ", logits.device());
+  TORCH_CHECK_VALUE(logits.dim() >= 1, "token_logprob: logits must have a vocabulary dimension");
+  TORCH_CHECK_TYPE(at::isFloatingType(logits.scalar_type()),
+                   "token_logprob: logits must be floating point, got ", logits.scalar_type());
+  TORCH_CHECK_TYPE(is_integer_dtype(target),
+                   "token_logprob: target ids must be an integer tensor, got ", target.scalar_type());
+  TORCH_CHECK_VALUE(target.sizes() == logits.sizes().slice(0, logits.dim() - 1),
+                    "token_logprob: target shape ", target.sizes(),
+                    " must equal the logits shape without its last dimension ", logits.sizes());
+  TORCH_CHECK_VALUE(temperature > 0 && std::isfinite(temperature),
+                    "token_logprob: temperature must be a positive finite number, got ", temperature);
+  // The kernels multiply by 1/temperature in the accumulation dtype: it must not overflow there
+  // (it would turn every logit into +-inf and every output into NaN). Down to the smallest
+  // normal number, 1/temperature is finite (about max/4).
+  const bool f64 = logprob_acc_dtype(logits) == at::kDouble;
+  const double min_t = f64 ? std::numeric_limits<double>::min()
+                           : static_cast<double>(std::numeric_limits<float>::min());
+  TORCH_CHECK_VALUE(temperature >= min_t, "token_logprob: temperature ", temperature,
+                    " is below ", min_t, ", the smallest that ", f64 ? "float64" : "float32",
+                    " accumulation supports (1/temperature overflows)");
+  TORCH_CHECK_VALUE(logits.size(-1) > 0 || target.numel() == 0,
+                    "token_logprob: the vocabulary dimension is empty");
+  TORCH_CHECK_VALUE(target.device() == logits.device(),
+                    "token_logprob: target and logits must be on one device, got target on ",
+                    target.device(), " and logits on ", logits.device());
+}
+
+// token_logprob_backward's arguments: those of the forward, plus grad_logprob, lse (and, when
+// an entropy gradient flows, grad_entropy and entropy) of the target's shape, on its device,
+// lse and entropy in the accumulation dtype, as the forward returned them. Without an entropy
+// gradient, `entropy` is not read and may be the forward's empty placeholder.
+inline void check_token_logprob_backward(const at::Tensor& grad_logprob,
+                                         const c10::optional<at::Tensor>& grad_entropy,
+                                         const at::Tensor& logits, const at::Tensor& target,
+                                         const at::Tensor& lse, const at::Tensor& entropy,
+                                         double temperature) {
+  check_token_logprob(logits, target, temperature);
+  const bool has_ent = grad_entropy.has_value() && grad_entropy->defined();
+  const auto acc = logprob_acc_dtype(logits);
+  auto check_like_target = [&](const at::Tensor& t, const char* name, bool exact_dtype) {
+    TORCH_CHECK_VALUE(t.sizes() == target.sizes(), "token_logprob_backward: ", name,
+                      " must have the target's shape ", target.sizes(), ", got ", t.sizes());
+    TORCH_CHECK_VALUE(t.device() == logits.device(), "token_logprob_backward: ", name,
+                      " must be on the logits' device ", logits.device(), ", got ", t.device());
+    if (exact_dtype) {
+      TORCH_CHECK_TYPE(t.scalar_type() == acc, "token_logprob_backward: ", name, " must be ",
+                       acc, " (as the forward returns it for ", logits.scalar_type(),
+                       " logits), got ", t.scalar_type());
+    } else {
+      TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), "token_logprob_backward: ", name,
+                       " must be floating point, got ", t.scalar_type());
+    }
+  };
+  check_like_target(grad_logprob, "grad_logprob", false);
+  check_like_target(lse, "lse", true);
+  if (has_ent) {
+    check_like_target(*grad_entropy, "grad_entropy", false);
+    check_like_target(entropy, "entropy (needed by an entropy gradient)", true);
+  } else {
+    TORCH_CHECK_VALUE(entropy.device() == logits.device(), "token_logprob_backward: entropy "
+                      "must be on the logits' device ", logits.device(), ", got ", entropy.device());
+  }
+}
+
+// token_logprob_backward_ also writes the gradient over the logits: each element must be its
+// own memory (an expand()ed or otherwise self-overlapping tensor would have several rows
+// write one place). Proven by the usual sufficient rule: with the dimensions ordered by
+// stride, each stride is at least the span of the smaller ones.
+inline void check_logits_writable(const at::Tensor& logits) {
+  TORCH_CHECK_VALUE(logits.stride(-1) == 1 || logits.size(-1) <= 1,
+                    "token_logprob: inplace_backward needs logits whose last dimension is contiguous");
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
+  for (int64_t d = 0; d < logits.dim(); ++d)
+    if (logits.size(d) > 1) dims.emplace_back(logits.stride(d), logits.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;
+  for (const auto& [stride, size] : dims) {
+    TORCH_CHECK_VALUE(logits.numel() == 0 || stride >= span,
+                      "token_logprob: inplace_backward needs logits whose elements do not share "
+                      "memory (shape ", logits.sizes(), ", strides ", logits.strides(),
+                      "); pass a contiguous copy or use inplace_backward=False");
+    span += (size - 1) * stride;
+  }
+}
+
+// Target ids as contiguous int64. A plain cast would wrap uint64 ids above the int64 range to
+// negative numbers (possibly to ignore_index): they become INT64_MAX instead (INT64_MAX - 1 if
+// that is ignore_index), outside every vocabulary, so the kernels' range check reports them.
+// Done on the device, without a synchronisation.
+inline at::Tensor target_as_long(const at::Tensor& target, int64_t ignore_index) {
+  if (target.scalar_type() != at::kUInt64) return target.to(at::kLong).contiguous();
+  const at::Tensor t = target.contiguous().view(at::kLong);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  return at::where(t < 0, at::scalar_tensor(ignore_index == kMax ? kMax - 1 : kMax, t.options()), t);
 }
 
 // The logits as the kernels read them: a strided view is kept (no copy of [N, V]) unless the
@@ -40,27 +127,32 @@ inline at::Tensor rows_view(const at::Tensor& logits) {
   return logits.stride(-1) == 1 || logits.size(-1) <= 1 ? logits : logits.contiguous();
 }
 
-// token_logprob's backward inputs, checked, contiguous and in the accumulation dtype (that of
-// lse). grad_entropy and entropy stay undefined when no entropy gradient flows.
+// token_logprob's backward inputs, checked (check_token_logprob_backward), contiguous and in the
+// accumulation dtype. grad_entropy and entropy stay undefined when no entropy gradient flows.
+// Target ids are not range-checked here: the kernels do that.
 struct LogprobBackwardInputs {
+  at::Tensor target_arg;  // the target as passed (its dtype matters to the range check)
   at::Tensor target, grad_logprob, grad_entropy, lse, entropy;
   bool has_entropy;
 };
 
 inline LogprobBackwardInputs prepare_logprob_backward(const at::Tensor& grad_logprob,
                                                       const c10::optional<at::Tensor>& grad_entropy,
+                                                      const at::Tensor& logits,
                                                       const at::Tensor& target,
                                                       const at::Tensor& lse,
-                                                      const at::Tensor& entropy) {
+                                                      const at::Tensor& entropy,
+                                                      double temperature, int64_t ignore_index) {
+  check_token_logprob_backward(grad_logprob, grad_entropy, logits, target, lse, entropy,
+                               temperature);
   const bool has_ent = grad_entropy.has_value() && grad_entropy->defined();
-  TORCH_CHECK(!has_ent || entropy.numel() == target.numel(),
-              "token_logprob_backward: an entropy gradient needs the forward's entropy");
   const auto acc = lse.scalar_type();
-  return {target.to(at::kLong).contiguous(),
+  return {target,
+          target_as_long(target, ignore_index),
           grad_logprob.to(acc).contiguous(),
           has_ent ? grad_entropy->to(acc).contiguous() : at::Tensor(),
           lse.contiguous(),
-          has_ent ? entropy.to(acc).contiguous() : at::Tensor(),
+          has_ent ? entropy.contiguous() : at::Tensor(),
           has_ent};
 }
 

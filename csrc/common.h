@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace reasonrl_fast {
 
@@ -23,6 +24,13 @@ namespace reasonrl_fast {
 // Below this, exp() underflows to a denormal or zero; clamping keeps exp(d) * d finite for
 // d = -inf (a masked-out logit), which gives the 0 * log 0 = 0 convention of entropy.
 constexpr float kExpFloor = -87.0f;
+
+// The exponent below which token_logprob treats exp() as 0 in acc_t: kExpFloor for float (where
+// fast_exp stops), and the point where exp underflows to 0 for double.
+template <typename T>
+constexpr T exp_floor() {
+  return std::is_same_v<T, double> ? T(-745.0) : T(kExpFloor);
+}
 
 // exp(x) for x <= ~1 in float32, written so that GCC vectorises it inside `#pragma omp simd`
 // loops (std::exp does not vectorise without -ffast-math): exp(x) = 2^n exp(f) with

@@ -45,7 +45,7 @@ RRL_TARGET_CLONES void forward_row(const scalar_t* z, int64_t V, acc_t inv_tau, 
 #pragma omp simd reduction(+ : bs, be)
       for (int64_t i = 0; i < len; ++i) {
         acc_t d = buf[i] - m;
-        d = d < acc_t(kExpFloor) ? acc_t(kExpFloor) : d;
+        d = d < exp_floor<acc_t>() ? exp_floor<acc_t>() : d;
         const acc_t e = fast_exp(d);
         bs += e;
         be += e * d;
@@ -68,7 +68,10 @@ template <typename scalar_t, typename acc_t>
 RRL_TARGET_CLONES void backward_row(const scalar_t* z, scalar_t* dz, int64_t V, acc_t inv_tau,
                                     int64_t y, acc_t g_lp, acc_t g_ent, acc_t lse, acc_t mean_s) {
   // dz_j = (g_lp (1[j = y] - p_j) - g_ent p_j (s_j - E_p[s])) / tau; the 1[j = y] term is
-  // added after the loop, in acc_t, so the loop has no branch.
+  // added after the loop, in acc_t, so the loop has no branch. Where p_j underflows to 0
+  // (s_j - lse below exp_floor: a masked -inf logit, or one so negative that s_j itself
+  // overflowed to -inf) dz_j is exactly 0, as in eager autograd: a select, never 0 * inf.
+  constexpr acc_t kFloor = exp_floor<acc_t>();
   const acc_t a = g_lp * inv_tau, b = g_ent * inv_tau;
   const acc_t s_y = static_cast<acc_t>(z[y]) * inv_tau;
   acc_t buf[kBlock];
@@ -81,17 +84,31 @@ RRL_TARGET_CLONES void backward_row(const scalar_t* z, scalar_t* dz, int64_t V, 
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) {
       const acc_t s = static_cast<acc_t>(zb[i]) * inv_tau;
-      buf[i] = -fast_exp(s - lse) * (a + b * (s - mean_s));
+      const acc_t d = s - lse;
+      const acc_t g = -fast_exp(d) * (a + b * (s - mean_s));
+      buf[i] = d < kFloor ? acc_t(0) : g;  // NaN stays NaN: the comparison is false
     }
     for (int64_t i = 0; i < len; ++i) dzb[i] = static_cast<scalar_t>(buf[i]);
   }
-  const acc_t p_y = fast_exp(s_y - lse);
-  dz[y] = static_cast<scalar_t>(a * (1 - p_y) - b * p_y * (s_y - mean_s));
+  // A target at a masked column (s_y = -inf, lp = -inf) gets g_lp / tau, as log_softmax's
+  // autograd gives it.
+  const acc_t d_y = s_y - lse;
+  const acc_t p_y = d_y < kFloor ? acc_t(0) : fast_exp(d_y);
+  const acc_t ent_y = p_y == 0 ? acc_t(0) : b * p_y * (s_y - mean_s);
+  dz[y] = static_cast<scalar_t>(a * (1 - p_y) - ent_y);
 }
 
-void check_targets(const at::Tensor& target, int64_t V, int64_t ignore_index) {
-  const int64_t* t = target.data_ptr<int64_t>();
-  const int64_t N = target.numel();
+// Every id in [0, V) or ignore_index, checked before any row is read. `target` is the
+// caller's tensor, `ids` its int64 copy (target_as_long).
+void check_targets(const at::Tensor& target, const at::Tensor& ids, int64_t V,
+                   int64_t ignore_index) {
+  if (target.scalar_type() == at::kUInt64) {
+    TORCH_CHECK_INDEX(!(target.view(at::kLong) < 0).any().item<bool>(),
+                      "token_logprob: a uint64 target id is above the int64 range, outside the "
+                      "vocabulary [0, ", V, ")");
+  }
+  const int64_t* t = ids.data_ptr<int64_t>();
+  const int64_t N = ids.numel();
   for (int64_t n = 0; n < N; ++n) {
     TORCH_CHECK_INDEX(t[n] == ignore_index || (t[n] >= 0 && t[n] < V), "token_logprob: target id ",
                       t[n], " at flat position ", n, " is outside the vocabulary [0, ", V,
@@ -106,13 +123,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cpu(const at::Tenso
                                                                  bool compute_entropy) {
   check_token_logprob(logits_in, target_in, temperature);
   const at::Tensor logits = rows_view(logits_in);
-  const at::Tensor target = target_in.to(at::kLong).contiguous();
+  const at::Tensor target = target_as_long(target_in, ignore_index);
   const int64_t V = logits.size(-1);
   const int64_t N = target.numel();
-  check_targets(target, V, ignore_index);
+  check_targets(target_in, target, V, ignore_index);
 
-  const auto out_dtype = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const auto opts = target.options().dtype(out_dtype);
+  const auto opts = target.options().dtype(logprob_acc_dtype(logits));
   at::Tensor lp = at::empty(target.sizes(), opts);
   at::Tensor ent = compute_entropy ? at::empty(target.sizes(), opts) : at::empty({0}, opts);
   at::Tensor lse = at::empty(target.sizes(), opts);
@@ -145,13 +161,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cpu(const at::Tenso
   return {lp, ent, lse};
 }
 
-void backward_into(const at::Tensor& grad_lp_in, const c10::optional<at::Tensor>& grad_ent_in,
-                   const at::Tensor& logits, const at::Tensor& out, const at::Tensor& target_in,
-                   const at::Tensor& lse_in, const at::Tensor& ent_in, double temperature,
-                   int64_t ignore_index) {
+// `in` comes from prepare_logprob_backward (which checked every argument); out may be logits.
+void backward_into(const LogprobBackwardInputs& in, const at::Tensor& logits, const at::Tensor& out,
+                   double temperature, int64_t ignore_index) {
   const int64_t V = logits.size(-1);
-  const int64_t N = target_in.numel();
-  const auto in = prepare_logprob_backward(grad_lp_in, grad_ent_in, target_in, lse_in, ent_in);
+  const int64_t N = in.target.numel();
+  check_targets(in.target_arg, in.target, V, ignore_index);
   if (N == 0) return;
   const at::Tensor &target = in.target, &g_lp = in.grad_logprob, &g_ent = in.grad_entropy,
                    &lse = in.lse, &ent = in.entropy;
@@ -161,8 +176,6 @@ void backward_into(const at::Tensor& grad_lp_in, const c10::optional<at::Tensor>
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(V, 1));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "token_logprob_backward", [&] {
     using acc_t = acc_type_t<scalar_t>;
-    TORCH_CHECK(lse.scalar_type() == c10::CppTypeToScalarType<acc_t>::value,
-                "token_logprob_backward: lse has the wrong dtype");
     const scalar_t* z = logits.data_ptr<scalar_t>();
     scalar_t* dz = out.data_ptr<scalar_t>();
     const acc_t* glp = g_lp.data_ptr<acc_t>();
@@ -191,9 +204,11 @@ at::Tensor token_logprob_backward_cpu(const at::Tensor& grad_lp,
                                       const at::Tensor& logits_in, const at::Tensor& target,
                                       const at::Tensor& lse, const at::Tensor& ent,
                                       double temperature, int64_t ignore_index) {
+  const auto in = prepare_logprob_backward(grad_lp, grad_ent, logits_in, target, lse, ent,
+                                           temperature, ignore_index);
   const at::Tensor logits = rows_view(logits_in);
   at::Tensor out = at::empty_like(logits, at::MemoryFormat::Contiguous);
-  backward_into(grad_lp, grad_ent, logits, out, target, lse, ent, temperature, ignore_index);
+  backward_into(in, logits, out, temperature, ignore_index);
   return out;
 }
 
@@ -202,10 +217,11 @@ void token_logprob_backward_inplace_cpu(const at::Tensor& grad_lp,
                                         const at::Tensor& logits, const at::Tensor& target,
                                         const at::Tensor& lse, const at::Tensor& ent,
                                         double temperature, int64_t ignore_index) {
-  TORCH_CHECK(logits.stride(-1) == 1 || logits.size(-1) <= 1,
-              "token_logprob: inplace_backward needs logits whose last dimension is contiguous");
+  const auto in = prepare_logprob_backward(grad_lp, grad_ent, logits, target, lse, ent,
+                                           temperature, ignore_index);
+  check_logits_writable(logits);
   // Each element is read before it is overwritten, so reading and writing the same row is safe.
-  backward_into(grad_lp, grad_ent, logits, logits, target, lse, ent, temperature, ignore_index);
+  backward_into(in, logits, logits, temperature, ignore_index);
 }
 
 }  // namespace

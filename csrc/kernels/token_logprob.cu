@@ -7,12 +7,17 @@
 // triples. Backward reads each logit once more and writes dz once (in place for
 // token_logprob_backward_).
 //
-// Out-of-range target ids: the host cannot check them without a synchronisation, so the
-// forward kernel checks them on the device. A bad id prints the row and id from the device and
-// fails a device-side assertion; PyTorch reports it as a RuntimeError ("device-side assert
-// triggered") at the next synchronising call the caller makes (.item(), .cpu(),
-// torch.cuda.synchronize(), ...). As with PyTorch's own gather/nll_loss, the CUDA context is
-// unusable afterwards; run with CUDA_LAUNCH_BLOCKING=1 to see the failing call.
+// Out-of-range target ids: the host cannot check them without a synchronisation, so both
+// kernels check them on the device. A bad id prints the row and id from the device and fails a
+// device-side assertion; PyTorch reports it as a RuntimeError ("device-side assert triggered")
+// at the next synchronising call the caller makes (.item(), .cpu(), torch.cuda.synchronize(),
+// ...). As with PyTorch's own gather/nll_loss, the CUDA context is unusable afterwards; run
+// with CUDA_LAUNCH_BLOCKING=1 to see the failing call. The kernels never read or write at a bad
+// id, asserts or not: with device assertions compiled out (TORCH_DISABLE_GPU_ASSERTS) that
+// row's outputs (forward) or gradient row (backward) are NaN. uint64 ids above the int64 range
+// arrive as INT64_MAX (target_as_long), so they are caught the same way.
+//
+// Masked (-inf) logits: p = 0 there and the gradient is exactly 0 (a select, never 0 * inf).
 #include <torch/library.h>
 
 #include "checks.h"
@@ -120,6 +125,19 @@ __device__ __forceinline__ int64_t aligned_head(const scalar_t* p, int64_t V) {
   return h < V ? h : V;
 }
 
+// True (after printing the id and failing a device-side assertion, when those are compiled
+// in) for a target outside [0, V) that is not ignore_index: the caller must then neither read
+// nor write at y. The same value in every thread of the block, so a `continue` on it is uniform.
+__device__ __forceinline__ bool bad_target(int64_t y, int64_t n, int64_t V, int64_t ignore_index) {
+  if (y >= 0 && y < V) return false;
+  if (threadIdx.x == 0)
+    printf("token_logprob: target id %lld at flat position %lld is outside the vocabulary "
+           "[0, %lld) and is not ignore_index (%lld)\n",
+           (long long)y, (long long)n, (long long)V, (long long)ignore_index);
+  CUDA_KERNEL_ASSERT(y >= 0 && y < V);
+  return true;
+}
+
 template <typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(const scalar_t* __restrict__ z, RowIdx rows, const int64_t* __restrict__ tgt,
@@ -137,12 +155,13 @@ __global__ void __launch_bounds__(kThreads)
       }
       continue;
     }
-    if (y < 0 || y >= V) {
-      if (threadIdx.x == 0)
-        printf("token_logprob: target id %lld at flat position %lld is outside the vocabulary "
-               "[0, %lld) and is not ignore_index (%lld)\n",
-               (long long)y, (long long)n, (long long)V, (long long)ignore_index);
-      CUDA_KERNEL_ASSERT(y >= 0 && y < V);
+    if (bad_target(y, n, V, ignore_index)) {
+      if (threadIdx.x == 0) {
+        const acc_t nan = std::numeric_limits<acc_t>::quiet_NaN();
+        lp[n] = nan;
+        lse[n] = nan;
+        if (want_ent) ent[n] = nan;
+      }
       continue;
     }
     const scalar_t* row = z + rows.offset(n);
@@ -178,7 +197,9 @@ __device__ __forceinline__ scalar_t grad_of(scalar_t zv, acc_t inv_tau, acc_t ls
                                             acc_t b, acc_t mean_s) {
   const acc_t s = static_cast<acc_t>(zv) * inv_tau;
   const acc_t p = fexp(s - lse);
-  return static_cast<scalar_t>(-p * (a + b * (s - mean_s)));
+  // p == 0 (a masked -inf logit, or s - lse below exp's range): exactly 0, as in eager
+  // autograd, not 0 * inf = NaN. A NaN p stays NaN.
+  return static_cast<scalar_t>(p == acc_t(0) ? acc_t(0) : -p * (a + b * (s - mean_s)));
 }
 
 // out may alias z (in-place backward): each element is read before it is written, by the same
@@ -200,7 +221,11 @@ __global__ void __launch_bounds__(kThreads)
       for (int64_t i = threadIdx.x; i < V; i += blockDim.x) orow[i] = scalar_t(0);
       continue;
     }
-    CUDA_KERNEL_ASSERT(y >= 0 && y < V);
+    if (bad_target(y, n, V, ignore_index)) {
+      const scalar_t nan = static_cast<scalar_t>(std::numeric_limits<acc_t>::quiet_NaN());
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) orow[i] = nan;
+      continue;
+    }
     const acc_t a = glp[n] * inv_tau;
     const acc_t b = gent ? gent[n] * inv_tau : acc_t(0);
     const acc_t lse = lse_p[n];
@@ -225,8 +250,10 @@ __global__ void __launch_bounds__(kThreads)
       orow[i] = grad_of(row[i], inv_tau, lse, a, b, mean_s);
     __syncthreads();  // the loop's value at y is replaced below
     if (threadIdx.x == 0) {
+      // A target at a masked column (lp = -inf) gets g_lp / tau, as log_softmax's autograd.
       const acc_t p_y = fexp(s_y - lse);
-      orow[y] = static_cast<scalar_t>(a * (1 - p_y) - b * p_y * (s_y - mean_s));
+      const acc_t ent_y = p_y == acc_t(0) ? acc_t(0) : b * p_y * (s_y - mean_s);
+      orow[y] = static_cast<scalar_t>(a * (1 - p_y) - ent_y);
     }
   }
 }
@@ -239,11 +266,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cuda(const at::Tens
   check_token_logprob(logits_in, target_in, temperature);
   const c10::cuda::CUDAGuard guard(logits_in.device());
   const at::Tensor logits = rows_view(logits_in);
-  const at::Tensor target = target_in.to(at::kLong).contiguous();
+  const at::Tensor target = target_as_long(target_in, ignore_index);
   const int64_t V = logits.size(-1);
   const int64_t N = target.numel();
-  const auto out_dtype = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const auto opts = target.options().dtype(out_dtype);
+  const auto opts = target.options().dtype(logprob_acc_dtype(logits));
   at::Tensor lp = at::empty(target.sizes(), opts);
   at::Tensor ent = compute_entropy ? at::empty(target.sizes(), opts) : at::empty({0}, opts);
   at::Tensor lse = at::empty(target.sizes(), opts);
@@ -262,13 +288,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cuda(const at::Tens
   return {lp, ent, lse};
 }
 
-void backward_into(const at::Tensor& grad_lp_in, const c10::optional<at::Tensor>& grad_ent_in,
-                   const at::Tensor& logits, const at::Tensor& out, const at::Tensor& target_in,
-                   const at::Tensor& lse_in, const at::Tensor& ent_in, double temperature,
-                   int64_t ignore_index) {
+// `in` comes from prepare_logprob_backward (which checked every argument); out may be logits.
+void backward_into(const LogprobBackwardInputs& in, const at::Tensor& logits, const at::Tensor& out,
+                   double temperature, int64_t ignore_index) {
   const int64_t V = logits.size(-1);
-  const int64_t N = target_in.numel();
-  const auto in = prepare_logprob_backward(grad_lp_in, grad_ent_in, target_in, lse_in, ent_in);
+  const int64_t N = in.target.numel();
   if (N == 0) return;
   const at::Tensor &target = in.target, &g_lp = in.grad_logprob, &g_ent = in.grad_entropy,
                    &lse = in.lse, &ent = in.entropy;
@@ -277,8 +301,6 @@ void backward_into(const at::Tensor& grad_lp_in, const c10::optional<at::Tensor>
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "token_logprob_backward_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    TORCH_CHECK(lse.scalar_type() == c10::CppTypeToScalarType<acc_t>::value,
-                "token_logprob_backward: lse has the wrong dtype");
     backward_kernel<scalar_t, acc_t><<<grid_for(N), kThreads, 0, stream>>>(
         logits.data_ptr<scalar_t>(), in_rows, out.data_ptr<scalar_t>(), out_rows,
         target.data_ptr<int64_t>(), N, V, static_cast<acc_t>(1.0 / temperature), ignore_index,
@@ -293,10 +315,12 @@ at::Tensor token_logprob_backward_cuda(const at::Tensor& grad_lp,
                                        const at::Tensor& logits_in, const at::Tensor& target,
                                        const at::Tensor& lse, const at::Tensor& ent,
                                        double temperature, int64_t ignore_index) {
+  const auto in = prepare_logprob_backward(grad_lp, grad_ent, logits_in, target, lse, ent,
+                                           temperature, ignore_index);
   const c10::cuda::CUDAGuard guard(logits_in.device());
   const at::Tensor logits = rows_view(logits_in);
   at::Tensor out = at::empty_like(logits, at::MemoryFormat::Contiguous);
-  backward_into(grad_lp, grad_ent, logits, out, target, lse, ent, temperature, ignore_index);
+  backward_into(in, logits, out, temperature, ignore_index);
   return out;
 }
 
@@ -305,10 +329,11 @@ void token_logprob_backward_inplace_cuda(const at::Tensor& grad_lp,
                                          const at::Tensor& logits, const at::Tensor& target,
                                          const at::Tensor& lse, const at::Tensor& ent,
                                          double temperature, int64_t ignore_index) {
-  TORCH_CHECK(logits.stride(-1) == 1 || logits.size(-1) <= 1,
-              "token_logprob: inplace_backward needs logits whose last dimension is contiguous");
+  const auto in = prepare_logprob_backward(grad_lp, grad_ent, logits, target, lse, ent,
+                                           temperature, ignore_index);
+  check_logits_writable(logits);
   const c10::cuda::CUDAGuard guard(logits.device());
-  backward_into(grad_lp, grad_ent, logits, logits, target, lse, ent, temperature, ignore_index);
+  backward_into(in, logits, logits, temperature, ignore_index);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@ One pass over the logits in forward, one in backward, no float32 copy of the [N,
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 _op = torch.ops.reasonrl_fast
@@ -28,34 +30,25 @@ def token_logprob(
         return_entropy: also return the entropy of softmax(logits / temperature) per token.
         inplace_backward: write the gradient over the logits' storage instead of a new
             [N, V] buffer. Only safe when nothing else needs the logits after this op's
-            backward (the usual case for an LM head's output).
+            backward (the usual case for an LM head's output); an op that saved them for its
+            own backward fails with autograd's "modified by an inplace operation" error.
 
     Returns:
         logprob [...] in float32 (float64 for float64 logits), and entropy [...] when asked.
 
     Raises:
-        IndexError: a token id outside [0, V) that is not ``ignore_index``.
-        ValueError / RuntimeError: a non-positive temperature, mismatched shapes or devices,
-            non-floating logits.
+        IndexError: a token id outside [0, V) that is not ``ignore_index``. On CUDA it fails a
+            device-side assertion instead, a RuntimeError at the next synchronisation.
+        ValueError: a temperature <= 0 (or so small that 1/temperature overflows float32),
+            mismatched shapes or devices, ``inplace_backward`` on logits whose elements share
+            memory (e.g. ``expand()``).
+        TypeError: non-floating logits, non-integer ids.
     """
+    # The op checks everything else itself (kernels and fake implementations alike).
     if not isinstance(logits, torch.Tensor) or not isinstance(token_ids, torch.Tensor):
         raise TypeError("token_logprob: logits and token_ids must be tensors")
-    if not float(temperature) > 0:
-        raise ValueError(f"token_logprob: temperature must be > 0, got {temperature}")
-    if logits.device != token_ids.device:
-        raise ValueError(
-            f"token_logprob: logits and token_ids must be on one device, got {logits.device} and {token_ids.device}"
-        )
-    if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(token_ids.shape):
-        raise ValueError(
-            f"token_logprob: token_ids shape {tuple(token_ids.shape)} must equal the logits "
-            f"shape {tuple(logits.shape)} without its last (vocabulary) dimension"
-        )
-    if not logits.is_floating_point():
-        raise TypeError(f"token_logprob: logits must be floating point, got {logits.dtype}")
-    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
-        raise TypeError(f"token_logprob: token_ids must be integer, got {token_ids.dtype}")
     if inplace_backward:
+        _check_no_self_overlap(logits)  # here, so the user learns before the forward runs
         lp, ent = _TokenLogprobInplace.apply(
             logits, token_ids, float(temperature), int(ignore_index), return_entropy
         )
@@ -66,9 +59,84 @@ def token_logprob(
     return (lp, ent) if return_entropy else lp
 
 
+def _check_no_self_overlap(logits):
+    """The in-place backward writes one gradient per element: no two may share memory. The rule
+    of the kernel's check (csrc/checks.h): by increasing stride, each stride is at least the
+    span of the smaller ones."""
+    span = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(logits.stride(), logits.shape) if sz > 1):
+        if stride < span and logits.numel() > 0:
+            raise ValueError(
+                f"token_logprob: inplace_backward needs logits whose elements do not share memory "
+                f"(shape {tuple(logits.shape)}, strides {logits.stride()}); pass a contiguous "
+                f"copy or use inplace_backward=False"
+            )
+        span += (size - 1) * stride
+
+
+def _acc_dtype(logits):
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
+
+
+def _fake_check(logits, target, temperature):
+    """check_token_logprob (csrc/checks.h), for tracing: same conditions, same error types."""
+    torch._check_value(logits.dim() >= 1, lambda: "token_logprob: logits must have a vocabulary dimension")
+    torch._check_type(logits.is_floating_point(),
+                      lambda: f"token_logprob: logits must be floating point, got {logits.dtype}")
+    torch._check_type(
+        not (target.is_floating_point() or target.is_complex() or target.dtype == torch.bool),
+        lambda: f"token_logprob: target ids must be an integer tensor, got {target.dtype}",
+    )
+    torch._check_value(
+        tuple(target.shape) == tuple(logits.shape[:-1]),
+        lambda: f"token_logprob: target shape {tuple(target.shape)} must equal the logits shape "
+        f"without its last dimension {tuple(logits.shape)}",
+    )
+    min_t = torch.finfo(_acc_dtype(logits)).tiny
+    torch._check_value(
+        math.isfinite(temperature) and temperature >= min_t,
+        lambda: f"token_logprob: temperature must be a positive finite number of at least {min_t} "
+        f"for {_acc_dtype(logits)} accumulation, got {temperature}",
+    )
+    torch._check_value(logits.shape[-1] != 0 or target.numel() == 0,
+                       lambda: "token_logprob: the vocabulary dimension is empty")
+    torch._check_value(target.device == logits.device,
+                       lambda: f"token_logprob: target and logits must be on one device, got "
+                       f"target on {target.device} and logits on {logits.device}")
+
+
+def _fake_check_backward(grad_logprob, grad_entropy, logits, target, lse, entropy, temperature):
+    """check_token_logprob_backward (csrc/checks.h), for tracing."""
+    _fake_check(logits, target, temperature)
+    acc = _acc_dtype(logits)
+
+    def like_target(t, name, exact_dtype):
+        torch._check_value(
+            tuple(t.shape) == tuple(target.shape),
+            lambda: f"token_logprob_backward: {name} must have the target's shape "
+            f"{tuple(target.shape)}, got {tuple(t.shape)}",
+        )
+        torch._check_value(t.device == logits.device,
+                           lambda: f"token_logprob_backward: {name} must be on the logits' "
+                           f"device {logits.device}, got {t.device}")
+        ok = t.dtype == acc if exact_dtype else t.is_floating_point()
+        torch._check_type(ok, lambda: f"token_logprob_backward: {name} has the wrong dtype {t.dtype}")
+
+    like_target(grad_logprob, "grad_logprob", False)
+    like_target(lse, "lse", True)
+    if grad_entropy is not None:
+        like_target(grad_entropy, "grad_entropy", False)
+        like_target(entropy, "entropy (needed by an entropy gradient)", True)
+    else:
+        torch._check_value(entropy.device == logits.device,
+                           lambda: f"token_logprob_backward: entropy must be on the logits' "
+                           f"device {logits.device}, got {entropy.device}")
+
+
 @torch.library.register_fake("reasonrl_fast::token_logprob")
 def _(logits, target, temperature, ignore_index, compute_entropy):
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    _fake_check(logits, target, temperature)
+    dtype = _acc_dtype(logits)
     lp = target.new_empty(target.shape, dtype=dtype)
     ent = target.new_empty(target.shape if compute_entropy else (0,), dtype=dtype)
     return lp, ent, target.new_empty(target.shape, dtype=dtype)
@@ -76,11 +144,13 @@ def _(logits, target, temperature, ignore_index, compute_entropy):
 
 @torch.library.register_fake("reasonrl_fast::token_logprob_backward")
 def _(grad_logprob, grad_entropy, logits, target, lse, entropy, temperature, ignore_index):
+    _fake_check_backward(grad_logprob, grad_entropy, logits, target, lse, entropy, temperature)
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("reasonrl_fast::token_logprob_backward_")
 def _(grad_logprob, grad_entropy, logits, target, lse, entropy, temperature, ignore_index):
+    _fake_check_backward(grad_logprob, grad_entropy, logits, target, lse, entropy, temperature)
     return None
 
 
@@ -129,4 +199,8 @@ class _TokenLogprobInplace(torch.autograd.Function):
         _op.token_logprob_backward_(
             grad_lp, grad_ent, logits, target, lse, ent, ctx.temperature, ctx.ignore_index
         )
+        # The logits now hold their gradient: say so, so that another op that saved them
+        # (z ** 3 before this one) fails with autograd's "modified by an inplace operation"
+        # error instead of differentiating the gradient.
+        torch.autograd.graph.increment_version(logits)
         return logits, None, None, None, None

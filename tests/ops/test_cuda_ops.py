@@ -16,7 +16,11 @@ import torch
 
 from reasonrl_fast.ops import group_advantage, masked_mean, tb_loss, token_logprob
 from reasonrl_fast.ops import reference as R
-from tests.childproc import child_outcomes
+from tests.childproc import child_outcomes, run_snippet
+from tests.ops.test_token_logprob import _masked_inputs as masked_inputs
+from tests.ops.test_token_logprob_direct import _CASES as _DIRECT_CASES
+from tests.ops.test_token_logprob_direct import _SETUP as _DIRECT_SETUP
+from tests.ops.test_token_logprob_direct import check_cases
 
 _op = torch.ops.reasonrl_fast
 
@@ -102,6 +106,150 @@ def test_token_logprob_bad_target_is_reported():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
     assert "outside the vocabulary" in r.stdout + r.stderr or "device-side assert" in r.stderr
+
+
+def test_token_logprob_direct_calls_check_every_argument():
+    """Sizes, dtypes, devices and temperature of each schema, called directly (the CPU test's
+    cases, on CUDA; the out-of-range ids are below, one child each)."""
+    check_cases(child_outcomes("DEV = 'cuda'\n" + _DIRECT_CASES, timeout=300))
+
+
+@pytest.mark.parametrize("schema,bad", [("fwd", "ids(10**12)"), ("fwd", "ids(V)"), ("fwd", "ids(-7)"),
+                                        ("fwd", "big_uint"), ("bwd", "ids(V)"), ("bwd", "big_uint"),
+                                        ("bwd_", "ids(-7)"), ("bwd_", "ids(10**12)")])
+def test_token_logprob_bad_id_fails_at_the_next_sync(schema, bad):
+    """An out-of-range id (uint64 ids above the int64 range included) fails a device-side
+    assertion, reported at the caller's next synchronisation; the call itself does not
+    synchronise, and no result is ever returned as if valid. A device assertion poisons the CUDA
+    context, so each case runs in its own child."""
+    code = "DEV = 'cuda'\n" + _DIRECT_SETUP + f"""
+bad_ids = {bad}
+torch.cuda.synchronize()
+torch.cuda.set_sync_debug_mode("error")  # the op must not synchronise to check the ids
+def call():
+    {schema}(t=bad_ids)
+    torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+print(outcome(call))
+"""
+    p = run_snippet(code, timeout=300)
+    assert p.returncode >= 0, p.stderr[-3000:]  # not killed by a signal
+    lines = p.stdout.strip().splitlines()
+    # A RuntimeError from the synchronisation (AcceleratorError in newer PyTorch), not one from
+    # the sync debug mode (which would mean the op synchronised) nor "no exception".
+    assert lines and lines[-1].startswith(("RuntimeError", "AcceleratorError")), p.stdout + p.stderr[-3000:]
+    assert "device-side assert" in lines[-1], lines[-1]
+
+
+def test_token_logprob_uint64_and_int32_ids_without_sync():
+    z = torch.randn(6, 300, device=DEV)
+    y = torch.randint(0, 300, (6,))
+    y64, y32, g = y.to(torch.uint64).to(DEV), y.to(torch.int32).to(DEV), torch.randn(6, device=DEV)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        outs = [_op.token_logprob(z, ids, 1.0, -100, True) for ids in (y64, y32)]
+        grads = [_op.token_logprob_backward(g, g, z, ids, lse, ent, 1.0, -100)
+                 for ids, (_, ent, lse) in zip((y64, y32), outs)]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    want = _op.token_logprob(z, y.to(DEV), 1.0, -100, True)
+    want_grad = _op.token_logprob_backward(g, g, z, y.to(DEV), want[2], want[1], 1.0, -100)
+    for out, grad in zip(outs, grads):
+        for a, b in zip(out, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(grad, want_grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_entropy", [False, True])
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+def test_token_logprob_masked_columns(dtype, with_entropy, tau):
+    """-inf columns: gradient exactly 0 there, finite everywhere, eager's elsewhere (within twice
+    the CPU kernel's error in low precision, whose own test bounds it by eager's)."""
+    torch.manual_seed(3)
+    n, v = 11, 1031
+    x, y, mask = masked_inputs(n, v, dtype)
+    g1 = torch.randn(n, dtype=torch.float64)
+    g2 = torch.randn(n, dtype=torch.float64) if with_entropy else torch.zeros(n, dtype=torch.float64)
+
+    def grads(z, ids):
+        zc = z.clone().requires_grad_()
+        lp, ent = token_logprob(zc, ids, temperature=tau, return_entropy=True)
+        (lp.double() * g1.to(z.device) + ent.double() * g2.to(z.device)).sum().backward()
+        return [a.detach().cpu().double() for a in (lp, ent, zc.grad)]
+
+    ours = grads(x.to(DEV), y.to(DEV))
+    cpu = grads(x, y)
+    zr = x.double().requires_grad_()
+    rlp, rent = R.token_logprob(zr, y, tau)
+    (rlp * g1 + rent * g2).sum().backward()
+    exact = [rlp.detach(), rent.detach(), zr.grad]
+    assert all(torch.isfinite(a).all() for a in ours)
+    assert (ours[2][mask] == 0).all()
+    if dtype == torch.float64:
+        for o, e in zip(ours, exact):
+            torch.testing.assert_close(o, e, rtol=1e-9, atol=1e-10)
+        return
+    for o, e in zip(ours[:2], exact[:2]):  # float32 accumulation, as the forward test
+        torch.testing.assert_close(o, e, rtol=2e-5, atol=2e-5)
+    # the gradient is stored in dtype: compare with the CPU kernel's error, same rounding rules
+    assert (ours[2] - exact[2]).abs().max().item() <= 2 * (cpu[2] - exact[2]).abs().max().item() + 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_logprob_dtype_minimum_mask_and_masked_target(dtype):
+    torch.manual_seed(4)
+    x, y, mask = masked_inputs(9, 257, dtype, fill=torch.finfo(dtype).min)
+    y[2] = int(mask[2].nonzero()[0])  # a target at a masked column: lp = -inf, finite gradient
+    for tau in (1.0, 0.5):  # at 0.5 the minimum overflows to -inf in float32
+        zc = x.to(DEV).clone().requires_grad_()
+        lp, ent = token_logprob(zc, y.to(DEV), temperature=tau, return_entropy=True)
+        (torch.where(torch.isfinite(lp), lp, 0).sum() + ent.sum()).backward()
+        zr = x.clone().requires_grad_()
+        lpr, entr = token_logprob(zr, y, temperature=tau, return_entropy=True)
+        (torch.where(torch.isfinite(lpr), lpr, 0).sum() + entr.sum()).backward()
+        assert torch.isfinite(zc.grad).all()
+        other_masked = mask & (torch.arange(257) != y[:, None])
+        assert (zc.grad.cpu()[other_masked] == 0).all()
+        torch.testing.assert_close(zc.grad.cpu(), zr.grad, rtol=2e-2, atol=1e-5)
+
+
+def test_token_logprob_masked_lm_head():
+    torch.manual_seed(5)
+    h, w = torch.randn(13, 16, device=DEV), torch.randn(301, 16, device=DEV) / 4
+    mask = torch.zeros(301, device=DEV).masked_fill(torch.rand(301, device=DEV) < 0.2, float("-inf"))
+    y = torch.multinomial((mask == 0).float(), 13, replacement=True)
+
+    def run(fn):
+        hg, wg = h.clone().requires_grad_(), w.clone().requires_grad_()
+        lp, ent = fn(hg @ wg.T + mask, y, 0.9)
+        (lp.sum() + ent.sum()).backward()
+        return hg.grad, wg.grad
+
+    ours = run(lambda z, t, tau: token_logprob(z, t, temperature=tau, return_entropy=True))
+    for a, b in zip(ours, run(R.token_logprob)):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_token_logprob_inplace_refusals_and_tiny_temperature():
+    leaf = torch.randn(10, device=DEV, requires_grad=True)
+    y = torch.tensor([1, 2, 3, 4], device=DEV)
+    with pytest.raises(ValueError, match="share memory"):
+        token_logprob(leaf.expand(4, 10), y, inplace_backward=True)
+    z = torch.randn(1, 10, device=DEV).expand(4, 10)
+    lp, ent, lse = _op.token_logprob(z, y, 1.0, -100, False)
+    with pytest.raises(ValueError, match="share memory"):
+        _op.token_logprob_backward_(lp, None, z, y, lse, ent, 1.0, -100)
+    base = torch.randn(4, 10, device=DEV, requires_grad=True)
+    zz = base * 1.0
+    cubed = zz**3
+    out = token_logprob(zz, y, inplace_backward=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (out.sum() + cubed.sum()).backward()
+    with pytest.raises(ValueError, match="smallest"):
+        token_logprob(torch.randn(4, 10, device=DEV), y, temperature=1e-40)
 
 
 @pytest.mark.parametrize("B", [1, 7, 1000, 8192, 70000])

@@ -238,12 +238,172 @@ class TestBadInput:
             token_logprob(torch.randn(4, 10), torch.zeros(4, dtype=torch.long, device="meta"))
 
     def test_empty_vocabulary(self):
-        with pytest.raises(RuntimeError, match="vocabulary dimension is empty"):
+        with pytest.raises(ValueError, match="vocabulary dimension is empty"):
             token_logprob(torch.randn(4, 0), torch.zeros(4, dtype=torch.long))
 
     def test_raw_op_validates_too(self):
         # The op itself checks (the Python wrapper is not the only line of defence).
         with pytest.raises(IndexError):
             torch.ops.reasonrl_fast.token_logprob(torch.randn(2, 5), torch.tensor([0, 9]), 1.0, -100, False)
-        with pytest.raises(RuntimeError, match="temperature"):
+        with pytest.raises(ValueError, match="temperature"):
             torch.ops.reasonrl_fast.token_logprob(torch.randn(2, 5), torch.tensor([0, 1]), 0.0, -100, False)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+    def test_temperature_too_small_for_the_accumulation_dtype(self, dtype):
+        # 1/temperature must be finite in the accumulation dtype (float32, float64 for float64
+        # logits); below that every output would be NaN.
+        x, t = torch.randn(3, 10).to(dtype), torch.tensor([1, 2, 3])
+        tiny = 1e-310 if dtype == torch.float64 else 1e-40
+        with pytest.raises(ValueError, match="smallest"):
+            token_logprob(x, t, temperature=tiny)
+        smallest = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).tiny
+        lp = token_logprob(torch.zeros(3, 10).to(dtype), t, temperature=smallest)
+        torch.testing.assert_close(lp, torch.full((3,), -torch.tensor(10.0).log().item(), dtype=lp.dtype))
+
+    def test_uint64_ids_above_int64_are_out_of_range(self):
+        # A plain cast would wrap 2**64 - 100 to ignore_index (-100) and 2**63 + 5 to a negative id.
+        x = torch.randn(2, 10)
+        for big in (2**64 - 100, 2**63 + 5):
+            with pytest.raises(IndexError, match="uint64"):
+                token_logprob(x, torch.tensor([1, big], dtype=torch.uint64))
+        torch.testing.assert_close(token_logprob(x, torch.tensor([1, 2], dtype=torch.uint64)),
+                                   token_logprob(x, torch.tensor([1, 2])))
+
+    def test_inplace_backward_refuses_logits_that_share_memory(self):
+        leaf = torch.randn(10, requires_grad=True)
+        t = torch.tensor([1, 2, 3, 4])
+        with pytest.raises(ValueError, match="share memory"):
+            token_logprob(leaf.expand(4, 10), t, inplace_backward=True)
+        # The op refuses too, before writing anything.
+        z = torch.randn(1, 10).expand(4, 10)
+        lp, ent, lse = torch.ops.reasonrl_fast.token_logprob(z, t, 1.0, -100, False)
+        with pytest.raises(ValueError, match="share memory"):
+            torch.ops.reasonrl_fast.token_logprob_backward_(lp, None, z, t, lse, ent, 1.0, -100)
+        # Strided but not overlapping (a slice) is fine.
+        base = torch.randn(3, 6, 10)
+        lp, ent, lse = torch.ops.reasonrl_fast.token_logprob(base[:, :-1], t[:3, None].expand(3, 5), 1.0, -100, False)
+        torch.ops.reasonrl_fast.token_logprob_backward_(lp, None, base[:, :-1], t[:3, None].expand(3, 5), lse, ent, 1.0, -100)
+
+
+# Masked vocabularies (-inf logits) in the backward: the gradient at a masked column is exactly
+# 0 and every other entry is eager autograd's (log_softmax gather, entropy -sum p log p with
+# 0 log 0 = 0), never the 0 * inf = NaN of a naive kernel.
+
+
+def _masked_inputs(n, v, dtype, fill=float("-inf")):
+    x, t = _inputs(n, v, ignore_frac=0.1)
+    mask = torch.rand(n, v) < 0.3  # several masked columns in every row
+    mask[0] = True  # row 0: everything masked but its target
+    mask[1, :-1] = True  # row 1: all but the last column, which is its target
+    t[0], t[1] = 5 % v, v - 1
+    valid = t != -100
+    mask[valid, t[valid]] = False  # targets stay unmasked (the masked-target case is separate)
+    return x.masked_fill(mask, fill).to(dtype), t, mask
+
+
+def _grads(fn, x, t, temperature, g_lp, g_ent):
+    xg = x.clone().requires_grad_()
+    lp, ent = fn(xg, t, temperature)
+    (lp.double() * g_lp + ent.double() * g_ent).sum().backward()
+    return lp.detach().double(), ent.detach().double(), xg.grad.double()
+
+
+def _ours(x, t, temperature):
+    return token_logprob(x, t, temperature=temperature, return_entropy=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_entropy", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_masked_columns_gradient(dtype, with_entropy, temperature):
+    n, v = 11, 1031
+    x, t, mask = _masked_inputs(n, v, dtype)
+    g_lp = torch.randn(n, dtype=torch.float64)
+    g_ent = torch.randn(n, dtype=torch.float64) if with_entropy else torch.zeros(n, dtype=torch.float64)
+    lp, ent, grad = _grads(_ours, x, t, temperature, g_lp, g_ent)
+    exact = _grads(ref.token_logprob, x.double(), t, temperature, g_lp, g_ent)  # the same values, in float64
+    assert torch.isfinite(lp).all() and torch.isfinite(ent).all() and torch.isfinite(grad).all()
+    assert (grad[mask] == 0).all()
+    if dtype in (torch.float64, torch.float32):
+        tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+        for ours, ex in zip((lp, ent, grad), exact):
+            torch.testing.assert_close(ours, ex, **tol)
+        return
+    plain = _grads(ref.token_logprob, x, t, temperature, g_lp.to(dtype), g_ent.to(dtype))  # eager, in dtype
+    for ours, pl, ex in zip((lp, ent, grad), plain, exact):
+        err_o, err_p = (ours - ex).abs().max().item(), (pl - ex).abs().max().item()
+        assert err_o <= 2 * err_p + 1e-6, (err_o, err_p)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_masking_with_the_dtype_minimum(dtype, temperature):
+    """finfo(dtype).min / 0.5 overflows to -inf in float32: the same as a -inf mask. At
+    temperature 1 it stays finite, but its p is 0 and so must its gradient be."""
+    n, v = 9, 257
+    x, t, mask = _masked_inputs(n, v, dtype, fill=torch.finfo(dtype).min)
+    g_lp, g_ent = torch.randn(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
+    lp, ent, grad = _grads(_ours, x, t, temperature, g_lp, g_ent)
+    assert torch.isfinite(grad).all() and (grad[mask] == 0).all()
+    x_inf = x.masked_fill(mask, float("-inf"))
+    for ours, ex in zip((lp, ent, grad), _grads(_ours, x_inf, t, temperature, g_lp, g_ent)):
+        torch.testing.assert_close(ours, ex, rtol=0, atol=0)
+
+
+def test_target_at_a_masked_column():
+    """lp = -inf there (as log_softmax gives); the gradient is eager autograd's, which is finite:
+    g_lp / T at the target, -p g_lp / T elsewhere, 0 at the other masked columns."""
+    n, v = 6, 50
+    x, t, mask = _masked_inputs(n, v, torch.float64)
+    t[2] = int(mask[2].nonzero()[0])
+    g_lp, g_ent = torch.randn(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
+    lp, ent, grad = _grads(_ours, x, t, 0.8, g_lp, g_ent)
+    lp_r, ent_r, grad_r = _grads(ref.token_logprob, x, t, 0.8, g_lp, g_ent)
+    assert lp[2] == float("-inf") and torch.isfinite(ent).all()
+    assert torch.isfinite(grad).all()
+    torch.testing.assert_close(grad, grad_r, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ent, ent_r, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad[2, t[2]], g_lp[2] / 0.8)
+    for dtype in (torch.float32, torch.bfloat16):  # same in the float32 accumulation
+        _, _, grad_d = _grads(_ours, x.to(dtype), t, 0.8, g_lp, g_ent)
+        assert torch.isfinite(grad_d).all() and (grad_d[mask & (torch.arange(v) != t[:, None])] == 0).all()
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_masked_lm_head_gives_finite_weight_gradients(with_entropy):
+    """logits = h @ W.T + mask: a NaN at one masked column would poison all of h.grad and W.grad."""
+    n, hdim, v = 13, 16, 301
+    h, w = torch.randn(n, hdim), torch.randn(v, hdim) / 4
+    mask = torch.zeros(v).masked_fill(torch.rand(v) < 0.2, float("-inf"))
+    t = torch.multinomial((mask == 0).float(), n, replacement=True)
+
+    def run(fn):
+        hg, wg = h.clone().requires_grad_(), w.clone().requires_grad_()
+        lp, ent = fn(hg @ wg.T + mask, t, 0.9)
+        (lp.sum() + (ent.sum() if with_entropy else 0)).backward()
+        return hg.grad, wg.grad
+
+    for ours, eager in zip(run(_ours), run(ref.token_logprob)):
+        assert torch.isfinite(ours).all()
+        torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-5)
+
+
+def test_gradcheck_float64_masked():
+    x, t, mask = _masked_inputs(5, 13, torch.float64)
+    u = x.masked_fill(mask, 0.0).requires_grad_()  # the masked columns enter as a constant -inf
+    neg = torch.zeros_like(x).masked_fill(mask, float("-inf"))
+    assert torch.autograd.gradcheck(
+        lambda u: token_logprob(u + neg, t, temperature=0.8, return_entropy=True), (u,)
+    )
+
+
+def test_inplace_backward_marks_the_logits_modified():
+    """Another op saved the logits before the in-place backward overwrote them: autograd must
+    raise its usual error instead of differentiating the overwritten values."""
+    leaf = torch.randn(4, 10, requires_grad=True)
+    t = torch.tensor([1, 2, 3, 4])
+    z = leaf * 1.0
+    cubed = z**3
+    lp = token_logprob(z, t, inplace_backward=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (lp.sum() + cubed.sum()).backward()
