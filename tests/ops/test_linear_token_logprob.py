@@ -346,6 +346,14 @@ def check_masked_columns(device, dtype, kind, entropy, chunks, monkeypatch, tau=
             if dtype == torch.float64:
                 torch.testing.assert_close(o.detach().cpu(), t, rtol=1e-9, atol=1e-10,
                                            msg=lambda m: f"{where}, output {i}: {m}")
+            elif dtype == torch.float32:
+                # The float32 tolerance of the other float32 tests: the chunked dh sums the
+                # chunks' GEMMs in float32, measured up to ~1e-6 relative (plain: ~1e-7).
+                # Where float32 itself overflows (finfo.min / tau: lp = -inf), match plain float32.
+                o, fin = o.detach().cpu().double(), p.detach().isfinite()
+                assert o[~fin].equal(p.detach()[~fin].double()), (where, i)
+                torch.testing.assert_close(o[fin], t[fin], rtol=1e-5, atol=1e-6,
+                                           msg=lambda m: f"{where}, output {i}: {m}")
             else:
                 assert _err(o, t) <= 2 * _err(p, t) + 1e-6, (where, i, _err(o, t), _err(p, t))
 
