@@ -2,6 +2,8 @@
 // this file, CUDA kernels in csrc/kernels/). Fake implementations and autograd are registered
 // from Python in reasonrl_fast/ops/.
 #include <Python.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 extern "C" {
@@ -46,4 +48,31 @@ TORCH_LIBRARY(reasonrl_fast, m) {
   // empty mask), accumulated in float32.
   m.def("masked_mean(Tensor x, Tensor mask) -> Tensor");
   m.def("masked_mean_backward(Tensor grad, Tensor mask) -> Tensor");
+}
+
+namespace {
+// token_logprob_backward_ overwrites the logits: bump their version counter, as every in-place
+// aten op does, so that autograd raises on a later use of the overwritten tensor by any op that
+// saved it, also when the op is called directly rather than through token_logprob(). (The
+// default autograd fallback of a custom op does not bump it.) No output, so no graph to record.
+void token_logprob_backward_autograd(const at::Tensor& grad_logprob,
+                                     const c10::optional<at::Tensor>& grad_entropy,
+                                     const at::Tensor& logits, const at::Tensor& target,
+                                     const at::Tensor& lse, const at::Tensor& entropy,
+                                     double temperature, int64_t ignore_index) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("reasonrl_fast::token_logprob_backward_", "")
+                       .typed<void(const at::Tensor&, const c10::optional<at::Tensor>&,
+                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, double, int64_t)>();
+  {
+    c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    op.call(grad_logprob, grad_entropy, logits, target, lse, entropy, temperature, ignore_index);
+  }
+  logits.unsafeGetTensorImpl()->bump_version();
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reasonrl_fast, Autograd, m) {
+  m.impl("token_logprob_backward_", &token_logprob_backward_autograd);
 }

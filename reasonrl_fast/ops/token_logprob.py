@@ -199,8 +199,7 @@ class _TokenLogprobInplace(torch.autograd.Function):
         _op.token_logprob_backward_(
             grad_lp, grad_ent, logits, target, lse, ent, ctx.temperature, ctx.ignore_index
         )
-        # The logits now hold their gradient: say so, so that another op that saved them
-        # (z ** 3 before this one) fails with autograd's "modified by an inplace operation"
-        # error instead of differentiating the gradient.
-        torch.autograd.graph.increment_version(logits)
+        # The logits now hold their gradient, and the op has bumped their version counter
+        # (csrc/ops.cpp): another op that saved them (z ** 3 before this one) fails with
+        # autograd's "modified by an inplace operation" error instead of differentiating it.
         return logits, None, None, None, None

@@ -407,3 +407,13 @@ def test_inplace_backward_marks_the_logits_modified():
     lp = token_logprob(z, t, inplace_backward=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (lp.sum() + cubed.sum()).backward()
+
+
+def test_direct_inplace_backward_bumps_the_version_counter():
+    """The mutating schema itself marks the overwrite, so a direct call is caught as well."""
+    z = torch.randn(4, 10)
+    t = torch.tensor([1, 2, -100, 4])
+    _, ent, lse = torch.ops.reasonrl_fast.token_logprob(z, t, 1.0, -100, False)
+    before = z._version
+    torch.ops.reasonrl_fast.token_logprob_backward_(torch.ones(4), None, z, t, lse, ent, 1.0, -100)
+    assert z._version > before
