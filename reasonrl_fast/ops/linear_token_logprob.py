@@ -140,11 +140,12 @@ def _check_inputs(name, hidden, weight, target, bias, temperature):
     t = float(temperature)
     _need(ValueError, 0 < t < float("inf"), f"{name}: temperature must be > 0, got {temperature}")
     # The kernels scale by 1/temperature in the accumulation dtype: an infinite scale would
-    # turn every logit into +-inf or NaN.
-    big = torch.finfo(_acc_dtype(hidden.dtype)).max
-    _need(ValueError, 1.0 / t <= big,
+    # turn every logit into +-inf or NaN. Down to the smallest normal number 1/temperature is
+    # finite (about max/4), the bound token_logprob's kernels use too.
+    tiny = torch.finfo(_acc_dtype(hidden.dtype)).tiny
+    _need(ValueError, t >= tiny,
           f"{name}: temperature {temperature} is too small for {hidden.dtype} inputs: "
-          f"1/temperature overflows; the smallest supported temperature is {1.0 / big:.6g}")
+          f"1/temperature overflows; the smallest supported temperature is {tiny:.6g}")
 
 
 def _targets(target: torch.Tensor, V: int, ignore_index: int) -> torch.Tensor:

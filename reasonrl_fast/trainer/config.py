@@ -235,7 +235,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be one of {choices}")
     positive = ["data.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "trainer.nnodes",
                 "trainer.workers_per_node", "trainer.cpus_per_worker", "optim.mini_batch_prompts",
-                "rollout.temperature"]
+                "rollout.temperature", "trainer.collective_timeout_s"]
     for key in positive:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be > 0")

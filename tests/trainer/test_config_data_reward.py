@@ -153,6 +153,7 @@ def test_metrics_logger_progress_tensorboard_and_truncation(tmp_path):
     ("trainer.cpus_per_worker=0", "trainer.cpus_per_worker"),
     ("trainer.cpus_per_worker=-1", "trainer.cpus_per_worker"),
     ("data.reward_fn=my_rewards.score", "data.reward_fn"),
+    ("trainer.collective_timeout_s=0", "trainer.collective_timeout_s"),
 ])
 def test_bad_value_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
