@@ -15,35 +15,15 @@ import uuid
 import pytest
 
 from conftest import ROOT, TINY
+from procs import alive, children
 
 TAG = "REASONRL_TEST_RUN"
-
-
-def _children() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            out.setdefault(ppid, []).append(int(name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def run_processes(root: int, tag: str) -> set[int]:
     """The driver's descendants, and every live process that inherited the run's tag (a process
     re-parented away from the driver still belongs to the run)."""
-    kids, todo, out = _children(), [root], set()
+    kids, todo, out = children(), [root], set()
     while todo:
         p = todo.pop()
         if p not in out:
@@ -58,7 +38,7 @@ def run_processes(root: int, tag: str) -> set[int]:
                         out.add(int(name))
             except OSError:
                 continue
-    return {p for p in out if _alive(p)}
+    return {p for p in out if alive(p)}
 
 
 def _decode(hexaddr: str, v6: bool) -> str:

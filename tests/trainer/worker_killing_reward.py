@@ -4,26 +4,15 @@ actors (found among the driver's descendant processes): a rank dying between two
 import os
 import signal
 
+from procs import children
+
 from reasonrl_fast.trainer.reward import math_reward
 
 _calls = 0
 
 
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            kids.setdefault(ppid, []).append(int(name))
-    return kids
-
-
 def _worker_actors() -> list[int]:
-    kids, todo, found = _children(), [os.getpid()], []
+    kids, todo, found = children(), [os.getpid()], []
     while todo:
         for pid in kids.get(todo.pop(), []):
             todo.append(pid)
