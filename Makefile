@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 # interpreter. A CUDA torch brings its own triton, which is kept.
 TRITON_PIN ?= triton==3.7.1
 
-.PHONY: install test train bench clean
+.PHONY: install test train bench gpu-check clean
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_PIN)"
@@ -26,6 +26,16 @@ train: install
 # The CPU ops benchmark; it rewrites its table in benchmarks/RESULTS.md.
 bench: install
 	$(PYTHON) benchmarks/bench_ops.py --write benchmarks/RESULTS.md
+
+# On a machine with a GPU, a CUDA build of torch and nvcc (nothing is installed): build the CUDA
+# kernels in place for the card present, run the op tests (CUDA kernels and compiled Triton
+# included), then the GPU benchmarks. Not yet run on a GPU.
+gpu-check:
+	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} FORCE_CUDA=1 MAX_JOBS=$${MAX_JOBS:-8} \
+		$(PYTHON) setup.py build_ext --inplace
+	$(PYTHON) -m pytest -q tests/ops
+	$(PYTHON) benchmarks/bench_gpu_ops.py
+	$(PYTHON) benchmarks/bench_linear_token_logprob.py
 
 clean:
 	rm -rf build *.egg-info reasonrl_fast/*.so
