@@ -27,6 +27,9 @@ from typing import Optional
 
 import torch
 
+from reasonrl_fast.ops._checks import (acc_dtype, check_linear_backward_inputs, check_linear_inputs,
+                                     linear_targets)
+
 _op = torch.ops.reasonrl_fast
 
 try:  # triton is optional: the CPU path does not need it
@@ -62,10 +65,6 @@ def _wrap():
     return torch.library.wrap_triton if _HAS_TRITON else None
 
 
-def _acc_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _chunk(N: int, H: int, V: int, device: torch.device) -> int:
     env = os.environ.get("REASONRL_LINEAR_LOGPROB_CHUNK")
     if env:
@@ -85,92 +84,6 @@ def _chunk(N: int, H: int, V: int, device: torch.device) -> int:
     else:
         c = max(256, (1 << 22) // max(N, 1))  # 16 MiB of float32 per chunk
     return max(1, min(c, V))
-
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def _need(err, cond, msg):
-    # torch._check_with takes plain and symbolic (fake tensor) conditions alike, so the real
-    # and the fake implementations share these checks.
-    torch._check_with(err, cond, lambda: msg)
-
-
-def _on(name, what, t, dev):
-    _need(ValueError, t.device == dev, f"{name}: {what} is on {t.device}, hidden on {dev}")
-
-
-def _vec(name, what, t, N, dev, allow_empty=False):
-    """t must be a floating [N] tensor on dev ([0] too when allow_empty)."""
-    _need(TypeError, t.is_floating_point(), f"{name}: {what} must be floating point, got {t.dtype}")
-    shape_ok = t.dim() == 1 and t.shape[0] == N
-    if allow_empty and t.dim() == 1:
-        shape_ok = shape_ok | (t.shape[0] == 0)
-    _need(ValueError, shape_ok, f"{name}: {what} must be [N] = [{N}], got {tuple(t.shape)}")
-    _on(name, what, t, dev)
-
-
-def _check_inputs(name, hidden, weight, target, bias, temperature):
-    """Shapes, dtypes, devices and temperature of the arguments both ops share."""
-    _need(TypeError, hidden.dtype in _FLOATS,
-          f"{name}: hidden must be float32, bfloat16, float16 or float64, got {hidden.dtype}")
-    _need(TypeError, weight.dtype == hidden.dtype,
-          f"{name}: weight ({weight.dtype}) must have hidden's dtype ({hidden.dtype})")
-    _need(ValueError, hidden.dim() == 2,
-          f"{name}: hidden must be [N, H], got {tuple(hidden.shape)}")
-    N, H = hidden.shape
-    _need(ValueError, weight.dim() == 2 and weight.shape[1] == H,
-          f"{name}: weight must be [V, H] with H = {H}, got {tuple(weight.shape)}")
-    V = weight.shape[0]
-    _need(ValueError, (V > 0) | (N == 0), f"{name}: the vocabulary (weight.shape[0]) is empty")
-    dev = hidden.device
-    _on(name, "weight", weight, dev)
-    if bias is not None:
-        _need(TypeError, bias.dtype == hidden.dtype,
-              f"{name}: bias ({bias.dtype}) must have hidden's dtype ({hidden.dtype})")
-        _need(ValueError, bias.dim() == 1 and bias.shape[0] == V,
-              f"{name}: bias must be [V] = [{V}], got {tuple(bias.shape)}")
-        _on(name, "bias", bias, dev)
-    _need(TypeError, not (target.is_floating_point() or target.is_complex()
-                          or target.dtype == torch.bool),
-          f"{name}: target must hold integer ids, got {target.dtype}")
-    _need(ValueError, target.dim() == 1 and target.shape[0] == N,
-          f"{name}: target must be [N] = [{N}], got {tuple(target.shape)}")
-    _on(name, "target", target, dev)
-    t = float(temperature)
-    _need(ValueError, 0 < t < float("inf"), f"{name}: temperature must be > 0, got {temperature}")
-    # The kernels scale by 1/temperature in the accumulation dtype: an infinite scale would
-    # turn every logit into +-inf or NaN. Down to the smallest normal number 1/temperature is
-    # finite (about max/4), the bound token_logprob's kernels use too.
-    tiny = torch.finfo(_acc_dtype(hidden.dtype)).tiny
-    _need(ValueError, t >= tiny,
-          f"{name}: temperature {temperature} is too small for {hidden.dtype} inputs: "
-          f"1/temperature overflows; the smallest supported temperature is {tiny:.6g}")
-
-
-def _targets(target: torch.Tensor, V: int, ignore_index: int) -> torch.Tensor:
-    """target as contiguous int64 after checking every id is in [0, V) or ignore_index."""
-    # uint64 ids from 2**63 on become negative in int64 (possibly ignore_index): they are
-    # out of range whatever ignore_index is.
-    wide = target.dtype == torch.uint64
-    t = (target.view(torch.int64) if wide else target.to(torch.long)).contiguous()
-    ok = (t == ignore_index) | ((t >= 0) & (t < V))
-    if wide:
-        ok = ok & (t >= 0)
-    if t.device.type == "cuda" or type(t) is not torch.Tensor:
-        # CUDA, or traced (fake / functional tensors under torch.compile or export): a graph
-        # op instead of a data-dependent Python branch.
-        # No host sync: a bad id fails a device-side assertion, which surfaces as a Python
-        # RuntimeError at the caller's next synchronisation (e.g. .item(), .cpu(), backward).
-        torch._assert_async(ok.all(), "linear_token_logprob: target id outside [0, V)")
-        return t
-    if t.numel() and not bool(ok.all()):
-        n = int((~ok).nonzero()[0, 0])
-        raise IndexError(
-            f"linear_token_logprob: target id {target[n].item()} at flat position {n} is "
-            f"outside the vocabulary [0, {V}) and is not ignore_index ({ignore_index})"
-        )
-    return t
 
 
 def _device_guard(t: torch.Tensor):
@@ -254,11 +167,11 @@ def _forward_impl(
     ignore_index: int,
     compute_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_inputs("linear_token_logprob", hidden, weight, target, bias, temperature)
+    check_linear_inputs("linear_token_logprob", hidden, weight, target, bias, temperature)
     hidden, weight, bias = _contig(hidden), _contig(weight), _contig(bias)
     N = hidden.shape[0]
-    acc = _acc_dtype(hidden.dtype)
-    tgt = _targets(target, weight.shape[0], ignore_index)
+    acc = acc_dtype(hidden.dtype)
+    tgt = linear_targets(target, weight.shape[0], ignore_index)
     if N == 0:
         e = hidden.new_empty((0,), dtype=acc)
         return e, e.clone(), e.clone()
@@ -291,25 +204,12 @@ def _linear_token_logprob(
 
 @_linear_token_logprob.register_fake
 def _(hidden, weight, target, bias, temperature, ignore_index, compute_entropy):
-    _check_inputs("linear_token_logprob", hidden, weight, target, bias, temperature)
-    acc = _acc_dtype(hidden.dtype)
+    check_linear_inputs("linear_token_logprob", hidden, weight, target, bias, temperature)
+    acc = acc_dtype(hidden.dtype)
     N = hidden.shape[0]
     lp = hidden.new_empty((N,), dtype=acc)
     ent = hidden.new_empty((N,) if compute_entropy else (0,), dtype=acc)
     return lp, ent, hidden.new_empty((N,), dtype=acc)
-
-
-def _check_backward_inputs(grad_logprob, grad_entropy, hidden, weight, target, bias, lse,
-                           entropy, temperature):
-    name = "linear_token_logprob_backward"
-    _check_inputs(name, hidden, weight, target, bias, temperature)
-    N, dev = hidden.shape[0], hidden.device
-    _vec(name, "grad_logprob", grad_logprob, N, dev)
-    _vec(name, "lse", lse, N, dev)
-    # entropy is [0] when the forward did not compute it; an entropy gradient needs it.
-    _vec(name, "entropy", entropy, N, dev, allow_empty=grad_entropy is None)
-    if grad_entropy is not None:
-        _vec(name, "grad_entropy", grad_entropy, N, dev)
 
 
 def _chunk_dz_cpu(hidden, Wc, bc, tgt, valid, c0, g_lp, g_ent, lse, ent, temperature):
@@ -342,14 +242,14 @@ def _backward_impl(
     ignore_index: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dh [N, H], dW [V, H], db [V] or [0] without bias), in the inputs' dtype."""
-    _check_backward_inputs(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy,
+    check_linear_backward_inputs(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy,
                            temperature)
     hidden, weight, bias = _contig(hidden), _contig(weight), _contig(bias)
     N, H = hidden.shape
     V = weight.shape[0]
     dtype = hidden.dtype
-    acc = _acc_dtype(dtype)
-    tgt = _targets(target, V, ignore_index)
+    acc = acc_dtype(dtype)
+    tgt = linear_targets(target, V, ignore_index)
     dW = torch.zeros_like(weight)
     db = torch.zeros_like(bias) if bias is not None else weight.new_empty((0,))
     if N == 0:
@@ -409,7 +309,7 @@ def _linear_token_logprob_backward(
 @_linear_token_logprob_backward.register_fake
 def _(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy, temperature,
       ignore_index):
-    _check_backward_inputs(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy,
+    check_linear_backward_inputs(grad_logprob, grad_entropy, hidden, weight, target, bias, lse, entropy,
                            temperature)
     db = torch.empty_like(bias) if bias is not None else weight.new_empty((0,))
     return torch.empty_like(hidden), torch.empty_like(weight), db

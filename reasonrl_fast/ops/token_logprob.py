@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from reasonrl_fast.ops._checks import acc_dtype
+
 _op = torch.ops.reasonrl_fast
 
 
@@ -74,10 +76,6 @@ def _check_no_self_overlap(logits):
         span += (size - 1) * stride
 
 
-def _acc_dtype(logits):
-    return torch.float64 if logits.dtype == torch.float64 else torch.float32
-
-
 def _fake_check(logits, target, temperature):
     """check_token_logprob (csrc/checks.h), for tracing: same conditions, same error types."""
     torch._check_value(logits.dim() >= 1, lambda: "token_logprob: logits must have a vocabulary dimension")
@@ -92,11 +90,11 @@ def _fake_check(logits, target, temperature):
         lambda: f"token_logprob: target shape {tuple(target.shape)} must equal the logits shape "
         f"without its last dimension {tuple(logits.shape)}",
     )
-    min_t = torch.finfo(_acc_dtype(logits)).tiny
+    min_t = torch.finfo(acc_dtype(logits.dtype)).tiny
     torch._check_value(
         math.isfinite(temperature) and temperature >= min_t,
         lambda: f"token_logprob: temperature must be a positive finite number of at least {min_t} "
-        f"for {_acc_dtype(logits)} accumulation, got {temperature}",
+        f"for {acc_dtype(logits.dtype)} accumulation, got {temperature}",
     )
     torch._check_value(logits.shape[-1] != 0 or target.numel() == 0,
                        lambda: "token_logprob: the vocabulary dimension is empty")
@@ -108,7 +106,7 @@ def _fake_check(logits, target, temperature):
 def _fake_check_backward(grad_logprob, grad_entropy, logits, target, lse, entropy, temperature):
     """check_token_logprob_backward (csrc/checks.h), for tracing."""
     _fake_check(logits, target, temperature)
-    acc = _acc_dtype(logits)
+    acc = acc_dtype(logits.dtype)
 
     def like_target(t, name, exact_dtype):
         torch._check_value(
@@ -136,7 +134,7 @@ def _fake_check_backward(grad_logprob, grad_entropy, logits, target, lse, entrop
 @torch.library.register_fake("reasonrl_fast::token_logprob")
 def _(logits, target, temperature, ignore_index, compute_entropy):
     _fake_check(logits, target, temperature)
-    dtype = _acc_dtype(logits)
+    dtype = acc_dtype(logits.dtype)
     lp = target.new_empty(target.shape, dtype=dtype)
     ent = target.new_empty(target.shape if compute_entropy else (0,), dtype=dtype)
     return lp, ent, target.new_empty(target.shape, dtype=dtype)
