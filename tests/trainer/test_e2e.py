@@ -55,7 +55,7 @@ def test_flowrl_smoke_and_merge(tmp_path):
 def test_grpo_smoke_kl_minibatches_flaky_reward(tmp_path):
     out = tmp_path / "run"
     run_train(["algo=grpo", "trainer.steps=2", f"trainer.output_dir={out}", "grpo.kl_coef=0.1",
-               "optim.mini_batch_prompts=2", "grpo.overlong_buffer=4", "data.reward_fn=flaky_reward:reward"], tmp_path)
+               "optim.mini_batch_prompts=2", "grpo.overlong_buffer=4", "data.reward_fn=faulty_rewards:raises_every_third"], tmp_path)
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:
@@ -73,7 +73,7 @@ def test_resume_equivalence(tmp_path):
     """A run SIGKILLed in the middle of step 3 (after checkpoint-2) and resumed with resume=auto
     logs exactly the metrics of an uninterrupted run."""
     args = ["algo=flowrl", "trainer.steps=4", "trainer.save_every=2", "trainer.keep_checkpoints=0",
-            "trainer.val_every=0", "data.reward_fn=killing_reward:reward"]
+            "trainer.val_every=0", "data.reward_fn=faulty_rewards:kills_the_driver"]
     full = tmp_path / "full"
     run_train(args + [f"trainer.output_dir={full}"], tmp_path)
     ref = read_metrics(full)

@@ -24,7 +24,7 @@ def test_nan_rewards_train_and_the_run_dir_is_guarded(tmp_path):
     a fresh run on that directory is refused before anything slow starts."""
     out = tmp_path / "run"
     run_train(["trainer.steps=2", f"trainer.output_dir={out}", "trainer.val_every=0", "trainer.save_every=1",
-               "trainer.keep_checkpoints=1", "data.reward_fn=nan_reward:reward"], tmp_path)
+               "trainer.keep_checkpoints=1", "data.reward_fn=faulty_rewards:nan_or_inf"], tmp_path)
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -71,7 +71,7 @@ def test_worker_killed_mid_run_ends_the_run_naming_its_rank(tmp_path):
     out = tmp_path / "run"
     t = time.time()
     p = run_train(["trainer.steps=3", f"trainer.output_dir={out}", "trainer.val_every=0",
-                   "data.reward_fn=worker_killing_reward:reward"], tmp_path, check=False, timeout=240)
+                   "data.reward_fn=faulty_rewards:kills_a_worker"], tmp_path, check=False, timeout=240)
     assert "killing worker process" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     assert p.returncode != 0 and re.search(r"worker rank [01] died during train_step", p.stderr), p.stderr[-3000:]
     assert time.time() - t < 200  # not the collective timeout

@@ -1,0 +1,68 @@
+"""Reward functions that misbehave on purpose, for the end-to-end tests
+(`data.reward_fn=faulty_rewards:NAME`). Each is the default math reward except as its docstring
+says; each counts its own calls in the driver process."""
+
+import collections
+import os
+import signal
+
+from procs import children
+
+from reasonrl_fast.trainer.reward import math_reward
+
+_calls: collections.Counter = collections.Counter()
+
+
+def _call(name: str) -> int:
+    _calls[name] += 1
+    return _calls[name]
+
+
+def raises_every_third(response: str, answer: str) -> float:
+    """Raises on every third call: the sample scores 0 and is counted (`reward/errors`)."""
+    if _call("raises") % 3 == 0:
+        raise RuntimeError("flaky reward")
+    return math_reward(response, answer)
+
+
+def nan_or_inf(response: str, answer: str) -> float:
+    """Every third call returns NaN and every fifth +inf (a reward model's overflow, a bad
+    parse): the trainer must count them and keep training."""
+    n = _call("nonfinite")
+    if n % 3 == 0:
+        return float("nan")
+    if n % 5 == 0:
+        return float("inf")
+    return math_reward(response, answer)
+
+
+def kills_the_driver(response: str, answer: str) -> float:
+    """Call number $REASONRL_KILL_AT_CALL SIGKILLs the process that makes it (the trainer's
+    driver): a hard crash in the middle of a step, for the resume test."""
+    if _call("driver") == int(os.environ.get("REASONRL_KILL_AT_CALL", "0")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return math_reward(response, answer)
+
+
+def _worker_actors() -> list[int]:
+    kids, todo, found = children(), [os.getpid()], []
+    while todo:
+        for pid in kids.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().startswith(b"ray::Worker"):
+                        found.append(pid)
+            except OSError:
+                pass
+    return sorted(found)
+
+
+def kills_a_worker(response: str, answer: str) -> float:
+    """The first call SIGKILLs one of this driver's Ray worker actors (found among the driver's
+    descendant processes): a rank dying between two steps."""
+    if _call("worker") == 1:
+        victims = _worker_actors()
+        print(f"killing worker process {victims[-1]} of {victims}", flush=True)
+        os.kill(victims[-1], signal.SIGKILL)
+    return math_reward(response, answer)
