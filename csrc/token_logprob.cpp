@@ -99,20 +99,20 @@ RRL_TARGET_CLONES void backward_row(const scalar_t* z, scalar_t* dz, int64_t V, 
 }
 
 // Every id in [0, V) or ignore_index, checked before any row is read. `target` is the
-// caller's tensor, `ids` its int64 copy (target_as_long).
+// caller's tensor, `ids` its int64 copy (target_as_long, which already turned uint64 ids above
+// the int64 range into INT64_MAX or INT64_MAX - 1: out of range, so one loop catches them).
 void check_targets(const at::Tensor& target, const at::Tensor& ids, int64_t V,
                    int64_t ignore_index) {
-  if (target.scalar_type() == at::kUInt64) {
-    TORCH_CHECK_INDEX(!(target.view(at::kLong) < 0).any().item<bool>(),
-                      "token_logprob: a uint64 target id is above the int64 range, outside the "
-                      "vocabulary [0, ", V, ")");
-  }
+  const bool wide = target.scalar_type() == at::kUInt64;
   const int64_t* t = ids.data_ptr<int64_t>();
   const int64_t N = ids.numel();
   for (int64_t n = 0; n < N; ++n) {
     TORCH_CHECK_INDEX(t[n] == ignore_index || (t[n] >= 0 && t[n] < V), "token_logprob: target id ",
-                      t[n], " at flat position ", n, " is outside the vocabulary [0, ", V,
-                      ") and is not ignore_index (", ignore_index, ")");
+                      t[n], " at flat position ", n,
+                      wide && t[n] >= std::numeric_limits<int64_t>::max() - 1
+                          ? " (a uint64 id at or above the int64 range)" : "",
+                      " is outside the vocabulary [0, ", V, ") and is not ignore_index (",
+                      ignore_index, ")");
   }
 }
 
