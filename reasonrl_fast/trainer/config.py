@@ -78,9 +78,15 @@ class DataConfig:
     (noisy demonstrations leave room for RL to improve on the warm start)."""
     shuffle: bool = True
     """Shuffle the training prompts (each epoch, seeded)."""
+    task: str = "addition"
+    """Built-in task when `train_files` is empty: addition (math answers in \\boxed{}) or code
+    (short stdin/stdout programming problems, scored in the sandbox)."""
     reward_fn: str = ""
-    """Reward function `package.module:function(response, answer) -> float`; empty: the math
-    reward (last \\boxed{} vs the answer, math-verify equivalence)."""
+    """Reward function `package.module:function` or `path/to/file.py:function`, called as
+    `fn(data_source, solution_str, ground_truth, extra_info)` (a two-argument
+    `fn(response, answer)` works too) and returning a float or {"score", "acc"}. Empty: routing by
+    each record's `data_source` (math answers, DAPO's scorer for math_dapo/aime*, code in the
+    sandbox)."""
 
 
 @dataclass
@@ -101,6 +107,20 @@ class RolloutConfig:
     """Samples per validation prompt."""
     gpu_memory_utilization: float = 0.5
     """vllm only: fraction of GPU memory for the engine."""
+
+
+@dataclass
+class RewardConfig:
+    num_workers: int = 2
+    """Reward worker processes (or Ray actors) scoring a step's samples in parallel."""
+    timeout_s: float = 30.0
+    """Time limit of one sample's scoring: past it the worker is killed and replaced, and the
+    sample scores 0 (counted in reward/timeouts)."""
+    backend: str = "process"
+    """process (worker processes beside the driver) or ray (actors spread over the cluster)."""
+    sandbox_timeout_s: float = 10.0
+    """Time limit of one program's tests in the code sandbox (below timeout_s, so that a slow
+    program is reported by the sandbox, not killed with its worker)."""
 
 
 @dataclass
@@ -207,6 +227,7 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     flowrl: FlowRLConfig = field(default_factory=FlowRLConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -216,6 +237,8 @@ class Config:
 _CHOICES = {
     "algo": ("flowrl", "grpo"),
     "rollout.backend": ("hf", "vllm"),
+    "data.task": ("addition", "code"),
+    "reward.backend": ("process", "ray"),
     "grpo.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "trainer.logger": ("tensorboard", "wandb", "none"),
     "model.dtype": ("auto", "float32", "bfloat16"),
@@ -235,7 +258,8 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be one of {choices}")
     positive = ["data.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "trainer.nnodes",
                 "trainer.workers_per_node", "trainer.cpus_per_worker", "optim.mini_batch_prompts",
-                "rollout.temperature", "trainer.collective_timeout_s"]
+                "rollout.temperature", "trainer.collective_timeout_s", "reward.num_workers",
+                "reward.timeout_s", "reward.sandbox_timeout_s"]
     for key in positive:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be > 0")
@@ -248,6 +272,10 @@ def validate(cfg: Config) -> Config:
     if cfg.data.reward_fn and ":" not in cfg.data.reward_fn:
         raise ConfigError(f"data.reward_fn={cfg.data.reward_fn!r}: expected `module:function` "
                           f"or `path/to/file.py:function`")
+    if cfg.reward.sandbox_timeout_s >= cfg.reward.timeout_s:
+        raise ConfigError(f"reward.sandbox_timeout_s={cfg.reward.sandbox_timeout_s} must be below "
+                          f"reward.timeout_s={cfg.reward.timeout_s} (the sandbox reports a slow program; "
+                          f"the pool's limit is the last resort)")
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
     if cfg.data.prompts_per_step % world:
         raise ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple "

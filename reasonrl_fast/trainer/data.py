@@ -1,6 +1,7 @@
-"""Prompts: the built-in synthetic task (addition with the carries written out) and jsonl/parquet
-files with `prompt` and `answer` fields, behind a small seeded sampler whose position is saved
-in checkpoints."""
+"""Prompts: the built-in tasks (addition with the carries written out; short stdin/stdout code
+problems) and jsonl/parquet files with `prompt` and `answer` (or the verl schema's
+`reward_model.ground_truth`) and an optional `data_source`, behind a small seeded sampler whose
+position is saved in checkpoints."""
 
 from __future__ import annotations
 
@@ -57,7 +58,33 @@ def synthetic_split(n: int, digits: int, seed: int, carry_frac: float = 0.75) ->
     items = []
     for _ in range(n):
         a, b = sample_operands(rng, digits, carry_frac)
-        items.append({"prompt": make_prompt(a, b), "answer": str(a + b), "a": a, "b": b})
+        items.append({"prompt": make_prompt(a, b), "answer": str(a + b), "a": a, "b": b,
+                      "data_source": "addition"})
+    return items
+
+
+# ---------------------------------------------------------------- built-in code task
+
+# Short stdin/stdout problems (the prompt, then the function that answers an input line), so a
+# code run fits the tiny model's 256 positions. Scored in the sandbox like any code source.
+CODE_PROBLEMS = [
+    ("Read two integers on one line; print their sum.", lambda a, b: a + b),
+    ("Read two integers on one line; print their product.", lambda a, b: a * b),
+    ("Read two integers on one line; print the larger.", max),
+    ("Read two integers on one line; print their difference.", lambda a, b: a - b),
+]
+
+
+def code_split(n: int, seed: int, cases: int = 3) -> list[dict]:
+    """`n` problems drawn from CODE_PROBLEMS, each with `cases` random stdin/stdout tests in
+    the `{"inputs", "outputs"}` ground-truth encoding."""
+    rng = random.Random(seed)
+    items = []
+    for _ in range(n):
+        text, fn = rng.choice(CODE_PROBLEMS)
+        pairs = [(rng.randint(-99, 99), rng.randint(-99, 99)) for _ in range(cases)]
+        truth = {"inputs": [f"{a} {b}\n" for a, b in pairs], "outputs": [f"{fn(a, b)}\n" for a, b in pairs]}
+        items.append({"prompt": f"{text}\n```python\n", "answer": json.dumps(truth), "data_source": "code"})
     return items
 
 
@@ -90,11 +117,19 @@ def load_records(path: str) -> list[dict]:
     for i, r in rows:
         prompt = r.get("prompt", r.get("question", r.get("problem")))
         answer = r.get("answer", r.get("ground_truth"))
+        if answer is None and isinstance(r.get("reward_model"), dict):  # the verl schema
+            answer = r["reward_model"].get("ground_truth")
         if isinstance(prompt, list):  # chat format [{"role":..., "content":...}]
             prompt = "\n".join(m["content"] for m in prompt)
         if prompt is None or answer is None:
-            raise ValueError(f"{path}:{i}: a record needs `prompt` and `answer` fields, got {sorted(r)}")
-        out.append({"prompt": str(prompt), "answer": str(answer)})
+            raise ValueError(f"{path}:{i}: a record needs `prompt` and `answer` (or "
+                             f"`reward_model.ground_truth`) fields, got {sorted(r)}")
+        if not isinstance(answer, str):  # a number, or a code test spec given as an object
+            answer = answer if isinstance(answer, (dict, list)) else str(answer)
+        extra = r.get("extra_info") if isinstance(r.get("extra_info"), dict) else None
+        # `data_source` picks the scorer (rewards/score.py); files without one hold math answers.
+        out.append({"prompt": str(prompt), "answer": answer, "data_source": str(r.get("data_source") or "math"),
+                    "extra_info": extra})
     return out
 
 
@@ -131,16 +166,21 @@ def filter_long(items: list[dict], tokenizer, max_len: int, name: str) -> list[d
 
 def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     d = cfg.data
+    seed = cfg.trainer.seed * 1000
     if d.train_files:
         train = [r for p in d.train_files for r in load_records(p)]
+    elif d.task == "code":
+        train = code_split(d.train_size, seed + 1)
     else:
-        train = synthetic_split(d.train_size, d.digits, cfg.trainer.seed * 1000 + 1, d.carry_frac)
+        train = synthetic_split(d.train_size, d.digits, seed + 1, d.carry_frac)
     if d.val_files:
         val = [r for p in d.val_files for r in load_records(p)]
     elif d.train_files:
         val = []
+    elif d.task == "code":
+        val = code_split(d.val_size, seed + 2)
     else:
-        val = synthetic_split(d.val_size, d.digits, cfg.trainer.seed * 1000 + 2, d.carry_frac)
+        val = synthetic_split(d.val_size, d.digits, seed + 2, d.carry_frac)
     train = filter_long(train, tokenizer, d.max_prompt_length, "data.train_files")
     if val:
         val = filter_long(val, tokenizer, d.max_prompt_length, "data.val_files")

@@ -1,8 +1,8 @@
 """The training loop, top to bottom: rollout -> reward -> group advantage -> (on the workers) old
 and reference log-probs, mini-batch updates, weight sync -> metrics, checkpoints, validation.
 
-The driver (this process) holds the data, the reward function and the loop; Ray actors
-(worker.py) hold the FSDP shards and the rollout engines. Each worker generates for its own
+The driver (this process) holds the data and the loop; the reward pool's workers score the
+responses (rewards/pool.py); Ray actors (worker.py) hold the FSDP shards and the rollout engines. Each worker generates for its own
 share of the prompts and trains on those samples, so only token ids and scalars cross Ray."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import time
 
 import torch
 
+from reasonrl_fast.rewards.pool import RewardPool
+from reasonrl_fast.rewards.score import load_reward_fn
 from reasonrl_fast.trainer import checkpoint as ckpt
 from reasonrl_fast.trainer.algos import advantages, overlong_penalty
 from reasonrl_fast.trainer.config import to_yaml
 from reasonrl_fast.trainer.data import Sampler, load_datasets
 from reasonrl_fast.trainer.logger import MetricsLogger
 from reasonrl_fast.trainer.model import load_tokenizer
-from reasonrl_fast.trainer.reward import compute_rewards, load_reward_fn
 from reasonrl_fast.trainer.sft import warm_start
 
 
@@ -44,12 +45,15 @@ def _run(cfg, log) -> dict:
     model_path = cfg.model.path or warm_start(cfg, log)
     tok = load_tokenizer(model_path)
     train_set, val_set = load_datasets(cfg, tok)
-    reward_fn = load_reward_fn(cfg.data.reward_fn)
+    load_reward_fn(cfg.data.reward_fn)  # a bad spec fails now, not after the cluster started
 
     from reasonrl_fast.trainer.cluster import Cluster  # imports ray
 
     cluster = Cluster(cfg, model_path)
+    pool = None
     try:
+        r = cfg.reward
+        pool = RewardPool(cfg.data.reward_fn, r.num_workers, r.timeout_s, r.backend, r.sandbox_timeout_s)
         sampler = Sampler(len(train_set), cfg.trainer.seed, cfg.data.shuffle)
         start = 0
         if resume_from:
@@ -62,7 +66,7 @@ def _run(cfg, log) -> dict:
         last: dict = {}
         every = cfg.trainer.val_every
         if val_set and every and start == 0:
-            logger.log({"step": 0, **validate(cfg, cluster, tok, val_set, reward_fn, step=0)})
+            logger.log({"step": 0, **validate(cfg, cluster, tok, val_set, pool, step=0)})
 
         for step in range(start + 1, cfg.trainer.steps + 1):
             t0 = time.perf_counter()
@@ -75,14 +79,13 @@ def _run(cfg, log) -> dict:
             responses = cluster.generate(prompts, n, cfg.rollout.temperature, seed=step)
             t_rollout = time.perf_counter() - t
 
-            # 2. reward: verifiable answers; a reward function that raises gives 0 (counted)
+            # 2. reward: each sample by its data_source's scorer, in the pool; a sample that
+            # fails or runs out of time scores 0 and is counted
             t = time.perf_counter()
             texts = tok.batch_decode(responses, skip_special_tokens=True)
-            answers = [it["answer"] for it in items for _ in range(n)]
-            correct, errors = compute_rewards(reward_fn, texts, answers)
-            correct, nonfinite = finite_rewards(correct)
+            scores, acc, reward_metrics = score_responses(pool, items, texts, n)
             lengths = torch.tensor([len(r) for r in responses])
-            rewards = torch.tensor(correct) + overlong_penalty(
+            rewards = torch.tensor(scores) + overlong_penalty(
                 lengths, cfg.rollout.max_new_tokens, cfg.grpo.overlong_buffer, cfg.grpo.overlong_factor)
             t_reward = time.perf_counter() - t
 
@@ -100,9 +103,8 @@ def _run(cfg, log) -> dict:
             row = {
                 "step": step,
                 "reward/mean": float(rewards.mean()),
-                "accuracy/mean": sum(correct) / len(correct),
-                "reward/errors": errors,
-                "reward/nonfinite": nonfinite,
+                "accuracy/mean": sum(acc) / len(acc),
+                **reward_metrics,
                 "response_length/mean": float(lengths.float().mean()),
                 "response_length/clip_frac": float((lengths >= cfg.rollout.max_new_tokens).float().mean()),
                 **w,
@@ -115,26 +117,38 @@ def _run(cfg, log) -> dict:
                     cfg.trainer.save_last and step == cfg.trainer.steps):
                 save(cfg, cluster, tok, step, sampler, run_id)
             if val_set and every and (step % every == 0 or step == cfg.trainer.steps):
-                row.update(validate(cfg, cluster, tok, val_set, reward_fn, step))
+                row.update(validate(cfg, cluster, tok, val_set, pool, step))
             logger.log(row)
             last = row
         logger.close()
         log(f"done in {time.time() - t_start:.0f}s: {_summary(last)}")
         return last
     finally:
+        if pool is not None:
+            pool.close()
         cluster.shutdown()
 
 
-def validate(cfg, cluster, tok, val_set, reward_fn, step: int) -> dict:
-    """mean@val_n accuracy on the validation prompts at rollout.val_temperature."""
+def score_responses(pool: RewardPool, items: list[dict], texts: list[str], n: int):
+    """Scores of the responses (`n` per item, in order), routed by each item's data_source:
+    (rewards with non-finite ones as 0, acc flags, the step's reward/* counters)."""
+    samples = [(it.get("data_source", "math"), text, it["answer"], it.get("extra_info"))
+               for it, text in zip((it for it in items for _ in range(n)), texts, strict=True)]
+    results, metrics = pool.score(samples)
+    scores, nonfinite = finite_rewards([r["score"] for r in results])
+    return scores, [r["acc"] for r in results], {**metrics, "reward/nonfinite": nonfinite}
+
+
+def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
+    """mean@val_n accuracy (from each scorer's `acc`) on the validation prompts at
+    rollout.val_temperature."""
     t = time.perf_counter()
     k = cfg.rollout.val_n
     prompts = [tok(it["prompt"])["input_ids"] for it in val_set]
     responses = cluster.generate(prompts, k, cfg.rollout.val_temperature, seed=10**6 + step)
     texts = tok.batch_decode(responses, skip_special_tokens=True)
-    correct, _ = compute_rewards(reward_fn, texts, [it["answer"] for it in val_set for _ in range(k)])
-    correct, _ = finite_rewards(correct)
-    return {"val/accuracy": sum(correct) / len(correct), "time/val_s": time.perf_counter() - t}
+    _, acc, _ = score_responses(pool, val_set, texts, k)
+    return {"val/accuracy": sum(acc) / len(acc), "time/val_s": time.perf_counter() - t}
 
 
 def finite_rewards(rewards: list[float]) -> tuple[list[float], int]:

@@ -1,6 +1,7 @@
 """Reward functions that misbehave on purpose, for the end-to-end tests
 (`data.reward_fn=faulty_rewards:NAME`). Each is the default math reward except as its docstring
-says; each counts its own calls in the driver process."""
+says. They run in the reward pool's worker processes, whose parent is the trainer's driver;
+each counts its own calls in its worker (the tests that count use `reward.num_workers=1`)."""
 
 import collections
 import os
@@ -8,7 +9,7 @@ import signal
 
 from procs import children
 
-from reasonrl_fast.trainer.reward import math_reward
+from reasonrl_fast.rewards.math import math_score as math_reward
 
 _calls: collections.Counter = collections.Counter()
 
@@ -37,15 +38,15 @@ def nan_or_inf(response: str, answer: str) -> float:
 
 
 def kills_the_driver(response: str, answer: str) -> float:
-    """Call number $REASONRL_KILL_AT_CALL SIGKILLs the process that makes it (the trainer's
-    driver): a hard crash in the middle of a step, for the resume test."""
+    """Call number $REASONRL_KILL_AT_CALL SIGKILLs the trainer's driver (this worker's parent):
+    a hard crash in the middle of a step, for the resume test."""
     if _call("driver") == int(os.environ.get("REASONRL_KILL_AT_CALL", "0")):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getppid(), signal.SIGKILL)
     return math_reward(response, answer)
 
 
 def _worker_actors() -> list[int]:
-    kids, todo, found = children(), [os.getpid()], []
+    kids, todo, found = children(), [os.getppid()], []
     while todo:
         for pid in kids.get(todo.pop(), []):
             todo.append(pid)
@@ -59,10 +60,20 @@ def _worker_actors() -> list[int]:
 
 
 def kills_a_worker(response: str, answer: str) -> float:
-    """The first call SIGKILLs one of this driver's Ray worker actors (found among the driver's
+    """The first call SIGKILLs one of the driver's Ray worker actors (found among the driver's
     descendant processes): a rank dying between two steps."""
     if _call("worker") == 1:
         victims = _worker_actors()
         print(f"killing worker process {victims[-1]} of {victims}", flush=True)
         os.kill(victims[-1], signal.SIGKILL)
+    return math_reward(response, answer)
+
+
+def sleeps_forever_once(response: str, answer: str) -> float:
+    """The first call never returns (a parser stuck on degenerate output): the pool's time
+    limit must end it and the run go on."""
+    if _call("sleep") == 1:
+        import time
+
+        time.sleep(10**6)
     return math_reward(response, answer)

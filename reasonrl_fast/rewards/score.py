@@ -1,0 +1,115 @@
+"""Which scorer a sample goes to, and the one shape every scorer's answer is brought into.
+
+Routing follows the reference trainer's `data_source` names, so a dataset prepared for it scores
+the same here: `math_dapo` and `aime*` use its DAPO scorer (±1, its own answer extraction),
+code sources run the program in the sandbox (code.py), and everything else is a math answer
+checked for mathematical equality (math.py, 1/0). One dataset can mix them. A user's
+`data.reward_fn` replaces the routing for every sample.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+from typing import Any, Callable
+
+# Sources whose ground truth is a JSON test specification (SPEC §9): stdin/stdout cases or a
+# HumanEval-style test. Compared in lower case; a source that starts with one of these counts
+# too ("livecodebench_v5", "humaneval_plus").
+CODE_SOURCES = ("code", "humaneval", "mbpp", "livecodebench", "codecontests", "apps", "taco",
+                "codeforces", "leetcode", "primeintellect", "prime_code")
+DAPO_SOURCES = ("math_dapo", "math_dapo_reasoning")
+
+
+def scorer_for(data_source: str) -> str:
+    """'code', 'dapo' or 'math': the scorer `default_compute_score` uses for this source."""
+    src = (data_source or "").lower()
+    if src.startswith(CODE_SOURCES):
+        return "code"
+    if src in DAPO_SOURCES or src.startswith("aime"):
+        return "dapo"
+    return "math"
+
+
+def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
+                          extra_info: dict | None = None, *, sandbox_timeout_s: float = 10.0) -> dict:
+    """{"score", "acc"} of one response, by the scorer its `data_source` selects."""
+    kind = scorer_for(data_source)
+    if kind == "code":
+        from reasonrl_fast.rewards.code import code_score
+
+        return code_score(solution_str, ground_truth, extra_info, timeout_s=sandbox_timeout_s)
+    from reasonrl_fast.rewards import math as math_rewards
+
+    if kind == "dapo":
+        out = math_rewards.dapo_score(solution_str, str(ground_truth))
+        return {"score": out["score"], "acc": out["acc"]}
+    return math_rewards.compute_score(solution_str, ground_truth, extra_info)
+
+
+def load_reward_fn(spec: str) -> Callable:
+    """'' -> default_compute_score; 'package.module:function' or 'path/to/file.py:function' ->
+    that function. Each way it can fail names `data.reward_fn`."""
+    if not spec:
+        return default_compute_score
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ValueError(f"data.reward_fn={spec!r}: expected `module:function` or "
+                         f"`path/to/file.py:function`")
+    if where.endswith(".py"):
+        if not os.path.isfile(where):
+            raise FileNotFoundError(f"data.reward_fn={spec!r}: no such file {where!r}")
+        loader = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(f"data.reward_fn={spec!r}: cannot import {where!r} ({e})") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AttributeError(f"data.reward_fn={spec!r}: {where!r} has no function {name!r}")
+    return fn
+
+
+def takes_two_args(fn: Callable) -> bool:
+    """True for the older `fn(response, answer)` reward functions: exactly two positional
+    parameters and no `solution_str`. Everything else gets the reference signature
+    `fn(data_source, solution_str, ground_truth, extra_info)`."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: assume the reference one
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = {p.name for p in params}
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    return len(positional) == 2 and not varargs and "solution_str" not in names
+
+
+def as_result(value: Any) -> dict:
+    """A scorer's float or {"score", "acc", ...} dict as {"score": float, "acc": bool}. A bare
+    float counts as right when it is positive. A non-finite score is passed on as it is: the
+    trainer counts it (`reward/nonfinite`) and uses 0."""
+    if isinstance(value, dict):
+        if "score" not in value:
+            raise ValueError(f"a reward function returned a dict without 'score': {sorted(value)}")
+        score = float(value["score"])
+        acc = bool(value["acc"]) if "acc" in value else (math.isfinite(score) and score > 0)
+        return {"score": score, "acc": acc}
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"a reward function must return a float or a dict with 'score', "
+                        f"got {type(value).__name__}") from None
+    return {"score": score, "acc": math.isfinite(score) and score > 0}
+
+
+def call_reward_fn(fn: Callable, two_args: bool, data_source: str, solution_str: str,
+                   ground_truth: Any, extra_info: dict | None) -> dict:
+    if two_args:
+        return as_result(fn(solution_str, ground_truth))
+    return as_result(fn(data_source, solution_str, ground_truth, extra_info))

@@ -1,0 +1,84 @@
+"""One reward worker: scores the samples the pool sends, one at a time, until the pool closes
+the pipe. Run as `python -m reasonrl_fast.rewards.worker READ_FD WRITE_FD PARENT_PID` by
+pool.py; the Ray backend uses `Scorer` inside an actor.
+
+A worker is a whole process so that the pool can end a hung scorer for real: a thread stuck
+in math-verify's parser or in a user's `while True` cannot be stopped, a process can be killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import signal
+import sys
+import time
+from functools import partial
+from multiprocessing.connection import Connection
+
+from reasonrl_fast.rewards.score import call_reward_fn, default_compute_score, load_reward_fn, takes_two_args
+
+
+class Scorer:
+    """The reward function of one pool, loaded once per worker. `config`: {"reward_fn": spec
+    ('' for the routing by data_source), "sandbox_timeout_s": float}."""
+
+    def __init__(self, config: dict):
+        spec = config.get("reward_fn", "")
+        if spec:
+            self.fn = load_reward_fn(spec)
+        else:
+            self.fn = partial(default_compute_score, sandbox_timeout_s=config["sandbox_timeout_s"])
+            # Import the scorers now, not inside the first sample's time limit: math-verify
+            # (sympy) alone takes ~1.2 s to import on this 2-core machine.
+            importlib.import_module("math_verify")
+            importlib.import_module("reasonrl_fast.rewards.math")
+            importlib.import_module("reasonrl_fast.rewards.code")
+        self.two_args = takes_two_args(self.fn)
+
+    def score(self, sample: tuple) -> tuple[str, object, float]:
+        """('ok', {"score", "acc"}, seconds) or ('error', message, seconds); never raises."""
+        t = time.perf_counter()
+        try:
+            out = call_reward_fn(self.fn, self.two_args, *sample)
+            return "ok", out, time.perf_counter() - t
+        except BaseException as e:  # noqa: BLE001 - sys.exit() in a reward function is an error too
+            return "error", f"{type(e).__name__}: {e}"[:1000], time.perf_counter() - t
+
+    def ready(self) -> bool:
+        return True
+
+
+def _die_with(parent: int) -> None:
+    """Exit when the pool's process dies, even mid-sample: the kernel sends SIGKILL
+    (PR_SET_PDEATHSIG) as soon as the parent is gone, so no orphan keeps scoring."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the closed pipe still ends the loop
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+def main(argv: list[str]) -> None:
+    read_fd, write_fd, parent = (int(a) for a in argv)
+    _die_with(parent)
+    inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    try:
+        scorer = Scorer(inbox.recv())
+    except BaseException as e:  # noqa: BLE001 - reported to the pool, which names it
+        outbox.send(("fatal", f"{type(e).__name__}: {e}"))
+        return
+    outbox.send(("ready", None))
+    while True:
+        try:
+            chunk = inbox.recv()
+        except EOFError:  # the pool closed: done
+            return
+        for seq, sample in chunk:  # one answer per sample: the pool times each one
+            outbox.send(("result", (seq, *scorer.score(sample))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
