@@ -70,10 +70,13 @@ def kills_a_worker(response: str, answer: str) -> float:
 
 
 def sleeps_forever_once(response: str, answer: str) -> float:
-    """The first call never returns (a parser stuck on degenerate output): the pool's time
-    limit must end it and the run go on."""
-    if _call("sleep") == 1:
-        import time
+    """One call in the whole run (across all the pool's workers and their replacements: the
+    first to create the file $REASONRL_HANG_FLAG) never returns, like a parser stuck on
+    degenerate output. The pool's time limit must end it and the run go on."""
+    try:
+        os.close(os.open(os.environ["REASONRL_HANG_FLAG"], os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return math_reward(response, answer)
+    import time
 
-        time.sleep(10**6)
-    return math_reward(response, answer)
+    time.sleep(10**6)
