@@ -17,8 +17,9 @@ The sandbox, layer by layer (`sandbox_mode()` says which mode this machine gets;
 3. A scrubbed environment (PATH, LANG, HOME=workdir, one-thread BLAS settings; nothing from the
    caller), `python -I`, stdin the case's input (HumanEval: empty), stdout capped (over the cap
    the case is killed: "output_limit"), stderr keeps its tail.
-4. Time: each case gets a fair share of what is left of `timeout_s` (left / cases left), and
-   the caller kills the whole sandbox at `timeout_s` + a grace period, whatever happens inside.
+4. Time: each case gets a fair share of what is left of `timeout_s` (left / cases left), but
+   at least timeout_s / 4 (cases that run out of time count as failed, status "timeout"); the
+   caller kills the whole sandbox at `timeout_s` + a grace period, whatever happens inside.
 5. [root] A PID namespace (`unshare --pid --fork --kill-child --mount-proc`): the launcher is
    its pid 1, kills every other process in it after each case (kill(-1)), and when it dies the
    kernel kills everything left, setsid() or not. /proc shows only the sandbox's processes.
