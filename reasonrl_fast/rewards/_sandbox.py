@@ -63,18 +63,6 @@ def _setup_mounts(job: dict) -> str:
     return work
 
 
-def _count_procs_of(uid: int) -> int:
-    n = 0
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                if os.stat("/proc/" + p).st_uid == uid:
-                    n += 1
-            except OSError:
-                pass
-    return n
-
-
 def _children_of(pid: int) -> list:
     out = []
     for p in os.listdir("/proc"):
@@ -155,14 +143,13 @@ def _run_case(job: dict, work: str, stdin_data: bytes, limit_s: float, harness: 
     status_r, status_w = os.pipe()
     argv = [py, "-I", "-c", _HARNESS, str(status_w)] if harness else [py, "-I", "solution.py"]
     uid = job["uid"]
-    nproc = job["nproc"] if job["pidns"] else _count_procs_of(os.getuid()) + job["nproc"]
     kw = dict(user=uid, group=uid, extra_groups=[]) if uid is not None else {}
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, cwd=work, env=job["env"],
                                 start_new_session=True, pass_fds=(status_w,),
-                                preexec_fn=_limits(job, int(limit_s) + 1, nproc), **kw)
+                                preexec_fn=_limits(job, int(limit_s) + 1, job["nproc"]), **kw)
     finally:
         os.close(stdin_fd)
         os.close(status_w)

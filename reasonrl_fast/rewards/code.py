@@ -58,7 +58,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox.py")
@@ -147,6 +146,20 @@ class _UidSlot:
             self.fd = None
 
 
+def _nproc_limit(slot: _UidSlot | None) -> int:
+    """RLIMIT_NPROC counts every process of the real uid on the machine: the sandbox uid owns
+    none but the sandbox's, while the caller's own uid (userns, plain) already has some."""
+    if slot is not None:
+        return _NPROC
+    mine = 0
+    for p in os.listdir("/proc"):
+        try:
+            mine += p.isdigit() and os.stat("/proc/" + p).st_uid == os.getuid()
+        except OSError:
+            pass
+    return mine + _NPROC
+
+
 def run_tests(program: str, tests: str | list[dict], timeout_s: float = 10.0, *,
               memory_mb: int = 1024) -> CodeResult:
     """Run `program` against `tests` in the sandbox. `tests` is Python source run after the
@@ -187,11 +200,13 @@ def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResu
     if mode == "plain":
         program = _NO_SOCKETS + program  # prepended: the program's line numbers shift by 6
     python = _SYSTEM_PYTHON if mode == "root" else sys.executable
-    real = (os.path.realpath(python), os.path.realpath(sys.prefix), python)
+    # The interpreters that run inside must stay visible: never hide a dir they live in.
+    real = {python, os.path.realpath(python)} | ({sys.prefix, os.path.realpath(sys.prefix)}
+                                                 if mode != "root" else set())
     hide = [d for d in _HIDE + (_REPO_DIR,) if not any(p.startswith(d + "/") for p in real)]
     job.update(program=program, timeout_s=timeout_s, memory_mb=memory_mb,
                pidns=mode != "plain", mounts=mode != "plain", workdir=workdir, hide=hide,
-               uid=slot.uid if slot else None, nproc=_NPROC, output_cap=_OUTPUT_CAP,
+               uid=slot.uid if slot else None, nproc=_nproc_limit(slot), output_cap=_OUTPUT_CAP,
                fsize_mb=16, nofile=64, tmpfs_mb=64,
                python=python,
                env=dict(_PROGRAM_ENV, HOME=workdir or "/tmp/work"))
@@ -207,7 +222,7 @@ def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResu
                                 stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
                                 cwd="/", start_new_session=True)
         try:
-            out, err = proc.communicate(marshal.dumps(job), timeout=timeout_s + _GRACE_S)
+            out, err = proc.communicate(marshal.dumps(job, 4), timeout=timeout_s + _GRACE_S)
         except subprocess.TimeoutExpired:
             proc.kill()  # the launcher's death takes the namespace (or, plain, its children)
             proc.communicate()

@@ -101,7 +101,7 @@ def test_humaneval_canonical_solutions_pass(problems):
 
 
 def test_humaneval_wrong_solutions_fail(problems):
-    sample = problems[::2]  # 82 problems; the body becomes `return None`
+    sample = problems  # the body of each becomes `return None`
     jobs = [(p["prompt"] + "    return None\n", {"test": p["test"], "entry_point": p["entry_point"]})
             for p in sample]
     t0 = time.monotonic()
