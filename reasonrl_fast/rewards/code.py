@@ -1,0 +1,331 @@
+"""Code rewards (SPEC.md §9, §10): run a model-written Python program against tests in a sandbox.
+
+`code_score(response, ground_truth)` takes the program from the response (`extract_program`),
+runs it with `run_tests` and returns {"score", "acc"}. Ground truth is either stdin/stdout cases
+`{"inputs": [...], "outputs": [...]}` (score = fraction passed) or HumanEval style
+`{"test": src, "entry_point": "f"}` (the program, then the test source, then `check(f)`, in one
+interpreter; score 1/0). A case's stdout matches when it equals the expected output line by
+line after trailing whitespace is stripped from each line and trailing blank lines are dropped
+(leading and inner whitespace count); it must also exit with status 0.
+
+The sandbox, layer by layer (`sandbox_mode()` says which mode this machine gets; detected once):
+1. A fresh working directory holding only the program (and the tests). Namespaced modes: inside
+   the sandbox's own tmpfs, gone with the namespace; plain mode: a temporary directory removed
+   afterwards, also on timeout.
+2. rlimits on the program: CPU seconds (the case's time limit + 1), address space (memory_mb),
+   processes (RLIMIT_NPROC), file size, open files, no core dumps.
+3. A scrubbed environment (PATH, LANG, HOME=workdir, one-thread BLAS settings; nothing from the
+   caller), `python -I`, stdin the case's input (HumanEval: empty), stdout capped (over the cap
+   the case is killed: "output_limit"), stderr keeps its tail.
+4. Time: each case gets a fair share of what is left of `timeout_s` (left / cases left), but
+   at least timeout_s / 4 (cases that run out of time count as failed, status "timeout"); the
+   caller kills the whole sandbox at `timeout_s` + a grace period, whatever happens inside.
+5. [root] A PID namespace (`unshare --pid --fork --kill-child --mount-proc`): the launcher is
+   its pid 1, kills every other process in it after each case (kill(-1)), and when it dies the
+   kernel kills everything left, setsid() or not. /proc shows only the sandbox's processes.
+6. [root] A network namespace (`unshare --net`): only a loopback that is down, no route out.
+   IPC and UTS namespaces too (SysV shared memory of the host is out of reach).
+7. [root] A mount namespace: private tmpfs on /tmp, /var/tmp and /dev/shm (size-capped) and
+   empty read-only tmpfs over /home, /root, /work, /mnt, /media, /srv, /opt and the caller's
+   repository directory, so data sets and checkpoints there cannot be read.
+8. [root] The program runs as an unprivileged uid/gid with no supplementary groups: it cannot
+   write outside its directory, read other processes' /proc/*/environ, or signal anyone. The uid
+   is taken from a range by a lock file per slot, so two sandboxes running at once never share
+   one (RLIMIT_NPROC counts per uid: one fork bomb must not starve another sandbox). The program
+   runs with /usr/bin/python3 (the caller's interpreter may be unreadable to that uid).
+9. [all] `setpriv --pdeathsig KILL` (or prctl in the plain mode): if the caller is killed, even
+   with SIGKILL, the launcher dies, and with it (5) the namespace.
+Modes: "root" has every layer. "userns" (not root, unprivileged user namespaces allowed) has
+5-7 but not 8: the program runs as the caller's own uid, so it can write the caller's files
+outside the hidden dirs, and RLIMIT_NPROC is shared with the caller's processes. "plain" (no
+unshare) has 1-4 and 9; processes are killed by process group plus a child-subreaper sweep (a
+daemon that escapes both can survive), sockets are refused by an audit hook in the program's
+interpreter (a program using ctypes or another executable can still reach the network), and the
+program can read and write whatever the caller can.
+Not covered anywhere: a total memory cap over all the sandbox's processes (needs a cgroup; each
+process has `memory_mb` of address space and RLIMIT_NPROC bounds their number), and CPU share.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import marshal
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox.py")
+_SYSTEM_PYTHON = "/usr/bin/python3"
+_REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HIDE = ("/home", "/root", "/work", "/mnt", "/media", "/srv", "/opt")
+_UID_BASE, _UID_SLOTS = 1_610_000, 128  # synthetic uids, far from real accounts
+_NPROC = 64           # processes and threads per sandbox uid
+_OUTPUT_CAP = 1 << 20  # bytes of stdout per case
+_GRACE_S = 2.0        # past timeout_s the caller kills the sandbox outright
+_PROGRAM_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# Plain mode only: an audit hook refusing sockets, run before the program (weaker than --net).
+_NO_SOCKETS = ("import sys\n"
+               "def _refuse(event, args):\n"
+               "    if event.startswith(('socket.', 'ctypes.dlopen')):\n"
+               "        raise PermissionError('sandbox: ' + event + ' refused')\n"
+               "sys.addaudithook(_refuse)\n"
+               "del _refuse\n")
+
+
+@dataclass
+class CodeResult:
+    passed: int
+    total: int
+    status: str  # "ok" | "failed" | "error" | "timeout" | "output_limit" | "sandbox_error"
+    stderr_tail: str
+
+
+_mode: str | None = None
+
+
+def sandbox_mode() -> str:
+    """"root", "userns" or "plain" (see the module docstring); probed once per process."""
+    global _mode
+    if _mode is None:
+        _mode = "plain"
+        if shutil.which("unshare") and shutil.which("setpriv"):
+            want = "root" if os.geteuid() == 0 and os.access(_SYSTEM_PYTHON, os.X_OK) else "userns"
+            try:
+                ok = subprocess.run(_namespace_argv(want) + ["/bin/true"], capture_output=True,
+                                    timeout=10, env={"PATH": "/usr/bin:/bin"}).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+            _mode = want if ok else "plain"
+    return _mode
+
+
+def _namespace_argv(mode: str) -> list[str]:
+    argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare"]
+    if mode == "userns":
+        argv += ["--user", "--map-root-user"]
+    return argv + ["--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--net",
+                   "--mount", "--propagation", "private", "--ipc", "--uts", "--"]
+
+
+class _UidSlot:
+    """An exclusive uid for one sandbox: flock on one of _UID_SLOTS files (released by the
+    kernel if this process dies). With every slot busy, slots are shared (pid-derived)."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        d = os.path.join(tempfile.gettempdir(), f"reasonrl_fast_sandbox_uids_{os.getuid()}")
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(d)
+        usable = st.st_uid == os.getuid() and (st.st_mode & 0o777) == 0o700 and os.path.isdir(d)
+        start = os.getpid() % _UID_SLOTS
+        for i in range(_UID_SLOTS if usable else 0):
+            slot = (start + i) % _UID_SLOTS
+            fd = os.open(os.path.join(d, str(slot)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.fd, self.uid = fd, _UID_BASE + slot
+            return
+        self.uid = _UID_BASE + start
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _nproc_limit(slot: _UidSlot | None) -> int:
+    """RLIMIT_NPROC counts every process of the real uid on the machine: the sandbox uid owns
+    none but the sandbox's, while the caller's own uid (userns, plain) already has some."""
+    if slot is not None:
+        return _NPROC
+    mine = 0
+    for p in os.listdir("/proc"):
+        try:
+            mine += p.isdigit() and os.stat("/proc/" + p).st_uid == os.getuid()
+        except OSError:
+            pass
+    return mine + _NPROC
+
+
+def run_tests(program: str, tests: str | list[dict], timeout_s: float = 10.0, *,
+              memory_mb: int = 1024) -> CodeResult:
+    """Run `program` against `tests` in the sandbox. `tests` is Python source run after the
+    program in the same interpreter (one test: passed when it exits with 0 having run to the
+    end), or a list of {"input": stdin, "output": expected stdout} cases. `timeout_s` bounds
+    the whole call. Never raises on what the program or tests do."""
+    if not isinstance(program, str):
+        raise TypeError(f"program must be str, got {type(program).__name__}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or \
+            not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a positive finite number, got {timeout_s!r}")
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 64:
+        raise ValueError(f"memory_mb must be an int >= 64, got {memory_mb!r}")
+    job: dict = {"program": program, "tests": None, "inputs": [], "outputs": []}
+    if isinstance(tests, str):
+        job["tests"] = tests
+        total = 1
+    elif isinstance(tests, list):
+        for i, case in enumerate(tests):
+            if not (isinstance(case, dict) and isinstance(case.get("input"), str)
+                    and isinstance(case.get("output"), str)):
+                raise TypeError(f"tests[{i}] must be a dict with str 'input' and 'output'")
+            job["inputs"].append(case["input"])
+            job["outputs"].append(case["output"])
+        total = len(tests)
+        if total == 0:
+            raise ValueError("tests is an empty list")
+    else:
+        raise TypeError(f"tests must be str or list of dicts, got {type(tests).__name__}")
+    return _launch(job, total, float(timeout_s), memory_mb)
+
+
+def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResult:
+    mode = sandbox_mode()
+    slot = _UidSlot() if mode == "root" else None
+    workdir = None if mode != "plain" else tempfile.mkdtemp(prefix="reasonrl_code_")
+    program = job["program"]
+    if mode == "plain":
+        program = _NO_SOCKETS + program  # prepended: the program's line numbers shift by 6
+    python = _SYSTEM_PYTHON if mode == "root" else sys.executable
+    # The interpreters that run inside must stay visible: never hide a dir they live in.
+    real = {python, os.path.realpath(python)} | ({sys.prefix, os.path.realpath(sys.prefix)}
+                                                 if mode != "root" else set())
+    hide = [d for d in _HIDE + (_REPO_DIR,) if not any(p.startswith(d + "/") for p in real)]
+    job.update(program=program, timeout_s=timeout_s, memory_mb=memory_mb,
+               pidns=mode != "plain", mounts=mode != "plain", workdir=workdir, hide=hide,
+               uid=slot.uid if slot else None, nproc=_nproc_limit(slot), output_cap=_OUTPUT_CAP,
+               fsize_mb=16, nofile=64, tmpfs_mb=64,
+               python=python,
+               env=dict(_PROGRAM_ENV, HOME=workdir or "/tmp/work"))
+    if mode == "plain":
+        argv = [sys.executable, "-I", "-S", _LAUNCHER]
+        if shutil.which("setpriv"):
+            argv = ["setpriv", "--pdeathsig", "KILL", "--"] + argv
+    else:
+        launcher_py = _SYSTEM_PYTHON if mode == "root" else sys.executable
+        argv = _namespace_argv(mode) + [launcher_py, "-I", "-S", _LAUNCHER]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
+                                cwd="/", start_new_session=True)
+        try:
+            out, err = proc.communicate(marshal.dumps(job, 4), timeout=timeout_s + _GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # the launcher's death takes the namespace (or, plain, its children)
+            proc.communicate()
+            return CodeResult(0, total, "timeout", "sandbox killed at the overall deadline")
+    except OSError as e:
+        return CodeResult(0, total, "sandbox_error", f"could not start the sandbox: {e}")
+    finally:
+        if slot:
+            slot.release()
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    try:
+        cases = marshal.loads(out)["cases"]
+    except (ValueError, EOFError, KeyError, TypeError):
+        tail = err.decode(errors="replace")[-2000:]
+        return CodeResult(0, total, "sandbox_error", f"launcher rc={proc.returncode}: {tail}")
+    passed = sum(bool(c["passed"]) for c in cases)
+    statuses = [c["status"] for c in cases]
+    if passed == total:
+        status = "ok"
+    else:
+        status = next((s for s in ("timeout", "output_limit", "error") if s in statuses), "failed")
+    shown = next((c for c in cases if not c["passed"]), cases[-1])
+    return CodeResult(passed, total, status, shown.get("stderr", "")[-2000:])
+
+
+_OPEN = re.compile(r"[ \t]*```[ \t]*([\w+.-]*)[^\n]*")
+_CLOSE = re.compile(r"[ \t]*```[ \t]*")
+_PYTHON_TAGS = {"python", "python3", "py", "py3"}
+
+
+def extract_program(response: str) -> str:
+    """The last fenced ```python block (```py, ```python3, any case), else the whole text
+    (SPEC.md §10). Fences are read line by line, so a block of another language is skipped as
+    a whole; an unclosed python block at the end counts (a cut-off response)."""
+    if not isinstance(response, str):
+        raise TypeError(f"response must be str, got {type(response).__name__}")
+    last, block, lang = None, None, None
+    for line in response.splitlines():
+        if block is None:
+            m = _OPEN.fullmatch(line)
+            if m:
+                block, lang = [], m.group(1).lower()
+        elif _CLOSE.fullmatch(line):
+            if lang in _PYTHON_TAGS:
+                last = block
+            block = None
+        else:
+            block.append(line)
+    if block is not None and lang in _PYTHON_TAGS:
+        last = block
+    return response if last is None else "\n".join(last) + "\n"
+
+
+def _parse_ground_truth(ground_truth: str | dict) -> dict:
+    if isinstance(ground_truth, str):
+        try:
+            gt = json.loads(ground_truth)
+        except ValueError as e:
+            raise ValueError(f"code ground truth is not valid JSON: {e}") from None
+    elif isinstance(ground_truth, dict):
+        gt = ground_truth
+    else:
+        raise ValueError(f"code ground truth must be a JSON string or dict, "
+                         f"got {type(ground_truth).__name__}")
+    if not isinstance(gt, dict):
+        raise ValueError(f"code ground truth must be a JSON object, got {type(gt).__name__}")
+    return gt
+
+
+def _as_text(value, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)  # some sets store a case as its lines
+    raise ValueError(f"code ground truth: {where} must be a string (or list of strings), "
+                     f"got {type(value).__name__}")
+
+
+def code_score(response: str, ground_truth: str | dict, extra_info=None,
+               timeout_s: float = 10.0) -> dict:
+    """{"score": float, "acc": bool} for a response to a code problem (SPEC.md §9, §10).
+    Malformed ground truth raises ValueError; whatever the program does scores (0 at worst)."""
+    gt = _parse_ground_truth(ground_truth)
+    program = extract_program(response)
+    if "test" in gt:
+        test, entry = gt["test"], gt.get("entry_point")
+        if not isinstance(test, str) or not isinstance(entry, str) or not entry.isidentifier():
+            raise ValueError("code ground truth: HumanEval style needs str 'test' and an "
+                             f"identifier 'entry_point', got entry_point={entry!r}")
+        result = run_tests(program, f"{test}\n\ncheck({entry})\n", timeout_s)
+        return {"score": float(result.passed == result.total), "acc": result.status == "ok"}
+    if "inputs" in gt and "outputs" in gt:
+        if "fn_name" in gt:
+            raise ValueError("code ground truth: call-based cases (fn_name) are not supported")
+        ins, outs = gt["inputs"], gt["outputs"]
+        if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs) \
+                or not ins:
+            raise ValueError("code ground truth: 'inputs' and 'outputs' must be non-empty lists "
+                             "of the same length")
+        cases = [{"input": _as_text(i, f"inputs[{k}]"), "output": _as_text(o, f"outputs[{k}]")}
+                 for k, (i, o) in enumerate(zip(ins, outs))]
+        result = run_tests(program, cases, timeout_s)
+        return {"score": result.passed / result.total, "acc": result.passed == result.total}
+    raise ValueError(f"code ground truth needs 'test'+'entry_point' or 'inputs'+'outputs', "
+                     f"got keys {sorted(gt)}")
