@@ -1,5 +1,5 @@
-"""Math answers (SPEC.md §7, §9): the last \\boxed{...} of a response, compared to the ground truth
-mathematically (0.5 = \\frac{1}{2}, sets in any order, units stripped).
+"""Math answers (SPEC.md §7, §9): the last \\boxed{...} of a response, compared to the ground
+truth mathematically (0.5 = \\frac{1}{2}, sets in any order, units stripped).
 
 Plain numbers and simple fractions are compared exactly here; everything else goes to math-verify,
 imported on first use (it pulls in sympy: about a second) so that importing this module stays
@@ -29,7 +29,7 @@ _BRACE_TOKENS = re.compile(r"\\.|[{}]", re.DOTALL)
 
 def extract_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} or \\fbox{...} (nested braces allowed); None when there is
-    none or it is unclosed. Linear time: one rfind per opener, then one scan to the closing brace."""
+    none or it is unclosed. Linear time: one rfind per opener, one scan to the closing brace."""
     if not isinstance(text, str):
         return None
     start = -1

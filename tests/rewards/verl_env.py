@@ -30,7 +30,8 @@ _LOCK = VENV_DIR.with_name(VENV_DIR.name + ".lock")
 # the module itself needs only `re` and `typing`).
 _DRIVER = r"""
 import importlib.util, json, os, sys, sysconfig
-path = os.path.join(sysconfig.get_paths()["purelib"], "verl", "utils", "reward_score", "math_dapo.py")
+path = os.path.join(sysconfig.get_paths()["purelib"], "verl", "utils", "reward_score",
+                    "math_dapo.py")
 spec = importlib.util.spec_from_file_location("verl_math_dapo", path)
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
@@ -40,7 +41,8 @@ for case in json.load(sys.stdin):
         out.append({"result": mod.compute_score(**case)})
     except Exception as e:  # a raise is a behaviour to compare too
         out.append({"error": type(e).__name__})
-json.dump(out, sys.stdout)
+tables = {"SUBSTITUTIONS": mod.SUBSTITUTIONS, "REMOVED_EXPRESSIONS": mod.REMOVED_EXPRESSIONS}
+json.dump({"results": out, "tables": tables}, sys.stdout)
 """
 
 
@@ -81,10 +83,10 @@ def ensure_verl_env(timeout: float = 600.0) -> tuple[Path, float]:
         return _python(), time.monotonic() - start
 
 
-def verl_dapo_scores(cases: list[dict], timeout: float = 300.0) -> list[dict]:
+def verl_dapo_scores(cases: list[dict], timeout: float = 300.0) -> tuple[list[dict], dict]:
     """verl's math_dapo.compute_score(**case) for each case, as {"result": dict} or
     {"error": exception type name}, computed in the venv's python (JSON in on stdin, out on
-    stdout)."""
+    stdout); and the module's normalisation tables (name -> list of entries)."""
     python, _ = ensure_verl_env()
     try:
         proc = subprocess.run([str(python), "-c", _DRIVER], input=json.dumps(cases),
@@ -94,7 +96,8 @@ def verl_dapo_scores(cases: list[dict], timeout: float = 300.0) -> list[dict]:
         raise VerlEnvError(f"verl's scorer gave no answer within {timeout:.0f} s") from None
     if proc.returncode != 0:
         raise VerlEnvError(f"verl's scorer failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout)
+    answer = json.loads(proc.stdout)
+    out = answer["results"]
     if len(out) != len(cases):
         raise VerlEnvError(f"verl's scorer answered {len(out)} of {len(cases)} cases")
-    return out
+    return out, answer["tables"]
