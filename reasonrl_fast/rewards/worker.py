@@ -52,7 +52,8 @@ class Scorer:
 
 def _die_with(parent: int) -> None:
     """Exit when the pool's process dies, even mid-sample: the kernel sends SIGKILL
-    (PR_SET_PDEATHSIG) as soon as the parent is gone, so no orphan keeps scoring."""
+    (PR_SET_PDEATHSIG) as soon as the parent is gone, so no orphan keeps scoring. (Strictly,
+    when the parent *thread* that started it ends: create a pool from a thread that outlives it.)"""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the closed pipe still ends the loop
