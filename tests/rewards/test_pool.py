@@ -12,16 +12,9 @@ import time
 import pytest
 
 from reasonrl_fast.rewards.pool import RewardPool, RewardPoolError
+from tests.procs import alive
 
 FN = "tests.rewards.pool_fns:behave"
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_for_file(path, timeout=30.0) -> int:

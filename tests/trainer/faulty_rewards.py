@@ -7,9 +7,8 @@ import collections
 import os
 import signal
 
-from procs import children
-
 from reasonrl_fast.rewards.math import math_score as math_reward
+from tests.procs import children
 
 _calls: collections.Counter = collections.Counter()
 

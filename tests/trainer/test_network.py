@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from conftest import ROOT, TINY
-from procs import alive, children
+from tests.procs import alive, children
 
 TAG = "REASONRL_TEST_RUN"
 
