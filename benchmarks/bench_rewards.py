@@ -78,7 +78,7 @@ def pooled(samples, workers: int = 2, timeout_s: float = 30.0) -> tuple[float, l
 
 
 def addition_step(seed: int) -> list[tuple]:
-    from reasonrl_fast.trainer.data import sft_example, synthetic_split
+    from reasonrl_fast.data.addition import sft_example, synthetic_split
 
     rng = random.Random(seed)
     items = synthetic_split(16, 2, seed)

@@ -1,7 +1,6 @@
-"""Prompts: the built-in tasks (addition with the carries written out; short stdin/stdout code
-problems) and jsonl/parquet files with `prompt` and `answer` (or the verl schema's
-`reward_model.ground_truth`) and an optional `data_source`, behind a small seeded sampler whose
-position is saved in checkpoints."""
+"""Prompts for training and validation: the embedded tasks (reasonrl_fast/data/) or jsonl/parquet
+files with `prompt` and `answer` (or the verl schema's `reward_model.ground_truth`) and an optional
+`data_source`, behind a small seeded sampler whose position is saved in checkpoints."""
 
 from __future__ import annotations
 
@@ -10,96 +9,8 @@ import random
 import warnings
 from dataclasses import dataclass
 
-# ---------------------------------------------------------------- synthetic task
-
-
-def addition_steps(a: int, b: int, digits: int, slip_at: int | None = None) -> tuple[str, int]:
-    """Column addition from the last digit, one step per column: '7+5=12,4+8+1=13,...'.
-
-    `slip_at`: index of a column whose incoming carry is forgotten (a noisy demonstration);
-    the final answer then follows the slip, so the written work stays self-consistent.
-    Returns (steps, the answer the steps arrive at).
-    """
-    da, db = str(a).zfill(digits)[::-1], str(b).zfill(digits)[::-1]
-    carry, out, steps = 0, [], []
-    for i in range(digits):
-        if i == slip_at:
-            carry = 0
-        s = int(da[i]) + int(db[i]) + carry
-        steps.append(f"{da[i]}+{db[i]}" + ("+1" if carry else "") + f"={s}")
-        out.append(str(s % 10))
-        carry = s // 10
-    if carry:
-        out.append("1")
-    return ",".join(steps), int("".join(reversed(out)))
-
-
-def make_prompt(a: int, b: int) -> str:
-    return f"{a}+{b}="
-
-
-def has_carry(a: int, b: int, digits: int) -> bool:
-    return any(_carry_into(a, b, digits, i) for i in range(1, digits))
-
-
-def sample_operands(rng: random.Random, digits: int, carry_frac: float) -> tuple[int, int]:
-    """Two `digits`-digit numbers; with probability `carry_frac` the sum needs a carry between
-    columns (the step that demonstrations get wrong), else it needs none (rejection sampling)."""
-    lo, hi = 10 ** (digits - 1), 10**digits - 1
-    want = rng.random() < carry_frac
-    while True:
-        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        if has_carry(a, b, digits) == want:
-            return a, b
-
-
-def synthetic_split(n: int, digits: int, seed: int, carry_frac: float = 0.75) -> list[dict]:
-    rng = random.Random(seed)
-    items = []
-    for _ in range(n):
-        a, b = sample_operands(rng, digits, carry_frac)
-        items.append({"prompt": make_prompt(a, b), "answer": str(a + b), "a": a, "b": b,
-                      "data_source": "addition"})
-    return items
-
-
-# ---------------------------------------------------------------- built-in code task
-
-# Short stdin/stdout problems (the prompt, then the function that answers an input line), so a
-# code run fits the tiny model's 256 positions. Scored in the sandbox like any code source.
-CODE_PROBLEMS = [
-    ("Read two integers on one line; print their sum.", lambda a, b: a + b),
-    ("Read two integers on one line; print their product.", lambda a, b: a * b),
-    ("Read two integers on one line; print the larger.", max),
-    ("Read two integers on one line; print their difference.", lambda a, b: a - b),
-]
-
-
-def code_split(n: int, seed: int, cases: int = 3) -> list[dict]:
-    """`n` problems drawn from CODE_PROBLEMS, each with `cases` random stdin/stdout tests in
-    the `{"inputs", "outputs"}` ground-truth encoding."""
-    rng = random.Random(seed)
-    items = []
-    for _ in range(n):
-        text, fn = rng.choice(CODE_PROBLEMS)
-        pairs = [(rng.randint(-99, 99), rng.randint(-99, 99)) for _ in range(cases)]
-        truth = {"inputs": [f"{a} {b}\n" for a, b in pairs], "outputs": [f"{fn(a, b)}\n" for a, b in pairs]}
-        items.append({"prompt": f"{text}\n```python\n", "answer": json.dumps(truth), "data_source": "code"})
-    return items
-
-
-def sft_example(a: int, b: int, digits: int, slip_prob: float, rng: random.Random) -> str:
-    """A supervised demonstration; with probability `slip_prob` one carry is forgotten."""
-    carries = [i for i in range(1, digits) if _carry_into(a, b, digits, i)]
-    slip = rng.choice(carries) if carries and rng.random() < slip_prob else None
-    steps, ans = addition_steps(a, b, digits, slip)
-    return f"{steps} \\boxed{{{ans}}}"
-
-
-def _carry_into(a: int, b: int, digits: int, col: int) -> bool:
-    m = 10**col
-    return (a % m) + (b % m) >= m
-
+from reasonrl_fast.data.addition import synthetic_split
+from reasonrl_fast.data.code import code_split
 
 # ---------------------------------------------------------------- files
 

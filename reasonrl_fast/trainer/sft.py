@@ -14,7 +14,7 @@ import torch
 
 from reasonrl_fast.ops import token_logprob
 from reasonrl_fast.trainer.config import config_hash
-from reasonrl_fast.trainer.data import sample_operands, sft_example
+from reasonrl_fast.data.addition import sample_operands, sft_example
 from reasonrl_fast.trainer.model import char_tokenizer, tiny_model
 from reasonrl_fast.trainer.policy import make_batch
 

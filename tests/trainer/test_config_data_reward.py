@@ -6,7 +6,8 @@ import random
 import pytest
 
 from reasonrl_fast.trainer.config import ConfigError, load_config
-from reasonrl_fast.trainer.data import Sampler, addition_steps, filter_long, load_records, sft_example
+from reasonrl_fast.data.addition import addition_steps, sft_example
+from reasonrl_fast.trainer.data import Sampler, filter_long, load_records
 from reasonrl_fast.trainer.model import char_tokenizer
 from reasonrl_fast.rewards.math import math_score
 
@@ -215,7 +216,7 @@ def test_records_carry_data_source_and_verl_ground_truth(tmp_path):
 
 
 def test_code_task_cases_are_consistent():
-    from reasonrl_fast.trainer.data import code_split
+    from reasonrl_fast.data.code import code_split
 
     items = code_split(20, seed=1)
     assert {it["data_source"] for it in items} == {"code"}

@@ -1,0 +1,29 @@
+"""The embedded code task: short stdin/stdout programming problems that fit the tiny model's
+context, scored in the sandbox like any code source."""
+
+from __future__ import annotations
+
+import json
+import random
+
+# Short stdin/stdout problems (the prompt, then the function that answers an input line), so a
+# code run fits the tiny model's 256 positions. Scored in the sandbox like any code source.
+CODE_PROBLEMS = [
+    ("Read two integers on one line; print their sum.", lambda a, b: a + b),
+    ("Read two integers on one line; print their product.", lambda a, b: a * b),
+    ("Read two integers on one line; print the larger.", max),
+    ("Read two integers on one line; print their difference.", lambda a, b: a - b),
+]
+
+
+def code_split(n: int, seed: int, cases: int = 3) -> list[dict]:
+    """`n` problems drawn from CODE_PROBLEMS, each with `cases` random stdin/stdout tests in
+    the `{"inputs", "outputs"}` ground-truth encoding."""
+    rng = random.Random(seed)
+    items = []
+    for _ in range(n):
+        text, fn = rng.choice(CODE_PROBLEMS)
+        pairs = [(rng.randint(-99, 99), rng.randint(-99, 99)) for _ in range(cases)]
+        truth = {"inputs": [f"{a} {b}\n" for a, b in pairs], "outputs": [f"{fn(a, b)}\n" for a, b in pairs]}
+        items.append({"prompt": f"{text}\n```python\n", "answer": json.dumps(truth), "data_source": "code"})
+    return items
