@@ -4,15 +4,19 @@ digit ('7+5=12,4+8+1=13 \\boxed{132}'), and the noisy demonstrations of the warm
 from __future__ import annotations
 
 import random
+import re
 
 # ---------------------------------------------------------------- synthetic task
 
 
-def addition_steps(a: int, b: int, digits: int, slip_at: int | None = None) -> tuple[str, int]:
+def addition_steps(a: int, b: int, digits: int, slip_at: int | None = None,
+                   miswrite_at: int | None = None) -> tuple[str, int]:
     """Column addition from the last digit, one step per column: '7+5=12,4+8+1=13,...'.
 
     `slip_at`: index of a column whose incoming carry is forgotten (a noisy demonstration);
     the final answer then follows the slip, so the written work stays self-consistent.
+    `miswrite_at`: index of a column whose written sum is wrong (see `miswrite`) while its carry
+    and the final answer stay right: a flawed positive.
     Returns (steps, the answer the steps arrive at).
     """
     da, db = str(a).zfill(digits)[::-1], str(b).zfill(digits)[::-1]
@@ -21,7 +25,8 @@ def addition_steps(a: int, b: int, digits: int, slip_at: int | None = None) -> t
         if i == slip_at:
             carry = 0
         s = int(da[i]) + int(db[i]) + carry
-        steps.append(f"{da[i]}+{db[i]}" + ("+1" if carry else "") + f"={s}")
+        written = miswrite(s) if i == miswrite_at else str(s)
+        steps.append(f"{da[i]}+{db[i]}" + ("+1" if carry else "") + f"={written}")
         out.append(str(s % 10))
         carry = s // 10
     if carry:
@@ -58,14 +63,68 @@ def synthetic_split(n: int, digits: int, seed: int, carry_frac: float = 0.75) ->
     return items
 
 
-def sft_example(a: int, b: int, digits: int, slip_prob: float, rng: random.Random) -> str:
-    """A supervised demonstration; with probability `slip_prob` one carry is forgotten."""
+def sft_example(a: int, b: int, digits: int, slip_prob: float, rng: random.Random,
+                flaw_prob: float = 0.0) -> str:
+    """A supervised demonstration. With probability `slip_prob` one carry is forgotten (a wrong
+    answer); otherwise, with probability `flaw_prob`, one column's sum is miswritten while the
+    answer stays right (a flawed positive)."""
     carries = [i for i in range(1, digits) if _carry_into(a, b, digits, i)]
     slip = rng.choice(carries) if carries and rng.random() < slip_prob else None
-    steps, ans = addition_steps(a, b, digits, slip)
+    flaw = rng.randrange(digits) if slip is None and flaw_prob and rng.random() < flaw_prob else None
+    steps, ans = addition_steps(a, b, digits, slip, flaw)
     return f"{steps} \\boxed{{{ans}}}"
 
 
 def _carry_into(a: int, b: int, digits: int, col: int) -> bool:
     m = 10**col
     return (a % m) + (b % m) >= m
+
+
+# ---------------------------------------------------------------- flawed positives and the step checker
+# A flawed positive is a right final answer reached through a wrong step (FAPO). The embedded
+# task gets them from demonstrations that miswrite one column's sum (the tens digit dropped or
+# added) but keep the carry and the answer right: '7+5=2,4+8+1=13 \boxed{132}'.
+
+
+def miswrite(total: int) -> str:
+    """A wrong column sum with the right last digit: 12 -> '2', 7 -> '17'."""
+    return str(total % 10) if total >= 10 else f"1{total}"
+
+
+def column_steps(a: int, b: int, digits: int) -> list[str]:
+    """The right steps of a + b, one per column from the last digit."""
+    return addition_steps(a, b, digits)[0].split(",")
+
+
+def response_steps(response: str) -> list[str]:
+    """The steps a response writes: the comma-separated text before its first \\boxed."""
+    work = response.split("\\boxed", 1)[0].strip()
+    return [s.strip() for s in work.split(",")] if work else []
+
+
+def parse_problem(problem: str) -> tuple[int, int] | None:
+    """(a, b) of an addition prompt 'a+b=' (surrounding text ignored), or None."""
+    m = re.search(r"(\d+)\+(\d+)=", problem)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def first_wrong_step(a: int, b: int, steps: list[str]) -> int:
+    """Index of the earliest step that differs from the right column work, or -1 if none. A
+    missing step counts as wrong at the last written one; an extra step is wrong where it
+    starts; no steps at all is wrong at 0."""
+    right = column_steps(a, b, max(len(str(a)), len(str(b))))
+    for i in range(max(len(steps), len(right))):
+        if i >= len(steps):
+            return max(len(steps) - 1, 0)
+        if i >= len(right) or steps[i] != right[i]:
+            return i
+    return -1
+
+
+def flawed_step(prompt: str, response: str) -> int:
+    """The step checker: index of the earliest wrong step of `response` to the addition
+    `prompt`, or -1 when every step is right (the ground truth of the flawed-positive metrics)."""
+    ab = parse_problem(prompt)
+    if ab is None:
+        raise ValueError(f"not an addition prompt: {prompt[:80]!r}")
+    return first_wrong_step(*ab, response_steps(response))
