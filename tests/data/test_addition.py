@@ -1,0 +1,75 @@
+"""The embedded addition task's flawed positives and its step checker."""
+
+import random
+
+import pytest
+
+from reasonrl_fast.data.addition import (addition_steps, first_wrong_step, flawed_step, miswrite, parse_problem,
+                                         response_steps, sft_example)
+from reasonrl_fast.rewards.math import math_score
+
+
+def _operands(rng, digits):
+    return rng.randint(10 ** (digits - 1), 10**digits - 1), rng.randint(10 ** (digits - 1), 10**digits - 1)
+
+
+@pytest.mark.parametrize("digits", [1, 2, 3, 5])
+def test_checker_finds_the_miswritten_column(digits):
+    rng = random.Random(digits)
+    for _ in range(300):
+        a, b = _operands(rng, digits)
+        clean, ans = addition_steps(a, b, digits)
+        assert ans == a + b
+        assert flawed_step(f"{a}+{b}=", f"{clean} \\boxed{{{ans}}}") == -1
+        col = rng.randrange(digits)
+        steps, ans2 = addition_steps(a, b, digits, miswrite_at=col)
+        # A flawed positive: the answer is right, the column's written sum is not.
+        assert ans2 == a + b and steps != clean
+        response = f"{steps} \\boxed{{{ans2}}}"
+        assert math_score(response, str(a + b)) == 1.0
+        assert flawed_step(f"{a}+{b}=", response) == col
+
+
+def test_checker_on_slips_and_malformed_work():
+    # 47+85: columns 7+5=12, 4+8+1=13
+    p = "47+85="
+    assert flawed_step(p, "7+5=12,4+8=12 \\boxed{122}") == 1  # the forgotten carry
+    assert flawed_step(p, "7+5=12 \\boxed{132}") == 0  # a missing step: wrong at the last written
+    assert flawed_step(p, "\\boxed{132}") == 0  # no work at all
+    assert flawed_step(p, "7+5=12,4+8+1=13,0+0=0 \\boxed{132}") == 2  # an extra step
+    assert flawed_step(p, "7+5=12, 4+8+1=13 \\boxed{132}") == -1  # spaces around steps are fine
+    assert flawed_step(p, "7+5=12,4+8+1=13") == -1  # steps without a box are still judged
+    with pytest.raises(ValueError, match="not an addition prompt"):
+        flawed_step("hello", "7+5=12")
+
+
+def test_miswrite_keeps_the_last_digit_and_is_wrong():
+    for s in range(19):
+        w = miswrite(s)
+        assert int(w) != s and int(w) % 10 == s % 10
+
+
+def test_helpers():
+    assert parse_problem("47+85=") == (47, 85) and parse_problem("x") is None
+    assert response_steps(" 7+5=12,4+8+1=13 \\boxed{132}") == ["7+5=12", "4+8+1=13"]
+    assert response_steps("\\boxed{1}") == []
+    assert first_wrong_step(5, 7, ["5+7=12"]) == -1
+
+
+def test_demonstrations_mix_clean_slipped_and_flawed():
+    rng = random.Random(0)
+    kinds = {"clean": 0, "slip": 0, "flawed": 0}
+    for _ in range(2000):
+        a, b = 47, 85
+        d = sft_example(a, b, 2, 0.5, rng, flaw_prob=0.4)
+        right, bad = math_score(d, "132") == 1.0, flawed_step("47+85=", d) != -1
+        assert right or bad  # a wrong answer always comes from a wrong step
+        kinds["slip" if not right else "flawed" if bad else "clean"] += 1
+    # slip 0.5 (this sum has a carry), then flawed 0.4 of the rest: 0.5 / 0.2 / 0.3
+    assert abs(kinds["slip"] / 2000 - 0.5) < 0.05
+    assert abs(kinds["flawed"] / 2000 - 0.2) < 0.04
+    assert abs(kinds["clean"] / 2000 - 0.3) < 0.04
+    # flaw_prob 0 draws nothing extra: the demonstrations are the ones before flaws existed
+    r1, r2 = random.Random(5), random.Random(5)
+    assert [sft_example(47, 85, 2, 0.5, r1) for _ in range(50)] == \
+        [sft_example(47, 85, 2, 0.5, r2, flaw_prob=0.0) for _ in range(50)]
