@@ -15,8 +15,8 @@ def addition_steps(a: int, b: int, digits: int, slip_at: int | None = None,
 
     `slip_at`: index of a column whose incoming carry is forgotten (a noisy demonstration);
     the final answer then follows the slip, so the written work stays self-consistent.
-    `miswrite_at`: index of a column whose written sum is wrong (see `miswrite`) while its carry
-    and the final answer stay right: a flawed positive.
+    `miswrite_at`: index of a column that shows a wrong digit of `b` (see `miswrite`) while its
+    sum, the carry and the final answer stay right: a flawed positive.
     Returns (steps, the answer the steps arrive at).
     """
     da, db = str(a).zfill(digits)[::-1], str(b).zfill(digits)[::-1]
@@ -25,8 +25,8 @@ def addition_steps(a: int, b: int, digits: int, slip_at: int | None = None,
         if i == slip_at:
             carry = 0
         s = int(da[i]) + int(db[i]) + carry
-        written = miswrite(s) if i == miswrite_at else str(s)
-        steps.append(f"{da[i]}+{db[i]}" + ("+1" if carry else "") + f"={written}")
+        shown = miswrite(db[i]) if i == miswrite_at else db[i]
+        steps.append(f"{da[i]}+{shown}" + ("+1" if carry else "") + f"={s}")
         out.append(str(s % 10))
         carry = s // 10
     if carry:
@@ -66,7 +66,7 @@ def synthetic_split(n: int, digits: int, seed: int, carry_frac: float = 0.75) ->
 def sft_example(a: int, b: int, digits: int, slip_prob: float, rng: random.Random,
                 flaw_prob: float = 0.0) -> str:
     """A supervised demonstration. With probability `slip_prob` one carry is forgotten (a wrong
-    answer); otherwise, with probability `flaw_prob`, one column's sum is miswritten while the
+    answer); otherwise, with probability `flaw_prob`, one column shows a wrong digit while the
     answer stays right (a flawed positive)."""
     carries = [i for i in range(1, digits) if _carry_into(a, b, digits, i)]
     slip = rng.choice(carries) if carries and rng.random() < slip_prob else None
@@ -82,13 +82,15 @@ def _carry_into(a: int, b: int, digits: int, col: int) -> bool:
 
 # ---------------------------------------------------------------- flawed positives and the step checker
 # A flawed positive is a right final answer reached through a wrong step (FAPO). The embedded
-# task gets them from demonstrations that miswrite one column's sum (the tens digit dropped or
-# added) but keep the carry and the answer right: '7+5=2,4+8+1=13 \boxed{132}'.
+# task gets them from demonstrations that miswrite a digit of one column, so that the step is
+# false while its sum, the carry and the answer stay right: '7+6=12,4+8+1=13 \boxed{132}'.
+# (A miswritten sum, '7+5=2', was tried first: it hides the carry the next column needs, so the
+# policy's flaws became its errors and GRPO alone removed them: 21 % -> 7 % in 25 steps.)
 
 
-def miswrite(total: int) -> str:
-    """A wrong column sum with the right last digit: 12 -> '2', 7 -> '17'."""
-    return str(total % 10) if total >= 10 else f"1{total}"
+def miswrite(digit: str) -> str:
+    """The digit a miswritten column shows in place of the second operand's: 5 -> 6, 9 -> 0."""
+    return str((int(digit) + 1) % 10)
 
 
 def column_steps(a: int, b: int, digits: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""What the GenRM is asked and how its answer is read (FAPO, docs/math.md).
+"""What the GenRM is asked and how its answer is read (FAPO, docs/fapo.md).
 
 The GenRM sees a problem, its reference answer and a solution split into steps numbered from 0,
 and answers with the index of the earliest wrong step inside \\boxed{}, or -1 when every step

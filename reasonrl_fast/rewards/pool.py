@@ -49,6 +49,7 @@ class RewardPool:
         self._slots = [self._backend.start() for _ in range(num_workers)]
         self._starting = {id(s): time.monotonic() for s in self._slots}
         self.last_error = ""
+        self.last_latencies: list[float] = []
 
     def score(self, samples: list[Sample]) -> tuple[list[dict], dict]:
         """({"score", "acc"} per sample, in order; the step's metrics)."""
@@ -118,9 +119,10 @@ class RewardPool:
                 if id(slot) in self._starting and now - self._starting[id(slot)] > self.start_timeout_s:
                     self.close()
                     raise RewardPoolError(f"a reward worker did not start within {self.start_timeout_s:.0f} s")
+        self.last_latencies = latency  # per sample, for callers that merge several calls' metrics
         return results, {"reward/timeouts": count["timeouts"], "reward/errors": count["errors"],
-                         "reward/latency_p50_s": _quantile(latency, 0.5),
-                         "reward/latency_p99_s": _quantile(latency, 0.99)}
+                         "reward/latency_p50_s": quantile(latency, 0.5),
+                         "reward/latency_p99_s": quantile(latency, 0.99)}
 
     def _replace(self, slot) -> None:
         self._backend.kill(slot)
@@ -140,7 +142,7 @@ class RewardPool:
         self.close()
 
 
-def _quantile(xs: list[float], q: float) -> float:
+def quantile(xs: list[float], q: float) -> float:
     """Nearest-rank quantile (0 for an empty step)."""
     if not xs:
         return 0.0

@@ -16,6 +16,13 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: f
     return torch.clamp(-over / buffer * factor, max=0.0)
 
 
+def fapo_rewards(acc: list[bool], flagged: list[bool], penalty: float) -> torch.Tensor:
+    """FAPO's reward (SPEC.md §6): +1 right, -1 wrong, and 1 - penalty for a right answer the
+    GenRM flags as flawed (0 with the default penalty 1)."""
+    r = [(1.0 - penalty * f) if a else -1.0 for a, f in zip(acc, flagged, strict=True)]
+    return torch.tensor(r, dtype=torch.float32)
+
+
 def advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True) -> torch.Tensor:
     """Group-normalised advantage per response (GRPO's A and FlowRL's r-hat)."""
     return group_advantage(rewards.float(), group_ids, eps=1e-6, norm_by_std=norm_by_std)

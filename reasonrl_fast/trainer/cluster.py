@@ -138,22 +138,28 @@ class WorkerError(RuntimeError):
     """A worker rank died or raised; the message names the rank."""
 
 
-def gather(refs: list, what: str) -> list:
-    """ray.get of one call per rank, in rank order, failing as soon as any rank fails. A plain
-    ray.get on the list would wait for rank 0 first, and rank 0 may be blocked in a collective
-    with the dead rank until the collective timeout runs out."""
+def as_completed(refs: list, what: str):
+    """(rank, result) of one call per rank, in the order they finish, failing as soon as any
+    rank fails. A plain ray.get on the list would wait for rank 0 first, and rank 0 may be
+    blocked in a collective with the dead rank until the collective timeout runs out."""
     rank_of = {ref: r for r, ref in enumerate(refs)}
-    out: list = [None] * len(refs)
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         r = rank_of[ready[0]]
         try:
-            out[r] = ray.get(ready[0])
+            yield r, ray.get(ready[0])
         except ray.exceptions.RayActorError as e:
             raise WorkerError(f"worker rank {r} died during {what}: {str(e).splitlines()[0]}") from e
         except ray.exceptions.RayTaskError as e:
             raise WorkerError(f"worker rank {r} failed during {what}: {getattr(e, 'cause', e)!r}") from e
+
+
+def gather(refs: list, what: str) -> list:
+    """ray.get of one call per rank, in rank order (see `as_completed`)."""
+    out: list = [None] * len(refs)
+    for r, value in as_completed(refs, what):
+        out[r] = value
     return out
 
 
@@ -189,10 +195,20 @@ class Cluster:
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, seed: int) -> list[list[int]]:
         """n samples per prompt (prompt-major), prompts split evenly over the workers."""
+        out: list[list[int]] = []
+        for _, responses in sorted(self.generate_stream(prompts, n, temperature, seed), key=lambda s: s[0]):
+            out += responses
+        return out
+
+    def generate_stream(self, prompts: list[list[int]], n: int, temperature: float, seed: int):
+        """Like `generate`, but yields (index of the shard's first sample, its responses) as each
+        worker finishes, so the driver can score one shard while the others still generate."""
         shards = self._split(prompts)
-        outs = gather([w.generate.remote(s, n, temperature, seed * 1000 + i)
-                       for i, (w, s) in enumerate(zip(self.workers, shards))], "generate")
-        return [r for o in outs for r in o]
+        starts = [sum(len(s) for s in shards[:i]) * n for i in range(len(shards))]
+        refs = [w.generate.remote(s, n, temperature, seed * 1000 + i)
+                for i, (w, s) in enumerate(zip(self.workers, shards))]
+        for r, responses in as_completed(refs, "generate"):
+            yield starts[r], responses
 
     def train_step(self, prompts, responses, adv, step: int) -> dict:
         """Each worker trains on the samples it generated (same split as `generate`)."""

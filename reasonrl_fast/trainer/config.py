@@ -76,6 +76,9 @@ class DataConfig:
     carry_slip_prob: float = 0.5
     """Synthetic task: probability that a supervised demonstration forgets one carry
     (noisy demonstrations leave room for RL to improve on the warm start)."""
+    flaw_prob: float = 0.4
+    """Synthetic task: probability that a demonstration without a slip miswrites a digit of one
+    column while its answer stays right (a flawed positive: GRPO rewards it, FAPO should not)."""
     shuffle: bool = True
     """Shuffle the training prompts (each epoch, seeded)."""
     task: str = "addition"
@@ -156,6 +159,43 @@ class FlowRLConfig:
 
 
 @dataclass
+class GenRMConfig:
+    """The GenRM service FAPO asks (an OpenAI-compatible chat endpoint, docs/fapo.md)."""
+
+    addresses: list[str] = field(default_factory=list)
+    """Replicas' base URLs (`http://host:port/v1`; a bare `host:port` works). Empty: start our
+    server with the `serve` backend on a free loopback port for the run."""
+    serve: str = "rule:addition"
+    """Backend of the server started when `addresses` is empty (rule:addition or hf:PATH)."""
+    model: str = ""
+    """Served model name; empty: the first one the server's /v1/models lists."""
+    api_key: str = ""
+    """Bearer key; empty: $REASONRL_FAST_GENRM_API_KEY (if set)."""
+    template: str = "auto"
+    """Prompt rendering: fapo (the full instruction, for real models), compact (the embedded
+    model's short form), auto (compact on the embedded task, else fapo)."""
+    timeout_s: float = 30.0
+    """Time limit of one request attempt."""
+    max_retries: int = 3
+    """Extra attempts after a failed one (exponential backoff with jitter, another replica first)."""
+    max_tokens: int = 1024
+    """Longest verdict the GenRM may write."""
+    temperature: float = 0.0
+    """GenRM sampling temperature (0: greedy)."""
+    max_concurrency: int = 64
+    """Requests in flight at once, over all replicas."""
+    cooldown_s: float = 10.0
+    """A replica that fails 3 times in a row is skipped this long, then tried again."""
+
+
+@dataclass
+class FAPOConfig:
+    penalty: float = 1.0
+    """lambda: a right answer the GenRM flags as flawed gets 1 - penalty (right +1, wrong -1)."""
+    genrm: GenRMConfig = field(default_factory=GenRMConfig)
+
+
+@dataclass
 class OptimConfig:
     lr: float = 1e-4
     """Peak learning rate (AdamW)."""
@@ -222,7 +262,7 @@ class TrainerConfig:
 @dataclass
 class Config:
     algo: str = "flowrl"
-    """flowrl or grpo."""
+    """flowrl, grpo, or fapo (GRPO with +1/-1 rewards and flawed positives lowered by a GenRM)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -230,12 +270,14 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     flowrl: FlowRLConfig = field(default_factory=FlowRLConfig)
+    fapo: FAPOConfig = field(default_factory=FAPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
 _CHOICES = {
-    "algo": ("flowrl", "grpo"),
+    "algo": ("flowrl", "grpo", "fapo"),
+    "fapo.genrm.template": ("auto", "fapo", "compact"),
     "rollout.backend": ("hf", "vllm"),
     "data.task": ("addition", "code"),
     "reward.backend": ("process", "ray"),
@@ -259,14 +301,21 @@ def validate(cfg: Config) -> Config:
     positive = ["data.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "trainer.nnodes",
                 "trainer.workers_per_node", "trainer.cpus_per_worker", "optim.mini_batch_prompts",
                 "rollout.temperature", "trainer.collective_timeout_s", "reward.num_workers",
-                "reward.timeout_s", "reward.sandbox_timeout_s"]
+                "reward.timeout_s", "reward.sandbox_timeout_s", "fapo.genrm.timeout_s",
+                "fapo.genrm.max_tokens", "fapo.genrm.max_concurrency"]
     for key in positive:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be > 0")
     # 0 means "off" (or "keep all") for the counters below; a negative value means nothing.
-    for key in ("trainer.steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.val_every"):
+    for key in ("trainer.steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.val_every",
+                "fapo.genrm.max_retries", "fapo.genrm.temperature", "fapo.genrm.cooldown_s"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be >= 0")
+    for key in ("data.flaw_prob", "data.carry_slip_prob", "data.carry_frac"):
+        if not 0 <= _get(cfg, key) <= 1:
+            raise ConfigError(f"{key}={_get(cfg, key)!r}: must be in [0, 1]")
+    if not cfg.fapo.genrm.addresses and not cfg.fapo.genrm.serve.startswith(("rule:", "hf:")):
+        raise ConfigError(f"fapo.genrm.serve={cfg.fapo.genrm.serve!r}: expected rule:addition or hf:PATH")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p!r}: must be in (0, 1]")
     if cfg.data.reward_fn and ":" not in cfg.data.reward_fn:

@@ -2,8 +2,9 @@
 and reference log-probs, mini-batch updates, weight sync -> metrics, checkpoints, validation.
 
 The driver (this process) holds the data and the loop; the reward pool's workers score the
-responses (rewards/pool.py); Ray actors (worker.py) hold the FSDP shards and the rollout engines. Each worker generates for its own
-share of the prompts and trains on those samples, so only token ids and scalars cross Ray."""
+responses (rewards/pool.py), and for FAPO a GenRM server judges the correct ones (fapo.py); Ray
+actors (worker.py) hold the FSDP shards and the rollout engines. Each worker generates for its
+own share of the prompts and trains on those samples, so only token ids and scalars cross Ray."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import time
 
 import torch
 
-from reasonrl_fast.rewards.pool import RewardPool
+from reasonrl_fast.data.addition import flawed_step
+from reasonrl_fast.rewards.pool import RewardPool, quantile
 from reasonrl_fast.rewards.score import load_reward_fn
 from reasonrl_fast.trainer import checkpoint as ckpt
-from reasonrl_fast.trainer.algos import advantages, overlong_penalty
+from reasonrl_fast.trainer.algos import advantages, fapo_rewards, overlong_penalty
 from reasonrl_fast.trainer.config import to_yaml
 from reasonrl_fast.trainer.data import Sampler, load_datasets
 from reasonrl_fast.trainer.logger import MetricsLogger
@@ -49,7 +51,18 @@ def _run(cfg, log) -> dict:
 
     from reasonrl_fast.trainer.cluster import Cluster  # imports ray
 
-    cluster = Cluster(cfg, model_path)
+    # FAPO's judge first: a GenRM that cannot start fails the run before the cluster starts.
+    judge = None
+    if cfg.algo == "fapo":
+        from reasonrl_fast.trainer.fapo import Judge
+
+        judge = Judge(cfg, log)
+    try:
+        cluster = Cluster(cfg, model_path)
+    except BaseException:
+        if judge is not None:
+            judge.close()
+        raise
     pool = None
     try:
         r = cfg.reward
@@ -71,31 +84,31 @@ def _run(cfg, log) -> dict:
         for step in range(start + 1, cfg.trainer.steps + 1):
             t0 = time.perf_counter()
             items = [train_set[i] for i in sampler.next(cfg.data.prompts_per_step)]
-            prompts = [tok(it["prompt"])["input_ids"] for it in items]
             n = cfg.rollout.n
 
-            # 1. rollout: each worker samples n responses for its share of the prompts
-            t = time.perf_counter()
-            responses = cluster.generate(prompts, n, cfg.rollout.temperature, seed=step)
-            t_rollout = time.perf_counter() - t
-
-            # 2. reward: each sample by its data_source's scorer, in the pool; a sample that
-            # fails or runs out of time scores 0 and is counted
-            t = time.perf_counter()
-            texts = tok.batch_decode(responses, skip_special_tokens=True)
-            scores, acc, reward_metrics = score_responses(pool, items, texts, n)
+            # 1-2. rollout: each worker samples n responses for its share of the prompts; as each
+            # worker's share arrives it is scored in the reward pool (a sample that fails or runs
+            # out of time scores 0 and is counted) and, for FAPO, its correct responses go to the
+            # GenRM while the other workers still generate
+            roll = rollout_and_score(cluster, pool, tok, items, n, cfg.rollout.temperature, step, judge)
+            responses, acc = roll["responses"], roll["acc"]
+            if judge is not None:  # FAPO: +1 right, -1 wrong, 1 - penalty for a flagged right one
+                verdicts, genrm_metrics = judge.collect()
+                flagged = [i in verdicts and verdicts[i].flawed for i in range(len(acc))]
+                base = fapo_rewards(acc, flagged, cfg.fapo.penalty)
+            else:
+                base, genrm_metrics = torch.tensor(roll["scores"]), {}
             lengths = torch.tensor([len(r) for r in responses])
-            rewards = torch.tensor(scores) + overlong_penalty(
+            rewards = base + overlong_penalty(
                 lengths, cfg.rollout.max_new_tokens, cfg.grpo.overlong_buffer, cfg.grpo.overlong_factor)
-            t_reward = time.perf_counter() - t
 
             # 3. group advantage (the group is the prompt)
             group_ids = torch.arange(len(items)).repeat_interleave(n)
-            norm = cfg.grpo.norm_by_std if cfg.algo == "grpo" else True
+            norm = cfg.grpo.norm_by_std if cfg.algo in ("grpo", "fapo") else True
             adv = advantages(rewards, group_ids, norm_by_std=norm)
 
             # 4-6. old/ref log-probs, mini-batch updates, weight sync (on the workers)
-            rep_prompts = [p for p in prompts for _ in range(n)]
+            rep_prompts = [p for p in roll["prompts"] for _ in range(n)]
             w = cluster.train_step(rep_prompts, responses, adv.tolist(), step)
 
             t_step = time.perf_counter() - t0
@@ -104,12 +117,13 @@ def _run(cfg, log) -> dict:
                 "step": step,
                 "reward/mean": float(rewards.mean()),
                 "accuracy/mean": sum(acc) / len(acc),
-                **reward_metrics,
+                **roll["metrics"],
+                **genrm_metrics,
                 "response_length/mean": float(lengths.float().mean()),
                 "response_length/clip_frac": float((lengths >= cfg.rollout.max_new_tokens).float().mean()),
                 **w,
-                "time/rollout_s": t_rollout,
-                "time/reward_s": t_reward,
+                "time/rollout_s": roll["time/rollout_s"],
+                "time/reward_s": roll["time/reward_s"],
                 "time/step_s": t_step,
                 "perf/tokens_per_s": tokens / t_step,
             }
@@ -124,31 +138,80 @@ def _run(cfg, log) -> dict:
         log(f"done in {time.time() - t_start:.0f}s: {_summary(last)}")
         return last
     finally:
+        if judge is not None:
+            judge.close()
         if pool is not None:
             pool.close()
         cluster.shutdown()
 
 
+def _samples(items: list[dict], texts: list[str]) -> list[tuple]:
+    """The reward pool's (data_source, response, ground truth, extra_info) per response; `items`
+    holds each response's record."""
+    return [(it.get("data_source", "math"), text, it["answer"], it.get("extra_info"))
+            for it, text in zip(items, texts, strict=True)]
+
+
 def score_responses(pool: RewardPool, items: list[dict], texts: list[str], n: int):
     """Scores of the responses (`n` per item, in order), routed by each item's data_source:
     (rewards with non-finite ones as 0, acc flags, the step's reward/* counters)."""
-    samples = [(it.get("data_source", "math"), text, it["answer"], it.get("extra_info"))
-               for it, text in zip((it for it in items for _ in range(n)), texts, strict=True)]
-    results, metrics = pool.score(samples)
+    results, metrics = pool.score(_samples([it for it in items for _ in range(n)], texts))
     scores, nonfinite = finite_rewards([r["score"] for r in results])
     return scores, [r["acc"] for r in results], {**metrics, "reward/nonfinite": nonfinite}
 
 
+def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int, temperature: float,
+                      seed: int, judge=None) -> dict:
+    """Generate `n` responses per item and score each worker's share as soon as it arrives
+    (for FAPO, also submit its correct responses to the judge). Returns the prompts' ids, the
+    responses (ids and text), scores (non-finite as 0), acc flags, reward/* metrics, and
+    time/rollout_s (until the last share arrived) and time/reward_s (the driver's scoring)."""
+    t0 = time.perf_counter()
+    prompts = [tok(it["prompt"])["input_ids"] for it in items]
+    total = len(items) * n
+    responses: list = [None] * total
+    texts: list = [None] * total
+    scores, acc = [0.0] * total, [False] * total
+    latencies: list[float] = []
+    counts = {"reward/timeouts": 0, "reward/errors": 0}
+    t_rollout = t_reward = 0.0
+    for start, shard in cluster.generate_stream(prompts, n, temperature, seed):
+        t = time.perf_counter()
+        t_rollout = t - t0
+        idx = range(start, start + len(shard))
+        shard_texts = tok.batch_decode(shard, skip_special_tokens=True)
+        results, m = pool.score(_samples([items[i // n] for i in idx], shard_texts))
+        latencies += pool.last_latencies
+        for k in counts:
+            counts[k] += m[k]
+        for i, ids, text, r in zip(idx, shard, shard_texts, results):
+            responses[i], texts[i], scores[i], acc[i] = ids, text, r["score"], r["acc"]
+            if judge is not None and r["acc"]:
+                judge.submit(i, items[i // n], text)
+        t_reward += time.perf_counter() - t
+    scores, nonfinite = finite_rewards(scores)
+    metrics = {**counts, "reward/latency_p50_s": quantile(latencies, 0.5),
+               "reward/latency_p99_s": quantile(latencies, 0.99), "reward/nonfinite": nonfinite}
+    return {"prompts": prompts, "responses": responses, "texts": texts, "scores": scores, "acc": acc,
+            "metrics": metrics, "time/rollout_s": t_rollout, "time/reward_s": t_reward}
+
+
 def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
     """mean@val_n accuracy (from each scorer's `acc`) on the validation prompts at
-    rollout.val_temperature."""
+    rollout.val_temperature, and, on the embedded addition task, the share of its correct
+    responses whose steps are wrong (val/flawed_positive_ratio, by the step checker)."""
     t = time.perf_counter()
     k = cfg.rollout.val_n
-    prompts = [tok(it["prompt"])["input_ids"] for it in val_set]
-    responses = cluster.generate(prompts, k, cfg.rollout.val_temperature, seed=10**6 + step)
-    texts = tok.batch_decode(responses, skip_special_tokens=True)
-    _, acc, _ = score_responses(pool, val_set, texts, k)
-    return {"val/accuracy": sum(acc) / len(acc), "time/val_s": time.perf_counter() - t}
+    roll = rollout_and_score(cluster, pool, tok, val_set, k, cfg.rollout.val_temperature, 10**6 + step)
+    acc = roll["acc"]
+    row = {"val/accuracy": sum(acc) / len(acc)}
+    right = [(val_set[i // k], roll["texts"][i]) for i in range(len(acc))
+             if acc[i] and val_set[i // k].get("data_source") == "addition"]
+    if any(it.get("data_source") == "addition" for it in val_set):
+        flawed = sum(flawed_step(it["prompt"], text) != -1 for it, text in right)
+        row["val/flawed_positive_ratio"] = flawed / len(right) if right else 0.0
+    row["time/val_s"] = time.perf_counter() - t
+    return row
 
 
 def finite_rewards(rewards: list[float]) -> tuple[list[float], int]:

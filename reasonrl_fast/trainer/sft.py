@@ -18,12 +18,13 @@ from reasonrl_fast.data.addition import sample_operands, sft_example
 from reasonrl_fast.trainer.model import char_tokenizer, tiny_model
 from reasonrl_fast.trainer.policy import make_batch
 
-SFT_VERSION = 2  # bump when the supervised recipe or the saved tokenizer changes
+SFT_VERSION = 3  # bump when the supervised recipe or the saved tokenizer changes
 
 
 def sft_cache_path(cfg) -> str:
     key = config_hash(cfg.model, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.data.digits,
-                      cfg.data.carry_slip_prob, cfg.data.carry_frac, cfg.trainer.seed, SFT_VERSION)
+                      cfg.data.carry_slip_prob, cfg.data.carry_frac, cfg.data.flaw_prob, cfg.trainer.seed,
+                      SFT_VERSION)
     return os.path.join(os.path.expanduser(cfg.sft.cache_dir), key)
 
 
@@ -66,7 +67,7 @@ def _train(model, tok, cfg, log):
         for _ in range(cfg.sft.batch_size):
             a, b = sample_operands(rng, d.digits, d.carry_frac)
             prompts.append(tok(f"{a}+{b}=")["input_ids"])
-            responses.append(tok(sft_example(a, b, d.digits, d.carry_slip_prob, rng))["input_ids"] + [tok.eos_token_id])
+            responses.append(tok(sft_example(a, b, d.digits, d.carry_slip_prob, rng, d.flaw_prob))["input_ids"] + [tok.eos_token_id])
         batch = make_batch(prompts, responses, tok.pad_token_id, "cpu")
         h = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                         position_ids=batch["position_ids"]).last_hidden_state

@@ -43,10 +43,10 @@ def test_checker_on_slips_and_malformed_work():
         flawed_step("hello", "7+5=12")
 
 
-def test_miswrite_keeps_the_last_digit_and_is_wrong():
-    for s in range(19):
-        w = miswrite(s)
-        assert int(w) != s and int(w) % 10 == s % 10
+def test_miswrite_changes_the_digit():
+    assert {miswrite(str(d)) for d in range(10)} == {str(d) for d in range(10)}
+    assert all(miswrite(str(d)) != str(d) for d in range(10))
+    assert addition_steps(47, 85, 2, miswrite_at=0) == ("7+6=12,4+8+1=13", 132)
 
 
 def test_helpers():
