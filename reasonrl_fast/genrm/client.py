@@ -93,15 +93,17 @@ class _Replica:
 class GenRMClient:
     """Ask one or more GenRM replicas for verdicts; see the module docstring and docs/genrm_client.md."""
 
-    def __init__(self, addresses: list[str], *, model: str = "", api_key: str = "", template: str = "fapo",
-                 timeout_s: float = 30.0, max_retries: int = 3, max_tokens: int = 1024, temperature: float = 0.0,
-                 max_concurrency: int = 64, fail_threshold: int = 3, cooldown_s: float = 10.0,
-                 backoff_base_s: float = 0.2, backoff_max_s: float = 5.0):
+    def __init__(self, addresses: list[str], *, model: str = "", api_key: str = "",
+                 template: str = "fapo", timeout_s: float = 30.0, max_retries: int = 3,
+                 max_tokens: int = 1024, temperature: float = 0.0, max_concurrency: int = 64,
+                 fail_threshold: int = 3, cooldown_s: float = 10.0, backoff_base_s: float = 0.2,
+                 backoff_max_s: float = 5.0):
         if isinstance(addresses, str):
             addresses = [addresses]
         if not addresses:
             raise ValueError("GenRMClient: addresses is empty (give at least one 'host:port')")
-        for name, value, ok in [("timeout_s", timeout_s, timeout_s > 0), ("max_retries", max_retries, max_retries >= 0),
+        for name, value, ok in [("timeout_s", timeout_s, timeout_s > 0),
+                                ("max_retries", max_retries, max_retries >= 0),
                                 ("max_tokens", max_tokens, max_tokens >= 1),
                                 ("max_concurrency", max_concurrency, max_concurrency >= 1),
                                 ("fail_threshold", fail_threshold, fail_threshold >= 1),
@@ -126,6 +128,9 @@ class GenRMClient:
         self._lock = threading.Lock()  # guards the counters (written on the loop, read by metrics())
         self._reset_counters()
         self._closed = False
+        self._submit_lock = threading.Lock()  # no submit slips in between close()'s check and its stop
+        self._pending: set[concurrent.futures.Future] = set()
+        self._rng = random.Random()  # jitter; the global generator is the trainer's to seed
         self._loop = asyncio.new_event_loop()
         self._start_error: BaseException | None = None
         ready = threading.Event()
@@ -141,14 +146,19 @@ class GenRMClient:
     def submit(self, problem: str, answer: str, steps: list[str]) -> concurrent.futures.Future:
         """Ask for one verdict; returns at once. The future's result is a Verdict, never an exception
         for a server problem."""
-        if self._closed:
-            raise RuntimeError("GenRMClient is closed: submit() after close()")
         if not isinstance(steps, (list, tuple)) or not all(isinstance(s, str) for s in steps):
             raise TypeError(f"GenRMClient.submit: steps must be a list of str, got {type(steps).__name__}")
         message = render(self._template, str(problem), str(answer), list(steps))
-        with self._lock:
-            self._requests += 1
-        return asyncio.run_coroutine_threadsafe(self._judge(message, len(steps), time.perf_counter()), self._loop)
+        with self._submit_lock:
+            if self._closed:
+                raise RuntimeError("GenRMClient is closed: submit() after close()")
+            with self._lock:
+                self._requests += 1
+            coro = self._judge(message, len(steps), time.perf_counter())
+            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+        return fut
 
     def judge(self, requests: list[tuple[str, str, list[str]]]) -> list[Verdict]:
         """Submit every (problem, answer, steps) and wait for all verdicts, in order."""
@@ -176,9 +186,10 @@ class GenRMClient:
     def close(self, timeout_s: float = 5.0) -> None:
         """Cancel what is in flight (those futures get Verdict(step=None, error="closed")), close the
         session and stop the loop; returns within about `timeout_s`. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._submit_lock:
+            if self._closed:
+                return
+            self._closed = True
         deadline = time.monotonic() + timeout_s
         if self._loop.is_running():
             try:
@@ -187,6 +198,12 @@ class GenRMClient:
                 log.warning("GenRMClient.close: the shutdown did not finish in %.1f s", timeout_s)
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(max(0.1, deadline - time.monotonic()))
+        for fut in self._pending.copy():  # only if the shutdown ran out of time: no caller waits forever
+            if not fut.done():
+                try:
+                    fut.set_result(Verdict(None, error="closed"))
+                except concurrent.futures.InvalidStateError:
+                    pass
 
     def __enter__(self) -> GenRMClient:
         return self
@@ -219,6 +236,7 @@ class GenRMClient:
             headers={"Authorization": f"Bearer {self._key}"} if self._key else None)
 
     async def _shutdown(self) -> None:
+        await asyncio.sleep(0)  # requests submitted just before close() start, so they get cancelled
         tasks = [t for t in self._tasks if not t.done()]
         for t in tasks:
             t.cancel()
@@ -259,7 +277,8 @@ class GenRMClient:
         fetched once. Concurrent requests share one lookup; a failed lookup is tried afresh later."""
         if self._model:
             return self._model, ""
-        if self._model_task is None or self._model_task.done() and not self._model_task.result()[0]:
+        t = self._model_task
+        if t is None or t.done() and (t.cancelled() or t.exception() is not None or not t.result()[0]):
             self._model_task = asyncio.ensure_future(self._call("GET", "/models", None, _first_model))
         model, error, _ = await asyncio.shield(self._model_task)
         if model:
@@ -278,7 +297,8 @@ class GenRMClient:
                 with self._lock:
                     self._retries += 1
                 # Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))].
-                await asyncio.sleep(random.uniform(0, min(self._backoff_max_s, self._backoff_base_s * 2 ** (attempt - 1))))
+                cap = min(self._backoff_max_s, self._backoff_base_s * 2 ** (attempt - 1))
+                await asyncio.sleep(self._rng.uniform(0, cap))
             async with self._sem:
                 rep = self._pick(tried)
                 tried.add(rep.index)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,7 +101,8 @@ def batch(n: int, digits: int = 3) -> tuple[list[tuple[str, str, list[str]]], li
     rng = random.Random(torch.initial_seed())
     reqs, truth = [], []
     for _ in range(n):
-        a, b = rng.randint(10 ** (digits - 1), 10**digits - 1), rng.randint(10 ** (digits - 1), 10**digits - 1)
+        lo, hi = 10 ** (digits - 1), 10**digits - 1
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
         miswrite = rng.randrange(digits) if rng.random() < 0.5 else None
         work, answer = addition_steps(a, b, digits, miswrite_at=miswrite)
         steps = response_steps(f"{work} \\boxed{{{answer}}}")
@@ -132,6 +134,10 @@ def test_arguments_and_addresses():
             GenRMClient(["127.0.0.1:1"], **kw)
     with pytest.raises(ValueError, match="addresses"):
         GenRMClient([])
+    # The trainer's driver imports the client: it must not pull in torch or the trainer.
+    code = ("import sys, reasonrl_fast.genrm.client; "
+            "assert not {'torch', 'reasonrl_fast.trainer'} & set(sys.modules), 'heavy import'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     v = Verdict(2, error="", attempts=1, latency_s=0.1)
     assert v.flawed and not Verdict(-1).flawed and not Verdict(None, error="timeout").flawed
 
@@ -245,7 +251,32 @@ def test_dead_replica_cools_down(servers, client):
     assert threshold <= dead_attempts <= conc + threshold, (dead_attempts, counts)
     assert min(counts) >= n // 10  # least outstanding follows each server's speed on a busy machine
     status = c.replica_status()
-    assert status[1]["cooldown_left_s"] > 20 and status[0]["cooldown_left_s"] == status[2]["cooldown_left_s"] == 0
+    assert status[1]["cooldown_left_s"] > 20
+    assert status[0]["cooldown_left_s"] == status[2]["cooldown_left_s"] == 0
+
+
+def test_replica_back_after_cool_down(servers, client):
+    """A replica that failed is skipped for cooldown_s, then tried again and used once it answers."""
+    live, port = servers("ok"), free_port()
+    reqs, truth = batch(40)
+    c = client([live.address, f"127.0.0.1:{port}"], model="m", fail_threshold=1, cooldown_s=0.5,
+               max_concurrency=4, **FAST)
+    assert [v.step for v in c.judge(reqs)] == truth
+    assert c.replica_status()[1]["cooldown_left_s"] > 0
+    back = servers("ok", port)
+    time.sleep(0.6)
+    assert [v.step for v in c.judge(reqs)] == truth
+    assert back.stats()["chat"] >= 5 and c.replica_status()[1]["fails"] == 0
+
+
+def test_submit_from_several_threads(servers, client):
+    s = servers("ok")
+    reqs, truth = batch(200)
+    c = client([s.address], model="m")
+    with ThreadPoolExecutor(4) as pool:  # the driver may submit from callbacks on other threads
+        futures = list(pool.map(lambda r: c.submit(*r), reqs))
+    assert [f.result(timeout=30).step for f in futures] == truth
+    assert c.metrics()["genrm/requests"] == 200
 
 
 def test_least_outstanding_routing(servers, client):
