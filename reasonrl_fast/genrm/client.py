@@ -1,0 +1,390 @@
+"""A client for GenRM servers (OpenAI-compatible chat endpoints) that a synchronous trainer
+driver can call while it waits for other work, and that never stalls or crashes a step.
+
+One background thread runs an asyncio loop with one reused HTTP session. `submit` returns a
+`concurrent.futures.Future` at once; its result is always a `Verdict` (fail-open: a server
+problem gives `step=None`, which the caller treats as "no penalty"). Requests go to the replica
+with the fewest outstanding requests; a replica that keeps failing rests for a while; each
+attempt has a time limit that really ends it, and retries are bounded with jittered backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from reasonrl_fast.genrm.prompt import TEMPLATES, parse_verdict, render
+
+log = logging.getLogger(__name__)
+
+API_KEY_ENV = "REASONRL_FAST_GENRM_API_KEY"
+
+
+def normalize_address(address: str) -> str:
+    """An OpenAI base URL: 'host:port' -> 'http://host:port/v1', 'http://host:port' -> '.../v1',
+    '.../v1' kept (https allowed, a trailing '/' dropped); anything else is a ValueError."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"GenRM address {address!r}: expected 'host:port' or 'http(s)://host:port[/v1]'")
+    a = address.strip().rstrip("/")
+    if "://" not in a:
+        if not re.fullmatch(r"[A-Za-z0-9.\-]+:\d{1,5}|\[[0-9A-Fa-f:]+\]:\d{1,5}", a):
+            raise ValueError(f"GenRM address {address!r}: a bare address must be 'host:port'")
+        a = "http://" + a
+    try:
+        u = urlsplit(a)
+        u.port  # noqa: B018  (raises ValueError for a port out of range)
+    except ValueError as e:
+        raise ValueError(f"GenRM address {address!r}: {e}") from None
+    if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+        raise ValueError(f"GenRM address {address!r}: expected 'host:port' or 'http(s)://host:port[/v1]'")
+    if u.path in ("", "/"):
+        return f"{u.scheme}://{u.netloc}/v1"
+    if not u.path.endswith("/v1"):
+        raise ValueError(f"GenRM address {address!r}: the path must be empty or end in /v1 (got {u.path!r})")
+    return f"{u.scheme}://{u.netloc}{u.path}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The GenRM's answer on one response. `step`: the earliest wrong step, -1 when none, None
+    when there is no usable verdict (the caller then applies no penalty), with `error` saying
+    why ("timeout", "http 500", "unparseable", "refused: 401", ...)."""
+
+    step: int | None
+    flawed: bool = field(init=False)
+    error: str = ""
+    attempts: int = 0
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flawed", self.step is not None and self.step >= 0)
+
+
+class _Retryable(Exception):
+    """An attempt failed in a way another attempt (or replica) may not: the reason is the text."""
+
+
+class _Final(Exception):
+    """An attempt failed in a way that retrying cannot fix (a 4xx other than 429)."""
+
+
+@dataclass
+class _Replica:
+    index: int
+    base: str
+    outstanding: int = 0
+    fails: int = 0  # consecutive failed attempts
+    down_until: float = 0.0  # loop.time() before which it is skipped
+    warned: bool = False
+
+
+class GenRMClient:
+    """Ask one or more GenRM replicas for verdicts; see the module docstring and docs/genrm_client.md."""
+
+    def __init__(self, addresses: list[str], *, model: str = "", api_key: str = "",
+                 template: str = "fapo", timeout_s: float = 30.0, max_retries: int = 3,
+                 max_tokens: int = 1024, temperature: float = 0.0, max_concurrency: int = 64,
+                 fail_threshold: int = 3, cooldown_s: float = 10.0, backoff_base_s: float = 0.2,
+                 backoff_max_s: float = 5.0):
+        if isinstance(addresses, str):
+            addresses = [addresses]
+        if not addresses:
+            raise ValueError("GenRMClient: addresses is empty (give at least one 'host:port')")
+        for name, value, ok in [("timeout_s", timeout_s, timeout_s > 0),
+                                ("max_retries", max_retries, max_retries >= 0),
+                                ("max_tokens", max_tokens, max_tokens >= 1),
+                                ("max_concurrency", max_concurrency, max_concurrency >= 1),
+                                ("fail_threshold", fail_threshold, fail_threshold >= 1),
+                                ("cooldown_s", cooldown_s, cooldown_s >= 0),
+                                ("backoff_base_s", backoff_base_s, backoff_base_s >= 0),
+                                ("backoff_max_s", backoff_max_s, backoff_max_s >= 0)]:
+            if not ok:
+                raise ValueError(f"GenRMClient: {name}={value!r} is out of range")
+        if template not in TEMPLATES:
+            raise ValueError(f"GenRMClient: template={template!r} is unknown: expected one of {TEMPLATES}")
+        self._replicas = [_Replica(i, normalize_address(a)) for i, a in enumerate(addresses)]
+        self._model = model
+        self._key = api_key or os.environ.get(API_KEY_ENV, "")
+        self._template, self._max_tokens, self._temperature = template, max_tokens, temperature
+        self._timeout_s, self._max_retries = float(timeout_s), max_retries
+        self._fail_threshold, self._cooldown_s = fail_threshold, cooldown_s
+        self._backoff_base_s, self._backoff_max_s = backoff_base_s, backoff_max_s
+        self._max_concurrency = max_concurrency
+        self._rr = 0  # round-robin pointer among replicas tied on outstanding requests
+        self._model_task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._lock = threading.Lock()  # guards the counters (written on the loop, read by metrics())
+        self._reset_counters()
+        self._closed = False
+        self._submit_lock = threading.Lock()  # no submit slips in between close()'s check and its stop
+        self._pending: set[concurrent.futures.Future] = set()
+        self._rng = random.Random()  # jitter; the global generator is the trainer's to seed
+        self._loop = asyncio.new_event_loop()
+        self._start_error: BaseException | None = None
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="genrm-client", daemon=True)
+        self._thread.start()
+        if not ready.wait(10.0):
+            raise RuntimeError("GenRMClient: the event loop thread did not start within 10 s")
+        if self._start_error is not None:
+            raise RuntimeError(f"GenRMClient: could not start: {self._start_error!r}") from self._start_error
+
+    # ------------------------------------------------------------ the caller's side (any thread)
+
+    def submit(self, problem: str, answer: str, steps: list[str]) -> concurrent.futures.Future:
+        """Ask for one verdict; returns at once. The future's result is a Verdict, never an exception
+        for a server problem."""
+        if not isinstance(steps, (list, tuple)) or not all(isinstance(s, str) for s in steps):
+            raise TypeError(f"GenRMClient.submit: steps must be a list of str, got {type(steps).__name__}")
+        message = render(self._template, str(problem), str(answer), list(steps))
+        with self._submit_lock:
+            if self._closed:
+                raise RuntimeError("GenRMClient is closed: submit() after close()")
+            with self._lock:
+                self._requests += 1
+            coro = self._judge(message, len(steps), time.perf_counter())
+            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+        return fut
+
+    def judge(self, requests: list[tuple[str, str, list[str]]]) -> list[Verdict]:
+        """Submit every (problem, answer, steps) and wait for all verdicts, in order."""
+        futures = [self.submit(*r) for r in requests]
+        return [f.result() for f in futures]
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since the last call (then reset): genrm/requests, failures, unparseable, retries,
+        latency_p50_s and latency_p99_s (submit to verdict, over the requests finished meanwhile)."""
+        with self._lock:
+            lat = sorted(self._latencies)
+            out = {"genrm/requests": self._requests, "genrm/failures": self._failures,
+                   "genrm/unparseable": self._unparseable, "genrm/retries": self._retries}
+            self._reset_counters()
+        out["genrm/latency_p50_s"] = _quantile(lat, 0.50)
+        out["genrm/latency_p99_s"] = _quantile(lat, 0.99)
+        return out
+
+    def replica_status(self) -> list[dict[str, Any]]:
+        """Each replica's address, outstanding requests, consecutive failures and remaining cool-down."""
+        now = self._loop.time()
+        return [{"address": r.base, "outstanding": r.outstanding, "fails": r.fails,
+                 "cooldown_left_s": max(0.0, r.down_until - now)} for r in self._replicas]
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Cancel what is in flight (those futures get Verdict(step=None, error="closed")), close the
+        session and stop the loop; returns within about `timeout_s`. Idempotent."""
+        with self._submit_lock:
+            if self._closed:
+                return
+            self._closed = True
+        deadline = time.monotonic() + timeout_s
+        if self._loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout_s)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                log.warning("GenRMClient.close: the shutdown did not finish in %.1f s", timeout_s)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(max(0.1, deadline - time.monotonic()))
+        for fut in self._pending.copy():  # only if the shutdown ran out of time: no caller waits forever
+            if not fut.done():
+                try:
+                    fut.set_result(Verdict(None, error="closed"))
+                except concurrent.futures.InvalidStateError:
+                    pass
+
+    def __enter__(self) -> GenRMClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ the loop's side
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._setup())
+        except BaseException as e:  # reported by __init__ on the caller's thread
+            self._start_error = e
+        ready.set()
+        try:
+            if self._start_error is None:
+                self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    async def _setup(self) -> None:
+        # The session and its connector bind to the running loop, so they are made on it.
+        # TCPConnector limit = the semaphore's: one kept-alive connection per request in flight.
+        self._sem = asyncio.Semaphore(self._max_concurrency)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self._max_concurrency),
+            timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+            headers={"Authorization": f"Bearer {self._key}"} if self._key else None)
+
+    async def _shutdown(self) -> None:
+        await asyncio.sleep(0)  # requests submitted just before close() start, so they get cancelled
+        tasks = [t for t in self._tasks if not t.done()]
+        for t in tasks:
+            t.cancel()
+        if self._model_task is not None:
+            self._model_task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._session.close()
+
+    async def _judge(self, message: str, n_steps: int, t0: float) -> Verdict:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        step, error, attempts = None, "", 0
+        try:
+            model, error = await self._model_name()
+            if model:
+                body = {"model": model, "messages": [{"role": "user", "content": message}],
+                        "max_tokens": self._max_tokens, "temperature": self._temperature}
+                content, error, attempts = await self._call("POST", "/chat/completions", body, _content)
+                if content is not None:
+                    step = parse_verdict(content, n_steps)
+                    error = "" if step is not None else "unparseable"
+        except asyncio.CancelledError:  # close(): the caller still gets a verdict, not an exception
+            error = "closed"
+        except Exception as e:  # fail-open: a client bug must not take the training step down
+            log.exception("GenRMClient: unexpected error")
+            error = f"client error: {type(e).__name__}: {e}"
+        finally:
+            self._tasks.discard(task)
+        latency = time.perf_counter() - t0
+        with self._lock:
+            self._latencies.append(latency)
+            self._failures += step is None
+            self._unparseable += error == "unparseable"
+        return Verdict(step, error=error, attempts=attempts, latency_s=latency)
+
+    async def _model_name(self) -> tuple[str, str]:
+        """(model, "") or ("", why): the configured name, else the first id GET /models lists,
+        fetched once. Concurrent requests share one lookup; a failed lookup is tried afresh later."""
+        if self._model:
+            return self._model, ""
+        t = self._model_task
+        if t is None or t.done() and (t.cancelled() or t.exception() is not None or not t.result()[0]):
+            self._model_task = asyncio.ensure_future(self._call("GET", "/models", None, _first_model))
+        model, error, _ = await asyncio.shield(self._model_task)
+        if model:
+            self._model = model
+            return model, ""
+        return "", f"model list: {error}"
+
+    async def _call(self, method: str, path: str, body: dict | None,
+                    extract: Callable[[Any], Any]) -> tuple[Any, str, int]:
+        """(value, "", attempts) or (None, why, attempts), with bounded retries that prefer a replica
+        not yet tried."""
+        tried: set[int] = set()
+        error = ""
+        for attempt in range(self._max_retries + 1):
+            if attempt:
+                with self._lock:
+                    self._retries += 1
+                # Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))].
+                cap = min(self._backoff_max_s, self._backoff_base_s * 2 ** (attempt - 1))
+                await asyncio.sleep(self._rng.uniform(0, cap))
+            async with self._sem:
+                rep = self._pick(tried)
+                tried.add(rep.index)
+                rep.outstanding += 1
+                try:
+                    value = await self._attempt(rep, method, path, body, extract)
+                except _Retryable as e:
+                    error = str(e)
+                    rep.fails += 1
+                    if rep.fails >= self._fail_threshold:
+                        rep.down_until = self._loop.time() + self._cooldown_s
+                    continue
+                except _Final as e:
+                    return None, str(e), attempt + 1
+                finally:
+                    rep.outstanding -= 1
+                rep.fails, rep.down_until = 0, 0.0
+                return value, "", attempt + 1
+        return None, error, self._max_retries + 1
+
+    def _pick(self, avoid: set[int]) -> _Replica:
+        """The replica with the fewest outstanding requests among those not cooling down (ties:
+        round robin), preferring one not in `avoid`. A replica back from its cool-down takes one
+        probe at a time until it succeeds; when none is available, the one whose cool-down ends first."""
+        now = self._loop.time()
+        up = [r for r in self._replicas
+              if r.down_until <= now and not (r.fails >= self._fail_threshold and r.outstanding)]
+        if not up:
+            return min(self._replicas, key=lambda r: r.down_until)
+        up = [r for r in up if r.index not in avoid] or up
+        least = min(r.outstanding for r in up)
+        n = len(self._replicas)
+        best = min((r for r in up if r.outstanding == least), key=lambda r: (r.index - self._rr) % n)
+        self._rr = (best.index + 1) % n
+        return best
+
+    async def _attempt(self, rep: _Replica, method: str, path: str, body: dict | None,
+                       extract: Callable[[Any], Any]) -> Any:
+        try:
+            async with self._session.request(method, rep.base + path, json=body) as resp:
+                if resp.status == 429 or resp.status >= 500:
+                    raise _Retryable(f"http {resp.status}")
+                if resp.status in (401, 403):
+                    if not rep.warned:
+                        rep.warned = True
+                        log.warning("GenRM server %s refused the API key (HTTP %d): set api_key or %s",
+                                    rep.base, resp.status, API_KEY_ENV)
+                    raise _Final(f"refused: {resp.status}")
+                if resp.status >= 400:
+                    raise _Final(f"http {resp.status}")
+                raw = await resp.read()
+        except asyncio.TimeoutError:
+            raise _Retryable("timeout") from None
+        except aiohttp.ClientError as e:
+            raise _Retryable(f"connection: {type(e).__name__}") from None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise _Retryable("non-json reply") from None
+        return extract(data)
+
+    def _reset_counters(self) -> None:
+        self._requests = self._failures = self._unparseable = self._retries = 0
+        self._latencies: list[float] = []
+
+
+def _content(data: Any) -> str:
+    try:
+        content = data["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise _Retryable("no choices[0].message.content") from None
+    if not isinstance(content, str):
+        raise _Retryable("no choices[0].message.content")
+    return content
+
+
+def _first_model(data: Any) -> str:
+    try:
+        model = data["data"][0]["id"]
+    except (KeyError, IndexError, TypeError):
+        raise _Retryable("no model listed") from None
+    if not isinstance(model, str) or not model:
+        raise _Retryable("no model listed")
+    return model
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """Nearest-rank quantile of sorted `xs`; 0.0 when empty."""
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
