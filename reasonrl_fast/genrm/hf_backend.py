@@ -19,6 +19,9 @@ from typing import Any
 from reasonrl_fast.genrm.serve import Completion, RequestError, Sampling, last_user_text
 
 DEFAULT_MAX_TOKENS = 1024  # when neither the request nor the model's context length bounds it
+# Below this temperature sampling is greedy decoding (as vLLM does): dividing logits by a tiny
+# temperature overflows to inf and the sampler fails on the NaN probabilities.
+GREEDY_BELOW = 1e-5
 
 
 @dataclass
@@ -30,7 +33,7 @@ class _Job:
 
     def key(self) -> tuple:
         s = self.sampling
-        return ("greedy",) if s.temperature == 0 else ("sample", s.temperature, s.top_p, s.seed)
+        return ("greedy",) if s.temperature < GREEDY_BELOW else ("sample", s.temperature, s.top_p, s.seed)
 
 
 def check_model_dir(path: str) -> None:
@@ -92,10 +95,10 @@ class HFBackend:
     async def complete(self, messages: list[dict[str, str]], sampling: Sampling) -> Completion:
         ids = self.encode(messages)
         if not ids:
-            raise RequestError("the prompt is empty once tokenized", "messages")
+            raise RequestError("messages: the prompt is empty once tokenized", "messages")
         room = self.max_pos - len(ids) if self.max_pos else None
         if room is not None and room < 1:
-            raise RequestError(f"the prompt is {len(ids)} tokens; the model takes at most {self.max_pos} "
+            raise RequestError(f"messages: the prompt is {len(ids)} tokens; the model takes at most {self.max_pos} "
                                f"(prompt and answer together)", "messages")
         want = sampling.max_tokens or room or DEFAULT_MAX_TOKENS
         max_new = min(want, room) if room is not None else want
@@ -163,7 +166,7 @@ class HFBackend:
             ids[i, width - len(j.ids):] = torch.tensor(j.ids)
             attn[i, width - len(j.ids):] = 1
         s = batch[0].sampling
-        if s.temperature == 0:
+        if s.temperature < GREEDY_BELOW:
             kw: dict[str, Any] = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         else:
             kw = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0}

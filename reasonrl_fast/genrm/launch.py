@@ -26,7 +26,7 @@ from typing import Sequence
 from reasonrl_fast.genrm.serve import API_KEY_ENV
 
 _PR_SET_PDEATHSIG = 1
-_LISTENING = re.compile(rb"GenRM server listening on http://(\S+):(\d+)/v1")
+_LISTENING = re.compile(rb"GenRM server listening on http://(\S+):(\d+)/v1\n")
 
 
 def _die_with_parent(parent: int):

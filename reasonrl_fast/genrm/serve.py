@@ -90,12 +90,12 @@ def judge_addition(text: str) -> tuple[str, int, int]:
     reasons a line per step up to the verdict, then boxes it."""
     req = parse_request(text)
     if req is None:
-        raise RequestError("the last user message is not a GenRM request (expected the 'fapo' or "
+        raise RequestError("messages: the last user message is not a GenRM request (expected the 'fapo' or "
                            "'compact' rendering of genrm.prompt.render)", "messages")
     problem, _, steps = req
     ab = parse_problem(problem)
     if ab is None:
-        raise RequestError(f"the problem is not an addition 'a+b=': {problem[:80]!r}", "messages")
+        raise RequestError(f"messages: the problem is not an addition 'a+b=': {problem[:80]!r}", "messages")
     a, b = ab
     steps = [s.strip() for s in steps]
     verdict = first_wrong_step(a, b, steps)
@@ -325,8 +325,11 @@ async def serve(backend: Backend, spec: str, host: str, port: int, served_name: 
         site = web.TCPSite(runner, host, port, backlog=1024)
         await site.start()
         bound = site._server.sockets[0].getsockname()[1]  # the real port when --port 0
-        print(f"GenRM server listening on http://{host}:{bound}/v1", flush=True)
-        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the parent may stop reading stdout now
+        # One write with its newline: a parent that reads up to the newline then closes the pipe
+        # must not leave a second write to fail with EPIPE.
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), f"GenRM server listening on http://{host}:{bound}/v1\n".encode())
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output goes to the log
         await stopping.wait()
     finally:
         await runner.cleanup()
