@@ -214,7 +214,8 @@ MAX_POS = 64
 
 
 @pytest.fixture(scope="module")
-def hf(tmp_path_factory):
+def tiny_dir(tmp_path_factory) -> str:
+    """A random tiny Qwen2 with the character tokenizer, saved as the trainer saves its warm start."""
     import torch
 
     from reasonrl_fast.trainer.config import ModelConfig
@@ -227,6 +228,12 @@ def hf(tmp_path_factory):
     model = tiny_model(cfg, len(tok), tok)
     model.save_pretrained(path)
     tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_dir):
+    path = tiny_dir
     with launch(f"hf:{path}", max_batch=16, extra_args=["--device", "cpu"], start_timeout_s=120) as server:
         yield server
 
@@ -262,6 +269,42 @@ def test_hf_max_tokens_clamped_to_the_context(hf):
     status, r = call(hf.url + "/chat/completions", chat("12+34=", max_tokens=3, temperature=1.0, seed=5))
     assert status == 200 and r["usage"]["completion_tokens"] <= 3
     assert health(hf)["status"] == "ok"
+
+
+def test_hf_generate_failure_is_500_and_the_server_goes_on(tiny_dir):
+    """In process (the fault is injected into the model): a failing generate answers its requests
+    with 500, and the next request is served."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from reasonrl_fast.genrm.hf_backend import HFBackend
+    from reasonrl_fast.genrm.serve import make_app
+
+    backend = HFBackend(tiny_dir, device="cpu")
+    real, calls = backend.model.generate, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(*args, **kwargs)
+
+    backend.model.generate = flaky
+
+    async def run() -> list[tuple[int, dict]]:
+        async with TestClient(TestServer(make_app(backend, "tiny", None, "hf:tiny"), host="127.0.0.1")) as c:
+            out = []
+            for _ in range(2):
+                r = await c.post("/v1/chat/completions", json=chat("12+34=", max_tokens=4, temperature=0))
+                out.append((r.status, await r.json()))
+            return out
+
+    try:
+        (s1, r1), (s2, r2) = asyncio.run(run())
+    finally:
+        backend.close()
+    assert s1 == 500 and "illegal memory access" in r1["error"]["message"]
+    assert s2 == 200 and 1 <= r2["usage"]["completion_tokens"] <= 4
+    assert backend.stats()["generate_errors"] == 1 and backend.stats()["generate_calls"] == 1
 
 
 # ---------------------------------------------------------------- launch
