@@ -102,7 +102,7 @@ class HFBackend:
                                f"(prompt and answer together)", "messages")
         want = sampling.max_tokens or room or DEFAULT_MAX_TOKENS
         max_new = min(want, room) if room is not None else want
-        if self.task is None:
+        if self.task is None or self.task.done():
             self.queue = asyncio.Queue()
             self.task = asyncio.get_running_loop().create_task(self._batcher())
         job = _Job(ids, max_new, sampling, asyncio.get_running_loop().create_future())
@@ -128,20 +128,25 @@ class HFBackend:
                 if left <= 0:
                     break
                 await asyncio.sleep(min(left, 0.001))
-            groups: dict[tuple, list[_Job]] = {}
-            for j in jobs:
-                if not j.future.done():  # the client went away
-                    groups.setdefault(j.key(), []).append(j)
-            for group in groups.values():
-                for batch in self._fit(group):
-                    try:
-                        outs = await loop.run_in_executor(self.executor, self._generate, batch)
-                    except Exception as e:  # noqa: BLE001 - these requests get 500, the batcher goes on
-                        self.generate_errors += 1
-                        outs = [e] * len(batch)
-                    for j, out in zip(batch, outs):
-                        if not j.future.done():
-                            (j.future.set_exception if isinstance(out, Exception) else j.future.set_result)(out)
+            try:
+                groups: dict[tuple, list[_Job]] = {}
+                for j in jobs:
+                    if not j.future.done():  # else the client went away
+                        groups.setdefault(j.key(), []).append(j)
+                for group in groups.values():
+                    for batch in self._fit(group):
+                        try:
+                            outs = await loop.run_in_executor(self.executor, self._generate, batch)
+                        except Exception as e:  # noqa: BLE001 - these requests get 500, the batcher goes on
+                            self.generate_errors += 1
+                            outs = [e] * len(batch)
+                        for j, out in zip(batch, outs):
+                            if not j.future.done():
+                                (j.future.set_exception if isinstance(out, Exception) else j.future.set_result)(out)
+            except Exception as e:  # noqa: BLE001 - a bug here must not leave requests waiting forever
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(e)
 
     def _fit(self, group: list[_Job]) -> list[list[_Job]]:
         """Batches in which every row's prompt plus the batch's new tokens fit the context: the
@@ -154,7 +159,8 @@ class HFBackend:
             take = [j for j in rest if self.max_pos is None or len(j.ids) + new <= self.max_pos]
             take = take[: self.max_batch]
             out.append(take)
-            rest = [j for j in rest if j not in take]
+            taken = {id(j) for j in take}
+            rest = [j for j in rest if id(j) not in taken]
         return out
 
     def _generate(self, batch: list[_Job]) -> list[Completion]:

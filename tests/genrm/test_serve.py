@@ -264,6 +264,12 @@ def test_hf_max_tokens_clamped_to_the_context(hf):
     status, r = call(hf.url + "/chat/completions", chat(long, max_tokens=50, temperature=0))
     assert status == 200 and r["usage"]["prompt_tokens"] == MAX_POS - 3
     assert r["usage"]["completion_tokens"] <= 3 and r["usage"]["total_tokens"] <= MAX_POS
+    # the long prompt and a short one sent together: each keeps its own limit, the short one's
+    # answer is the one it gets alone (they go to separate generate calls when they cannot share one)
+    short = chat("12+34=", max_tokens=20, temperature=0)
+    both = asyncio.run(_post_all(hf.url + "/chat/completions", [chat(long, max_tokens=50, temperature=0), short]))
+    assert [s for s, _ in both] == [200, 200] and both[0][1]["usage"]["total_tokens"] <= MAX_POS
+    assert both[1][1]["choices"][0] == call(hf.url + "/chat/completions", short)[1]["choices"][0]
     status, r = call(hf.url + "/chat/completions", chat("9" * MAX_POS, max_tokens=5))
     assert status == 400 and str(MAX_POS) in r["error"]["message"]
     status, r = call(hf.url + "/chat/completions", chat("12+34=", max_tokens=3, temperature=1.0, seed=5))
@@ -344,3 +350,13 @@ def test_child_dies_on_stop_on_kill_and_with_its_parent():
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_genrm_imports_neither_torch_nor_the_trainer():
+    """The client side runs in the trainer's driver and the rule server must start fast."""
+    code = ("import sys, reasonrl_fast.genrm.serve, reasonrl_fast.genrm.launch, reasonrl_fast.genrm.prompt; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('transformers', "
+            "'reasonrl_fast.trainer'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
