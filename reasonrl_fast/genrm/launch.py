@@ -41,9 +41,9 @@ def _die_with_parent(parent: int):
 class GenRMServer:
     """A running server child: `.url` ('http://127.0.0.1:PORT/v1'), `.port`, `.pid`, `.log_path`."""
 
-    def __init__(self, proc: subprocess.Popen, host: str, port: int, log_path: str) -> None:
+    def __init__(self, proc: subprocess.Popen, host: str, port: int, log_path: str, own_log: bool = False) -> None:
         self.proc, self.host, self.port, self.log_path = proc, host, port, log_path
-        self.pid = proc.pid
+        self.pid, self.own_log = proc.pid, own_log
 
     @property
     def url(self) -> str:
@@ -53,14 +53,24 @@ class GenRMServer:
         return self.proc.poll() is None
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL of the whole group if it has not exited within `timeout_s`."""
+        """SIGTERM, then SIGKILL of the whole group if it has not exited within `timeout_s`. The
+        temporary log (no `log_path` given) is removed after a clean exit, kept otherwise."""
         if self.proc.poll() is None:
             self._signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 pass
+        clean = self.proc.returncode == 0
         self.kill()
+        if clean and self.own_log:
+            self._remove_log()
+
+    def _remove_log(self) -> None:
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
 
     def kill(self) -> None:
         """SIGKILL the group now (for fault tests), and reap the child."""
@@ -94,8 +104,10 @@ def launch(backend: str, *, host: str = "127.0.0.1", port: int = 0, api_key: str
            log_path: str | None = None) -> GenRMServer:
     """Start `python -m reasonrl_fast.genrm.serve --backend BACKEND ...` and return once it
     answers GET /health; RuntimeError with the end of its log if it exits or is not up within
-    `start_timeout_s`. The API key travels in the environment, not on the command line."""
-    if log_path is None:
+    `start_timeout_s`. The API key travels in the environment, not on the command line;
+    `api_key=None` serves without one, whatever this process's environment holds."""
+    own_log = log_path is None
+    if own_log:
         fd, log_path = tempfile.mkstemp(prefix="genrm-serve-", suffix=".log")
         os.close(fd)
     cmd = [sys.executable, "-m", "reasonrl_fast.genrm.serve", "--backend", backend, "--host", host,
@@ -110,14 +122,16 @@ def launch(backend: str, *, host: str = "127.0.0.1", port: int = 0, api_key: str
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
                                 start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
-    server = GenRMServer(proc, host, 0, log_path)
+    server = GenRMServer(proc, host, 0, log_path, own_log)
 
     def fail(why: str) -> RuntimeError:
         server.kill()
         proc.stdout.close()
         tail = _tail(log_path)
-        return RuntimeError(f"GenRM server ({' '.join(cmd[1:])}) {why}; its log {log_path} ends with:\n"
-                            f"{tail or '(empty)'}")
+        if own_log:
+            server._remove_log()
+        where = "its log" if own_log else f"its log {log_path}"
+        return RuntimeError(f"GenRM server ({' '.join(cmd[1:])}) {why}; {where} ends with:\n{tail or '(empty)'}")
 
     deadline = time.monotonic() + start_timeout_s
     buf = b""

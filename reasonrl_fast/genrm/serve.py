@@ -249,7 +249,9 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
         except web.HTTPException as e:  # 404, 405, 413 from aiohttp itself, in the OpenAI form
             if not v1 or e.status < 400:
                 raise
-            return error_response(RequestError(e.reason, None, e.status, str(e.status), type(e).__name__))
+            message = (f"the request body is larger than {MAX_BODY_BYTES} bytes" if e.status == 413
+                       else f"{e.reason}: {request.method} {request.path}")
+            return error_response(RequestError(message, None, e.status, str(e.status), type(e).__name__))
 
     async def chat(request: web.Request) -> web.Response:
         raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge (413)

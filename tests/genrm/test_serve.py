@@ -142,7 +142,7 @@ def test_bad_bodies_are_400_naming_the_field(rule, body, param):
 
 def test_oversized_body_and_unknown_route(rule):
     status, r = call(rule.url + "/chat/completions", chat("1+2=3|" + "x" * (5 << 20)))
-    assert status == 413 and "error" in r
+    assert status == 413 and "larger than" in r["error"]["message"]
     status, r = call(rule.url + "/completions", chat("1+2=3|"))
     assert status == 404 and "error" in r
 
@@ -323,6 +323,9 @@ def test_bad_backend_fails_fast_and_clearly(tmp_path):
         with pytest.raises(RuntimeError, match="exited with status 2") as e:
             launch(spec, start_timeout_s=30)
         assert words in str(e.value) and time.monotonic() - t < 15, (spec, str(e.value))
+    with launch("rule:addition") as server, pytest.raises(RuntimeError, match="cannot listen") as e:
+        launch("rule:addition", port=server.port, start_timeout_s=30)
+    assert str(server.port) in str(e.value)
 
 
 def test_child_dies_on_stop_on_kill_and_with_its_parent():
@@ -333,13 +336,15 @@ def test_child_dies_on_stop_on_kill_and_with_its_parent():
     server = launch("rule:addition")
     server.kill()
     assert not alive(server.pid) and server.proc.returncode == -signal.SIGKILL
+    os.unlink(server.log_path)  # kill() keeps the log (for the post-mortem of a fault)
     # a parent that is SIGKILLed takes its server with it (PR_SET_PDEATHSIG)
     code = "from reasonrl_fast.genrm.launch import launch; import time; s = launch('rule:addition'); " \
-           "print(s.pid, flush=True); time.sleep(60)"
+           "print(s.pid, s.log_path, flush=True); time.sleep(60)"
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=ROOT,
                               env=dict(os.environ, PYTHONPATH=ROOT))
     try:
-        pid = int(parent.stdout.readline())
+        pid, log = parent.stdout.readline().split()
+        pid = int(pid)
         assert alive(pid)
         parent.kill()
         parent.wait()
@@ -347,6 +352,7 @@ def test_child_dies_on_stop_on_kill_and_with_its_parent():
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not alive(pid)
+        os.unlink(log)
     finally:
         parent.kill()
         parent.wait()
