@@ -1,0 +1,130 @@
+"""Loopback load test of the GenRM server (rule:addition backend, started with `launch`):
+requests/s and p50/p99 latency at several numbers of concurrent clients.
+
+    python benchmarks/bench_genrm_server.py [--write benchmarks/RESULTS.md] [--requests 2000]
+        [--concurrency 1,64,512]
+
+Each level sends the same number of compact-template addition requests (a fixed mix of right and
+flawed steps, 2 to 5 digits) from one aiohttp client whose connection pool is as large as the
+concurrency; client and server share the machine's cores, so this measures the pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import sys
+import time
+
+import aiohttp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from reasonrl_fast.data.addition import addition_steps, make_prompt  # noqa: E402
+from reasonrl_fast.genrm.launch import launch  # noqa: E402
+from reasonrl_fast.genrm.prompt import parse_verdict, render  # noqa: E402
+
+MARKER = "genrm-server"
+
+
+def requests(n: int, seed: int = 0) -> list[tuple[dict, int]]:
+    """(request body, number of steps): half right work, half with one miswritten column."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        d = rng.randint(2, 5)
+        a, b = rng.randint(10 ** (d - 1), 10**d - 1), rng.randint(10 ** (d - 1), 10**d - 1)
+        steps, ans = addition_steps(a, b, d, miswrite_at=rng.randrange(d) if i % 2 else None)
+        steps = steps.split(",")
+        body = {"model": "rule:addition", "temperature": 0, "max_tokens": 512,
+                "messages": [{"role": "user", "content": render("compact", make_prompt(a, b), str(ans), steps)}]}
+        out.append((body, len(steps)))
+    return out
+
+
+async def level(url: str, reqs: list[tuple[dict, int]], concurrency: int) -> dict:
+    """Send every request with `concurrency` clients in flight; latencies and errors."""
+    latencies: list[float] = []
+    errors = 0
+    it = iter(reqs)
+    conn = aiohttp.TCPConnector(limit=max(concurrency, 100))
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as s:
+        async def client() -> None:
+            nonlocal errors
+            for body, n_steps in it:
+                t = time.perf_counter()
+                try:
+                    async with s.post(url, json=body) as r:
+                        out = await r.json()
+                    ok = r.status == 200 and parse_verdict(out["choices"][0]["message"]["content"], n_steps) is not None
+                except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError):
+                    ok = False
+                latencies.append(time.perf_counter() - t)
+                errors += not ok
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    latencies.sort()
+
+    def q(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))]
+
+    return {"concurrency": concurrency, "n": len(latencies), "rps": len(latencies) / wall,
+            "p50_ms": 1000 * q(0.50), "p99_ms": 1000 * q(0.99), "errors": errors, "wall_s": wall}
+
+
+def write_section(path: str, body: str) -> None:
+    """Replace the text between this benchmark's markers in `path` (append them if absent). The
+    same rule as bench_ops.write_section, which cannot be imported without the compiled ops."""
+    begin, end = f"<!-- {MARKER}:begin -->", f"<!-- {MARKER}:end -->"
+    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text:
+        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=2000, help="requests per concurrency level")
+    p.add_argument("--concurrency", default="1,64,512", help="comma-separated levels")
+    p.add_argument("--write", metavar="RESULTS.md")
+    a = p.parse_args()
+    levels = [int(c) for c in a.concurrency.split(",")]
+    reqs = requests(a.requests)
+    load0 = os.getloadavg()[0]
+    rows = []
+    with launch("rule:addition") as server:
+        url = server.url + "/chat/completions"
+        asyncio.run(level(url, reqs[:50], 4))  # warm-up: imports, first connections
+        for c in levels:
+            rows.append(asyncio.run(level(url, reqs, c)))
+            r = rows[-1]
+            print(f"concurrency {c}: {r['rps']:.0f} req/s, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
+                  f"errors {r['errors']}", flush=True)
+    load1 = os.getloadavg()[0]
+    lines = ["| concurrent clients | requests | requests/s | p50 latency ms | p99 latency ms | errors |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['concurrency']} | {r['n']} | {r['rps']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+              f"{r['errors']} |" for r in rows]
+    body = "\n".join(lines)
+    print(body)
+    if a.write:
+        head = (f"### GenRM server, rule:addition on loopback ({time.strftime('%Y-%m-%d')}, {os.cpu_count()}-core CPU, "
+                f"load {load0:.1f} at the start and {load1:.1f} at the end; "
+                f"`python benchmarks/bench_genrm_server.py`)\n\n")
+        write_section(a.write, head + body)
+    if any(r["errors"] for r in rows):
+        sys.exit(f"{sum(r['errors'] for r in rows)} requests failed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,375 @@
+"""An OpenAI-compatible GenRM server: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`.
+
+    python -m reasonrl_fast.genrm.serve --backend rule:addition|hf:PATH [--host 127.0.0.1]
+        [--port 8000] [--max-batch 64] [--api-key KEY] [--served-model-name NAME] [--device auto]
+
+Backends:
+- `rule:addition`: the exact judge of the embedded addition task (no model): it reads the request
+  written by `genrm.prompt.render` (either template), checks the steps against the right column
+  work and answers like a model would, a line per step checked and then `\\boxed{k}`. Its token
+  counts are characters.
+- `hf:PATH`: a local Hugging Face causal LM; concurrent requests are batched into one `generate`
+  call (genrm/hf_backend.py).
+
+Once it accepts connections the server prints one line, `GenRM server listening on
+http://HOST:PORT/v1`, to stdout (a parent that started it with `--port 0` reads the port there)
+and then sends its stdout to stderr. SIGTERM and SIGINT stop it. `launch()` (genrm/launch.py)
+starts one as a subprocess. `stop` strings cut the answer after generation; generation itself does
+not end at them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from reasonrl_fast.data.addition import column_steps, first_wrong_step, parse_problem
+from reasonrl_fast.genrm.prompt import parse_request, parse_verdict
+
+API_KEY_ENV = "REASONRL_FAST_GENRM_API_KEY"
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a GenRM request is a problem and a solution: far below this
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class RequestError(Exception):
+    """A request the server refuses; answered in the OpenAI error format."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str = "invalid_value", kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.code, self.kind = message, param, status, code, kind
+
+
+@dataclass
+class Sampling:
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    seed: int | None
+
+
+@dataclass
+class Completion:
+    text: str
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Backend(Protocol):
+    default_name: str
+
+    async def complete(self, messages: list[dict[str, str]], sampling: Sampling) -> Completion: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+def last_user_text(messages: list[dict[str, str]]) -> str:
+    for m in reversed(messages):
+        if m["role"] == "user":
+            return m["content"]
+    raise RequestError("messages: no message has role 'user'", "messages")
+
+
+# ---------------------------------------------------------------- the rule judge
+
+
+def judge_addition(text: str) -> tuple[str, int, int]:
+    """(answer, verdict, number of steps) for a GenRM request about the addition task. The answer
+    reasons a line per step up to the verdict, then boxes it."""
+    req = parse_request(text)
+    if req is None:
+        raise RequestError("messages: the last user message is not a GenRM request (expected the 'fapo' or "
+                           "'compact' rendering of genrm.prompt.render)", "messages")
+    problem, _, steps = req
+    ab = parse_problem(problem)
+    if ab is None:
+        raise RequestError(f"messages: the problem is not an addition 'a+b=': {problem[:80]!r}", "messages")
+    a, b = ab
+    steps = [s.strip() for s in steps]
+    verdict = first_wrong_step(a, b, steps)
+    right = column_steps(a, b, max(len(str(a)), len(str(b))))
+    lines = [] if steps else ["No steps are written."]
+    for i, step in enumerate(steps[: (verdict + 1) if verdict >= 0 else len(steps)]):
+        if i != verdict:
+            lines.append(f"Step {i}: {step} is right.")
+        elif i >= len(right):
+            lines.append(f"Step {i}: {step} is wrong: the sum was already complete.")
+        elif step != right[i]:
+            lines.append(f"Step {i}: {step} is wrong: it should be {right[i]}.")
+        else:  # right as written, but the work stops here with columns left
+            lines.append(f"Step {i}: {step} is the last step, but {right[i + 1]} is missing after it.")
+    if verdict == -1:
+        lines.append(f"All {len(steps)} steps are right.")
+    answer = "\n".join(lines + [f"\\boxed{{{verdict}}}"])
+    return answer, verdict, len(steps)
+
+
+class RuleBackend:
+    """`rule:addition`: exact verdicts, characters counted as tokens."""
+
+    default_name = "rule:addition"
+
+    def __init__(self) -> None:
+        self.checked = 0
+
+    async def complete(self, messages: list[dict[str, str]], sampling: Sampling) -> Completion:
+        answer, verdict, n = judge_addition(last_user_text(messages))
+        # With no steps there is no index to name: parse_verdict reads any box as None then.
+        assert n == 0 or parse_verdict(answer, n) == verdict, (answer, verdict)
+        prompt_tokens = sum(len(m["content"]) for m in messages)
+        if sampling.max_tokens is not None and len(answer) > sampling.max_tokens:
+            return Completion(answer[: sampling.max_tokens], "length", prompt_tokens, sampling.max_tokens)
+        return Completion(answer, "stop", prompt_tokens, len(answer))
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+# ---------------------------------------------------------------- request validation
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def parse_messages(raw: Any) -> list[dict[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise RequestError("messages must be a non-empty list of {role, content}", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"{where} must be an object with role and content", where)
+        role, content = m.get("role"), m.get("content")
+        if role not in _ROLES:
+            raise RequestError(f"{where}.role must be one of {list(_ROLES)}, got {role!r}", f"{where}.role")
+        if content is None and role == "assistant":
+            content = ""
+        if isinstance(content, list):
+            parts = []
+            for j, p in enumerate(content):
+                if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                    raise RequestError(f"{where}.content[{j}] must be {{\"type\": \"text\", \"text\": str}}",
+                                       f"{where}.content")
+                parts.append(p["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise RequestError(f"{where}.content must be a string or a list of text parts", f"{where}.content")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def parse_chat(body: Any, served_name: str) -> tuple[list[dict[str, str]], Sampling, list[str]]:
+    """(messages, sampling, stop strings) of a chat completion request, or a RequestError."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object", None)
+    model = body.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise RequestError("model must be a string", "model")
+        if model != served_name:
+            raise RequestError(f"The model `{model}` does not exist (this server serves `{served_name}`)",
+                               "model", status=404, code="model_not_found", kind="NotFoundError")
+    if "messages" not in body:
+        raise RequestError("messages is required", "messages")
+    messages = parse_messages(body["messages"])
+    max_tokens = None
+    for key in ("max_completion_tokens", "max_tokens"):
+        v = body.get(key)
+        if v is not None:
+            if not _is_int(v) or v < 1:
+                raise RequestError(f"{key} must be an integer >= 1, got {v!r}", key)
+            max_tokens = v
+            break
+    temperature = body.get("temperature", 1.0)
+    if temperature is None:
+        temperature = 1.0
+    if not _is_num(temperature) or not 0 <= temperature <= 2:
+        raise RequestError(f"temperature must be a number in [0, 2], got {temperature!r}", "temperature")
+    top_p = body.get("top_p", 1.0)
+    if top_p is None:
+        top_p = 1.0
+    if not _is_num(top_p) or not 0 < top_p <= 1:
+        raise RequestError(f"top_p must be a number in (0, 1], got {top_p!r}", "top_p")
+    n = body.get("n", 1)
+    if n is not None and (not _is_int(n) or n != 1):
+        raise RequestError(f"n must be 1 (one choice per request), got {n!r}", "n")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
+    if body.get("stream"):
+        raise RequestError("stream is not supported: send stream=false", "stream")
+    stop = body.get("stop")
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError("stop must be a string or a list of non-empty strings", "stop")
+    return messages, Sampling(max_tokens, float(temperature), float(top_p), seed), stops
+
+
+# ---------------------------------------------------------------- the HTTP application
+
+
+def error_response(e: RequestError) -> web.Response:
+    body = {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}}
+    return web.json_response(body, status=e.status)
+
+
+def make_app(backend: Backend, served_name: str, api_key: str | None, backend_spec: str) -> web.Application:
+    state = {"completions": 0}
+    want = f"Bearer {api_key}".encode() if api_key else None
+
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        v1 = request.path.startswith("/v1/")
+        if v1 and want is not None:
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, want):
+                return error_response(RequestError("missing or wrong API key (send 'Authorization: Bearer KEY')",
+                                                   None, 401, "invalid_api_key", "AuthenticationError"))
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return error_response(e)
+        except web.HTTPException as e:  # 404, 405, 413 from aiohttp itself, in the OpenAI form
+            if not v1 or e.status < 400:
+                raise
+            message = (f"the request body is larger than {MAX_BODY_BYTES} bytes" if e.status == 413
+                       else f"{e.reason}: {request.method} {request.path}")
+            return error_response(RequestError(message, None, e.status, str(e.status), type(e).__name__))
+
+    async def chat(request: web.Request) -> web.Response:
+        raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge (413)
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"the request body is not valid JSON: {e}", "body") from None
+        messages, sampling, stops = parse_chat(body, served_name)
+        try:
+            c = await backend.complete(messages, sampling)
+        except RequestError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one failed generation answers 500, the server goes on
+            print(f"[genrm] generation failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            raise RequestError(f"generation failed: {type(e).__name__}: {e}", None, 500,
+                               "internal_error", "InternalServerError") from None
+        text, finish = c.text, c.finish_reason
+        cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+        if cuts:
+            text, finish = text[: min(cuts)], "stop"
+        state["completions"] += 1
+        return web.json_response({
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": served_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish, "logprobs": None}],
+            "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                      "total_tokens": c.prompt_tokens + c.completion_tokens},
+        })
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": served_name, "object": "model", "created": created, "owned_by": "reasonrl_fast"}]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "backend": backend_spec, "model": served_name,
+                                  "completions": state["completions"], **backend.stats()})
+
+    created = int(time.time())
+    app = web.Application(middlewares=[guard], client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    return app
+
+
+def make_backend(spec: str, device: str, max_batch: int) -> Backend:
+    """The backend a `--backend` spec names; ValueError or FileNotFoundError with the reason."""
+    kind, _, arg = spec.partition(":")
+    if kind == "rule":
+        if arg != "addition":
+            raise ValueError(f"--backend {spec!r}: the only rule judge is 'rule:addition'")
+        return RuleBackend()
+    if kind == "hf":
+        if not arg:
+            raise ValueError("--backend hf:PATH needs the model directory after 'hf:'")
+        from reasonrl_fast.genrm.hf_backend import HFBackend  # torch/transformers only here
+
+        return HFBackend(arg, device=device, max_batch=max_batch)
+    raise ValueError(f"--backend {spec!r}: expected 'rule:addition' or 'hf:PATH'")
+
+
+async def serve(backend: Backend, spec: str, host: str, port: int, served_name: str,
+                api_key: str | None) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    runner = web.AppRunner(make_app(backend, served_name, api_key, spec), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # the real port when --port 0
+        # One write with its newline: a parent that reads up to the newline then closes the pipe
+        # must not leave a second write to fail with EPIPE.
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), f"GenRM server listening on http://{host}:{bound}/v1\n".encode())
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output goes to the log
+        await stopping.wait()
+    finally:
+        await runner.cleanup()
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m reasonrl_fast.genrm.serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", required=True, help="rule:addition or hf:PATH (a local model directory)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="0 takes a free port")
+    p.add_argument("--max-batch", type=int, default=64, help="hf: most requests in one generate call")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                   help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})")
+    p.add_argument("--served-model-name", default=None, help="the model name clients send")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="hf: where the model runs")
+    a = p.parse_args(argv)
+    if not 0 <= a.port <= 65535:
+        p.error(f"--port {a.port}: expected 0..65535")
+    if a.max_batch < 1:
+        p.error(f"--max-batch {a.max_batch}: expected >= 1")
+    try:
+        backend = make_backend(a.backend, a.device, a.max_batch)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        p.exit(2, f"genrm.serve: error: {e}\n")
+    name = a.served_model_name or backend.default_name
+    try:
+        asyncio.run(serve(backend, a.backend, a.host, a.port, name, a.api_key))
+    except OSError as e:  # the port is taken, the host cannot be bound
+        p.exit(1, f"genrm.serve: error: cannot listen on {a.host}:{a.port}: {e}\n")
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, not this __main__ copy's: hf_backend imports
+    # reasonrl_fast.genrm.serve, and its RequestError must be the class the handlers catch.
+    from reasonrl_fast.genrm.serve import main as _main
+
+    _main()
