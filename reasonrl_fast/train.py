@@ -18,12 +18,14 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = load_config(path, overrides)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
+    from reasonrl_fast.genrm.launch import GenRMStartError
     from reasonrl_fast.trainer.checkpoint import CheckpointError
     from reasonrl_fast.trainer.loop import run
 
     try:
         return run(cfg)
-    except CheckpointError as e:  # a refused run directory or checkpoint: the message says why
+    # a refused run directory or checkpoint, a GenRM server that cannot start: the message says why
+    except (CheckpointError, GenRMStartError) as e:
         sys.exit(f"error: {e}")
 
 

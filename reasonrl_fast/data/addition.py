@@ -15,8 +15,8 @@ def addition_steps(a: int, b: int, digits: int, slip_at: int | None = None,
 
     `slip_at`: index of a column whose incoming carry is forgotten (a noisy demonstration);
     the final answer then follows the slip, so the written work stays self-consistent.
-    `miswrite_at`: index of a column that shows a wrong digit of `b` (see `miswrite`) while its
-    sum, the carry and the final answer stay right: a flawed positive.
+    `miswrite_at`: index of a column whose sum is written with a wrong tens digit (see
+    `miswrite`) while the carry and the final answer stay right: a flawed positive.
     Returns (steps, the answer the steps arrive at).
     """
     da, db = str(a).zfill(digits)[::-1], str(b).zfill(digits)[::-1]
@@ -25,8 +25,8 @@ def addition_steps(a: int, b: int, digits: int, slip_at: int | None = None,
         if i == slip_at:
             carry = 0
         s = int(da[i]) + int(db[i]) + carry
-        shown = miswrite(db[i]) if i == miswrite_at else db[i]
-        steps.append(f"{da[i]}+{shown}" + ("+1" if carry else "") + f"={s}")
+        written = miswrite(s) if i == miswrite_at else str(s)
+        steps.append(f"{da[i]}+{db[i]}" + ("+1" if carry else "") + f"={written}")
         out.append(str(s % 10))
         carry = s // 10
     if carry:
@@ -66,11 +66,13 @@ def synthetic_split(n: int, digits: int, seed: int, carry_frac: float = 0.75) ->
 def sft_example(a: int, b: int, digits: int, slip_prob: float, rng: random.Random,
                 flaw_prob: float = 0.0) -> str:
     """A supervised demonstration. With probability `slip_prob` one carry is forgotten (a wrong
-    answer); otherwise, with probability `flaw_prob`, one column shows a wrong digit while the
-    answer stays right (a flawed positive)."""
+    answer); otherwise, with probability `flaw_prob`, one carrying column's sum is written with a
+    wrong tens digit while the answer stays right (a flawed positive)."""
     carries = [i for i in range(1, digits) if _carry_into(a, b, digits, i)]
     slip = rng.choice(carries) if carries and rng.random() < slip_prob else None
-    flaw = rng.randrange(digits) if slip is None and flaw_prob and rng.random() < flaw_prob else None
+    # columns that carry into the next one (not the last: its tens digit is the answer's first)
+    out = [i - 1 for i in carries]
+    flaw = rng.choice(out) if slip is None and out and flaw_prob and rng.random() < flaw_prob else None
     steps, ans = addition_steps(a, b, digits, slip, flaw)
     return f"{steps} \\boxed{{{ans}}}"
 
@@ -82,15 +84,20 @@ def _carry_into(a: int, b: int, digits: int, col: int) -> bool:
 
 # ---------------------------------------------------------------- flawed positives and the step checker
 # A flawed positive is a right final answer reached through a wrong step (FAPO). The embedded
-# task gets them from demonstrations that miswrite a digit of one column, so that the step is
-# false while its sum, the carry and the answer stay right: '7+6=12,4+8+1=13 \boxed{132}'.
-# (A miswritten sum, '7+5=2', was tried first: it hides the carry the next column needs, so the
-# policy's flaws became its errors and GRPO alone removed them: 21 % -> 7 % in 25 steps.)
+# task gets them from demonstrations that write a carrying column's sum with a wrong tens digit,
+# '7+5=22,4+8+1=13 \boxed{132}': the step is false, but nothing later reads the tens digit
+# except as "there is a carry", so the answer stays right. Two flaws that later steps do read
+# were tried first and measured on the default GRPO run: a dropped carry digit ('7+5=2') and a
+# miswritten operand ('7+6=12'). The policy's flaws then caused its errors, and GRPO alone
+# removed them (flawed share of right answers 21 % -> 2 % and 31 % -> 2 % in 50 steps), leaving
+# FAPO nothing to do.
 
 
-def miswrite(digit: str) -> str:
-    """The digit a miswritten column shows in place of the second operand's: 5 -> 6, 9 -> 0."""
-    return str((int(digit) + 1) % 10)
+def miswrite(total: int) -> str:
+    """A column's sum written with a wrong tens digit: 12 -> '22' (7 -> '17'). For a column that
+    carries into the next one, the last digit (the answer's) and a non-zero tens digit (the
+    carry the next column adds) stay as they were: the demonstrations miswrite only those."""
+    return str(total + 10)
 
 
 def column_steps(a: int, b: int, digits: int) -> list[str]:
@@ -99,9 +106,10 @@ def column_steps(a: int, b: int, digits: int) -> list[str]:
 
 
 def response_steps(response: str) -> list[str]:
-    """The steps a response writes: the comma-separated text before its first \\boxed."""
+    """The steps a response writes: the comma-separated text before its first \\boxed (one empty
+    step when there is none, so that a judge always has a step to point at)."""
     work = response.split("\\boxed", 1)[0].strip()
-    return [s.strip() for s in work.split(",")] if work else []
+    return [s.strip() for s in work.split(",")]
 
 
 def parse_problem(problem: str) -> tuple[int, int] | None:
@@ -113,7 +121,7 @@ def parse_problem(problem: str) -> tuple[int, int] | None:
 def first_wrong_step(a: int, b: int, steps: list[str]) -> int:
     """Index of the earliest step that differs from the right column work, or -1 if none. A
     missing step counts as wrong at the last written one; an extra step is wrong where it
-    starts; no steps at all is wrong at 0."""
+    starts; no steps at all (or one empty step) is wrong at 0."""
     right = column_steps(a, b, max(len(str(a)), len(str(b))))
     for i in range(max(len(steps), len(right))):
         if i >= len(steps):

@@ -26,6 +26,11 @@ from typing import Sequence
 from reasonrl_fast.genrm.serve import API_KEY_ENV
 
 _PR_SET_PDEATHSIG = 1
+
+
+class GenRMStartError(RuntimeError):
+    """The server did not come up: bad backend, taken port, crash; the message holds its log's end."""
+
 _LISTENING = re.compile(rb"GenRM server listening on http://(\S+):(\d+)/v1\n")
 
 
@@ -103,7 +108,7 @@ def launch(backend: str, *, host: str = "127.0.0.1", port: int = 0, api_key: str
            max_batch: int = 64, extra_args: Sequence[str] = (), start_timeout_s: float = 60.0,
            log_path: str | None = None) -> GenRMServer:
     """Start `python -m reasonrl_fast.genrm.serve --backend BACKEND ...` and return once it
-    answers GET /health; RuntimeError with the end of its log if it exits or is not up within
+    answers GET /health; GenRMStartError with the end of its log if it exits or is not up within
     `start_timeout_s`. The API key travels in the environment, not on the command line;
     `api_key=None` serves without one, whatever this process's environment holds."""
     own_log = log_path is None
@@ -124,14 +129,14 @@ def launch(backend: str, *, host: str = "127.0.0.1", port: int = 0, api_key: str
                                 start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
     server = GenRMServer(proc, host, 0, log_path, own_log)
 
-    def fail(why: str) -> RuntimeError:
+    def fail(why: str) -> GenRMStartError:
         server.kill()
         proc.stdout.close()
         tail = _tail(log_path)
         if own_log:
             server._remove_log()
         where = "its log" if own_log else f"its log {log_path}"
-        return RuntimeError(f"GenRM server ({' '.join(cmd[1:])}) {why}; {where} ends with:\n{tail or '(empty)'}")
+        return GenRMStartError(f"GenRM server ({' '.join(cmd[1:])}) {why}; {where} ends with:\n{tail or '(empty)'}")
 
     deadline = time.monotonic() + start_timeout_s
     buf = b""

@@ -47,7 +47,9 @@ def render(template: str, problem: str, answer: str, steps: list[str]) -> str:
         body = "\n".join(_STEP.format(i=i, text=s) for i, s in enumerate(steps))
         return _FAPO.format(problem=problem.strip(), answer=str(answer).strip(), steps=body)
     if template == "compact":
-        return f"{problem}{answer}|" + "".join(f"{s}|" for s in steps)
+        def field(x) -> str:  # a '|' inside a field would shift the steps: it becomes '/'
+            return str(x).replace("|", "/")
+        return "|".join([field(problem) + field(answer), *map(field, steps)]) + "|"
     raise ValueError(f"unknown GenRM template {template!r}: expected one of {TEMPLATES}")
 
 

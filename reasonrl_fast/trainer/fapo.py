@@ -23,8 +23,8 @@ def request_fields(item: dict, response: str) -> tuple[str, str, list[str]]:
     steps are its columns; any other response is split into paragraphs, as FAPO does."""
     if item.get("data_source") == "addition":
         steps = response_steps(response)
-    else:
-        steps = split_steps(response)
+    else:  # a response without paragraphs is one step
+        steps = split_steps(response) or [response]
     return item["prompt"], str(item["answer"]), steps
 
 
@@ -42,7 +42,7 @@ class Judge:
         self.server = None
         addresses = list(g.addresses)
         if not addresses:
-            from reasonrl_fast.genrm.serve import launch
+            from reasonrl_fast.genrm.launch import launch
 
             log_path = os.path.join(cfg.trainer.output_dir, "genrm_server.log")
             self.server = launch(g.serve, api_key=g.api_key or None, log_path=log_path)

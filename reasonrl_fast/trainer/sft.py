@@ -18,7 +18,7 @@ from reasonrl_fast.data.addition import sample_operands, sft_example
 from reasonrl_fast.trainer.model import char_tokenizer, tiny_model
 from reasonrl_fast.trainer.policy import make_batch
 
-SFT_VERSION = 3  # bump when the supervised recipe or the saved tokenizer changes
+SFT_VERSION = 4  # bump when the supervised recipe or the saved tokenizer changes
 
 
 def sft_cache_path(cfg) -> str:

@@ -43,16 +43,30 @@ def test_checker_on_slips_and_malformed_work():
         flawed_step("hello", "7+5=12")
 
 
-def test_miswrite_changes_the_digit():
-    assert {miswrite(str(d)) for d in range(10)} == {str(d) for d in range(10)}
-    assert all(miswrite(str(d)) != str(d) for d in range(10))
-    assert addition_steps(47, 85, 2, miswrite_at=0) == ("7+6=12,4+8+1=13", 132)
+def test_miswrite_changes_only_the_tens_digit():
+    for s in range(19):
+        w = miswrite(s)
+        assert int(w) != s and int(w) % 10 == s % 10 and (int(w) >= 10) and (s < 10 or int(w) // 10 > 1)
+    assert addition_steps(47, 85, 2, miswrite_at=0) == ("7+5=22,4+8+1=13", 132)
+
+
+def test_demonstrations_miswrite_only_columns_that_carry_on():
+    rng = random.Random(3)
+    for _ in range(500):
+        a, b = _operands(rng, 3)
+        d = sft_example(a, b, 3, 0.0, rng, flaw_prob=1.0)
+        k = flawed_step(f"{a}+{b}=", d)
+        right = addition_steps(a, b, 3)[0].split(",")
+        if k == -1:  # no column carries into the next one
+            assert not any(int(s.split("=")[1]) >= 10 for s in right[:-1])
+        else:
+            assert k < 2 and int(right[k].split("=")[1]) >= 10
 
 
 def test_helpers():
     assert parse_problem("47+85=") == (47, 85) and parse_problem("x") is None
     assert response_steps(" 7+5=12,4+8+1=13 \\boxed{132}") == ["7+5=12", "4+8+1=13"]
-    assert response_steps("\\boxed{1}") == []
+    assert response_steps("\\boxed{1}") == [""]  # one empty step: a judge can point at it
     assert first_wrong_step(5, 7, ["5+7=12"]) == -1
 
 
@@ -65,7 +79,7 @@ def test_demonstrations_mix_clean_slipped_and_flawed():
         right, bad = math_score(d, "132") == 1.0, flawed_step("47+85=", d) != -1
         assert right or bad  # a wrong answer always comes from a wrong step
         kinds["slip" if not right else "flawed" if bad else "clean"] += 1
-    # slip 0.5 (this sum has a carry), then flawed 0.4 of the rest: 0.5 / 0.2 / 0.3
+    # slip 0.5 (this sum has a carry into the tens), then flawed 0.4 of the rest: 0.5 / 0.2 / 0.3
     assert abs(kinds["slip"] / 2000 - 0.5) < 0.05
     assert abs(kinds["flawed"] / 2000 - 0.2) < 0.04
     assert abs(kinds["clean"] / 2000 - 0.3) < 0.04

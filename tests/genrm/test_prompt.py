@@ -24,6 +24,11 @@ def test_fapo_template_holds_multiline_steps():
     assert parse_request(text) == ("What is $2^2$?\nExplain.", "4", steps)
 
 
+def test_compact_fields_cannot_shift_the_steps():
+    text = render("compact", "47+85=", "132", ["7|5=12", "", "x"])
+    assert parse_request(text) == ("47+85=", "132", ["7/5=12", "", "x"])
+
+
 def test_unknown_template_and_unreadable_request():
     with pytest.raises(ValueError, match="unknown GenRM template"):
         render("long", "1+1=", "2", ["1+1=2"])

@@ -7,13 +7,12 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 from conftest import ROOT, TINY, read_metrics, run_train
 
-from reasonrl_fast.genrm.serve import launch
+from reasonrl_fast.genrm.launch import launch
 from tests.procs import alive
 
 # Every response counts as right, so that every one goes to the GenRM even though the tiny test
@@ -36,65 +35,64 @@ def _check_shaping(r: dict) -> None:
 
 def test_fapo_starts_and_stops_its_own_rule_server(tmp_path):
     out = tmp_path / "run"
-    p = run_train([*RIGHT, "trainer.steps=3", f"trainer.output_dir={out}"], tmp_path)
+    p = run_train([*RIGHT, "trainer.steps=3", f"trainer.output_dir={out}", "trainer.val_every=3"], tmp_path)
     pid = _server_pid(p.stdout)
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    for r in rows:
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for r in rows[1:]:
         assert r["genrm/requests"] == 8 and r["genrm/failures"] == 0, r
         assert r["fapo/flagged_ratio"] > 0.5  # an untrained model's steps are wrong
         assert r["genrm/latency_p99_s"] > 0 and r["time/genrm_s"] > 0
         _check_shaping(r)
+    # every algorithm reports it: validation answers are all "right", their steps mostly wrong
+    assert rows[0]["val/flawed_positive_ratio"] > 0.5 and rows[-1]["val/flawed_positive_ratio"] > 0.5
+    assert "genrm/requests" not in rows[0]  # validation asks no GenRM
     assert not alive(pid), "the GenRM server outlived the run"
-    assert os.path.getsize(out / "genrm_server.log") >= 0
+    assert (out / "genrm_server.log").exists()
 
 
-def test_validation_reports_the_flawed_positive_ratio(tmp_path):
-    out = tmp_path / "run"
-    run_train(["algo=grpo", "trainer.steps=1", f"trainer.output_dir={out}", "trainer.val_every=1",
-               "data.reward_fn=faulty_rewards:always_right"], tmp_path)
-    rows = read_metrics(out)
-    # every validation answer is "right" and an untrained model's steps are wrong
-    assert rows[0]["val/flawed_positive_ratio"] > 0.5
-    assert "fapo/flagged_ratio" not in rows[1] and "genrm/requests" not in rows[1]
+def _popen_train(args, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "trainer")]))
+    cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _rows(out) -> int:
+    return len(read_metrics(out)) if (out / "metrics.jsonl").exists() else 0
 
 
 def test_server_killed_and_restarted_mid_run(tmp_path):
     """The run finishes; the steps without a server count failures and penalise nothing."""
-    first = launch("rule:addition")
-    port = first.port
     out = tmp_path / "run"
-    state = {"restarted": None}
-
-    def chaos():
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            n = len(read_metrics(out)) if (out / "metrics.jsonl").exists() else 0
-            if n >= 2 and alive(first.pid):
-                first.kill()
-            if n >= 5 and state["restarted"] is None:
-                state["restarted"] = launch("rule:addition", port=port)
-                return
-            time.sleep(0.05)
-
-    t = threading.Thread(target=chaos, daemon=True)
-    t.start()
+    servers = [launch("rule:addition")]
+    port = servers[0].port
+    p = _popen_train([*RIGHT, "trainer.steps=14", f"trainer.output_dir={out}",
+                      f"fapo.genrm.addresses=[127.0.0.1:{port}]", "fapo.genrm.timeout_s=2",
+                      "fapo.genrm.max_retries=1", "fapo.genrm.cooldown_s=0.5"], tmp_path)
     try:
-        run_train([*RIGHT, "trainer.steps=12", f"trainer.output_dir={out}",
-                   f"fapo.genrm.addresses=[127.0.0.1:{port}]", "fapo.genrm.timeout_s=2",
-                   "fapo.genrm.max_retries=1", "fapo.genrm.cooldown_s=0.5"], tmp_path)
-        t.join(10)
+        deadline = time.monotonic() + 240
+        while p.poll() is None and time.monotonic() < deadline:
+            n = _rows(out)
+            if n >= 2 and servers[0].alive():
+                servers[0].kill()
+            if n >= 5 and len(servers) == 1:  # same port: the run's address comes back
+                servers.append(launch("rule:addition", port=port))
+            time.sleep(0.05)
+        stdout, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, stdout[-3000:]
     finally:
-        first.stop()
-        if state["restarted"] is not None:
-            state["restarted"].stop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for s in servers:
+            s.stop()
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert [r["step"] for r in rows] == list(range(1, 15))
     down = [r for r in rows if r["genrm/failures"] == r["genrm/requests"] > 0]
     assert down, [r["genrm/failures"] for r in rows]
     for r in down:  # no verdict, no penalty: every right answer keeps its +1
         assert r["fapo/flagged_ratio"] == 0 and r["reward/mean"] == pytest.approx(2 * r["accuracy/mean"] - 1)
-    assert state["restarted"] is not None, "the run ended before the server came back"
+    assert len(servers) == 2, "the run ended before the server came back"
     assert rows[-1]["genrm/failures"] == 0 and rows[-1]["fapo/flagged_ratio"] > 0
     for r in rows:
         _check_shaping(r)
@@ -102,10 +100,7 @@ def test_server_killed_and_restarted_mid_run(tmp_path):
 
 def test_ctrl_c_stops_the_server(tmp_path):
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "trainer")]))
-    cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}",
-           *RIGHT, "trainer.steps=500", f"trainer.output_dir={out}"]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = _popen_train([*RIGHT, "trainer.steps=500", f"trainer.output_dir={out}"], tmp_path)
     try:
         seen = ""
         for line in p.stdout:  # the run prints the server's pid once it is up
@@ -114,7 +109,7 @@ def test_ctrl_c_stops_the_server(tmp_path):
                 break
         pid = _server_pid(seen)
         deadline = time.monotonic() + 180
-        while not ((out / "metrics.jsonl").exists() and read_metrics(out)) and time.monotonic() < deadline:
+        while not _rows(out) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert alive(pid)
         p.send_signal(signal.SIGINT)
