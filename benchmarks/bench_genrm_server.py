@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import os
 import random
-import re
 import sys
 import time
 
@@ -79,17 +78,10 @@ async def level(url: str, reqs: list[tuple[dict, int]], concurrency: int) -> dic
 
 
 def write_section(path: str, body: str) -> None:
-    """Replace the text between this benchmark's markers in `path` (append them if absent). The
-    same rule as bench_ops.write_section, which cannot be imported without the compiled ops."""
-    begin, end = f"<!-- {MARKER}:begin -->", f"<!-- {MARKER}:end -->"
-    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    block = f"{begin}\n{body}\n{end}"
-    if begin in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from results_md import write_section as write
+
+    write(path, body, MARKER)
 
 
 def main() -> None:

@@ -208,15 +208,9 @@ def to_markdown(rows) -> str:
 
 
 def write_section(path, body, marker="ops-cpu"):
-    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    block = f"{begin}\n{body}\n{end}"
-    if begin in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    from results_md import write_section as write
+
+    write(path, body, marker)
 
 
 def main():

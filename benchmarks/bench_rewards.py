@@ -118,7 +118,7 @@ def hung_step() -> list[dict]:
 
 def write_section(path: str, body: str, marker: str = "rewards-cpu") -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_ops import write_section as write
+    from results_md import write_section as write
 
     write(path, body, marker)
 

@@ -25,11 +25,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from reasonrl_fast.genrm import API_KEY_ENV
 from reasonrl_fast.genrm.prompt import TEMPLATES, parse_verdict, render
 
 log = logging.getLogger(__name__)
-
-API_KEY_ENV = "REASONRL_FAST_GENRM_API_KEY"
 
 
 def normalize_address(address: str) -> str:

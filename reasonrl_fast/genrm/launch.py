@@ -23,7 +23,7 @@ import time
 import urllib.request
 from typing import Sequence
 
-from reasonrl_fast.genrm.serve import API_KEY_ENV
+from reasonrl_fast.genrm import API_KEY_ENV
 
 _PR_SET_PDEATHSIG = 1
 

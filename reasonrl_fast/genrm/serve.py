@@ -35,9 +35,9 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from reasonrl_fast.data.addition import column_steps, first_wrong_step, parse_problem
+from reasonrl_fast.genrm import API_KEY_ENV
 from reasonrl_fast.genrm.prompt import parse_request, parse_verdict
 
-API_KEY_ENV = "REASONRL_FAST_GENRM_API_KEY"
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a GenRM request is a problem and a solution: far below this
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 

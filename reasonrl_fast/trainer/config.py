@@ -314,7 +314,15 @@ def validate(cfg: Config) -> Config:
     for key in ("data.flaw_prob", "data.carry_slip_prob", "data.carry_frac"):
         if not 0 <= _get(cfg, key) <= 1:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be in [0, 1]")
-    if not cfg.fapo.genrm.addresses and not cfg.fapo.genrm.serve.startswith(("rule:", "hf:")):
+    if cfg.fapo.genrm.addresses:
+        from reasonrl_fast.genrm.client import normalize_address
+
+        for a in cfg.fapo.genrm.addresses:
+            try:
+                normalize_address(a)
+            except ValueError as e:
+                raise ConfigError(f"fapo.genrm.addresses: {e}") from None
+    elif not cfg.fapo.genrm.serve.startswith(("rule:", "hf:")):
         raise ConfigError(f"fapo.genrm.serve={cfg.fapo.genrm.serve!r}: expected rule:addition or hf:PATH")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p!r}: must be in (0, 1]")

@@ -86,3 +86,13 @@ def test_flowrl_loss_matches_spec():
     assert st["tb/delta_abs_mean"] == pytest.approx(delta.abs().mean().item(), rel=1e-5)
     loss.backward()
     torch.testing.assert_close(log_z.grad, (2 * w * delta / b).detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_fapo_rewards():
+    acc = [True, True, False, False]
+    flagged = [False, True, False, True]  # a wrong answer is never sent; a flag on one changes nothing
+    assert algos.fapo_rewards(acc, flagged, 1.0).tolist() == [1.0, 0.0, -1.0, -1.0]
+    assert algos.fapo_rewards(acc, flagged, 0.5).tolist() == [1.0, 0.5, -1.0, -1.0]
+    assert algos.fapo_rewards(acc, flagged, 0.0).tolist() == [1.0, 1.0, -1.0, -1.0]  # GRPO's +1/-1
+    with pytest.raises(ValueError):
+        algos.fapo_rewards([True], [], 1.0)

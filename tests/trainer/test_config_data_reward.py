@@ -141,6 +141,15 @@ def test_metrics_logger_progress_tensorboard_and_truncation(tmp_path):
     ("reward.backend=threads", "reward.backend"),
     ("reward.sandbox_timeout_s=30", "reward.sandbox_timeout_s"),
     ("data.task=chess", "data.task"),
+    ("algo=ppo", "algo"),
+    ("data.flaw_prob=1.5", "data.flaw_prob"),
+    ("fapo.genrm.template=long", "fapo.genrm.template"),
+    ("fapo.genrm.timeout_s=0", "fapo.genrm.timeout_s"),
+    ("fapo.genrm.max_retries=-1", "fapo.genrm.max_retries"),
+    ("fapo.genrm.max_concurrency=0", "fapo.genrm.max_concurrency"),
+    ("fapo.genrm.serve=vllm", "fapo.genrm.serve"),
+    ("fapo.genrm.addresses=[ftp://h:1]", "fapo.genrm.addresses"),
+    ("fapo.genrm.addresses=[localhost]", "fapo.genrm.addresses"),
 ])
 def test_bad_value_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -151,6 +160,9 @@ def test_edge_values_are_accepted():
     cfg = load_config(None, ["rollout.top_p=1.0", "trainer.save_every=0", "trainer.keep_checkpoints=0",
                              "trainer.val_every=0", "data.reward_fn=pkg.mod:fn"])
     assert cfg.rollout.top_p == 1.0 and cfg.trainer.val_every == 0
+    cfg = load_config(None, ["algo=fapo", "fapo.genrm.addresses=[127.0.0.1:8000,http://h:1/v1]",
+                             "fapo.genrm.max_retries=0", "fapo.penalty=0.5"])
+    assert cfg.fapo.genrm.addresses == ["127.0.0.1:8000", "http://h:1/v1"] and cfg.fapo.penalty == 0.5
 
 
 def test_missing_model_path_says_nothing_is_downloaded(tmp_path):
