@@ -18,7 +18,7 @@ from reasonrl_fast.trainer import checkpoint as ckpt
 from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, rendezvous_socket, shard
 from reasonrl_fast.trainer.model import load_model, load_tokenizer
 from reasonrl_fast.trainer.policy import Actor, make_batch, slice_batch
-from reasonrl_fast.trainer.rollout import make_rollout
+from reasonrl_fast.rollout import make_rollout
 
 
 class Worker:

@@ -90,7 +90,7 @@ def test_sampler_resume_is_exact():
 def test_vllm_backend_is_guarded():
     import importlib.util
 
-    from reasonrl_fast.trainer.rollout import VLLMRollout
+    from reasonrl_fast.rollout import VLLMRollout
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed")
