@@ -35,7 +35,7 @@ def load_model_tensors(ckpt: str) -> dict[str, torch.Tensor]:
 def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from reasonrl_fast.trainer.model import load_tokenizer
+    from reasonrl_fast.models.loading import load_tokenizer
 
     hf = os.path.join(ckpt, "hf")
     missing = checkpoint.missing_files(ckpt)

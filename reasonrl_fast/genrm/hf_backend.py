@@ -10,7 +10,6 @@ accepting requests. torch and transformers are imported here only, when this bac
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,36 +35,23 @@ class _Job:
         return ("greedy",) if s.temperature < GREEDY_BELOW else ("sample", s.temperature, s.top_p, s.seed)
 
 
-def check_model_dir(path: str) -> None:
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"--backend hf:{path}: no such directory (a local Hugging Face model "
-                                f"directory is expected; nothing is downloaded)")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"--backend hf:{path}: the directory has no config.json (a local Hugging "
-                                f"Face model directory is expected; nothing is downloaded)")
-
-
 class HFBackend:
     """A local causal LM behind the server; loads at construction (the server prints its
     'listening' line only once the model is ready)."""
 
     def __init__(self, path: str, device: str = "auto", max_batch: int = 64, gather_ms: float = 5.0) -> None:
-        check_model_dir(path)
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+        from transformers import AutoModelForCausalLM
 
+        from reasonrl_fast.models.loading import load_tokenizer
+
+        self.tok = load_tokenizer(path, what=f"--backend hf:{path}")  # also the embedded char tokenizer
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is available to this torch")
         self.torch, self.device = torch, device
         self.default_name = os.path.basename(os.path.normpath(path))
-        # A plain `tokenizers` tokenizer (the embedded character tokenizer) loads as the class it
-        # was saved as: AutoTokenizer would swap in the model type's class, which tokenizes differently.
-        cfg_file = os.path.join(path, "tokenizer_config.json")
-        declared = json.load(open(cfg_file)).get("tokenizer_class") if os.path.exists(cfg_file) else None
-        cls = PreTrainedTokenizerFast if declared in ("PreTrainedTokenizerFast", "TokenizersBackend") else AutoTokenizer
-        self.tok = cls.from_pretrained(path, local_files_only=True)
         self.model = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype="auto" if device == "cuda" else torch.float32).to(device).eval()
         eos = self.model.generation_config.eos_token_id

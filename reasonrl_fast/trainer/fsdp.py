@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from reasonrl_fast.trainer.model import decoder_layers
+from reasonrl_fast.models.loading import decoder_layers
 
 
 def _is_loopback(host: str) -> bool:

@@ -16,6 +16,7 @@ import time
 import torch
 
 from reasonrl_fast.data.addition import flawed_step
+from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.rewards.pool import RewardPool, quantile
 from reasonrl_fast.rewards.score import load_reward_fn
 from reasonrl_fast.trainer import checkpoint as ckpt
@@ -23,7 +24,6 @@ from reasonrl_fast.trainer.algos import advantages, fapo_rewards, overlong_penal
 from reasonrl_fast.trainer.config import to_yaml
 from reasonrl_fast.trainer.data import Sampler, load_datasets
 from reasonrl_fast.trainer.logger import MetricsLogger
-from reasonrl_fast.trainer.model import load_tokenizer
 from reasonrl_fast.trainer.sft import warm_start
 
 

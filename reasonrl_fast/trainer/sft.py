@@ -12,10 +12,10 @@ import time
 
 import torch
 
+from reasonrl_fast.data.addition import sample_operands, sft_example
+from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
 from reasonrl_fast.ops import token_logprob
 from reasonrl_fast.trainer.config import config_hash
-from reasonrl_fast.data.addition import sample_operands, sft_example
-from reasonrl_fast.trainer.model import char_tokenizer, tiny_model
 from reasonrl_fast.trainer.policy import make_batch
 
 SFT_VERSION = 4  # bump when the supervised recipe or the saved tokenizer changes

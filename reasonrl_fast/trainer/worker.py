@@ -13,12 +13,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from reasonrl_fast.models.loading import load_model, load_tokenizer
+from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.trainer import algos
 from reasonrl_fast.trainer import checkpoint as ckpt
 from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, rendezvous_socket, shard
-from reasonrl_fast.trainer.model import load_model, load_tokenizer
 from reasonrl_fast.trainer.policy import Actor, make_batch, slice_batch
-from reasonrl_fast.rollout import make_rollout
 
 
 class Worker:

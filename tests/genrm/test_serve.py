@@ -220,7 +220,7 @@ def tiny_dir(tmp_path_factory) -> str:
     import torch
 
     from reasonrl_fast.trainer.config import ModelConfig
-    from reasonrl_fast.trainer.model import char_tokenizer, tiny_model
+    from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
 
     path = str(tmp_path_factory.mktemp("genrm") / "tiny-genrm")
     tok = char_tokenizer()

@@ -5,11 +5,11 @@ import random
 
 import pytest
 
-from reasonrl_fast.trainer.config import ConfigError, load_config
 from reasonrl_fast.data.addition import addition_steps, sft_example
-from reasonrl_fast.trainer.data import Sampler, filter_long, load_records
-from reasonrl_fast.trainer.model import char_tokenizer
+from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.math import math_score
+from reasonrl_fast.trainer.config import ConfigError, load_config
+from reasonrl_fast.trainer.data import Sampler, filter_long, load_records
 
 
 def test_overrides_and_yaml(tmp_path):
@@ -166,7 +166,7 @@ def test_edge_values_are_accepted():
 
 
 def test_missing_model_path_says_nothing_is_downloaded(tmp_path):
-    from reasonrl_fast.trainer.model import load_model, load_tokenizer
+    from reasonrl_fast.models.loading import load_model, load_tokenizer
 
     missing = str(tmp_path / "no-such-model")
     for load in (load_tokenizer, load_model):

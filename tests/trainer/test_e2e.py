@@ -44,7 +44,8 @@ def test_flowrl_smoke_and_merge(tmp_path):
     z.load_state_dict(load_file(merged / "proj_z.safetensors"))
     assert not any(k.startswith("proj_z") for k in model.state_dict())
     assert model.config.vocab_size == len(tok)  # no token the model lacks
-    from reasonrl_fast.trainer.model import char_tokenizer, load_tokenizer
+    from reasonrl_fast.models.loading import load_tokenizer
+    from reasonrl_fast.models.tiny import char_tokenizer
 
     text = r"12+34= 4+2=6,1+3=4 \boxed{46}"
     assert load_tokenizer(str(merged))(text)["input_ids"] == char_tokenizer()(text)["input_ids"]
