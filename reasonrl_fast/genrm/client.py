@@ -27,6 +27,7 @@ import aiohttp
 
 from reasonrl_fast.genrm import API_KEY_ENV
 from reasonrl_fast.genrm.prompt import TEMPLATES, parse_verdict, render
+from reasonrl_fast.rewards.pool import quantile
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +169,12 @@ class GenRMClient:
         """Counters since the last call (then reset): genrm/requests, failures, unparseable, retries,
         latency_p50_s and latency_p99_s (submit to verdict, over the requests finished meanwhile)."""
         with self._lock:
-            lat = sorted(self._latencies)
+            lat = list(self._latencies)
             out = {"genrm/requests": self._requests, "genrm/failures": self._failures,
                    "genrm/unparseable": self._unparseable, "genrm/retries": self._retries}
             self._reset_counters()
-        out["genrm/latency_p50_s"] = _quantile(lat, 0.50)
-        out["genrm/latency_p99_s"] = _quantile(lat, 0.99)
+        out["genrm/latency_p50_s"] = quantile(lat, 0.50)
+        out["genrm/latency_p99_s"] = quantile(lat, 0.99)
         return out
 
     def replica_status(self) -> list[dict[str, Any]]:
@@ -382,8 +383,3 @@ def _first_model(data: Any) -> str:
     if not isinstance(model, str) or not model:
         raise _Retryable("no model listed")
     return model
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    """Nearest-rank quantile of sorted `xs`; 0.0 when empty."""
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
