@@ -1,78 +1,17 @@
-"""Prompts for training and validation: the embedded tasks (reasonrl_fast/data/) or jsonl/parquet
-files with `prompt` and `answer` (or the verl schema's `reward_model.ground_truth`) and an optional
-`data_source`, behind a small seeded sampler whose position is saved in checkpoints."""
+"""Prompts for training and validation: the embedded tasks (reasonrl_fast/data/) or record files
+(reasonrl_fast/data/records.py: the verl schema or flat `prompt`/`answer` rows), rendered once
+for the run's tokenizer, behind a small seeded sampler whose position is saved in checkpoints."""
 
 from __future__ import annotations
 
-import json
 import random
-import warnings
 from dataclasses import dataclass
 
 from reasonrl_fast.data.addition import synthetic_split
 from reasonrl_fast.data.code import code_split
+from reasonrl_fast.data.records import filter_long, load_records, render_prompt
 
-# ---------------------------------------------------------------- files
-
-
-def load_records(path: str) -> list[dict]:
-    if path.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:  # pragma: no cover
-            raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
-        rows = list(enumerate(pq.read_table(path).to_pylist(), 1))
-    else:
-        rows = _read_jsonl(path)
-    out = []
-    for i, r in rows:
-        prompt = r.get("prompt", r.get("question", r.get("problem")))
-        answer = r.get("answer", r.get("ground_truth"))
-        if answer is None and isinstance(r.get("reward_model"), dict):  # the verl schema
-            answer = r["reward_model"].get("ground_truth")
-        if isinstance(prompt, list):  # chat format [{"role":..., "content":...}]
-            prompt = "\n".join(m["content"] for m in prompt)
-        if prompt is None or answer is None:
-            raise ValueError(f"{path}:{i}: a record needs `prompt` and `answer` (or "
-                             f"`reward_model.ground_truth`) fields, got {sorted(r)}")
-        if not isinstance(answer, str):  # a number, or a code test spec given as an object
-            answer = answer if isinstance(answer, (dict, list)) else str(answer)
-        extra = r.get("extra_info") if isinstance(r.get("extra_info"), dict) else None
-        # `data_source` picks the scorer (rewards/score.py); files without one hold math answers.
-        out.append({"prompt": str(prompt), "answer": answer, "data_source": str(r.get("data_source") or "math"),
-                    "extra_info": extra})
-    return out
-
-
-def _read_jsonl(path: str) -> list[tuple[int, dict]]:
-    """(line number, record) for each non-blank line; a line that is not a JSON object is an
-    error naming the file and line (blank lines are skipped but still counted)."""
-    rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
-            if not isinstance(r, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object with `prompt` and `answer` "
-                                 f"fields, got {type(r).__name__}")
-            rows.append((lineno, r))
-    return rows
-
-
-def filter_long(items: list[dict], tokenizer, max_len: int, name: str) -> list[dict]:
-    """Drop prompts longer than `max_len` tokens (they would be truncated mid-question)."""
-    keep = [it for it in items if len(tokenizer(it["prompt"])["input_ids"]) <= max_len]
-    if len(keep) < len(items):
-        warnings.warn(f"{name}: dropped {len(items) - len(keep)} prompts longer than "
-                      f"data.max_prompt_length={max_len} tokens", stacklevel=2)
-    if not keep:
-        raise ValueError(f"{name}: the dataset is empty (after dropping prompts longer than "
-                         f"data.max_prompt_length={max_len})")
-    return keep
+# ---------------------------------------------------------------- datasets
 
 
 def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
@@ -92,10 +31,22 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
         val = code_split(d.val_size, seed + 2)
     else:
         val = synthetic_split(d.val_size, d.digits, seed + 2, d.carry_frac)
+    # Rendered once here (the chat template when the tokenizer has one): everything downstream
+    # encodes `prompt` as text; the messages stay under `messages`.
+    train, val = _rendered(train, tokenizer), _rendered(val, tokenizer)
     train = filter_long(train, tokenizer, d.max_prompt_length, "data.train_files")
     if val:
         val = filter_long(val, tokenizer, d.max_prompt_length, "data.val_files")
     return train, val
+
+
+def _rendered(items: list[dict], tokenizer) -> list[dict]:
+    out = []
+    for it in items:
+        if isinstance(it["prompt"], list):
+            it = {**it, "messages": it["prompt"], "prompt": render_prompt(it["prompt"], tokenizer)}
+        out.append(it)
+    return out
 
 
 # ---------------------------------------------------------------- sampler

@@ -14,6 +14,7 @@ import os
 import time
 
 from reasonrl_fast.data.addition import response_steps
+from reasonrl_fast.data.records import problem_text
 from reasonrl_fast.genrm.client import GenRMClient, Verdict
 from reasonrl_fast.genrm.prompt import split_steps
 
@@ -25,7 +26,8 @@ def request_fields(item: dict, response: str) -> tuple[str, str, list[str]]:
         steps = response_steps(response)
     else:  # a response without paragraphs is one step
         steps = split_steps(response) or [response]
-    return item["prompt"], str(item["answer"]), steps
+    # the problem as written, not the chat-templated prompt the policy saw
+    return problem_text(item), str(item["answer"]), steps
 
 
 def template_for(cfg) -> str:

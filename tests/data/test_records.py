@@ -1,0 +1,117 @@
+"""Reading records (verl schema and flat), checking ground truths, rendering prompts."""
+
+import json
+
+import pytest
+
+from reasonrl_fast.data.records import filter_long, load_records, problem_text, prompt_ids, render_prompt
+from reasonrl_fast.models.tiny import char_tokenizer
+
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1="}]
+
+
+def templated_tokenizer():
+    tok = char_tokenizer()
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def verl_row(**over):
+    row = {"data_source": "aime24", "prompt": MESSAGES, "ability": "math",
+           "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"split": "test", "index": 3}}
+    return {**row, **over}
+
+
+def test_verl_schema_read_back(tmp_path):
+    code_truth = {"inputs": ["1\n"], "outputs": ["2\n"]}
+    genrm_extra = {"problem": "p", "answer": "4", "steps": ["a", "b"], "split": "train"}
+    rows = [verl_row(), verl_row(data_source="codecontests", ability=None, reward_model={"ground_truth": code_truth}),
+            verl_row(data_source="genrm", ability=None, reward_model={"ground_truth": "1"}, extra_info=genrm_extra),
+            verl_row(ability="MATH", reward_model={"ground_truth": 12})]
+    a, b, c, d = load_records(write_jsonl(tmp_path / "v.jsonl", rows))
+    assert a == {"prompt": MESSAGES, "answer": "2", "data_source": "aime24", "ability": "math",
+                 "extra_info": {"split": "test", "index": 3}}
+    assert (b["ability"], json.loads(b["answer"])) == ("code", code_truth)  # a test object is serialised
+    assert (c["ability"], c["answer"], c["extra_info"]["steps"]) == ("genrm", "1", ["a", "b"])
+    assert (d["ability"], d["answer"]) == ("math", "12")  # a number is read as its string
+
+
+def test_flat_records(tmp_path):
+    rows = [{"question": "2+2=", "answer": 4},
+            {"problem": "def f():", "ground_truth": json.dumps({"test": "pass", "entry_point": "f"}),
+             "data_source": "humaneval_x"}]
+    a, b = load_records(write_jsonl(tmp_path / "f.jsonl", rows))
+    assert (a["prompt"], a["answer"], a["data_source"], a["ability"], a["extra_info"]) == ("2+2=", "4", "math", "math", None)
+    assert (b["ability"], b["prompt"]) == ("code", "def f():")
+
+
+def test_render_with_and_without_chat_template():
+    plain, chat = char_tokenizer(), templated_tokenizer()
+    # without a template: today's format, the contents joined by newlines (embedded runs unchanged)
+    assert render_prompt({"prompt": MESSAGES}, plain) == "Be brief.\n1+1="
+    assert render_prompt(MESSAGES, chat) == "<|system|>Be brief.\n<|user|>1+1=\n<|assistant|>"
+    assert render_prompt("12+34=", chat) == "12+34="  # a string stays as it is
+    # a record rendered once keeps its messages: rendering again gives the same text
+    rendered = {"prompt": render_prompt(MESSAGES, chat), "messages": MESSAGES}
+    assert render_prompt(rendered, chat) == rendered["prompt"]
+    assert problem_text(rendered) == "Be brief.\n1+1="
+    assert prompt_ids(rendered, chat) == chat(rendered["prompt"], add_special_tokens=False)["input_ids"]
+    # the length filter counts the rendered prompt: the template's 30-odd characters tip it over
+    short = [{"prompt": MESSAGES, "answer": "2"}]
+    assert filter_long(short, plain, 20, "t") == short
+    with pytest.warns(UserWarning, match="dropped 1"), pytest.raises(ValueError, match="empty"):
+        filter_long(short, chat, 20, "t")
+
+
+@pytest.mark.parametrize("row,key,message", [
+    (verl_row(reward_model={"ground_truth": {"x": 1}}), "reward_model.ground_truth", "must be a string"),
+    (verl_row(reward_model={"ground_truth": "  "}), "reward_model.ground_truth", "empty"),
+    (verl_row(ability="code", reward_model={"ground_truth": "not json"}), "reward_model.ground_truth", "JSON string"),
+    (verl_row(ability="code", reward_model={"ground_truth": {"inputs": ["1"], "outputs": []}}),
+     "reward_model.ground_truth", "same length"),
+    (verl_row(ability="code", reward_model={"ground_truth": {"test": "x", "entry_point": "no name"}}),
+     "reward_model.ground_truth", "identifier"),
+    (verl_row(ability="code", reward_model={"ground_truth": {"tests": []}}), "reward_model.ground_truth", "needs"),
+    (verl_row(ability="genrm", reward_model={"ground_truth": "-2"}), "reward_model.ground_truth", ">= -1"),
+    (verl_row(ability="genrm", reward_model={"ground_truth": "5"},
+              extra_info={"problem": "p", "answer": "1", "steps": ["a"]}), "reward_model.ground_truth", "past the last"),
+    (verl_row(ability="genrm", reward_model={"ground_truth": "0"}, extra_info={"problem": "p"}), "extra_info", r"lacks \['answer', 'steps'\]"),
+    (verl_row(prompt=[{"role": "user"}]), "prompt", "must be a message"),
+    ({"prompt": "q", "answer": [1, {"a": 2}]}, "answer", "must be a string"),
+])
+def test_bad_ground_truth_names_file_row_key(tmp_path, row, key, message):
+    f = write_jsonl(tmp_path / "bad.jsonl", [verl_row(), row])
+    with pytest.raises(ValueError, match=rf"{f}:2: " + (rf"`{key}.*" if key else "") + message):
+        load_records(f)
+
+
+def test_empty_files(tmp_path):
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(ValueError, match=rf"{empty}: the file is empty"):
+        load_records(str(empty))
+
+
+def test_parquet_columns_and_empty(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "v.parquet"
+    pq.write_table(pa.Table.from_pylist([verl_row(), verl_row(reward_model={"style": "rule", "ground_truth": "7"})]), f)
+    a, b = load_records(str(f))
+    assert (a["prompt"], a["answer"], b["answer"], b["extra_info"]["index"]) == (MESSAGES, "2", "7", 3)
+    wrong = tmp_path / "w.parquet"
+    pq.write_table(pa.Table.from_pylist([{"text": "x", "label": 1}]), wrong)
+    with pytest.raises(ValueError, match=r"w\.parquet: a records file needs a prompt column.*columns are \['text', 'label'\]"):
+        load_records(str(wrong))
+    empty = tmp_path / "e.parquet"
+    pq.write_table(pa.Table.from_pylist([verl_row()]).slice(0, 0), empty)
+    with pytest.raises(ValueError, match=r"e\.parquet: the file is empty"):
+        load_records(str(empty))
