@@ -17,14 +17,17 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = load_config(path, argv[1:] if path else argv)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
+    from reasonrl_fast.eval.generate import EvalWorkerError
     from reasonrl_fast.eval.run import EvalError, run
     from reasonrl_fast.trainer.checkpoint import CheckpointError
+    from reasonrl_fast.trainer.cluster import ClusterError
 
     try:
         return run(cfg)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
-    except (EvalError, CheckpointError, FileNotFoundError) as e:
+    # bad input, a refused checkpoint, an unreachable cluster, a worker that died: the message says why
+    except (EvalError, CheckpointError, FileNotFoundError, ClusterError, EvalWorkerError) as e:
         sys.exit(f"error: {e}")
 
 

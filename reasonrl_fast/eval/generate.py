@@ -5,6 +5,7 @@ batch's position only, so the samples do not depend on how many actors there are
 
 from __future__ import annotations
 
+import re
 import time
 
 import ray
@@ -42,6 +43,14 @@ class Generator:
         return self.engine.generate(prompts, n, temperature, top_p, max_new_tokens, seed)
 
 
+def _why(err: Exception) -> str:
+    """The first line of Ray's report and, when there is one, the exception that ended the actor
+    (Ray puts the creation task's traceback in the message)."""
+    lines = [x.strip() for x in str(err).splitlines() if x.strip()]
+    cause = next((x for x in reversed(lines) if re.match(r"^[\w.]+(Error|Exception|Exit)\b", x)), "")
+    return (lines[0] if lines else type(err).__name__) + (f" ({cause})" if cause else "")
+
+
 def batch_seed(seed: int, index: int) -> int:
     """The sampling seed of the `index`-th batch of prompts."""
     return seed * 1_000_003 + index
@@ -75,7 +84,7 @@ def generate_all(cfg, model_path: str, prompts: list[list[int]], log=print) -> l
             try:
                 out += ray.get(ref)
             except ray.exceptions.RayActorError as err:
-                raise EvalWorkerError(f"eval worker {b % count} died: {str(err).splitlines()[0]}") from err
+                raise EvalWorkerError(f"eval worker {b % count} died: {_why(err)}") from err
             except ray.exceptions.RayTaskError as err:
                 raise EvalWorkerError(f"eval worker {b % count} failed on batch {b}: "
                                       f"{getattr(err, 'cause', err)!r}") from err

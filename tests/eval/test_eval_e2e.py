@@ -1,6 +1,6 @@
 """End to end: train the tiny embedded model briefly (two CPU Ray workers), then evaluate its
-checkpoint directly and, merged, from a jsonl file of the same prompts; the two evals agree
-exactly, and agree with the trainer's last val/accuracy within two standard errors."""
+checkpoint directly (two workers) and, merged, from a jsonl file of the same prompts (one
+worker); the two evals agree exactly, and agree with the trainer's last val/accuracy within two standard errors."""
 
 import json
 import math
@@ -51,6 +51,7 @@ def test_eval_checkpoint_and_merged_agree_with_training(tmp_path):
     p = run_eval([f"model.path={ckpt}", f"eval.output_dir={out_a}"], tmp_path)
     a = json.loads((out_a / "summary.json").read_text())
     assert "mean@4" in p.stdout and "overall (macro)" in p.stdout  # the printed table
+    assert "on 2 CPU worker(s)" in p.stdout
     src = a["per_source"]["addition"]
     assert src["prompts"] == VAL and a["n"] == VAL_N and a["k"] == [1, 2, 4]
     assert src["pass@1"] == src["mean@4"] and src["pass@1"] <= src["pass@2"] <= src["pass@4"]
@@ -67,7 +68,8 @@ def test_eval_checkpoint_and_merged_agree_with_training(tmp_path):
     assert 0.1 < src["mean@4"] < 0.9, "the warm start should leave room on both sides"
     assert abs(src["mean@4"] - val_acc) <= 2 * math.sqrt(2) * se, (val_acc, src)
 
-    # (b) merged, with the same prompts from a jsonl file: the same samples, so the same numbers
+    # (b) merged, with the same prompts from a jsonl file, on one worker instead of two: the same
+    # samples (a batch's seed depends on its position, not on the worker), so the same numbers
     merged = tmp_path / "merged"
     subprocess.run([sys.executable, "-m", "reasonrl_fast.merge", str(ckpt), str(merged)], cwd=ROOT,
                    check=True, capture_output=True, timeout=300)
@@ -77,7 +79,9 @@ def test_eval_checkpoint_and_merged_agree_with_training(tmp_path):
     data.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"],
                                         "data_source": r["data_source"]}) + "\n" for r in val))
     out_b = tmp_path / "eval_b"
-    run_eval([f"model.path={merged}", f"eval.files=[{data}]", f"eval.output_dir={out_b}"], tmp_path)
+    p = run_eval([f"model.path={merged}", f"eval.files=[{data}]", f"eval.output_dir={out_b}",
+                  "trainer.workers_per_node=1"], tmp_path)
+    assert "on 1 CPU worker(s)" in p.stdout
     b = json.loads((out_b / "summary.json").read_text())
     assert _metrics(b) == _metrics(a)
     assert (out_b / "samples.jsonl").read_text() == (out_a / "samples.jsonl").read_text()
