@@ -78,7 +78,8 @@ def is_embedded_model(tokenizer) -> bool:
 
 def load_eval_set(cfg, tokenizer) -> list[dict]:
     """The records to evaluate: `eval.files`, or for an embedded-task model without files the
-    embedded task's validation split. Prompts over data.max_prompt_length are dropped (warned)."""
+    embedded task's validation split as `data.*` and `trainer.seed` define it (the training
+    run's config.yaml gives its own). Prompts over data.max_prompt_length are dropped (warned)."""
     files = cfg.eval.files
     if not files:
         if not is_embedded_model(tokenizer):
@@ -139,7 +140,10 @@ def run(cfg, log=print) -> dict:
     `eval.output_dir`/summary.json, with every sample in samples.jsonl)."""
     t0 = time.time()
     e = cfg.eval
-    load_reward_fn(cfg.data.reward_fn)  # a bad spec fails before anything slow
+    try:  # a bad spec fails before anything slow
+        load_reward_fn(cfg.data.reward_fn)
+    except (ValueError, ImportError, AttributeError, FileNotFoundError) as err:  # each names data.reward_fn
+        raise ConfigError(str(err)) from None
     with resolved_model(cfg, log) as model_dir:
         tok = load_tokenizer(model_dir)
         records = load_eval_set(cfg, tok)
