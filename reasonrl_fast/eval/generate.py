@@ -31,9 +31,11 @@ class Generator:
         tok = load_tokenizer(model_path)
         lm = None
         if cfg.rollout.backend == "hf":
-            # bf16 on GPU unless float32 is asked for: sampling does not need fp32 weights.
-            dtype = torch.float32 if cfg.model.dtype == "float32" or not cuda and cfg.model.dtype == "auto" \
-                else torch.bfloat16
+            # auto: bf16 on GPU (sampling does not need fp32 weights), fp32 on CPU
+            if cfg.model.dtype == "auto":
+                dtype = torch.bfloat16 if cuda else torch.float32
+            else:
+                dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
             lm = load_model(model_path, dtype).to(device)
         self.engine = make_rollout(cfg, lm, model_path, tok.pad_token_id, tok.eos_token_id, device)
         del lm  # the engine holds its own copy
