@@ -20,8 +20,10 @@ from reasonrl_fast.rewards.pool import RewardPool
 from reasonrl_fast.rewards.score import load_reward_fn, scorer_for
 from reasonrl_fast.trainer import checkpoint as ckpt
 from reasonrl_fast.trainer.config import ConfigError
-# The record reader: the one place to change when it moves to reasonrl_fast.data.records.
-from reasonrl_fast.trainer.data import filter_long, load_datasets, load_records
+from reasonrl_fast.trainer.data import load_datasets  # the embedded task's splits
+# The record reader, the one line to change when it moves to reasonrl_fast.data.records (with
+# its render_prompt, which then replaces the stand-in below).
+from reasonrl_fast.trainer.data import filter_long, load_records
 
 
 class EvalError(ValueError):
@@ -29,7 +31,8 @@ class EvalError(ValueError):
 
 
 def render_prompt(record: dict, tokenizer) -> str:
-    """The text the model is given for `record`: its prompt as the trainer encodes it."""
+    """The text the model is given for `record`: its prompt as the trainer encodes it today
+    (a stand-in for reasonrl_fast.data.records.render_prompt)."""
     return record["prompt"]
 
 
