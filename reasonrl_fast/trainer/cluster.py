@@ -59,6 +59,17 @@ def start_ray(cfg) -> bool:
     return True
 
 
+def stop_ray(owned: bool) -> None:
+    """Undo `start_ray`: shut Ray down when `owned` (its return value), and let the local
+    instance's watchdog go without killing anything (a clean stop)."""
+    global _watchdog
+    if owned:
+        ray.shutdown()
+    if _watchdog is not None:
+        _watchdog.stdin.close()
+        _watchdog = None
+
+
 _watchdog = None  # the local instance's reaper (see reaper.py): it ends Ray's processes if we die
 
 

@@ -260,6 +260,31 @@ class TrainerConfig:
 
 
 @dataclass
+class EvalConfig:
+    """`python -m reasonrl_fast.eval` (docs/eval.md). The model is `model.path`; the response
+    length is `rollout.max_new_tokens`, the engine `rollout.backend`, the prompt length limit
+    `data.max_prompt_length`."""
+
+    files: list[str] = field(default_factory=list)
+    """jsonl/parquet files (the trainer's record format). Empty: the embedded task's validation
+    split, for an embedded-task model only."""
+    n: int = 16
+    """Samples per prompt (mean@n, maj@n)."""
+    k: list[int] = field(default_factory=list)
+    """pass@k is reported for each k (each at most n). Empty: 1 and n."""
+    temperature: float = 0.6
+    """Sampling temperature."""
+    top_p: float = 0.95
+    """Nucleus sampling threshold."""
+    output_dir: str = "runs/eval"
+    """Where summary.json and samples.jsonl are written."""
+    seed: int = 0
+    """Sampling seed (a batch's seed also depends on its position, not on the worker count)."""
+    prompts_per_batch: int = 32
+    """Prompts per generate call (each sampled n times): bounds a worker's memory."""
+
+
+@dataclass
 class Config:
     algo: str = "flowrl"
     """flowrl, grpo, or fapo (GRPO with +1/-1 rewards and flawed positives lowered by a GenRM)."""
@@ -273,6 +298,7 @@ class Config:
     fapo: FAPOConfig = field(default_factory=FAPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 _CHOICES = {
@@ -343,7 +369,25 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"optim.mini_batch_prompts={cfg.optim.mini_batch_prompts} must divide "
                           f"data.prompts_per_step and be a multiple of the number of workers")
     del per_worker
+    _validate_eval(cfg.eval)
     return cfg
+
+
+def _validate_eval(e: EvalConfig) -> None:
+    for key in ("n", "temperature", "prompts_per_batch"):
+        if not getattr(e, key) > 0:
+            raise ConfigError(f"eval.{key}={getattr(e, key)!r}: must be > 0")
+    if not 0 < e.top_p <= 1:
+        raise ConfigError(f"eval.top_p={e.top_p!r}: must be in (0, 1]")
+    for k in e.k:
+        if k < 1:
+            raise ConfigError(f"eval.k={e.k}: each k must be >= 1")
+        if k > e.n:
+            raise ConfigError(f"eval.k={e.k}: pass@{k} needs at least {k} samples per prompt, "
+                              f"but eval.n={e.n}")
+    for f in e.files:
+        if not f.strip():
+            raise ConfigError(f"eval.files={e.files}: an empty file name")
 
 
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

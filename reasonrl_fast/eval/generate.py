@@ -1,0 +1,98 @@
+"""Sampling for the eval command on Ray: one actor per GPU of the cluster when there are GPUs,
+else `trainer.nnodes x trainer.workers_per_node` CPU actors of `trainer.cpus_per_worker` slots.
+Each actor loads the model once; prompts go out in fixed batches whose seeds depend on the
+batch's position only, so the samples do not depend on how many actors there are."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import ray
+import torch
+
+from reasonrl_fast.models.loading import load_model, load_tokenizer
+from reasonrl_fast.rollout import make_rollout
+from reasonrl_fast.trainer.cluster import start_ray, stop_ray
+
+
+class EvalWorkerError(RuntimeError):
+    """A generation actor died or raised; the message names it."""
+
+
+class Generator:
+    """One Ray actor: a rollout engine over the model at `model_path`."""
+
+    def __init__(self, cfg, model_path: str):
+        cuda = torch.cuda.is_available()
+        if not cuda:
+            torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        tok = load_tokenizer(model_path)
+        lm = None
+        if cfg.rollout.backend == "hf":
+            # auto: bf16 on GPU (sampling does not need fp32 weights), fp32 on CPU
+            if cfg.model.dtype == "auto":
+                dtype = torch.bfloat16 if cuda else torch.float32
+            else:
+                dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+            lm = load_model(model_path, dtype).to(device)
+        self.engine = make_rollout(cfg, lm, model_path, tok.pad_token_id, tok.eos_token_id, device)
+        del lm  # the engine holds its own copy
+
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
+                 max_new_tokens: int, seed: int) -> list[list[int]]:
+        return self.engine.generate(prompts, n, temperature, top_p, max_new_tokens, seed)
+
+
+def _why(err: Exception) -> str:
+    """The first line of Ray's report and, when there is one, the exception that ended the actor
+    (Ray puts the creation task's traceback in the message)."""
+    lines = [x.strip() for x in str(err).splitlines() if x.strip()]
+    cause = next((x for x in reversed(lines) if re.match(r"^[\w.]+(Error|Exception|Exit)\b", x)), "")
+    return (lines[0] if lines else type(err).__name__) + (f" ({cause})" if cause else "")
+
+
+def batch_seed(seed: int, index: int) -> int:
+    """The sampling seed of the `index`-th batch of prompts."""
+    return seed * 1_000_003 + index
+
+
+def generate_all(cfg, model_path: str, prompts: list[list[int]], log=print) -> list[list[int]]:
+    """`eval.n` responses per prompt (token ids, prompt-major, in the prompts' order)."""
+    e, r = cfg.eval, cfg.rollout
+    owned = start_ray(cfg)
+    actors = []
+    try:
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus:
+            count, opts = gpus, {"num_gpus": 1, "num_cpus": 1}
+        else:
+            count = cfg.trainer.nnodes * cfg.trainer.workers_per_node
+            opts = {"num_cpus": cfg.trainer.cpus_per_worker}
+        size = e.prompts_per_batch
+        batches = [prompts[i:i + size] for i in range(0, len(prompts), size)]
+        count = max(1, min(count, len(batches)))
+        remote = ray.remote(Generator)
+        actors = [remote.options(**opts).remote(cfg, model_path) for _ in range(count)]
+        t0 = time.perf_counter()
+        log(f"[eval] {len(prompts)} prompts x {e.n} samples on {count} {'GPU' if gpus else 'CPU'} worker(s)")
+        # An actor runs its calls one after another: batch b goes to actor b mod count.
+        refs = [actors[b % count].generate.remote(batch, e.n, e.temperature, e.top_p, r.max_new_tokens,
+                                                 batch_seed(e.seed, b))
+                for b, batch in enumerate(batches)]
+        out: list[list[int]] = []
+        for b, ref in enumerate(refs):
+            try:
+                out += ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                raise EvalWorkerError(f"eval worker {b % count} died: {_why(err)}") from err
+            except ray.exceptions.RayTaskError as err:
+                raise EvalWorkerError(f"eval worker {b % count} failed on batch {b}: "
+                                      f"{getattr(err, 'cause', err)!r}") from err
+        log(f"[eval] generated {len(out)} responses in {time.perf_counter() - t0:.1f}s")
+        return out
+    finally:
+        for a in actors:
+            ray.kill(a)
+        stop_ray(owned)

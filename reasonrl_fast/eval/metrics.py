@@ -1,0 +1,136 @@
+"""Evaluation metrics over n samples per prompt (pure functions, no model, no I/O).
+
+- mean@n: the fraction right among one prompt's n samples, averaged over prompts;
+- se@n: the standard error of that average over prompts (sample std of the per-prompt
+  fractions / sqrt(#prompts));
+- pass@k: the unbiased estimator 1 - C(n - c, k) / C(n, k) of "at least one of k samples is
+  right", from n >= k samples of which c are right;
+- maj@n: whether the majority answer (answers grouped by mathematical equality) is right.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """1 - C(n-c, k) / C(n, k) as the product prod_{i=n-c+1}^{n} (1 - k/i): no binomial of
+    hundreds of digits, and no cancellation between two numbers close to 1."""
+    if n < 1 or k < 1 or c < 0:
+        raise ValueError(f"pass_at_k(n={n}, c={c}, k={k}): need n >= 1, k >= 1 and c >= 0")
+    if k > n:
+        raise ValueError(f"pass_at_k: k={k} is larger than the number of samples n={n}")
+    if c > n:
+        raise ValueError(f"pass_at_k: c={c} right samples out of n={n} is impossible")
+    if n - c < k:  # every k-subset holds a right sample
+        return 1.0
+    miss = 1.0
+    for i in range(n - c + 1, n + 1):
+        miss *= 1.0 - k / i
+    return 1.0 - miss
+
+
+def mean_at_n(scores: Sequence[bool | float]) -> float:
+    """The fraction right among one prompt's samples (the mean of the scores)."""
+    if len(scores) == 0:
+        raise ValueError("mean_at_n: no samples")
+    return sum(float(s) for s in scores) / len(scores)
+
+
+def standard_error(values: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1) of `values` / sqrt(len(values)); 0 for one value. Over
+    the per-prompt mean@n values this is se@n: how far mean@n may move with other prompts."""
+    m = len(values)
+    if m == 0:
+        raise ValueError("standard_error: no values")
+    if m == 1:
+        return 0.0
+    mu = sum(values) / m
+    var = sum((v - mu) ** 2 for v in values) / (m - 1)
+    return math.sqrt(var / m)
+
+
+def maj_at_n(answers: Sequence[Optional[str]], truth: str, equal: Callable[[str, str], bool]) -> bool:
+    """Majority vote: each answer joins the first group whose representative it `equal`s (else
+    starts a group); None (no answer) does not vote; the largest group wins, a tie goes to the
+    group seen first; right when the winner's representative equals `truth`."""
+    groups: list[list] = []  # [representative, votes]
+    for a in answers:
+        if a is None:
+            continue
+        for g in groups:
+            if equal(a, g[0]):
+                g[1] += 1
+                break
+        else:
+            groups.append([a, 1])
+    if not groups:
+        return False
+    best = groups[0]
+    for g in groups[1:]:
+        if g[1] > best[1]:  # strictly more: a tie keeps the earlier group
+            best = g
+    return bool(equal(best[0], truth))
+
+
+# ------------------------------------------------------------------------ aggregation
+
+
+@dataclass
+class PromptResult:
+    """One prompt's n samples, scored."""
+
+    data_source: str
+    acc: list[bool]
+    lengths: list[int]
+    maj: Optional[bool] = None
+    """Whether the majority answer is right; None where it is not defined (code)."""
+
+
+def _prompt_metrics(r: PromptResult, n: int, ks: Sequence[int]) -> dict:
+    c = sum(bool(a) for a in r.acc)
+    out = {f"mean@{n}": mean_at_n(r.acc)}
+    for k in ks:
+        out[f"pass@{k}"] = pass_at_k(len(r.acc), c, k)
+    return out
+
+
+def summarize(results: Sequence[PromptResult], n: int, ks: Sequence[int]) -> dict:
+    """{"per_source": {source: metrics}, "overall": macro average over sources, "overall_micro":
+    average over all prompts}. Metrics: mean@n, se@n, pass@k per k, maj@n (None when no prompt
+    of the group defines it), response_length/mean (tokens, over samples), prompts."""
+    if not results:
+        raise ValueError("summarize: no prompts")
+    by_source: dict[str, list[PromptResult]] = {}
+    for r in results:
+        by_source.setdefault(r.data_source, []).append(r)
+    per_source = {s: _group(rs, n, ks) for s, rs in by_source.items()}
+    micro = _group(list(results), n, ks)
+    groups = list(per_source.values())
+    macro: dict = {}
+    for key in micro:
+        if key == "prompts":
+            macro[key] = sum(g[key] for g in groups)
+        elif key == f"se@{n}":
+            # the macro average of independent source means: sqrt(sum se_s^2) / #sources
+            macro[key] = math.sqrt(sum(g[key] ** 2 for g in groups)) / len(groups)
+        else:
+            vals = [g[key] for g in groups if g[key] is not None]
+            macro[key] = sum(vals) / len(vals) if vals else None
+    return {"per_source": per_source, "overall": macro, "overall_micro": micro}
+
+
+def _group(rs: list[PromptResult], n: int, ks: Sequence[int]) -> dict:
+    per = [_prompt_metrics(r, n, ks) for r in rs]
+    means = [p[f"mean@{n}"] for p in per]
+    out: dict = {f"mean@{n}": sum(means) / len(means), f"se@{n}": standard_error(means)}
+    for k in ks:
+        out[f"pass@{k}"] = sum(p[f"pass@{k}"] for p in per) / len(per)
+    votes = [r.maj for r in rs if r.maj is not None]
+    out[f"maj@{n}"] = sum(votes) / len(votes) if votes else None
+    lengths = [x for r in rs for x in r.lengths]
+    out["response_length/mean"] = sum(lengths) / len(lengths) if lengths else 0.0
+    out["prompts"] = len(rs)
+    return out

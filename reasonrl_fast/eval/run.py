@@ -1,0 +1,210 @@
+"""The eval command's work: resolve the model (a Hugging Face directory, or a run's checkpoint-N
+merged into a temporary one), read the prompts, sample `eval.n` responses per prompt on Ray
+workers, score them in the reward pool, and write summary.json and samples.jsonl."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import shutil
+import tempfile
+import time
+
+from reasonrl_fast.eval.metrics import PromptResult, maj_at_n, summarize
+from reasonrl_fast.models.loading import load_tokenizer
+from reasonrl_fast.models.tiny import char_tokenizer
+from reasonrl_fast.rewards.math import extract_boxed, math_equal
+from reasonrl_fast.rewards.pool import RewardPool
+from reasonrl_fast.rewards.score import load_reward_fn, scorer_for
+from reasonrl_fast.trainer import checkpoint as ckpt
+from reasonrl_fast.trainer.config import ConfigError
+from reasonrl_fast.trainer.data import load_datasets  # the embedded task's splits
+# The record reader, the one line to change when it moves to reasonrl_fast.data.records (with
+# its render_prompt, which then replaces the stand-in below).
+from reasonrl_fast.trainer.data import filter_long, load_records
+
+
+class EvalError(ValueError):
+    """Bad eval input (model, files); the message names it."""
+
+
+def render_prompt(record: dict, tokenizer) -> str:
+    """The text the model is given for `record`: its prompt as the trainer encodes it today
+    (a stand-in for reasonrl_fast.data.records.render_prompt)."""
+    return record["prompt"]
+
+
+def ks_of(cfg) -> list[int]:
+    return list(cfg.eval.k) or sorted({1, cfg.eval.n})
+
+
+# ------------------------------------------------------------------------------------ model
+
+@contextlib.contextmanager
+def resolved_model(cfg, log=print):
+    """The model directory to load: `model.path` itself, or, for a run's checkpoint-N
+    (recognised by its trainer_state.json), a temporary merge of it (removed afterwards)."""
+    path = cfg.model.path
+    if not path:
+        raise ConfigError("model.path is empty: give a Hugging Face model directory or a run's "
+                          "checkpoint-N (the eval command does not train one)")
+    if not os.path.isdir(path):
+        raise EvalError(f"model.path={path!r}: no such directory")
+    if not os.path.exists(os.path.join(path, ckpt.STATE)):
+        yield path
+        return
+    missing = ckpt.missing_files(path)
+    if missing:
+        raise ckpt.CheckpointError(f"model.path={path!r} is not a complete checkpoint, missing: "
+                                   f"{', '.join(missing)}")
+    if not cfg.trainer.trust_checkpoint:
+        ckpt.check_trusted(path, "trainer.trust_checkpoint=true")
+    from reasonrl_fast.merge import merge
+
+    tmp = tempfile.mkdtemp(prefix="reasonrl_eval_")
+    try:
+        log(f"[eval] merging {path} into {tmp}")
+        merge(path, tmp, trust=True)  # checked just above
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def is_embedded_model(tokenizer) -> bool:
+    """Whether the model is the embedded tiny one (its character tokenizer's vocabulary)."""
+    return tokenizer.get_vocab() == char_tokenizer().get_vocab()
+
+
+# ------------------------------------------------------------------------------------- data
+
+def load_eval_set(cfg, tokenizer) -> list[dict]:
+    """The records to evaluate: `eval.files`, or for an embedded-task model without files the
+    embedded task's validation split as `data.*` and `trainer.seed` define it (the training
+    run's config.yaml gives its own). Prompts over data.max_prompt_length are dropped (warned)."""
+    files = cfg.eval.files
+    if not files:
+        if not is_embedded_model(tokenizer):
+            raise ConfigError("eval.files is empty: give jsonl/parquet files (the embedded task's "
+                              "validation split is only for the embedded model)")
+        small = copy.deepcopy(cfg)
+        small.data.train_files, small.data.val_files, small.data.train_size = [], [], 1
+        try:
+            return load_datasets(small, tokenizer)[1]
+        except ValueError as e:
+            raise EvalError(str(e)) from None
+    records = []
+    for path in files:
+        if not os.path.isfile(path):
+            raise EvalError(f"eval.files: {path}: no such file")
+        if os.path.getsize(path) == 0:
+            raise EvalError(f"eval.files: {path} is empty")
+        try:
+            rows = load_records(path)
+        except ValueError as e:  # already names the file and row
+            raise EvalError(f"eval.files: {e}") from None
+        except Exception as e:  # noqa: BLE001 - e.g. a damaged parquet file
+            raise EvalError(f"eval.files: {path}: cannot be read ({type(e).__name__}: {e})") from None
+        if not rows:
+            raise EvalError(f"eval.files: {path} holds no records")
+        records += rows
+    try:
+        return filter_long(records, tokenizer, cfg.data.max_prompt_length, "eval.files")
+    except ValueError as e:  # nothing left: every prompt was too long
+        raise EvalError(str(e)) from None
+
+
+# ------------------------------------------------------------------------------------ score
+
+def score_all(cfg, records: list[dict], texts: list[str]) -> tuple[list[dict], dict]:
+    """The reward pool's {"score", "acc"} per response (`eval.n` per record, in order)."""
+    n, r = cfg.eval.n, cfg.reward
+    samples = [(rec["data_source"], text, rec["answer"], rec.get("extra_info"))
+               for i, rec in enumerate(records) for text in texts[i * n:(i + 1) * n]]
+    with RewardPool(cfg.data.reward_fn, r.num_workers, r.timeout_s, r.backend, r.sandbox_timeout_s) as pool:
+        return pool.score(samples)
+
+
+def majority(record: dict, answers: list) -> bool | None:
+    """maj@n of one prompt: None for code sources (no answer to vote on)."""
+    if scorer_for(record["data_source"]) == "code":
+        return None
+    truth = record["answer"]
+    truths = [str(t) for t in truth] if isinstance(truth, (list, tuple)) else [str(truth)]
+    # The winning group does not depend on the truth: right if it equals any acceptable answer.
+    return any(maj_at_n(answers, t, math_equal) for t in truths)
+
+
+# -------------------------------------------------------------------------------------- run
+
+def run(cfg, log=print) -> dict:
+    """Evaluate `model.path` on `eval.files`; returns the summary (also written to
+    `eval.output_dir`/summary.json, with every sample in samples.jsonl)."""
+    t0 = time.time()
+    e = cfg.eval
+    try:  # a bad spec fails before anything slow
+        load_reward_fn(cfg.data.reward_fn)
+    except (ValueError, ImportError, AttributeError, FileNotFoundError) as err:  # each names data.reward_fn
+        raise ConfigError(str(err)) from None
+    with resolved_model(cfg, log) as model_dir:
+        tok = load_tokenizer(model_dir)
+        records = load_eval_set(cfg, tok)
+        prompts = [tok(render_prompt(rec, tok))["input_ids"] for rec in records]
+        from reasonrl_fast.eval.generate import generate_all  # imports ray
+
+        responses = generate_all(cfg, model_dir, prompts, log)
+    texts = tok.batch_decode(responses, skip_special_tokens=True)
+    t_score = time.time()
+    scored, counts = score_all(cfg, records, texts)
+    log(f"[eval] scored {len(texts)} responses in {time.time() - t_score:.1f}s "
+        f"(timeouts {counts['reward/timeouts']}, errors {counts['reward/errors']})")
+
+    n, ks = e.n, ks_of(cfg)
+    results, rows = [], []
+    for i, rec in enumerate(records):
+        sl = slice(i * n, (i + 1) * n)
+        code = scorer_for(rec["data_source"]) == "code"
+        answers = [None if code else extract_boxed(t) for t in texts[sl]]
+        acc = [bool(s["acc"]) for s in scored[sl]]
+        results.append(PromptResult(rec["data_source"], acc, [len(x) for x in responses[sl]],
+                                    None if code else majority(rec, answers)))
+        for j, (text, ans, s) in enumerate(zip(texts[sl], answers, scored[sl])):
+            rows.append({"data_source": rec["data_source"], "prompt_index": i, "sample": j,
+                         "prompt": rec["prompt"], "response": text, "answer": ans,
+                         "score": s["score"], "acc": bool(s["acc"])})
+    summary = {
+        "model": cfg.model.path, "files": list(e.files) or ["<embedded validation split>"],
+        "n": n, "k": ks, "temperature": e.temperature, "top_p": e.top_p,
+        "max_new_tokens": cfg.rollout.max_new_tokens, "seed": e.seed, "backend": cfg.rollout.backend,
+        "reward/timeouts": counts["reward/timeouts"], "reward/errors": counts["reward/errors"],
+        **summarize(results, n, ks), "time_s": round(time.time() - t0, 2),
+    }
+    os.makedirs(e.output_dir, exist_ok=True)
+    with open(os.path.join(e.output_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    with open(os.path.join(e.output_dir, "samples.jsonl"), "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    log(table(summary))
+    log(f"[eval] wrote {e.output_dir}/summary.json and samples.jsonl")
+    return summary
+
+
+def table(summary: dict) -> str:
+    """A small text table: one row per data source, then the macro and micro averages."""
+    n, ks = summary["n"], summary["k"]
+    cols = ["prompts", f"mean@{n}", f"se@{n}", *[f"pass@{k}" for k in ks], f"maj@{n}", "length"]
+    rows = [(s, m) for s, m in summary["per_source"].items()]
+    rows += [("overall (macro)", summary["overall"]), ("overall (micro)", summary["overall_micro"])]
+    width = max(len(s) for s, _ in rows)
+
+    def cell(m: dict, c: str) -> str:
+        v = m["response_length/mean"] if c == "length" else m[c]
+        if v is None:
+            return "-"
+        return str(v) if c == "prompts" else f"{v:.1f}" if c == "length" else f"{v:.4f}"
+
+    lines = [" ".join([" " * width] + [f"{c:>9}" for c in cols])]
+    lines += [" ".join([f"{s:<{width}}"] + [f"{cell(m, c):>9}" for c in cols]) for s, m in rows]
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""Bad eval input gives a clear error naming what is wrong, before any model or Ray starts
+(a few seconds; the CLI case starts one Python process)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from reasonrl_fast.eval.run import EvalError, load_eval_set, resolved_model
+from reasonrl_fast.models.tiny import char_tokenizer
+from reasonrl_fast.trainer.checkpoint import CheckpointError
+from reasonrl_fast.trainer.config import ConfigError, load_config
+
+
+def test_k_larger_than_n():
+    with pytest.raises(ConfigError, match=r"eval.k=\[1, 8\].*8.*eval.n=4"):
+        load_config(None, ["eval.n=4", "eval.k=[1,8]"])
+    with pytest.raises(ConfigError, match="eval.n"):
+        load_config(None, ["eval.n=0"])
+    assert load_config(None, ["eval.n=4"]).eval.k == []  # empty k: pass@1 and pass@n
+
+
+def test_cli_config_error_is_one_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "reasonrl_fast.eval", f"model.path={tmp_path}", "eval.n=2",
+                        "eval.k=[4]"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "eval.k=[4]" in p.stderr and "eval.n=2" in p.stderr
+
+
+def test_model_path_empty_or_incomplete_checkpoint(tmp_path):
+    with pytest.raises(ConfigError, match="model.path is empty"):
+        with resolved_model(load_config(None, [])):
+            pass
+    ck = tmp_path / "checkpoint-3"
+    ck.mkdir()
+    (ck / "trainer_state.json").write_text(json.dumps(
+        {"step": 3, "world_size": 1, "files": {".metadata": 10, "__0_0.distcp": 100, "rng_rank0.safetensors": 5}}))
+    (ck / ".metadata").write_bytes(b"x" * 10)
+    with pytest.raises(CheckpointError, match=r"checkpoint-3.*missing: __0_0.distcp, rng_rank0.safetensors"):
+        with resolved_model(load_config(None, [f"model.path={ck}"])):
+            pass
+
+
+def _eval_set(files, *extra):
+    cfg = load_config(None, [f"eval.files=[{','.join(str(f) for f in files)}]", *extra])
+    return load_eval_set(cfg, char_tokenizer())
+
+
+def test_bad_files(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"prompt": "1+2=", "answer": "3", "data_source": "addition"}) + "\n")
+    assert _eval_set([good])[0]["answer"] == "3"
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(EvalError, match="empty.jsonl is empty"):
+        _eval_set([good, empty])
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n\n")
+    with pytest.raises(EvalError, match="blank.jsonl holds no records"):
+        _eval_set([blank])
+    with pytest.raises(EvalError, match="missing.jsonl: no such file"):
+        _eval_set([tmp_path / "missing.jsonl"])
+
+    cols = tmp_path / "cols.jsonl"
+    cols.write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n" + json.dumps({"question_text": "x"}) + "\n")
+    with pytest.raises(EvalError, match=r"cols.jsonl:2: a record needs `prompt` and `answer`.*question_text"):
+        _eval_set([cols])
+
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "1" * 40, "answer": "3"}) + "\n")
+    with pytest.raises(EvalError, match="data.max_prompt_length=16"):
+        _eval_set([long])
+    with pytest.warns(UserWarning, match="dropped 1 prompts"):
+        assert len(_eval_set([good, long])) == 1
+
+
+def test_parquet_without_columns(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    bad_pq = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"problem_text": ["1+1="], "solution": ["2"]}), bad_pq)
+    with pytest.raises(EvalError, match=r"bad.parquet:1: a record needs"):
+        _eval_set([bad_pq])
+
+
+def test_no_files_needs_the_embedded_model(tmp_path):
+    class OtherTokenizer:
+        def get_vocab(self):
+            return {"a": 0}
+
+    with pytest.raises(ConfigError, match="eval.files is empty"):
+        load_eval_set(load_config(None, []), OtherTokenizer())
+    val = load_eval_set(load_config(None, ["data.val_size=5"]), char_tokenizer())
+    assert len(val) == 5 and all(r["data_source"] == "addition" for r in val)

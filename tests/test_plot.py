@@ -1,0 +1,57 @@
+"""`python -m reasonrl_fast.plot`: a PNG from two synthetic run directories (metrics in some
+runs only), and a clear error for a directory without metrics.jsonl (a few seconds)."""
+
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from reasonrl_fast.plot import PlotError, plot
+
+
+def _run_dir(path, algo, steps, with_val):
+    path.mkdir()
+    (path / "config.yaml").write_text(f"algo: {algo}\ntrainer:\n  steps: {steps}\n")
+    with open(path / "metrics.jsonl", "w") as f:
+        for s in range(steps + 1):
+            row = {"step": s}
+            if s:
+                row.update({"reward/mean": 0.1 * s, "accuracy/mean": 0.05 * s, "time/step_s": 1.0 + s % 2})
+                if algo == "flowrl":
+                    row["entropy/mean"] = 1.0 / s
+            if with_val and s % 2 == 0:
+                row["val/accuracy"] = 0.5 + 0.01 * s
+            f.write(json.dumps(row) + "\n")
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24]), len(data)
+
+
+def test_plot_two_runs(tmp_path):
+    _run_dir(tmp_path / "a", "flowrl", 6, with_val=True)
+    _run_dir(tmp_path / "b", "grpo", 4, with_val=False)
+    out = tmp_path / "figs" / "curves.png"
+    drawn = plot([str(tmp_path / "a"), str(tmp_path / "b")], str(out))
+    # response_length/mean is in neither run: skipped; entropy and val only in run a: drawn
+    assert drawn == ["reward/mean", "accuracy/mean", "val/accuracy", "entropy/mean", "time/step_s"]
+    (w, h), size = _png_size(out)
+    assert w >= 600 and h >= 300, (w, h)   # 3 x 2 subplots at 100 dpi
+    assert size > 20_000, size             # drawn, not blank
+
+
+def test_plot_cli_errors(tmp_path):
+    _run_dir(tmp_path / "a", "grpo", 2, with_val=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PlotError, match="empty: no metrics.jsonl"):
+        plot([str(tmp_path / "a"), str(tmp_path / "empty")], str(tmp_path / "x.png"))
+    p = subprocess.run([sys.executable, "-m", "reasonrl_fast.plot", str(tmp_path / "empty"), "-o",
+                        str(tmp_path / "x.png")], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "no metrics.jsonl" in p.stderr and str(tmp_path / "empty") in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "x.png").exists()
