@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import time
 
+from reasonrl_fast.data.records import filter_long, load_records, prompt_ids
 from reasonrl_fast.eval.metrics import PromptResult, maj_at_n, summarize
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.models.tiny import char_tokenizer
@@ -21,19 +22,10 @@ from reasonrl_fast.rewards.score import load_reward_fn, scorer_for
 from reasonrl_fast.trainer import checkpoint as ckpt
 from reasonrl_fast.trainer.config import ConfigError
 from reasonrl_fast.trainer.data import load_datasets  # the embedded task's splits
-# The record reader, the one line to change when it moves to reasonrl_fast.data.records (with
-# its render_prompt, which then replaces the stand-in below).
-from reasonrl_fast.trainer.data import filter_long, load_records
 
 
 class EvalError(ValueError):
     """Bad eval input (model, files); the message names it."""
-
-
-def render_prompt(record: dict, tokenizer) -> str:
-    """The text the model is given for `record`: its prompt as the trainer encodes it today
-    (a stand-in for reasonrl_fast.data.records.render_prompt)."""
-    return record["prompt"]
 
 
 def ks_of(cfg) -> list[int]:
@@ -106,8 +98,6 @@ def load_eval_set(cfg, tokenizer) -> list[dict]:
             raise EvalError(f"eval.files: {e}") from None
         except Exception as e:  # noqa: BLE001 - e.g. a damaged parquet file
             raise EvalError(f"eval.files: {path}: cannot be read ({type(e).__name__}: {e})") from None
-        if not rows:
-            raise EvalError(f"eval.files: {path} holds no records")
         records += rows
     try:
         return filter_long(records, tokenizer, cfg.data.max_prompt_length, "eval.files")
@@ -150,7 +140,7 @@ def run(cfg, log=print) -> dict:
     with resolved_model(cfg, log) as model_dir:
         tok = load_tokenizer(model_dir)
         records = load_eval_set(cfg, tok)
-        prompts = [tok(render_prompt(rec, tok))["input_ids"] for rec in records]
+        prompts = [prompt_ids(rec, tok) for rec in records]  # the chat template, as in training
         from reasonrl_fast.eval.generate import generate_all  # imports ray
 
         responses = generate_all(cfg, model_dir, prompts, log)

@@ -58,7 +58,7 @@ def test_bad_files(tmp_path):
         _eval_set([good, empty])
     blank = tmp_path / "blank.jsonl"
     blank.write_text("\n\n")
-    with pytest.raises(EvalError, match="blank.jsonl holds no records"):
+    with pytest.raises(EvalError, match="blank.jsonl: the file is empty"):
         _eval_set([blank])
     with pytest.raises(EvalError, match="missing.jsonl: no such file"):
         _eval_set([tmp_path / "missing.jsonl"])
@@ -82,7 +82,7 @@ def test_parquet_without_columns(tmp_path):
 
     bad_pq = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"problem_text": ["1+1="], "solution": ["2"]}), bad_pq)
-    with pytest.raises(EvalError, match=r"bad.parquet:1: a record needs"):
+    with pytest.raises(EvalError, match=r"bad.parquet: a records file needs a prompt column.*problem_text"):
         _eval_set([bad_pq])
 
 
