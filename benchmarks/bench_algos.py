@@ -4,6 +4,9 @@ and for FAPO what the GenRM (the rule server the run starts) costs per step.
 
     python benchmarks/bench_algos.py [--write benchmarks/RESULTS.md] [--algos grpo,flowrl,fapo] [key=value ...]
 
+With --write, the table goes into RESULTS.md and the runs' curves (reasonrl_fast.plot) into
+benchmarks/embedded_algos.png beside it.
+
 Each run is `python -m reasonrl_fast.train algo=ALGO` (extra key=value settings pass through)
 in a temporary run directory; the warm start is cached, so only the first run pays for it and
 it is timed apart from the RL steps."""
@@ -21,6 +24,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # reasonrl_fast.plot, from this checkout
 MARKER = "embedded-algos"
 
 
@@ -72,6 +76,12 @@ def main() -> None:
         for algo in a.algos.split(","):
             rows.append(run(algo, extra, tmp))
             print(json.dumps(rows[-1]), flush=True)
+        if a.write:  # the runs' curves side by side, beside the table
+            from reasonrl_fast.plot import plot
+
+            png = os.path.join(os.path.dirname(os.path.abspath(a.write)), "embedded_algos.png")
+            plot([os.path.join(tmp, algo) for algo in a.algos.split(",")], png)
+            print(f"wrote {png}")
     body = table(rows, extra, f"{load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end")
     print(body)
     if a.write:

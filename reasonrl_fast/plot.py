@@ -11,8 +11,8 @@ import json
 import os
 import sys
 
-METRICS = ("reward/mean", "accuracy/mean", "val/accuracy", "entropy/mean", "response_length/mean",
-           "time/step_s")
+METRICS = ("reward/mean", "accuracy/mean", "val/accuracy", "val/flawed_positive_ratio", "entropy/mean",
+           "response_length/mean", "time/step_s")
 
 
 class PlotError(ValueError):
