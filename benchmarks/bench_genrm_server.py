@@ -84,6 +84,30 @@ def write_section(path: str, body: str) -> None:
     write(path, body, MARKER)
 
 
+def draw(rows: list[dict], png: str) -> None:
+    """Throughput and latency against the number of concurrent clients, beside the table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = [r["concurrency"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax1.plot(c, [r["rps"] for r in rows], marker="o")
+    ax1.set(xscale="log", xlabel="concurrent clients", ylabel="requests/s", title="throughput")
+    ax2.plot(c, [r["p50_ms"] for r in rows], marker="o", label="p50")
+    ax2.plot(c, [r["p99_ms"] for r in rows], marker="o", label="p99")
+    ax2.set(xscale="log", yscale="log", xlabel="concurrent clients", ylabel="ms", title="latency")
+    ax2.legend()
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.suptitle("GenRM server, rule:addition on loopback")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    print(f"wrote {png}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=2000, help="requests per concurrency level")
@@ -114,6 +138,7 @@ def main() -> None:
                 f"load {load0:.1f} at the start and {load1:.1f} at the end; "
                 f"`python benchmarks/bench_genrm_server.py`)\n\n")
         write_section(a.write, head + body)
+        draw(rows, os.path.join(os.path.dirname(os.path.abspath(a.write)), "genrm_server.png"))
     if any(r["errors"] for r in rows):
         sys.exit(f"{sum(r['errors'] for r in rows)} requests failed")
 
