@@ -60,7 +60,8 @@ def _worker_actors() -> list[int]:
 
 def kills_a_worker(response: str, answer: str) -> float:
     """The first call SIGKILLs one of the driver's Ray worker actors (found among the driver's
-    descendant processes): a rank dying between two steps."""
+    descendant processes): a rank dying mid-step (the first worker's share is scored while the
+    other may still generate)."""
     if _call("worker") == 1:
         victims = _worker_actors()
         print(f"killing worker process {victims[-1]} of {victims}", flush=True)

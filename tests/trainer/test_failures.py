@@ -73,5 +73,8 @@ def test_worker_killed_mid_run_ends_the_run_naming_its_rank(tmp_path):
     p = run_train(["trainer.steps=3", f"trainer.output_dir={out}", "trainer.val_every=0",
                    "data.reward_fn=faulty_rewards:kills_a_worker"], tmp_path, check=False, timeout=240)
     assert "killing worker process" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
-    assert p.returncode != 0 and re.search(r"worker rank [01] died during train_step", p.stderr), p.stderr[-3000:]
+    # The first share is scored while the other worker may still generate: the dead rank is
+    # named during whichever call was waiting on it.
+    assert p.returncode != 0 and re.search(r"worker rank [01] died during (generate|train_step)", p.stderr), \
+        p.stderr[-3000:]
     assert time.time() - t < 200  # not the collective timeout
