@@ -12,21 +12,18 @@ two test processes from building it at the same time. Failing to build it raises
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
+
+from tests.venvs import ROOT as VENVS
+from tests.venvs import VenvError, ensure_venv
 
 VERL_VERSION = "0.9.1"
 # The newest release inside verl 0.9.1's pin (transformers!=5.6.0,<5.11,>=5.5.3).
 TRANSFORMERS_VERSION = "5.10.4"
-VENV_DIR = Path.home() / ".cache" / "reasonrl_fast" / f"venv-verl-data-{VERL_VERSION}"
-_MARKER = VENV_DIR / ".complete"
-_LOCK = VENV_DIR.with_name(VENV_DIR.name + ".lock")
+VENV_DIR = VENVS / f"venv-verl-data-{VERL_VERSION}"
 _PACKAGES = ["torch==2.13.0", f"transformers=={TRANSFORMERS_VERSION}", "datasets", "omegaconf",
              "pillow", "numpy", "pyarrow", "pandas"]
 
@@ -68,41 +65,12 @@ print("\n@@rows@@\n" + json.dumps(rows))
 """
 
 
-class VerlDataEnvError(RuntimeError):
-    """The reference environment could not be built or run."""
-
-
-def _python() -> Path:
-    return VENV_DIR / "bin" / "python"
-
-
-def _run(cmd: list[str], what: str, timeout: float) -> None:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise VerlDataEnvError(f"{what}: no answer within {timeout:.0f} s ({' '.join(cmd)})") from None
-    if proc.returncode != 0:
-        raise VerlDataEnvError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                               f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+VerlDataEnvError = VenvError
 
 
 def ensure_verl_data_env(timeout: float = 1200.0) -> tuple[Path, float]:
     """The venv's python, and the seconds spent building it now (0.0 when it was cached)."""
-    if _MARKER.exists():
-        return _python(), 0.0
-    _LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait for it
-        if _MARKER.exists():
-            return _python(), 0.0
-        start = time.monotonic()
-        shutil.rmtree(VENV_DIR, ignore_errors=True)  # a half-built one from an interrupted run
-        _run([sys.executable, "-m", "venv", str(VENV_DIR)], "creating the venv", timeout)
-        pip = [str(_python()), "-m", "pip", "install", "--quiet"]
-        _run(pip + _PACKAGES, f"installing {' '.join(_PACKAGES)} (needs the package registry)", timeout)
-        _run(pip + ["--no-deps", f"verl=={VERL_VERSION}"], f"installing verl=={VERL_VERSION}", timeout)
-        _MARKER.write_text(f"verl=={VERL_VERSION} transformers=={TRANSFORMERS_VERSION}\n")
-        return _python(), time.monotonic() - start
+    return ensure_venv(VENV_DIR.name, [_PACKAGES, ["--no-deps", f"verl=={VERL_VERSION}"]], timeout)
 
 
 def verl_dataset_rows(parquet: str, tokenizer_dir: str, max_prompt_length: int = 1024,

@@ -10,19 +10,16 @@ prove nothing.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
+from tests.venvs import ROOT as VENVS
+from tests.venvs import VenvError, ensure_venv
+
 VERL_VERSION = "0.9.1"
-VENV_DIR = Path.home() / ".cache" / "reasonrl_fast" / f"venv-verl-{VERL_VERSION}"
-_MARKER = VENV_DIR / ".complete"
-_LOCK = VENV_DIR.with_name(VENV_DIR.name + ".lock")
+VENV_DIR = VENVS / f"venv-verl-{VERL_VERSION}"
 
 # Runs inside the venv. It loads math_dapo.py by file path instead of `import verl...`: importing
 # any verl submodule runs verl/__init__.py first, which imports DataProto and with it torch,
@@ -46,41 +43,12 @@ json.dump({"results": out, "tables": tables}, sys.stdout)
 """
 
 
-class VerlEnvError(RuntimeError):
-    """The reference environment could not be built or run."""
-
-
-def _python() -> Path:
-    return VENV_DIR / "bin" / "python"
-
-
-def _run(cmd: list[str], what: str, timeout: float) -> None:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise VerlEnvError(f"{what}: no answer within {timeout:.0f} s ({' '.join(cmd)})") from None
-    if proc.returncode != 0:
-        raise VerlEnvError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+VerlEnvError = VenvError
 
 
 def ensure_verl_env(timeout: float = 600.0) -> tuple[Path, float]:
     """The venv's python, and the seconds spent building it now (0.0 when it was cached)."""
-    if _MARKER.exists():
-        return _python(), 0.0
-    _LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait for it
-        if _MARKER.exists():
-            return _python(), 0.0
-        start = time.monotonic()
-        shutil.rmtree(VENV_DIR, ignore_errors=True)  # a half-built one from an interrupted run
-        _run([sys.executable, "-m", "venv", str(VENV_DIR)], "creating the venv", timeout)
-        _run([str(_python()), "-m", "pip", "install", "--no-deps", "--quiet",
-              f"verl=={VERL_VERSION}"],
-             f"installing verl=={VERL_VERSION} (needs the package registry)", timeout)
-        _MARKER.write_text(f"verl=={VERL_VERSION}\n")
-        return _python(), time.monotonic() - start
+    return ensure_venv(VENV_DIR.name, [["--no-deps", f"verl=={VERL_VERSION}"]], timeout)
 
 
 def verl_dapo_scores(cases: list[dict], timeout: float = 300.0) -> tuple[list[dict], dict]:
