@@ -184,7 +184,7 @@ class Cluster:
         try:
             self.pg = place_workers(t, bundle, local=_watchdog is not None)
         except ClusterError:
-            self._stop_ray()
+            stop_ray(self.owns_ray)
             raise
         remote = ray.remote(Worker)
         self.workers = [
@@ -238,10 +238,5 @@ class Cluster:
         for w in self.workers:
             ray.kill(w)
         remove_placement_group(self.pg)
-        self._stop_ray()
+        stop_ray(self.owns_ray)
 
-    def _stop_ray(self) -> None:
-        if self.owns_ray:
-            ray.shutdown()
-        if _watchdog is not None:  # a clean stop: the watchdog goes without killing anything
-            _watchdog.stdin.close()
