@@ -3,9 +3,9 @@
 //
 // One block per row (grid-stride over rows). Forward reads each logit once: every thread keeps
 // an online (max m, S = Σ exp(s − m), E = Σ exp(s − m)(s − m)) over its elements, read as
-// 16-byte vectors after a scalar head that reaches 16-byte alignment, and the block merges the
-// triples. Backward reads each logit once more and writes dz once (in place for
-// token_logprob_backward_).
+// 16-byte vectors (four in flight per thread) after a scalar head that reaches 16-byte
+// alignment, updated once per 32 values, and the block merges the triples. Backward reads
+// each logit once more and writes dz once (in place for token_logprob_backward_).
 //
 // Out-of-range target ids: the host cannot check them without a synchronisation, so both
 // kernels check them on the device. A bad id prints the row and id from the device and fails a
@@ -40,22 +40,41 @@ struct Online {
     E = 0;
     bad = 0;
   }
-  __device__ __forceinline__ void add(acc_t s) {
+  // K values at once: one max and at most one rescale per chunk, then K independent exps
+  // (two partial sums each), instead of a serial max/rescale/exp chain per element. On an H200
+  // at N=16384, V=152064 (bf16) the per-element chain ran at 49 % of the copy bandwidth.
+  template <int K, bool kEnt>
+  __device__ __forceinline__ void add_chunk(const acc_t (&x)[K]) {
     constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
-    bad |= !(s < kInf);  // NaN or +inf: the row is NaN, as in PyTorch
-    if (s > m) {
+    acc_t mx = m;
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      bad |= !(x[j] < kInf);  // NaN or +inf: the row is NaN, as in PyTorch
+      mx = x[j] > mx ? x[j] : mx;
+    }
+    if (mx > m) {
       if (S > 0) {
-        const acc_t r = fexp(m - s);
-        E = r * (E + (m - s) * S);
+        const acc_t r = fexp(m - mx);
+        if (kEnt) E = r * (E + (m - mx) * S);
         S = r * S;
       }
-      m = s;
+      m = mx;
     }
     if (m == -kInf) return;  // all -inf so far
-    const acc_t d = s - m;
-    const acc_t e = fexp(d);
-    S += e;
-    E += e > 0 ? e * d : acc_t(0);  // 0 * log 0 = 0 for masked (-inf) logits
+    acc_t s0 = 0, s1 = 0, e0 = 0, e1 = 0;
+#pragma unroll
+    for (int j = 0; j < K; j += 2) {
+      const acc_t d0 = x[j] - m, d1 = x[j + 1] - m;
+      const acc_t x0 = fexp(d0), x1 = fexp(d1);
+      s0 += x0;
+      s1 += x1;
+      if (kEnt) {
+        e0 += x0 > 0 ? x0 * d0 : acc_t(0);  // 0 * log 0 = 0 for masked (-inf) logits
+        e1 += x1 > 0 ? x1 * d1 : acc_t(0);
+      }
+    }
+    S += s0 + s1;
+    if (kEnt) E += e0 + e1;
   }
   __device__ __forceinline__ void merge(acc_t om, acc_t oS, acc_t oE, int obad) {
     constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
@@ -138,10 +157,14 @@ __device__ __forceinline__ bool bad_target(int64_t y, int64_t n, int64_t V, int6
   return true;
 }
 
-template <typename scalar_t, typename acc_t>
+// Vectors each thread loads before it computes: U * 16 bytes in flight per thread, enough
+// to cover the memory latency at 256 threads a block.
+constexpr int kUnroll = 4;
+
+template <typename scalar_t, typename acc_t, bool kEnt>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(const scalar_t* __restrict__ z, RowIdx rows, const int64_t* __restrict__ tgt,
-                   int64_t N, int64_t V, acc_t inv_tau, int64_t ignore_index, bool want_ent,
+                   int64_t N, int64_t V, acc_t inv_tau, int64_t ignore_index,
                    acc_t* __restrict__ lp, acc_t* __restrict__ ent, acc_t* __restrict__ lse) {
   using V16 = Vec16<scalar_t>;
   constexpr int VEC = V16::kSize;
@@ -151,7 +174,7 @@ __global__ void __launch_bounds__(kThreads)
       if (threadIdx.x == 0) {
         lp[n] = 0;
         lse[n] = 0;
-        if (want_ent) ent[n] = 0;
+        if (kEnt) ent[n] = 0;
       }
       continue;
     }
@@ -160,7 +183,7 @@ __global__ void __launch_bounds__(kThreads)
         const acc_t nan = std::numeric_limits<acc_t>::quiet_NaN();
         lp[n] = nan;
         lse[n] = nan;
-        if (want_ent) ent[n] = nan;
+        if (kEnt) ent[n] = nan;
       }
       continue;
     }
@@ -168,17 +191,38 @@ __global__ void __launch_bounds__(kThreads)
     Online<acc_t> st;
     st.init();
     const int64_t head = aligned_head(row, V);
-    for (int64_t i = threadIdx.x; i < head; i += blockDim.x)
-      st.add(static_cast<acc_t>(row[i]) * inv_tau);
+    for (int64_t i = threadIdx.x; i < head; i += blockDim.x) {
+      const acc_t x[2] = {static_cast<acc_t>(row[i]) * inv_tau,
+                          -std::numeric_limits<acc_t>::infinity()};
+      st.template add_chunk<2, kEnt>(x);
+    }
     const int64_t nvec = (V - head) / VEC;
     const V16* vrow = reinterpret_cast<const V16*>(row + head);
-    for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
-      const V16 v = vrow[k];
+    const int64_t stride = blockDim.x;
+    int64_t k = threadIdx.x;
+    for (; k + (kUnroll - 1) * stride < nvec; k += kUnroll * stride) {
+      V16 v[kUnroll];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) st.add(static_cast<acc_t>(v.v[j]) * inv_tau);
+      for (int u = 0; u < kUnroll; ++u) v[u] = vrow[k + u * stride];
+      acc_t x[kUnroll * VEC];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) x[u * VEC + j] = static_cast<acc_t>(v[u].v[j]) * inv_tau;
+      st.template add_chunk<kUnroll * VEC, kEnt>(x);
     }
-    for (int64_t i = head + nvec * VEC + threadIdx.x; i < V; i += blockDim.x)
-      st.add(static_cast<acc_t>(row[i]) * inv_tau);
+    for (; k < nvec; k += stride) {
+      const V16 v = vrow[k];
+      acc_t x[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) x[j] = static_cast<acc_t>(v.v[j]) * inv_tau;
+      st.template add_chunk<VEC, kEnt>(x);
+    }
+    for (int64_t i = head + nvec * VEC + threadIdx.x; i < V; i += blockDim.x) {
+      const acc_t x[2] = {static_cast<acc_t>(row[i]) * inv_tau,
+                          -std::numeric_limits<acc_t>::infinity()};
+      st.template add_chunk<2, kEnt>(x);
+    }
     block_merge(st);
     if (threadIdx.x == 0) {
       const acc_t nan = std::numeric_limits<acc_t>::quiet_NaN();
@@ -186,7 +230,7 @@ __global__ void __launch_bounds__(kThreads)
       const acc_t l = st.bad ? nan : st.m + log_s;
       lse[n] = l;
       lp[n] = static_cast<acc_t>(row[y]) * inv_tau - l;
-      if (want_ent) ent[n] = st.bad ? nan : log_s - st.E / st.S;
+      if (kEnt) ent[n] = st.bad ? nan : log_s - st.E / st.S;
     }
     __syncthreads();  // the shared buffers of block_merge are reused by the next row
   }
@@ -233,18 +277,25 @@ __global__ void __launch_bounds__(kThreads)
     acc_t s_y = 0;
     if (threadIdx.x == 0) s_y = static_cast<acc_t>(row[y]) * inv_tau;
     __syncthreads();  // s_y is read before anyone overwrites row[y]
-    const int64_t head_in = aligned_head(row, V);
-    const int64_t head = head_in == aligned_head(orow, V) ? head_in : V;  // same phase or scalar
+    // The loads are vectorised on the input's alignment; the stores too when the output row
+    // has the same 16-byte phase (always for a fresh contiguous gradient of a contiguous
+    // input), else they are scalar (a strided view such as logits[:, :-1] of an odd V).
+    const int64_t head = aligned_head(row, V);
+    const bool vec_out = head == aligned_head(orow, V);
     for (int64_t i = threadIdx.x; i < head; i += blockDim.x)
       orow[i] = grad_of(row[i], inv_tau, lse, a, b, mean_s);
     const int64_t nvec = (V - head) / VEC;
     const V16* vin = reinterpret_cast<const V16*>(row + head);
-    V16* vout = reinterpret_cast<V16*>(orow + head);
     for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
       V16 v = vin[k];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) v.v[j] = grad_of(v.v[j], inv_tau, lse, a, b, mean_s);
-      vout[k] = v;
+      if (vec_out) {
+        reinterpret_cast<V16*>(orow + head)[k] = v;
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) orow[head + k * VEC + j] = v.v[j];
+      }
     }
     for (int64_t i = head + nvec * VEC + threadIdx.x; i < V; i += blockDim.x)
       orow[i] = grad_of(row[i], inv_tau, lse, a, b, mean_s);
@@ -278,11 +329,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cuda(const at::Tens
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "token_logprob_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    forward_kernel<scalar_t, acc_t><<<grid_for(N), kThreads, 0, stream>>>(
-        logits.data_ptr<scalar_t>(), rows, target.data_ptr<int64_t>(), N, V,
-        static_cast<acc_t>(1.0 / temperature), ignore_index, compute_entropy,
-        lp.data_ptr<acc_t>(), compute_entropy ? ent.data_ptr<acc_t>() : nullptr,
-        lse.data_ptr<acc_t>());
+    auto launch = [&](auto kernel) {
+      kernel<<<grid_for(N), kThreads, 0, stream>>>(
+          logits.data_ptr<scalar_t>(), rows, target.data_ptr<int64_t>(), N, V,
+          static_cast<acc_t>(1.0 / temperature), ignore_index, lp.data_ptr<acc_t>(),
+          compute_entropy ? ent.data_ptr<acc_t>() : nullptr, lse.data_ptr<acc_t>());
+    };
+    if (compute_entropy) launch(forward_kernel<scalar_t, acc_t, true>);
+    else launch(forward_kernel<scalar_t, acc_t, false>);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {lp, ent, lse};
