@@ -1,6 +1,6 @@
-// CPU kernel of group_advantage (SPEC.md §2). Group ids are arbitrary integers: responses are
-// ordered by (group id, position) once, then each group is a contiguous run. Statistics are
-// accumulated in double; B is a few thousand, so one thread is enough.
+// CPU kernel of group_advantage (docs/math.md §Group advantage). Group ids are arbitrary integers:
+// responses are ordered by (group id, position) once, then each group is a contiguous run.
+// Statistics are accumulated in double; B is a few thousand, so one thread is enough.
 #include <torch/library.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 """`python -m reasonrl_fast.data.prepare NAME --input FILE --output OUT.parquet`: a public math or
-code set, already on disk, rewritten in the reference trainer's RL schema (SPEC.md §9). Nothing is
+code set, already on disk, rewritten in verl's RL schema (docs/math.md §Data records). Nothing is
 downloaded. See docs/data.md for each NAME's input layout and the data_source it writes.
 """
 

@@ -1,4 +1,5 @@
-"""group_advantage: GRPO's per-group reward normalisation in one kernel (SPEC.md §2)."""
+"""group_advantage: GRPO's per-group reward normalisation in one kernel
+(docs/math.md §Group advantage)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Plain-PyTorch references for every op: the definitions the kernels are tested against.
 
-Written for clarity, straight from SPEC.md; they materialise everything and run in whatever
+Written for clarity, straight from docs/math.md; they materialise everything and run in whatever
 dtype they are given (tests pass float64).
 """
 

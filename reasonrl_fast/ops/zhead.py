@@ -1,4 +1,4 @@
-"""ZHead: FlowRL's learned log-partition function log Z(x) (SPEC.md §5)."""
+"""ZHead: FlowRL's learned log-partition function log Z(x) (docs/math.md §Z-head)."""
 
 from __future__ import annotations
 

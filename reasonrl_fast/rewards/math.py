@@ -1,5 +1,5 @@
-"""Math answers (SPEC.md §7, §9): the last \\boxed{...} of a response, compared to the ground
-truth mathematically (0.5 = \\frac{1}{2}, sets in any order, units stripped).
+"""Math answers (docs/math.md §Math answers): the last \\boxed{...} of a response, compared to
+the ground truth mathematically (0.5 = \\frac{1}{2}, sets in any order, units stripped).
 
 Plain numbers and simple fractions are compared exactly here; everything else goes to math-verify,
 imported on first use (it pulls in sympy: about a second) so that importing this module stays

@@ -16,9 +16,9 @@ import math
 import os
 from typing import Any, Callable
 
-# Sources whose ground truth is a JSON test specification (SPEC §9): stdin/stdout cases or a
-# HumanEval-style test. Compared in lower case; a source that starts with one of these counts
-# too ("livecodebench_v5", "humaneval_plus").
+# Sources whose ground truth is a JSON test specification (docs/math.md §Data records): stdin/stdout
+# cases or a HumanEval-style test. Compared in lower case; a source that starts with one of these
+# counts too ("livecodebench_v5", "humaneval_plus").
 CODE_SOURCES = ("code", "humaneval", "mbpp", "livecodebench", "codecontests", "apps", "taco",
                 "codeforces", "leetcode", "primeintellect", "prime_code")
 DAPO_SOURCES = ("math_dapo", "math_dapo_reasoning")

@@ -1,4 +1,4 @@
-"""masked_mean and ZHead (SPEC.md §5)."""
+"""masked_mean and ZHead (docs/math.md §Masked mean, §Z-head)."""
 
 import pytest
 import torch
