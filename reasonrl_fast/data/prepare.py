@@ -233,7 +233,7 @@ def _generic(prompt_key: str, answer_key: str) -> Callable:
 
 
 def write_records(rows: list[dict], output: str) -> None:
-    """Parquet (the reference trainer's format) or, for a .jsonl name, one JSON object a line
+    """Parquet (verl's format) or, for a .jsonl name, one JSON object a line
     (which both trainers read too)."""
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     if output.endswith(".jsonl"):

@@ -201,7 +201,7 @@ def uses_chat_template(tokenizer) -> bool:
 
 def render_prompt(record: dict | str | list[dict], tokenizer) -> str:
     """The text a model is given: chat messages through the tokenizer's chat template (with the
-    generation prompt, as the reference trainer does), or, for a tokenizer without one (the
+    generation prompt, as verl does), or, for a tokenizer without one (the
     embedded character tokenizer), their contents joined by newlines; a string as it is. A record
     that was rendered already keeps its messages under `messages`, which take precedence."""
     prompt = record.get("messages", record.get("prompt")) if isinstance(record, dict) else record
