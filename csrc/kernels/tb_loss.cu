@@ -1,5 +1,5 @@
-// CUDA kernels of the FlowRL trajectory-balance loss (docs/math.md §FlowRL trajectory
-// balance), same schemas, semantics and messages as csrc/tb_loss.cpp.
+// CUDA kernels of the FlowRL trajectory-balance loss (docs/math.md §FlowRL trajectory balance),
+// same schemas, semantics and messages as csrc/tb_loss.cpp.
 //
 // Forward: one block per sequence reduces the four masked token sums in double and writes
 // delta[b] and the importance weight w[b]; a second one-block kernel sums w δ² over the batch
