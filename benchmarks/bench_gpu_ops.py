@@ -1,6 +1,6 @@
-"""Benchmarks of the four custom ops against plain PyTorch, for the GPU targets of issue 3.
+"""Benchmarks of the four custom ops against plain PyTorch at the target GPU shapes (H100, bf16).
 
-    python benchmarks/bench_gpu_ops.py                       # CUDA, the issue's shapes
+    python benchmarks/bench_gpu_ops.py                       # CUDA, the target shapes below
     python benchmarks/bench_gpu_ops.py --device cpu --scale 0.03125   # CPU, N = 512
 
 - token_logprob at N x V (default 16384 x 152064, bf16): forward, and forward+backward;
@@ -8,7 +8,7 @@
   forward+backward: read them twice and write the gradient once) and % of the copy bandwidth
   measured on the same device (a large tensor copy: read + write), next to eager PyTorch
   (float32 log_softmax + gather) and torch.compile of it (--no-compile to skip).
-- group_advantage at B = 8192 (groups of 8): one op call against the reference trainer's
+- group_advantage at B = 8192 (groups of 8): one op call against verl's
   Python loop over groups (reasonrl_fast.ops.reference.group_advantage).
 - tb_loss forward+backward at B x T = 512 x 8192 against eager PyTorch (the reference).
 """

@@ -135,7 +135,7 @@ def bench_group_advantage(b, repeats):
     ids = torch.randperm(b) // 8  # groups of 8, scattered over the batch
     providers = {
         "reasonrl_fast": lambda: group_advantage(r, ids),
-        "eager": lambda: ref.group_advantage(r, ids),  # the reference trainer's loop over groups
+        "eager": lambda: ref.group_advantage(r, ids),  # verl's loop over groups
     }
     return _run_providers("group_advantage", "forward", f"B={b}, groups of 8", providers, repeats)
 

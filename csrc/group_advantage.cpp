@@ -1,6 +1,6 @@
-// CPU kernel of group_advantage (SPEC.md §2). Group ids are arbitrary integers: responses are
-// ordered by (group id, position) once, then each group is a contiguous run. Statistics are
-// accumulated in double; B is a few thousand, so one thread is enough.
+// CPU kernel of group_advantage (docs/math.md §Group advantage). Group ids are arbitrary integers:
+// responses are ordered by (group id, position) once, then each group is a contiguous run.
+// Statistics are accumulated in double; B is a few thousand, so one thread is enough.
 #include <torch/library.h>
 
 #include <algorithm>
@@ -33,7 +33,7 @@ at::Tensor group_advantage_cpu(const at::Tensor& rewards_in, const at::Tensor& g
     int64_t hi = lo + 1;
     while (hi < B && gp[order[hi]] == gp[order[lo]]) ++hi;
     const int64_t k = hi - lo;
-    double mean = 0, std = 1;  // a group of one: mean 0, std 1 (the reference trainer's rule)
+    double mean = 0, std = 1;  // a group of one: mean 0, std 1 (verl's rule)
     if (k > 1) {
       for (int64_t i = lo; i < hi; ++i) mean += rp[order[i]];
       mean /= static_cast<double>(k);

@@ -1,7 +1,6 @@
-// CPU kernels of masked_mean, the prompt pooling of the Z-head (SPEC.md §5): out[b] =
-// sum_t x[b, t] m[b, t] / sum_t m[b, t], 0 (and zero gradient) where
-// sum_t m[b, t] == 0 (an empty mask, or weights that cancel such as [1, -1]: no mean exists),
-// accumulated in float32.
+// CPU kernels of masked_mean, the prompt pooling of the Z-head (docs/math.md §Masked mean): out[b]
+// = sum_t x[b, t] m[b, t] / sum_t m[b, t], 0 (and zero gradient) where sum_t m[b, t] == 0 (an empty
+// mask, or weights that cancel such as [1, -1]: no mean exists), accumulated in float32.
 #include <torch/library.h>
 
 #include <vector>

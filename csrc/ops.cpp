@@ -15,7 +15,8 @@ PyObject* PyInit__C(void) {
 }
 
 TORCH_LIBRARY(reasonrl_fast, m) {
-  // SPEC.md §1. logits [..., V] (last dim contiguous), target [...] integer.
+  // docs/math.md §Token log-prob and entropy.
+  // logits [..., V] (last dim contiguous), target [...] integer.
   // Returns logprob [...], entropy [...] (empty when compute_entropy is false) and the
   // log-sum-exp [...] that the backward reuses. float32 outputs (float64 for float64 logits).
   m.def(
@@ -30,10 +31,11 @@ TORCH_LIBRARY(reasonrl_fast, m) {
       "token_logprob_backward_(Tensor grad_logprob, Tensor? grad_entropy, Tensor(a!) logits, "
       "Tensor target, Tensor lse, Tensor entropy, float temperature, int ignore_index) -> ()");
 
-  // SPEC.md §2. rewards [B] floating, group_ids [B] integer -> float32 [B].
+  // docs/math.md §Group advantage. rewards [B] floating, group_ids [B] integer -> float32 [B].
   m.def("group_advantage(Tensor rewards, Tensor group_ids, float eps, bool norm_by_std) -> Tensor");
 
-  // SPEC.md §4. Returns (loss [], delta [B], is_weight [B]); is_weight = clamp(exp(sum of
+  // docs/math.md §FlowRL trajectory balance.
+  // Returns (loss [], delta [B], is_weight [B]); is_weight = clamp(exp(sum of
   // masked log-ratios), min_is_weight, max_is_weight).
   m.def(
       "tb_loss(Tensor log_z, Tensor logprob, Tensor ref_logprob, Tensor old_logprob, "
@@ -44,7 +46,7 @@ TORCH_LIBRARY(reasonrl_fast, m) {
       "tb_loss_backward(Tensor grad_loss, Tensor delta, Tensor is_weight, Tensor mask) "
       "-> (Tensor, Tensor)");
 
-  // SPEC.md §5 pooling. x [B, T, H], mask [B, T] -> [B, H] = sum_t x m / sum_t m (0 for an
+  // docs/math.md §Masked mean. x [B, T, H], mask [B, T] -> [B, H] = sum_t x m / sum_t m (0 for an
   // empty mask), accumulated in float32.
   m.def("masked_mean(Tensor x, Tensor mask) -> Tensor");
   m.def("masked_mean_backward(Tensor grad, Tensor mask) -> Tensor");

@@ -1,6 +1,6 @@
-// CPU kernels of the FlowRL trajectory-balance loss (SPEC.md §4): one pass over the four
-// [B, T] inputs per sequence, parallel over sequences; the batch mean is summed in order so
-// the result does not depend on the thread count.
+// CPU kernels of the FlowRL trajectory-balance loss (docs/math.md §FlowRL trajectory balance): one
+// pass over the four [B, T] inputs per sequence, parallel over sequences; the batch mean is summed
+// in order so the result does not depend on the thread count.
 #include <torch/library.h>
 
 #include "checks.h"
@@ -9,7 +9,7 @@
 namespace reasonrl_fast {
 namespace {
 
-constexpr double kLenEps = 1e-8;  // SPEC.md §4: n + 1e-8
+constexpr double kLenEps = 1e-8;  // n + 1e-8, as in verl
 constexpr int64_t kChunk = 512;   // summed in the input precision, vectorised; chunks in double
 
 // Masked sums of one sequence: n = sum m, s_lp = sum lp m, s_ref = sum ref m and

@@ -1,6 +1,6 @@
-// CPU kernels of token_logprob (SPEC.md §1): one pass over each row of logits in forward
-// (block-wise online max and sum: every block is read from memory once and re-read from L1),
-// one pass in backward. No float32 copy of the logits is ever made.
+// CPU kernels of token_logprob (docs/math.md §Token log-prob and entropy): one pass over each row
+// of logits in forward (block-wise online max and sum: every block is read from memory once and
+// re-read from L1), one pass in backward. No float32 copy of the logits is ever made.
 #include <torch/library.h>
 
 #include "checks.h"

@@ -1,5 +1,5 @@
-// CUDA kernel of group_advantage (SPEC.md §2), same schema, semantics and messages as
-// csrc/group_advantage.cpp.
+// CUDA kernel of group_advantage (docs/math.md §Group advantage), same schema, semantics and
+// messages as csrc/group_advantage.cpp.
 //
 // Group ids are arbitrary and groups need not be contiguous. Up to kTiledMax responses the
 // whole op is ONE launch: each thread owns one response and streams all (id, reward) pairs

@@ -1,4 +1,4 @@
-// CUDA kernels of masked_mean, the prompt pooling of the Z-head (SPEC.md §5), same schemas,
+// CUDA kernels of masked_mean, the Z-head's pooling (docs/math.md §Masked mean), same schemas,
 // semantics and messages as csrc/masked_mean.cpp: out[b] = Σ_t x[b, t] m[b, t] / Σ_t m[b, t],
 // 0 (and zero gradient) where Σ_t m[b, t] == 0 (an empty mask, or weights that cancel such as
 // [1, -1]), accumulated in float32 (float64 for float64).

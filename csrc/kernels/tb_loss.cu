@@ -1,5 +1,5 @@
-// CUDA kernels of the FlowRL trajectory-balance loss (SPEC.md §4), same schemas, semantics and
-// messages as csrc/tb_loss.cpp.
+// CUDA kernels of the FlowRL trajectory-balance loss (docs/math.md §FlowRL trajectory balance),
+// same schemas, semantics and messages as csrc/tb_loss.cpp.
 //
 // Forward: one block per sequence reduces the four masked token sums in double and writes
 // delta[b] and the importance weight w[b]; a second one-block kernel sums w δ² over the batch
@@ -15,7 +15,7 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr double kLenEps = 1e-8;  // SPEC.md §4: n + 1e-8
+constexpr double kLenEps = 1e-8;  // n + 1e-8, as in verl
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)

@@ -1,5 +1,5 @@
-// CUDA kernels of token_logprob (SPEC.md §1), same schemas, semantics and error messages as
-// csrc/token_logprob.cpp.
+// CUDA kernels of token_logprob (docs/math.md §Token log-prob and entropy), same schemas,
+// semantics and error messages as csrc/token_logprob.cpp.
 //
 // One block per row (grid-stride over rows). Forward reads each logit once: every thread keeps
 // an online (max m, S = Σ exp(s − m), E = Σ exp(s − m)(s − m)) over its elements, read as

@@ -1,5 +1,5 @@
 """`python -m reasonrl_fast.data.prepare NAME --input FILE --output OUT.parquet`: a public math or
-code set, already on disk, rewritten in the reference trainer's RL schema (SPEC.md §9). Nothing is
+code set, already on disk, rewritten in verl's RL schema (docs/math.md §Data records). Nothing is
 downloaded. See docs/data.md for each NAME's input layout and the data_source it writes.
 """
 
@@ -233,7 +233,7 @@ def _generic(prompt_key: str, answer_key: str) -> Callable:
 
 
 def write_records(rows: list[dict], output: str) -> None:
-    """Parquet (the reference trainer's format) or, for a .jsonl name, one JSON object a line
+    """Parquet (verl's format) or, for a .jsonl name, one JSON object a line
     (which both trainers read too)."""
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     if output.endswith(".jsonl"):

@@ -1,4 +1,4 @@
-"""Prompt records from jsonl or parquet files: the reference trainer's RL schema (SPEC.md §9) or
+"""Prompt records from jsonl or parquet files: verl's RL schema (docs/math.md §Data records) or
 flat `prompt`/`answer` rows, each checked against its ability's ground-truth encoding, and
 rendered into the text a model is given (its chat template, when it has one).
 
@@ -112,7 +112,7 @@ def _check_prompt(prompt: Any, where: str) -> str | list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in prompt]
 
 
-# ---------------------------------------------------------------- ground truth (SPEC.md §9)
+# ---------------------------------------------------- ground truth (docs/math.md §Data records)
 
 
 def check_ground_truth(gt: Any, ability: str, extra_info: dict | None, where: str) -> Any:
@@ -201,7 +201,7 @@ def uses_chat_template(tokenizer) -> bool:
 
 def render_prompt(record: dict | str | list[dict], tokenizer) -> str:
     """The text a model is given: chat messages through the tokenizer's chat template (with the
-    generation prompt, as the reference trainer does), or, for a tokenizer without one (the
+    generation prompt, as verl does), or, for a tokenizer without one (the
     embedded character tokenizer), their contents joined by newlines; a string as it is. A record
     that was rendered already keeps its messages under `messages`, which take precedence."""
     prompt = record.get("messages", record.get("prompt")) if isinstance(record, dict) else record

@@ -1,4 +1,5 @@
-"""group_advantage: GRPO's per-group reward normalisation in one kernel (SPEC.md §2)."""
+"""group_advantage: GRPO's per-group reward normalisation in one kernel
+(docs/math.md §Group advantage)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def group_advantage(
         eps: added to the std.
         norm_by_std: False gives Dr.GRPO's r - mean.
 
-    A group of one response uses mean 0 and std 1 (the reference trainer's convention).
+    A group of one response uses mean 0 and std 1 (verl's convention).
     Returns float32 [B]. Not differentiable (rewards are data, not parameters).
     """
     # Shapes, dtypes, devices and eps are checked by the kernels (and the fake implementation).

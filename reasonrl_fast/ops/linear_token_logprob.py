@@ -1,6 +1,6 @@
 """linear_token_logprob: token_logprob(hidden @ weight.T + bias) without the [N, V] logits.
 
-SPEC.md §1, fused linear variant. Two custom ops, `reasonrl_fast::linear_token_logprob` and
+docs/math.md §Fused LM head. Two custom ops, `reasonrl_fast::linear_token_logprob` and
 `reasonrl_fast::linear_token_logprob_backward`, declared from Python with
 torch.library.triton_op (so torch.compile sees the Triton kernels through wrap_triton) when
 triton is installed, else with torch.library.custom_op.

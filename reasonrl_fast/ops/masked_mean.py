@@ -1,4 +1,5 @@
-"""masked_mean: the Z-head's prompt pooling, sum_t x m / sum_t m, as one fused op (SPEC.md §5)."""
+"""masked_mean: the Z-head's prompt pooling, sum_t x m / sum_t m, as one fused op
+(docs/math.md §Masked mean)."""
 
 from __future__ import annotations
 

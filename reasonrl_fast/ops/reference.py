@@ -1,6 +1,6 @@
 """Plain-PyTorch references for every op: the definitions the kernels are tested against.
 
-Written for clarity, straight from SPEC.md; they materialise everything and run in whatever
+Written for clarity, straight from docs/math.md; they materialise everything and run in whatever
 dtype they are given (tests pass float64).
 """
 
@@ -24,7 +24,7 @@ def token_logprob(logits, token_ids, temperature=1.0, ignore_index=-100):
 
 
 def group_advantage(rewards, group_ids, eps=1e-6, norm_by_std=True):
-    """The reference trainer's loop over groups (verl's compute_grpo_outcome_advantage)."""
+    """verl's loop over groups (its compute_grpo_outcome_advantage)."""
     out = torch.empty_like(rewards)
     for g in torch.unique(group_ids):
         idx = (group_ids == g).nonzero(as_tuple=True)[0]

@@ -1,4 +1,5 @@
-"""tb_loss: FlowRL's trajectory-balance loss, forward and backward in one kernel each (SPEC.md §4)."""
+"""tb_loss: FlowRL's trajectory-balance loss, forward and backward in one kernel each
+(docs/math.md §FlowRL trajectory balance)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def tb_loss(
 
     Args:
         log_z: [B] from the Z-head. logprob, ref_logprob, old_logprob, response_mask: [B, T].
-        reward: [B], the group-normalised advantage (SPEC.md §2).
+        reward: [B], the group-normalised advantage (docs/math.md §Group advantage).
         is_clip_eps: the paper's variant, w clipped to [1 - eps, 1 + eps] instead of
             [0, max_is_weight].
         return_stats: also return {"delta": [B], "is_weight": [B]} (detached) for logging.

@@ -1,4 +1,5 @@
-"""token_logprob: per-token log-probabilities (and entropy) straight from the logits (SPEC.md §1).
+"""token_logprob: per-token log-probabilities (and entropy) straight from the logits
+(docs/math.md §Token log-prob and entropy).
 
 One pass over the logits in forward, one in backward, no float32 copy of the [N, V] logits.
 """

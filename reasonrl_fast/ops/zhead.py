@@ -1,4 +1,4 @@
-"""ZHead: FlowRL's learned log-partition function log Z(x) (SPEC.md §5)."""
+"""ZHead: FlowRL's learned log-partition function log Z(x) (docs/math.md §Z-head)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ class ZHead(nn.Module):
     """log Z = MLP(mean of the last-layer hidden states over the prompt tokens).
 
     ``net`` is ``(num_layers - 1) x [Linear(H, H), GELU, LayerNorm(H), Dropout] + Linear(H, 1)``,
-    so state_dict keys are ``net.0.weight``, ``net.0.bias``, ``net.2.weight``, ... and a
-    reference trainer's ``proj_z.*`` tensors load as they are. The pooled states are not
+    so state_dict keys are ``net.0.weight``, ``net.0.bias``, ``net.2.weight``, ... and verl's
+    FlowRL ``proj_z.*`` tensors load as they are. The pooled states are not
     detached: the TB loss trains the backbone through log Z too.
     """
 

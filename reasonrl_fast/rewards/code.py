@@ -1,4 +1,5 @@
-"""Code rewards (SPEC.md §9, §10): run a model-written Python program against tests in a sandbox.
+"""Code rewards (docs/math.md §Code rewards): run a model-written Python program against tests
+in a sandbox.
 
 `code_score(response, ground_truth)` takes the program from the response (`extract_program`),
 runs it with `run_tests` and returns {"score", "acc"}. Ground truth is either stdin/stdout cases
@@ -256,8 +257,8 @@ _PYTHON_TAGS = {"python", "python3", "py", "py3"}
 
 def extract_program(response: str) -> str:
     """The last fenced ```python block (```py, ```python3, any case), else the whole text
-    (SPEC.md §10). Fences are read line by line, so a block of another language is skipped as
-    a whole; an unclosed python block at the end counts (a cut-off response)."""
+    (docs/math.md §Code rewards). Fences are read line by line, so a block of another language
+    is skipped as a whole; an unclosed python block at the end counts (a cut-off response)."""
     if not isinstance(response, str):
         raise TypeError(f"response must be str, got {type(response).__name__}")
     last, block, lang = None, None, None
@@ -304,7 +305,7 @@ def _as_text(value, where: str) -> str:
 
 def code_score(response: str, ground_truth: str | dict, extra_info=None,
                timeout_s: float = 10.0) -> dict:
-    """{"score": float, "acc": bool} for a response to a code problem (SPEC.md §9, §10).
+    """{"score": float, "acc": bool} for a response to a code problem (docs/math.md §Code rewards).
     Malformed ground truth raises ValueError; whatever the program does scores (0 at worst)."""
     gt = _parse_ground_truth(ground_truth)
     program = extract_program(response)

@@ -1,10 +1,10 @@
-"""Math answers (SPEC.md §7, §9): the last \\boxed{...} of a response, compared to the ground
-truth mathematically (0.5 = \\frac{1}{2}, sets in any order, units stripped).
+"""Math answers (docs/math.md §Math answers): the last \\boxed{...} of a response, compared to
+the ground truth mathematically (0.5 = \\frac{1}{2}, sets in any order, units stripped).
 
 Plain numbers and simple fractions are compared exactly here; everything else goes to math-verify,
 imported on first use (it pulls in sympy: about a second) so that importing this module stays
 cheap in spawned workers. `dapo_score` is a second, deliberately different scorer: it reproduces
-the reference trainer's DAPO rule (±1, textual after normalisation) so rewards match its runs.
+verl 0.9.1's DAPO rule (±1, textual after normalisation) so rewards match its runs.
 """
 
 from __future__ import annotations
@@ -186,11 +186,11 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None 
 
 
 # ---------------------------------------------------------------------------------------------
-# The reference trainer's DAPO rule (verl 0.9.1, verl/utils/reward_score/math_dapo.py): only the
+# verl 0.9.1's DAPO rule (verl/utils/reward_score/math_dapo.py): only the
 # last 300 characters count; the answer is the last "Answer: ..." line, normalised and compared
 # as text, else (or in strict mode, only) the last \boxed{} in the final 100 characters, compared
 # raw. The tables and rewrites below reproduce that module's normalisation, entry for entry and
-# in its order, so that our rewards equal the reference's (tests/rewards/test_math.py checks it
+# in its order, so that our rewards equal verl's (tests/rewards/test_math.py checks it
 # against verl's own function on a few hundred responses).
 
 _DAPO_TAIL_CHARS = 300
@@ -255,7 +255,7 @@ def _dapo_box_verdict(text: str, ground_truth: str,
     else:
         if len(pause_tokens_index) != 4:
             raise ValueError(f"pause_tokens_index must hold 4 indices, got {pause_tokens_index!r}")
-        # As in the reference: a start below 0 counts from the end of the text.
+        # As in verl: a start below 0 counts from the end of the text.
         window = text[pause_tokens_index[-1] - _DAPO_BOX_WINDOW:]
     pred = _dapo_last_box(window)
     return pred == ground_truth, pred

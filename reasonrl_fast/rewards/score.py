@@ -1,6 +1,6 @@
 """Which scorer a sample goes to, and the one shape every scorer's answer is brought into.
 
-Routing follows the reference trainer's `data_source` names, so a dataset prepared for it scores
+Routing follows verl's `data_source` names, so a dataset prepared for it scores
 the same here: `math_dapo` and `aime*` use its DAPO scorer (±1, its own answer extraction),
 code sources run the program in the sandbox (code.py), and everything else is a math answer
 checked for mathematical equality (math.py, 1/0). One dataset can mix them. A user's
@@ -16,9 +16,9 @@ import math
 import os
 from typing import Any, Callable
 
-# Sources whose ground truth is a JSON test specification (SPEC §9): stdin/stdout cases or a
-# HumanEval-style test. Compared in lower case; a source that starts with one of these counts
-# too ("livecodebench_v5", "humaneval_plus").
+# Sources whose ground truth is a JSON test specification (docs/math.md §Data records): stdin/stdout
+# cases or a HumanEval-style test. Compared in lower case; a source that starts with one of these
+# counts too ("livecodebench_v5", "humaneval_plus").
 CODE_SOURCES = ("code", "humaneval", "mbpp", "livecodebench", "codecontests", "apps", "taco",
                 "codeforces", "leetcode", "primeintellect", "prime_code")
 DAPO_SOURCES = ("math_dapo", "math_dapo_reasoning")
@@ -78,7 +78,7 @@ def load_reward_fn(spec: str) -> Callable:
 
 def takes_two_args(fn: Callable) -> bool:
     """True for the older `fn(response, answer)` reward functions: exactly two positional
-    parameters and no `solution_str`. Everything else gets the reference signature
+    parameters and no `solution_str`. Everything else gets verl's signature
     `fn(data_source, solution_str, ground_truth, extra_info)`."""
     try:
         params = inspect.signature(fn).parameters.values()

@@ -1,4 +1,4 @@
-"""Policy losses as pure functions of tensors (SPEC.md §3-4). The log-probs come from
+"""Policy losses as pure functions of tensors (docs/math.md). The log-probs come from
 `token_logprob`, advantages from `group_advantage`, the TB loss from `tb_loss`."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: f
 
 
 def fapo_rewards(acc: list[bool], flagged: list[bool], penalty: float) -> torch.Tensor:
-    """FAPO's reward (SPEC.md §6): +1 right, -1 wrong, and 1 - penalty for a right answer the
-    GenRM flags as flawed (0 with the default penalty 1)."""
+    """FAPO's reward (docs/math.md §FAPO rewards): +1 right, -1 wrong, and 1 - penalty for a
+    right answer the GenRM flags as flawed (0 with the default penalty 1)."""
     r = [(1.0 - penalty * f) if a else -1.0 for a, f in zip(acc, flagged, strict=True)]
     return torch.tensor(r, dtype=torch.float32)
 
@@ -50,7 +50,8 @@ def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
 
 def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg="token-mean",
               ref_logprob=None, kl_coef=0.0):
-    """Clipped surrogate with clip-higher (SPEC.md §3). logprob/old/mask [B, T], adv [B].
+    """Clipped surrogate with clip-higher (docs/math.md §GRPO and DAPO policy loss).
+    logprob/old/mask [B, T], adv [B].
     Returns (loss, stats)."""
     ratio = torch.exp(logprob - old_logprob)
     a = adv.unsqueeze(-1).to(logprob.dtype)
@@ -71,7 +72,8 @@ def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg
 
 def flowrl_loss(log_z, logprob, ref_logprob, old_logprob, adv, mask, beta=15.0, max_is_weight=10.0,
                 is_clip_eps=None):
-    """FlowRL trajectory balance (SPEC.md §4) through the fused `tb_loss`. Returns (loss, stats)."""
+    """FlowRL trajectory balance (docs/math.md §FlowRL trajectory balance) through the fused
+    `tb_loss`. Returns (loss, stats)."""
     loss, st = tb_loss(log_z, logprob, ref_logprob, old_logprob, adv.float(), mask.to(logprob.dtype),
                        beta=beta, max_is_weight=max_is_weight, is_clip_eps=is_clip_eps, return_stats=True)
     stats = {"log_z/mean": float(log_z.detach().float().mean()),

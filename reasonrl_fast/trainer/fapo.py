@@ -1,4 +1,5 @@
-"""FAPO in the training loop: the GenRM judge of correct training responses (SPEC.md §6).
+"""FAPO in the training loop: the GenRM judge of correct training responses
+(docs/math.md §FAPO rewards).
 
 The driver submits each correct response of a worker's shard as soon as that shard is scored,
 while the other workers still generate; `collect` waits for the step's verdicts. The client

@@ -12,7 +12,8 @@ from reasonrl_fast.ops import ZHead, token_logprob
 
 class Actor(nn.Module):
     """`lm` is a Hugging Face causal LM; `proj_z` (FlowRL) is attached before sharding so the
-    same optimiser trains it and the TB loss reaches the backbone through log Z (SPEC.md §5)."""
+    same optimiser trains it and the TB loss reaches the backbone through log Z
+    (docs/math.md §Z-head)."""
 
     def __init__(self, lm: nn.Module, zhead_layers: int = 0):
         super().__init__()

@@ -1,4 +1,4 @@
-"""The reference trainer's own RL dataset (verl 0.9.1's `RLHFDataset`), run in a virtual
+"""verl 0.9.1's own RL dataset (`RLHFDataset`), run in a virtual
 environment of its own, so that tests can check that a parquet file `prepare` writes reads there
 as it reads here.
 

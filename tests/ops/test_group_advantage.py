@@ -1,4 +1,4 @@
-"""group_advantage against the reference trainer's loop (SPEC.md §2)."""
+"""group_advantage against verl's loop over groups (docs/math.md §Group advantage)."""
 
 import pytest
 import torch

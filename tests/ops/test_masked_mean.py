@@ -1,4 +1,4 @@
-"""masked_mean and ZHead (SPEC.md §5)."""
+"""masked_mean and ZHead (docs/math.md §Masked mean, §Z-head)."""
 
 import pytest
 import torch
@@ -91,7 +91,7 @@ def test_zhead_layout_and_gradients_reach_the_backbone():
 
 def test_zhead_loads_reference_checkpoint_names():
     src = ZHead(8, num_layers=2)
-    proj_z = {f"proj_z.{k}": v for k, v in src.state_dict().items()}  # as saved by the reference trainer
+    proj_z = {f"proj_z.{k}": v for k, v in src.state_dict().items()}  # as verl's FlowRL saves them
     dst = ZHead(8, num_layers=2)
     dst.load_state_dict({k.removeprefix("proj_z."): v for k, v in proj_z.items()})
     for a, b in zip(src.parameters(), dst.parameters()):

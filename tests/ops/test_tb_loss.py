@@ -1,4 +1,4 @@
-"""tb_loss against the float64 reference (SPEC.md §4)."""
+"""tb_loss against the float64 reference (docs/math.md §FlowRL trajectory balance)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""token_logprob against the float64 reference (SPEC.md §1)."""
+"""token_logprob against the float64 reference (docs/math.md §Token log-prob and entropy)."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
 """Math answer scoring: the boxed answer, mathematical equality, scores that never hang or raise on
-bad input, and the DAPO rule against the reference trainer's own function (run in its own venv)."""
+bad input, and the DAPO rule against verl 0.9.1's own function (run in its own venv)."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def test_import_stays_cheap():
     assert out.stdout.strip() == "[]"
 
 
-# --- DAPO rule, against the reference trainer's own function -------------------------------------
+# --- DAPO rule, against verl's own function ------------------------------------------------------
 
 # (ground truth, forms of it a response may give that the rule counts as right or not)
 _DAPO_ANSWERS = [

@@ -60,5 +60,5 @@ def test_score_helpers():
         as_result({"reward": 1})
     assert takes_two_args(lambda response, answer: 0)
     assert not takes_two_args(lambda data_source, solution_str, ground_truth, extra_info=None: 0)
-    assert not takes_two_args(lambda solution_str, ground_truth: 0)  # names the reference signature
+    assert not takes_two_args(lambda solution_str, ground_truth: 0)  # names verl's signature
     assert not takes_two_args(lambda *args: 0)

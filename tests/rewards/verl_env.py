@@ -1,4 +1,4 @@
-"""The reference trainer's own DAPO math scorer, run in a virtual environment of its own, so that
+"""verl 0.9.1's own DAPO math scorer, run in a virtual environment of its own, so that
 tests can compare `reasonrl_fast.rewards.math.dapo_score` with it case by case.
 
 The environment is created once (`python -m venv` + `pip install --no-deps verl==0.9.1`) under

@@ -1,4 +1,4 @@
-"""Advantage and loss plumbing against SPEC.md §2-4, on hand-computed cases."""
+"""Advantage and loss plumbing against docs/math.md, on hand-computed cases."""
 
 import math
 

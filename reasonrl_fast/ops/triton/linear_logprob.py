@@ -1,4 +1,4 @@
-"""Triton kernels of linear_token_logprob (SPEC.md §1, fused linear variant).
+"""Triton kernels of linear_token_logprob (docs/math.md §Fused LM head).
 
 Forward: one kernel reads tiles of h·Wᵀ (never stored) and keeps, per row and per vocabulary
 split, an online max m, the sum S = Σ exp(s − m), the entropy term E = Σ exp(s − m)(s − m) and
