@@ -65,7 +65,7 @@ def _wrap():
     return torch.library.wrap_triton if _HAS_TRITON else None
 
 
-def _chunk(N: int, H: int, V: int, device: torch.device) -> int:
+def _chunk(N: int, H: int, V: int, device: torch.device, tracing: bool = False) -> int:
     env = os.environ.get("REASONRL_LINEAR_LOGPROB_CHUNK")
     if env:
         try:
@@ -77,13 +77,35 @@ def _chunk(N: int, H: int, V: int, device: torch.device) -> int:
                 f"REASONRL_LINEAR_LOGPROB_CHUNK must be a positive number of columns, got {env!r}"
             )
         return min(c, max(V, 1))
-    if device.type == "cuda":
+    if tracing:
+        # A width that depends on N would pin N under torch.compile(dynamic=True): one
+        # recompilation per batch size. Under compile the width depends on H and V only.
+        c = -(-max(H, 4096) // 128) * 128 if device.type == "cuda" else 2048
+    elif device.type == "cuda":
         # dz chunk of about the size of hidden (N x H), at least 16M elements, whole tiles.
         c = max(H, (1 << 24) // max(N, 1))
         c = -(-c // 128) * 128
     else:
         c = max(256, (1 << 22) // max(N, 1))  # 16 MiB of float32 per chunk
     return max(1, min(c, V))
+
+
+def _tracing(t: torch.Tensor) -> bool:
+    """Whether the op runs under torch.compile, or on fake / functional tensors (export,
+    opcheck, AOT tracing), where N must not become data-dependent or be specialised."""
+    return (torch.compiler.is_compiling() or type(t) is not torch.Tensor
+            or torch._guards.detect_fake_mode(t) is not None)
+
+
+def _valid_rows(valid: torch.Tensor) -> Optional[torch.Tensor]:
+    """Indices of the rows to compute, or None for all of them. In eager mode the ignored
+    rows (padding, prompts) are dropped before any logit is formed: a batch with 40 % padding
+    does 40 % less matmul work. Finding them costs one host synchronisation, so under
+    torch.compile, where it would also make N data-dependent, every row is computed."""
+    if _tracing(valid):
+        return None
+    rows = valid.nonzero().squeeze(1)
+    return rows if rows.numel() < valid.numel() else None
 
 
 def _device_guard(t: torch.Tensor):
@@ -127,7 +149,7 @@ def _forward_chunks(hidden, weight, tgt, bias, temperature, valid, compute_entro
     a difference of two large numbers (lse - E[s])."""
     N, H = hidden.shape
     V = weight.shape[0]
-    C = _chunk(N, H, V, hidden.device)
+    C = _chunk(N, H, V, hidden.device, _tracing(hidden))
     f64, ninf = torch.float64, float("-inf")
     lse = torch.full((N,), ninf, dtype=f64)
     hs = torch.zeros((N,), dtype=f64)
@@ -176,12 +198,15 @@ def _forward_impl(
         e = hidden.new_empty((0,), dtype=acc)
         return e, e.clone(), e.clone()
     valid = tgt != ignore_index
+    rows = _valid_rows(valid)
     with _device_guard(hidden):
+        h, t, v = (hidden, tgt, valid) if rows is None else (hidden[rows], tgt[rows], valid[rows])
         if _use_triton(hidden):
-            lp, ent, lse = _forward_triton(hidden, weight, tgt, bias, temperature)
+            lp, ent, lse = _forward_triton(h, weight, t, bias, temperature)
         else:
-            lp, ent, lse = _forward_chunks(hidden, weight, tgt, bias, temperature, valid,
-                                           compute_entropy)
+            lp, ent, lse = _forward_chunks(h, weight, t, bias, temperature, v, compute_entropy)
+        if rows is not None:  # back to all N rows; the ignored ones are zeroed below
+            lp, ent, lse = (x.new_zeros(N).index_copy_(0, rows, x) for x in (lp, ent, lse))
         zero = torch.zeros((), dtype=acc, device=hidden.device)
         lp = torch.where(valid, lp.to(acc), zero)
         lse = torch.where(valid, lse.to(acc), zero)
@@ -259,9 +284,16 @@ def _backward_impl(
     lse = lse.to(acc).contiguous()
     ent = entropy.to(acc).contiguous() if g_ent is not None else lse.new_empty((0,))
     mean_s = (lse - ent) if g_ent is not None else None
-    C = _chunk(N, H, V, hidden.device)
     triton_path = _use_triton(hidden)
     valid = tgt != ignore_index
+    rows = _valid_rows(valid)
+    full_hidden = hidden
+    if rows is not None:  # only the rows that have a gradient (see _valid_rows)
+        hidden, tgt, valid, g_lp, lse = hidden[rows], tgt[rows], valid[rows], g_lp[rows], lse[rows]
+        if g_ent is not None:
+            g_ent, ent, mean_s = g_ent[rows], ent[rows], mean_s[rows]
+        N = hidden.shape[0]
+    C = _chunk(N, H, V, hidden.device, _tracing(hidden))
     with _device_guard(hidden):
         dh = torch.zeros((N, H), dtype=acc, device=hidden.device)
         buf = torch.empty((N, C), dtype=dtype, device=hidden.device) if triton_path else None
@@ -285,7 +317,10 @@ def _backward_impl(
             dW[c0:c1] = dz.T @ hidden
             if bias is not None:
                 db[c0:c1] = dz.sum(0, dtype=acc).to(dtype)
-    return dh.to(dtype), dW, db
+    dh = dh.to(dtype)
+    if rows is not None:
+        dh = torch.zeros_like(full_hidden).index_copy_(0, rows, dh)
+    return dh, dW, db
 
 
 @_define("reasonrl_fast::linear_token_logprob_backward")

@@ -51,7 +51,7 @@ def _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn,
 
 @triton.jit
 def _fwd_kernel(h_ptr, w_ptr, b_ptr, y_ptr, m_ptr, s_ptr, e_ptr, t_ptr,
-                N, V, H, stride_hn, stride_wv, tau_ptr, v_per_split,
+                N, V, H, stride_hn, stride_wv, tau_ptr, N_BUCKET,
                 HAS_BIAS: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
                 UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
                 BLOCK_H: tl.constexpr):
@@ -62,6 +62,9 @@ def _fwd_kernel(h_ptr, w_ptr, b_ptr, y_ptr, m_ptr, s_ptr, e_ptr, t_ptr,
     rmask = rows < N
     rows64 = rows.to(tl.int64)
     y = tl.load(y_ptr + rows64, mask=rmask, other=-1)
+    # The vocabulary is cut into num_programs(1) ranges of whole BLOCK_V tiles; the last
+    # ranges may be empty (then the split stays m = -inf, S = 0, which merges as nothing).
+    v_per_split = tl.cdiv(tl.cdiv(V, BLOCK_V), tl.num_programs(1)) * BLOCK_V
     v_begin = pid_s * v_per_split
     v_end = tl.minimum(v_begin + v_per_split, V)
     m = tl.full([BLOCK_N], float("-inf"), dtype=ACC)
@@ -95,7 +98,7 @@ def _fwd_kernel(h_ptr, w_ptr, b_ptr, y_ptr, m_ptr, s_ptr, e_ptr, t_ptr,
 
 @triton.jit
 def _dz_kernel(h_ptr, w_ptr, b_ptr, y_ptr, glp_ptr, gent_ptr, lse_ptr, mean_ptr, dz_ptr,
-               N, V, H, c0, c1, stride_hn, stride_wv, stride_dz, tau_ptr, ignore_index,
+               N, V, H, c0, c1, stride_hn, stride_wv, stride_dz, tau_ptr, ignore_index, N_BUCKET,
                HAS_BIAS: tl.constexpr, HAS_ENT: tl.constexpr, ACC: tl.constexpr,
                PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -126,11 +129,13 @@ def _dz_kernel(h_ptr, w_ptr, b_ptr, y_ptr, glp_ptr, gent_ptr, lse_ptr, mean_ptr,
              g.to(dz_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
-def _types(dtype):
+def _types(dtype, device):
     if dtype == torch.float64:
         return tl.float64, "ieee"
     if dtype == torch.float32:
-        return tl.float32, "ieee"  # no TF32: match torch.matmul's default for float32
+        # As torch.matmul does for float32: TF32 tensor cores only when the user allowed them.
+        tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+        return tl.float32, "tf32" if tf32 else "ieee"
     return tl.float32, "tf32"  # bf16 / fp16 operands: the precision flag is unused
 
 
@@ -140,21 +145,63 @@ def _inv_tau(temperature, dtype, like):
     return torch.full((1,), 1.0 / temperature, dtype=dtype, device=like.device)
 
 
-def _blocks(device: torch.device, dtype: torch.dtype):
-    if device.type == "cuda":
-        # Shared memory per stage: (BLOCK_N + BLOCK_V) * BLOCK_H * itemsize; keep the pipeline
-        # under ~100 KiB so A100 (164 KiB) and H100 (228 KiB) both fit. Untuned on hardware.
-        if dtype == torch.float64:
-            return dict(BLOCK_N=64, BLOCK_V=64, BLOCK_H=32, UPCAST=False, num_warps=4,
-                        num_stages=2)
-        if dtype == torch.float32:
-            return dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=32, UPCAST=False, num_warps=8,
-                        num_stages=3)
-        return dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, UPCAST=False, num_warps=8,
-                    num_stages=3)
-    # Interpreter: tl.dot needs >= 16 in every dimension; small blocks keep tests quick.
-    return dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16,
-                UPCAST=dtype in (torch.bfloat16, torch.float16))
+def _config(bn, bv, bh, warps, stages):
+    return triton.Config(dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh), num_warps=warps,
+                         num_stages=stages)
+
+
+# Tile candidates for CUDA, benchmarked on the card at the first call of each (H, V, dtype,
+# N rounded up to a power of two). Shared memory per pipeline stage is
+# (BLOCK_N + BLOCK_V) * BLOCK_H * itemsize: the 16-bit candidates stay within an H100/H200's
+# 227 KiB with their stage counts, and the first of each list fits an A100's 163 KiB.
+_CONFIGS = {
+    torch.float64: [_config(64, 64, 32, 4, 2), _config(32, 64, 32, 4, 2)],
+    torch.float32: [_config(128, 128, 32, 8, 3), _config(64, 128, 32, 4, 3),
+                    _config(128, 64, 32, 4, 4), _config(128, 256, 32, 8, 3)],
+    "16bit": [_config(128, 128, 64, 8, 3), _config(128, 256, 64, 8, 3),
+              _config(256, 128, 64, 8, 3), _config(128, 128, 64, 4, 4),
+              _config(64, 256, 64, 4, 4), _config(128, 256, 32, 8, 4)],
+}
+_KEY = ["H", "V", "N_BUCKET"]
+_fwd_tuned = {k: triton.autotune(configs=c, key=_KEY)(_fwd_kernel) for k, c in _CONFIGS.items()}
+_dz_tuned = {k: triton.autotune(configs=c, key=_KEY)(_dz_kernel) for k, c in _CONFIGS.items()}
+
+# Interpreter (tests on CPU): tl.dot needs >= 16 in every dimension; small blocks keep tests
+# quick, and no autotuning.
+_INTERP = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16)
+
+
+def _kernel(tuned, plain, hidden):
+    """The kernel to launch and the extra meta-parameters it takes at the call."""
+    dtype = hidden.dtype
+    if hidden.device.type == "cuda":
+        return tuned[dtype if dtype in (torch.float32, torch.float64) else "16bit"], {"UPCAST": False}
+    return plain, dict(_INTERP, UPCAST=dtype in (torch.bfloat16, torch.float16))
+
+
+def _tracing(t):
+    return (torch.compiler.is_compiling() or type(t) is not torch.Tensor
+            or torch._guards.detect_fake_mode(t) is not None)
+
+
+def _n_bucket(N, t):
+    # The autotuning key: N to the next power of two, so that batches of nearby sizes share
+    # one tuning run. Under torch.compile a fixed value, which keeps N symbolic.
+    if _tracing(t):
+        return 0
+    return 1 << max(N - 1, 0).bit_length()
+
+
+def _splits(N, V, t):
+    """How many vocabulary ranges the forward reduces separately (merged on the host)."""
+    if splits_env := os.environ.get("REASONRL_TRITON_SPLITS"):
+        return int(splits_env)  # tests force several splits
+    tiles = -(-V // 128)
+    if _tracing(t):
+        # A function of V alone: a choice that depends on N would pin N under dynamic shapes.
+        return max(1, min(tiles // 8, 16))
+    # Enough programs to fill an H100/H200 (132 SMs) a few times over, each with >= 8 tiles.
+    return max(1, min(tiles // 8, -(-528 // max(-(-N // 128), 1))))
 
 
 def forward_partials(hidden, weight, bias, target, temperature, splits=None, wrap=None):
@@ -163,28 +210,17 @@ def forward_partials(hidden, weight, bias, target, temperature, splits=None, wra
     N, H = hidden.shape
     V = weight.shape[0]
     acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    ACC, PREC = _types(hidden.dtype)
-    cfg = _blocks(hidden.device, hidden.dtype)
-    BN, BV = cfg["BLOCK_N"], cfg["BLOCK_V"]
-    row_blocks = triton.cdiv(N, BN)
-    v_tiles = triton.cdiv(V, BV)
-    if splits is None and os.environ.get("REASONRL_TRITON_SPLITS"):
-        splits = int(os.environ["REASONRL_TRITON_SPLITS"])  # tests force several splits
-    if splits is None:
-        # Enough programs to fill an H100 (132 SMs) a few times over, each with >= 8 tiles.
-        splits = max(1, min(v_tiles // 8, triton.cdiv(528, max(row_blocks, 1))))
-    splits = max(1, min(splits, v_tiles))
-    v_per_split = triton.cdiv(v_tiles, splits) * BV
-    splits = triton.cdiv(V, v_per_split)
+    ACC, PREC = _types(hidden.dtype, hidden.device)
+    splits = max(1, splits if splits is not None else _splits(N, V, hidden))
     parts = torch.empty((4, splits, N), dtype=acc_dtype, device=hidden.device)
     if N == 0:
         return parts
+    kernel, extra = _kernel(_fwd_tuned, _fwd_kernel, hidden)
     b = bias if bias is not None else hidden  # dummy pointer when HAS_BIAS is False
-    wrap(_fwd_kernel)[(row_blocks, splits)](
+    wrap(kernel)[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), splits)](
         hidden, weight, b, target, parts[0], parts[1], parts[2], parts[3],
         N, V, H, hidden.stride(0), weight.stride(0), _inv_tau(temperature, acc_dtype, hidden),
-        v_per_split,
-        HAS_BIAS=bias is not None, ACC=ACC, PREC=PREC, **cfg)
+        _n_bucket(N, hidden), HAS_BIAS=bias is not None, ACC=ACC, PREC=PREC, **extra)
     return parts
 
 
@@ -196,14 +232,14 @@ def chunk_dz(hidden, weight, bias, target, grad_lp, grad_ent, lse, mean_s, tempe
     V = weight.shape[0]
     if N == 0 or c1 <= c0:
         return out
-    ACC, PREC = _types(hidden.dtype)
-    cfg = _blocks(hidden.device, hidden.dtype)
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(c1 - c0, cfg["BLOCK_V"]))
+    ACC, PREC = _types(hidden.dtype, hidden.device)
+    kernel, extra = _kernel(_dz_tuned, _dz_kernel, hidden)
     b = bias if bias is not None else hidden
     has_ent = grad_ent is not None
-    wrap(_dz_kernel)[grid](
+    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(c1 - c0, meta["BLOCK_V"]))  # noqa: E731
+    wrap(kernel)[grid](
         hidden, weight, b, target, grad_lp, grad_ent if has_ent else grad_lp, lse,
         mean_s if has_ent else lse, out, N, V, H, c0, c1, hidden.stride(0), weight.stride(0),
-        out.stride(0), _inv_tau(temperature, lse.dtype, hidden), ignore_index,
-        HAS_BIAS=bias is not None, HAS_ENT=has_ent, ACC=ACC, PREC=PREC, **cfg)
+        out.stride(0), _inv_tau(temperature, lse.dtype, hidden), ignore_index, _n_bucket(N, hidden),
+        HAS_BIAS=bias is not None, HAS_ENT=has_ent, ACC=ACC, PREC=PREC, **extra)
     return out
