@@ -6,8 +6,9 @@ the refusals, trains a tiny Qwen2 with GRPOTrainer for 3 steps under the patch w
 calls into torch.ops.reasonrl_fast, then undoes the patch. Without the venv (no package
 registry to build it from) the TRL tests skip and say why.
 
-Measured on the 2-core CPU machine, venv cached: the whole file about 40 s (one child process:
-TRL import, comparisons, 3 GRPO steps); building the venv the first time adds ~2-3 min."""
+Measured on the shared 2-core CPU machine, venv cached: the whole file 63 s (one child process:
+TRL import ~15 s, the comparisons, 3 GRPO steps 8-17 s); building the venv the first time adds
+210 s."""
 
 from __future__ import annotations
 
