@@ -53,9 +53,9 @@ def _check_head_settings(softcap: Optional[float], logit_scale: Optional[float],
                          outputs: Iterable[str], where: str) -> None:
     if softcap is not None:
         raise ValueError(
-            f"reasonrl_fast.integrations.trl: {where}: final_logit_softcapping={softcap} is set, and "
-            f"the fused ops have no soft-capping; undo the patch (Handle.undo()) to use TRL's own "
-            f"head for this model"
+            f"reasonrl_fast.integrations.trl: {where}: final_logit_softcapping={softcap} is set, "
+            f"and the fused ops have no soft-capping; undo the patch (Handle.undo()) to use "
+            f"TRL's own head for this model"
         )
     if logit_scale is not None and not logit_scale > 0:
         raise ValueError(
@@ -110,8 +110,8 @@ def _make_head(original: type, entropy: bool) -> type:
     return ChunkedLogProbFunction
 
 
-def _targets(logits: torch.Tensor, index: torch.Tensor,
-             row_mask: Optional[torch.Tensor]) -> torch.Tensor:
+def _targets(index: torch.Tensor, row_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The ids, with the rows row_mask zeroes set to the ignored id."""
     return index if row_mask is None else index.masked_fill(row_mask == 0, _SKIP)
 
 
@@ -123,7 +123,7 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature
     if index.ndim == logits.ndim:
         # K ids per row: the logits are viewed K times (stride 0, no copy); the op reads the view.
         logits = logits.unsqueeze(-2).expand(*index.shape, logits.shape[-1])
-    return token_logprob(logits, _targets(logits, index, row_mask), temperature, _SKIP)
+    return token_logprob(logits, _targets(index, row_mask), temperature, _SKIP)
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Tensor:
@@ -142,7 +142,7 @@ def selective_log_softmax_and_entropy(
     if index.shape != logits.shape[:-1]:
         raise ValueError(f"selective_log_softmax_and_entropy: index shape {tuple(index.shape)} "
                          f"must be the logits shape {tuple(logits.shape)} without its last dim")
-    lp, ent = token_logprob(logits, _targets(logits, index, row_mask), temperature, _SKIP,
+    lp, ent = token_logprob(logits, _targets(index, row_mask), temperature, _SKIP,
                             return_entropy=True)
     return lp, ent if entropy_requires_grad else ent.detach()
 

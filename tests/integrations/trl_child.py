@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import trl.kernels.chunked_logprob as trl_head
+from datasets import Dataset
 import trl.trainer.utils as trl_utils
 from trl import GRPOConfig, GRPOTrainer
 
@@ -81,17 +82,15 @@ def head_case(dtype, logit_scale, gen):
             "rest_none": all(r is None for r in rest)}
 
 
-def logits_cases(gen):
-    """selective_log_softmax / entropy_from_logits / selective_log_softmax_and_entropy."""
+def logits_cases(handle, gen):
+    """selective_log_softmax / entropy_from_logits / selective_log_softmax_and_entropy: TRL's
+    original (pair[0]) against the replacement (pair[1])."""
     z = torch.randn(3, 9, 50, generator=gen) * 3
     idx = torch.randint(0, 50, (3, 9), generator=gen)
     idxk = torch.randint(0, 50, (3, 9, 4), generator=gen)
     mask = torch.rand(3, 9, generator=gen) > 0.3
-    o, p = rf_trl._ACTIVE.replacements, {}
-    for name in ("selective_log_softmax", "entropy_from_logits", "selective_log_softmax_and_entropy"):
-        p[name] = (o[name][0], o[name][1])
-    sls, ent, both = p["selective_log_softmax"], p["entropy_from_logits"], p[
-        "selective_log_softmax_and_entropy"]
+    sls, ent, both = (handle.replacements[n] for n in (
+        "selective_log_softmax", "entropy_from_logits", "selective_log_softmax_and_entropy"))
     out = {
         "sls": err(sls[0](z, idx, 0.8), sls[1](z, idx, 0.8)),
         "sls_mask": err(sls[0](z, idx, 1.3, mask), sls[1](z, idx, 1.3, mask)),
@@ -167,21 +166,24 @@ def refusals(tok):
 def grpo_run(tok, steps):
     model = tiny_model(tok, 0)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    data = __import__("datasets").Dataset.from_dict({"prompt": ["1+1=", "2+3=", "7+1=", "4+4="] * 4})
+    data = Dataset.from_dict({"prompt": ["1+1=", "2+3=", "7+1=", "4+4="] * 4})
 
-    def reward_ones(completions, **kwargs):
-        return [float(c.count("1")) - 0.1 * len(c) for c in completions]
+    def reward_digits(completions, **kwargs):
+        # about 1 character in 10 of an untrained model's output is a digit: the rewards of a
+        # group differ, so the advantages (and the policy gradient) are not all zero
+        return [float(sum(ch.isdigit() for ch in c)) for c in completions]
 
     with tempfile.TemporaryDirectory() as out_dir:
         # A model given as an object has no path for TRL to load the reference model from
         model.save_pretrained(f"{out_dir}/model")
         tok.save_pretrained(f"{out_dir}/model")
-        args = GRPOConfig(output_dir=f"{out_dir}/run", per_device_train_batch_size=4, num_generations=4,
-                          max_completion_length=8, max_steps=steps, learning_rate=1e-3,
-                          beta=0.04, use_vllm=False, report_to=[], bf16=False, use_cpu=True,
+        args = GRPOConfig(output_dir=f"{out_dir}/run", per_device_train_batch_size=4,
+                          num_generations=4, max_completion_length=8, max_steps=steps,
+                          learning_rate=1e-3, beta=0.04, use_vllm=False, report_to=[],
+                          bf16=False, use_cpu=True,
                           logging_steps=1, save_strategy="no", seed=0, temperature=0.9,
                           dataloader_num_workers=0)
-        trainer = GRPOTrainer(model=f"{out_dir}/model", reward_funcs=reward_ones, args=args,
+        trainer = GRPOTrainer(model=f"{out_dir}/model", reward_funcs=reward_digits, args=args,
                               train_dataset=data, processing_class=tok)
         counter = OpCounter()
         start = time.monotonic()
@@ -194,6 +196,7 @@ def grpo_run(tok, steps):
     return {"calls": dict(counter.calls), "seconds": seconds, "steps": trainer.state.global_step,
             "losses_finite": all(torch.isfinite(torch.tensor(r["loss"])).item() for r in logs),
             "entropy_logged": [r.get("entropy") for r in logs],
+            "reward_std": [r.get("reward_std") for r in logs],
             "params_changed": changed, "ref_model": trainer.ref_model is not None}
 
 
@@ -218,15 +221,16 @@ def main() -> None:
     result["head_fp32"] = head_case(torch.float32, 1.0, gen)
     result["head_fp32_scaled"] = head_case(torch.float32, 0.5, gen)
     result["head_bf16"] = head_case(torch.bfloat16, 1.0, gen)
-    result["logits"] = logits_cases(gen)
+    result["logits"] = logits_cases(h1, gen)
     result["model"] = model_case(tok)
     result["refusals"] = refusals(tok)
     result["grpo"] = grpo_run(tok, int(sys.argv[1]))
     h1.undo()
     h1.undo()  # a second undo does nothing
     result["restored"] = bindings() == original
-    result["trl_head_after_undo"] = trl_utils._ChunkedLogProbFunction is trl_head.ChunkedLogProbFunction
-    # a patch in a with block is undone at its end, and a fresh patch works after an undo
+    result["trl_head_after_undo"] = (trl_utils._ChunkedLogProbFunction
+                                     is trl_head.ChunkedLogProbFunction is trl_original_head)
+    # A patch in a with block is undone at its end, and a fresh patch works after an undo
     with rf_trl.patch(entropy=False) as h2:
         result["entropy_false_keeps"] = trl_utils.entropy_from_logits is h1.replacements[
             "entropy_from_logits"][0]
