@@ -57,8 +57,9 @@ def err(a, b) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
-def head_case(dtype, logit_scale, gen):
-    """TRL's fused head vs the patched one on the same inputs: outputs and gradients."""
+def head_case(dtype, logit_scale, gen, autocast=False):
+    """TRL's fused head vs the patched one on the same inputs: outputs and gradients (with
+    `autocast`: fp32 inputs, both computing under CPU bf16 autocast)."""
     N, H, V = 37, 24, 101
     h0 = torch.randn(N, H, generator=gen).to(dtype)
     w0 = (torch.randn(V, H, generator=gen) / H**0.5 * 3).to(dtype)
@@ -68,12 +69,17 @@ def head_case(dtype, logit_scale, gen):
     res = []
     for fn in (trl_original_head, patched_head):
         h, w, b = (t.clone().requires_grad_() for t in (h0, w0, b0))
-        lp, ent, *rest = fn.apply(h, w, b, y, 0.7, 32, None, logit_scale, ("log_probs", "entropy"))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            lp, ent, *rest = fn.apply(h, w, b, y, 0.7, 32, None, logit_scale,
+                                      ("log_probs", "entropy"))
         ((lp * gl).sum() + (ent * ge).sum()).backward()
         res.append((lp, ent, h.grad, w.grad, b.grad, rest))
     (lp0, e0, *g0, _), (lp1, e1, *g1, rest) = res
     # exact values for these (rounded) inputs: how far each side is from them
     z = (h0.double() @ w0.double().T + b0.double()) * logit_scale / 0.7
+    if autocast:  # the exact values for the bf16-rounded inputs both sides compute with
+        z = (h0.bfloat16().double() @ w0.bfloat16().double().T + b0.bfloat16().double())
+        z = z * logit_scale / 0.7
     ref = z.log_softmax(-1).gather(-1, y[:, None])[:, 0]
     return {"lp": err(lp0, lp1), "entropy": err(e0, e1), "dtype": str(lp1.dtype),
             "lp_exact_trl": err(lp0, ref), "lp_exact_ours": err(lp1, ref),
@@ -221,6 +227,7 @@ def main() -> None:
     result["head_fp32"] = head_case(torch.float32, 1.0, gen)
     result["head_fp32_scaled"] = head_case(torch.float32, 0.5, gen)
     result["head_bf16"] = head_case(torch.bfloat16, 1.0, gen)
+    result["head_autocast"] = head_case(torch.float32, 1.0, gen, autocast=True)
     result["logits"] = logits_cases(h1, gen)
     result["model"] = model_case(tok)
     result["refusals"] = refusals(tok)
