@@ -15,11 +15,12 @@ modules imported later copy the replacement from the defining module):
 - `add_fused_lm_head`: unchanged, but it first checks the model's config, so that a setting
   the ops cannot reproduce fails when the trainer is built, not at its first step.
 
-Semantics kept (docs/math.md §token log-prob): temperature divides the logits; a logit scale
-multiplies them (folded into the temperature: z * s / T = z / (T / s)); the head computes in the
-autocast dtype when autocast is on, else in the hidden states' dtype, as TRL's does; rows that
-`row_mask` zeroes give 0 and no gradient. Outputs are float32 (TRL's GPU kernels return float32;
-its CPU fallback returns the logits' dtype for materialised logits).
+Semantics kept (docs/math.md §Token log-prob and entropy, §Fused LM head): the temperature
+divides the logits; a logit scale multiplies them (folded into the temperature:
+z * s / T = z / (T / s)); the head computes in the autocast dtype when autocast is on, else in
+the hidden states' dtype, as TRL's does; rows that `row_mask` zeroes give 0 and no gradient.
+Outputs are float32 (TRL's GPU kernels return float32; its CPU fallback returns the logits'
+dtype for materialised logits).
 
 Refused with a ValueError that names the setting (the ops have no equivalent, and silently
 different numbers would be worse): `final_logit_softcapping` (Gemma-2 style soft-capping), a logit
