@@ -8,10 +8,10 @@ The entry point reaches verl as an installed distribution would give it: a dist-
 whose entry_points.txt holds the `verl.plugins` entry of setup.py, on PYTHONPATH beside the
 work tree (installing the package itself would recompile the extension).
 
-The venv is built once (~/.cache/reasonrl_fast/venv-verl-ops-0.9.1, a few minutes) and reused;
-without the package registry the test is skipped with the reason. Measured on the 2-core
-development machine, the venv existing: about 65 s for both processes (importing verl takes
-15-20 s of each).
+The venv is built once (~/.cache/reasonrl_fast/venv-verl-ops-0.9.1; 322 s on the 2-core
+development machine) and reused; without the package registry the test is skipped with the
+reason. With the venv in place the file took 37 s there (importing verl is 9-19 s of each of
+the two processes, depending on the machine's load).
 """
 
 from __future__ import annotations
