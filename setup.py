@@ -100,6 +100,9 @@ setup(
         "train": ["ray>=2.40", "aiohttp>=3.9", "matplotlib>=3.7", "transformers>=4.56", "tokenizers>=0.20", "omegaconf>=2.3", "safetensors>=0.4",
                   "tensorboard>=2.15", "rich>=13", "math-verify>=0.7", "pyarrow>=15"],
     },
+    # verl imports every `verl.plugins` entry point in each of its processes; importing this
+    # one registers the reasonrl_fast_grpo estimator and the flowrl policy loss.
+    entry_points={"verl.plugins": ["reasonrl_fast = reasonrl_fast.integrations.verl_plugin:register"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExtension},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
