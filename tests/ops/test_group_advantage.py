@@ -1,4 +1,5 @@
-"""group_advantage against verl's loop over groups (docs/math.md §Group advantage)."""
+"""group_advantage against verl's loop over groups, on every device (DEVICES); the math is in
+docs/math.md §Group advantage."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 from reasonrl_fast.ops import group_advantage
 from reasonrl_fast.ops import reference as ref
 from tests.childproc import child_outcomes
+from tests.ops.common import DEVICES, OPS, assert_no_recompile, check_typed_outcomes, cuda_only, opcheck
 
 
 def _check(rewards, ids, eps=1e-6, norm_by_std=True):
@@ -66,11 +68,65 @@ def test_empty():
     assert group_advantage(torch.zeros(0), torch.zeros(0, dtype=torch.long)).shape == (0,)
 
 
-def test_opcheck_and_compile():
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_opcheck(device, norm_by_std):
+    r, ids = torch.randn(33, device=device), torch.randint(0, 5, (33,), device=device)
+    opcheck(OPS.group_advantage, (r, ids, 1e-6, norm_by_std))
+    opcheck(OPS.group_advantage, (torch.randn(9, device=device),
+                                  torch.tensor([0, 1, 0, 2, 2, 2, 5, 1, 0], device=device), 1e-6, True))
+
+
+def test_compile_inductor():
     r, ids = torch.randn(33), torch.randint(0, 5, (33,))
-    torch.library.opcheck(torch.ops.reasonrl_fast.group_advantage, (r, ids, 1e-6, True))
     f = torch.compile(lambda a, b: group_advantage(a, b) * 2, fullgraph=True)
     torch.testing.assert_close(f(r, ids), group_advantage(r, ids) * 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_dynamic_does_not_recompile(device):
+    assert_no_recompile(lambda r, g: group_advantage(r, g) * 2,
+                        lambda n: (torch.randn(n, device=device), torch.randint(0, 3, (n,), device=device)))
+
+
+def test_recompile_check_can_fail():
+    """The check above would see a recompile: without dynamic shapes each size is a new graph."""
+    with pytest.raises(Exception, match="[Rr]ecompil"):
+        assert_no_recompile(lambda r, g: group_advantage(r, g) * 2,
+                            lambda n: (torch.randn(n), torch.randint(0, 3, (n,))), dynamic=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B", [1, 7, 1000, 8192, 70000])
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_matches_reference_and_cpu_kernel(device, B, norm_by_std):
+    """Offset rewards (+100: a one-pass variance would cancel) and sparse, negative ids; the
+    reference loop is slow, so above 1000 rows the CPU kernel stands in for it."""
+    r = torch.randn(B, dtype=torch.float64) + 100
+    g = torch.randint(0, max(1, B // 5), (B,)) * 7 - 3
+    got = group_advantage(r.to(device), g.to(device), norm_by_std=norm_by_std)
+    want = OPS.group_advantage(r, g, 1e-6, norm_by_std)  # CPU kernel
+    if B <= 1000:
+        torch.testing.assert_close(
+            want.double(), ref.group_advantage(r, g, norm_by_std=norm_by_std), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
+    assert got.dtype == torch.float32 and got.device.type == device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B", [64, 70000])  # CUDA: the tiled kernel and the ATen path above kTiledMax
+@pytest.mark.parametrize("rdtype", [torch.float64, torch.float32])
+def test_equal_rewards_give_exactly_zero(device, B, rdtype):
+    # Groups of 8 equal rewards (0.1, whose mean rounds): the correction pass gives exactly 0,
+    # and with eps = 0 exactly 0 / 0 = NaN (not noise / noise, of order 1), on every device.
+    g = torch.arange(B) // 8
+    r = (0.1 * (1 + g % 5).double()).to(rdtype)  # float32 sums of 8 are exact in double
+    for eps in (1e-6, 0.0):
+        got = group_advantage(r.to(device), g.to(device), eps=eps).cpu()
+        want = OPS.group_advantage(r, g, eps, True)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert (got == 0).all() if eps else got.isnan().all()
+        assert (group_advantage(r.to(device), g.to(device), norm_by_std=False) == 0).all()
 
 
 class TestBadInput:
@@ -130,3 +186,21 @@ def test_direct_kernel_calls_reject_bad_input():
     for line in lines:
         want, got = line.split("|", 1)
         assert got.split(":")[0] == want, line
+
+
+@cuda_only
+def test_direct_kernel_calls_reject_bad_input_cuda():
+    # The CUDA kernel checks sizes, dtypes and devices itself: a mismatch raises the promised
+    # Python exception, never an illegal memory access (hence the child process).
+    lines = child_outcomes("""
+        B = 3
+        r, ids = torch.rand(B, device="cuda"), torch.arange(B, device="cuda")
+        cases = [("no exception", lambda: ops.group_advantage(r, ids, 1e-6, True)),
+                 ("ValueError", lambda: ops.group_advantage(r, ids.cpu(), 1e-6, True)),
+                 ("ValueError", lambda: ops.group_advantage(r, ids[:-1], 1e-6, True)),
+                 ("TypeError", lambda: ops.group_advantage(r, ids.float(), 1e-6, True))]
+        for want, fn in cases:
+            print(want + "|" + outcome(fn))
+        torch.cuda.synchronize()
+    """)
+    check_typed_outcomes(lines, 4)

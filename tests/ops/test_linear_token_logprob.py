@@ -1,12 +1,26 @@
-"""linear_token_logprob on CPU (the chunked path) against float64 plain-PyTorch references.
+"""linear_token_logprob against float64 plain-PyTorch references, on each of its paths.
 
-The same checks run on the Triton kernels in tests/ops/test_triton_linear_logprob.py (through
-`check_*` below) and on CUDA in tests/ops/test_cuda_ops.py.
+Paths (the `path` parameter):
+- "cpu": CPU tensors, the chunked path (GEMMs and the CPU token_logprob kernels).
+- "cuda": CUDA tensors, the compiled Triton kernels (where a GPU is present).
+- "interpreter": CPU tensors routed to the Triton kernels (REASONRL_TRITON_CPU=1) in Triton's
+  interpreter, on machines without a GPU. triton.jit picks the interpreter when a kernel is
+  decorated, so TRITON_INTERPRET=1 must be set before triton is imported: these cases run in a
+  fresh child interpreter (test_in_fresh_process) and skip in this process.
+Also: the kernels compiled ahead of time for sm_80 and sm_90 without a GPU, and a dynamic
+torch.compile that does not recompile across batch sizes.
+
+Tiny awkward shapes keep the interpreter fast: odd N and H, V not a multiple of the 16-wide
+interpreter tiles, several vocabulary splits in forward and several chunks in backward.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,9 +28,53 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from reasonrl_fast.ops import linear_token_logprob
 from reasonrl_fast.ops import reference as R
+from tests.ops.common import ALL_FLOATS, HAS_CUDA, assert_no_recompile
 
 # The package exports the function under the module's name; fetch the module itself.
 L = importlib.import_module("reasonrl_fast.ops.linear_token_logprob")
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+if HAS_TRITON:
+    import triton
+
+    # True when this process decorated triton's own helpers (and so the kernels) as
+    # interpreted functions, i.e. TRITON_INTERPRET=1 was set before triton was imported.
+    INTERPRETED = type(triton.language.standard._sum_combine).__name__ == "InterpretedFunction"
+else:
+    INTERPRETED = False
+# The Triton kernels run compiled on a GPU, else interpreted on the CPU (not both: the
+# interpreter adds nothing where the compiled kernels are tested).
+TRITON_PATHS = (["cuda"] if HAS_CUDA else ["interpreter"]) if HAS_TRITON else []
+PATHS = ["cpu"] + TRITON_PATHS
+
+
+@pytest.fixture
+def path(request, monkeypatch):
+    """The path under test (indirect parameter): sets the environment that selects it."""
+    p = request.param
+    if p == "cpu":
+        monkeypatch.delenv("REASONRL_TRITON_CPU", raising=False)
+        return p
+    if p == "interpreter" and not INTERPRETED:
+        pytest.skip("the Triton interpreter needs TRITON_INTERPRET=1 before triton is imported: "
+                    "these cases run in test_in_fresh_process")
+    monkeypatch.setenv("REASONRL_TRITON_CPU", "1")
+    monkeypatch.setenv("REASONRL_TRITON_SPLITS", "3")
+    return p
+
+
+def dev(path: str) -> str:
+    return "cuda" if path == "cuda" else "cpu"
+
+
+def by_path(cpu, triton, paths=None):
+    """Cases for parametrize: each of `cpu` on the chunked path, each of `triton` on the Triton
+    paths (tuples of further arguments, or single values)."""
+    tup = lambda c: c if isinstance(c, tuple) else (c,)  # noqa: E731
+    out = [("cpu", *tup(c)) for c in cpu]
+    for p in paths if paths is not None else TRITON_PATHS:
+        out += [(p, *tup(c)) for c in triton]
+    return out
 
 # (N, H, V, chunk): odd sizes, V not a multiple of any block, one-column vocabularies, chunks
 # that do not divide V (None = the default chunk: a single chunk at these sizes).
@@ -135,19 +193,79 @@ def check_memory_bound(device, monkeypatch, N=257, H=4, V=4001, chunk=64, input_
     assert N * V > 5 * max(wh, on)  # the bound is a real constraint here
 
 
-@pytest.mark.parametrize("N,H,V,chunk", SHAPES)
+TRITON_SHAPES = [(7, 5, 100, 40), (13, 33, 37, 20), (1, 3, 1, None), (17, 19, 50, 17), (0, 5, 9, None)]
+
+
+@pytest.mark.parametrize("path,N,H,V,chunk", by_path(SHAPES, TRITON_SHAPES), indirect=["path"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_matches_reference_cpu(N, H, V, chunk, bias, monkeypatch):
-    check_matches_reference("cpu", N, H, V, chunk, monkeypatch, bias=bias)
+def test_matches_reference(path, N, H, V, chunk, bias, monkeypatch):
+    device = dev(path)
+    if N == 0:
+        h = torch.randn(0, H, device=device, requires_grad=True)
+        W = torch.randn(V, H, device=device, requires_grad=True)
+        lp = linear_token_logprob(h, W, torch.zeros(0, dtype=torch.long, device=device))
+        lp.sum().backward()
+        assert lp.shape == (0,) and W.grad.abs().sum() == 0
+        return
+    check_matches_reference(device, N, H, V, chunk, monkeypatch, bias=bias)
 
 
+@pytest.mark.parametrize("path,size", by_path([dict()], [dict(N=9, H=20, V=77, chunk=32)]), indirect=["path"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_low_precision_cpu(dtype, monkeypatch):
-    check_low_precision("cpu", dtype, monkeypatch)
+def test_low_precision(path, size, dtype, monkeypatch):
+    check_low_precision(dev(path), dtype, monkeypatch, **size)
 
 
-def test_memory_bound_cpu(monkeypatch):
-    check_memory_bound("cpu", monkeypatch)
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_memory_bound(path, monkeypatch):
+    if path == "cpu":
+        check_memory_bound("cpu", monkeypatch)
+    else:
+        check_memory_bound(dev(path), monkeypatch, N=97, H=2, V=600, chunk=16,
+                           input_bytes=path == "interpreter")
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_triton_path_is_used_where_expected(path):
+    h = torch.randn(3, 4, device=dev(path))
+    assert L._use_triton(h) == (path != "cpu")
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_masked_tile_columns_count_as_minus_infinity(path, monkeypatch):
+    # V = 19: the last 16-wide tile has 13 masked columns. Logits of -50 everywhere: a masked
+    # column read as 0 would dominate the log-sum-exp.
+    monkeypatch.setenv("REASONRL_TRITON_SPLITS", "1")
+    device = dev(path)
+    h = torch.ones(3, 2, dtype=torch.float64, device=device)
+    W = torch.full((19, 2), -25.0, dtype=torch.float64, device=device)
+    lp, ent = linear_token_logprob(h, W, torch.tensor([0, 18, 7], device=device), return_entropy=True)
+    want = -torch.log(torch.tensor(19.0, dtype=torch.float64))
+    torch.testing.assert_close(lp.cpu(), want.expand(3))
+    torch.testing.assert_close(ent.cpu(), (-want).expand(3))
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_ignore_index_and_temperature(path, monkeypatch):
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "16")
+    device = dev(path)
+    h = torch.randn(5, 6, dtype=torch.float64)
+    W = torch.randn(21, 6, dtype=torch.float64)
+    y = torch.tensor([3, 0, 20, 7, 7])
+    lp, ent = linear_token_logprob(h.to(device), W.to(device), y.to(device), temperature=2.5,
+                                   ignore_index=7, return_entropy=True)
+    rlp, rent = _ref(h, W, None, y, 2.5, ignore_index=7)
+    torch.testing.assert_close(lp.cpu(), rlp, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ent.cpu(), rent, rtol=1e-10, atol=1e-10)
+    assert lp[3].item() == 0 and lp[4].item() == 0
+
+
+@pytest.mark.parametrize("path", ["cpu"] + [p for p in TRITON_PATHS if p != "cuda"], indirect=True)
+def test_bad_target_raises_index_error(path):
+    # On CUDA a bad id is a device-side assertion instead: test_bad_target_direct_calls_cuda.
+    h, W = torch.randn(3, 4), torch.randn(9, 4)
+    with pytest.raises(IndexError, match="outside the vocabulary"):
+        linear_token_logprob(h, W, torch.tensor([0, 9, 1]))
 
 
 def test_matches_token_logprob_of_full_logits(monkeypatch):
@@ -218,27 +336,34 @@ def opcheck_args(device, dtype=torch.float64, bias=True, N=5, H=6, V=23):
     return (mv(h), mv(W), y.to(device), mv(b), 0.9, -100, True)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_opcheck_cpu(bias, monkeypatch):
-    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "5")
-    torch.library.opcheck(L._linear_token_logprob, opcheck_args("cpu", bias=bias))
-    args = opcheck_args("cpu", bias=bias)
-    lp, ent, lse = L._linear_token_logprob(*[a.detach() if isinstance(a, torch.Tensor) else a
-                                             for a in args])
-    h, W, y, b = (a.detach() if isinstance(a, torch.Tensor) else a for a in args[:4])
+@pytest.mark.parametrize("path,bias", by_path([True, False], [True]), indirect=["path"])
+def test_opcheck(path, bias, monkeypatch):
+    device = dev(path)
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "5" if path == "cpu" else "16")
+    # The Triton paths skip opcheck's dynamo test: it compiles the kernels (and the interpreter
+    # cannot be compiled); test_torch_compile_* cover torch.compile.
+    fwd_utils = (dict() if path == "cpu" else
+                 dict(test_utils=("test_schema", "test_autograd_registration", "test_faketensor")))
+    bwd_utils = dict() if path == "cpu" else dict(test_utils=("test_schema", "test_faketensor"))
+    args = opcheck_args(device, bias=bias)
+    torch.library.opcheck(L._linear_token_logprob, args, **fwd_utils)
+    det = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    lp, ent, lse = L._linear_token_logprob(*det)
+    h, W, y, b = det[:4]
     torch.library.opcheck(
         L._linear_token_logprob_backward,
         (torch.randn_like(lp), torch.randn_like(ent), h, W, y, b, lse, ent, 0.9, -100),
+        **bwd_utils,
     )
 
 
-def test_gradcheck_cpu(monkeypatch):
-    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "4")
-    h, W, y, b, *_ = opcheck_args("cpu", N=4, H=3, V=9)
+@pytest.mark.parametrize("path,chunk,N,V", by_path([(4, 4, 9)], [(5, 3, 11)]), indirect=["path"])
+def test_gradcheck(path, chunk, N, V, monkeypatch):
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", str(chunk))
+    h, W, y, b, *_ = opcheck_args(dev(path), N=N, H=3, V=V)
 
     def f(h, W, b):
-        lp, ent = linear_token_logprob(h, W, y, temperature=0.8, bias=b, return_entropy=True)
-        return lp, ent
+        return linear_token_logprob(h, W, y, temperature=0.8, bias=b, return_entropy=True)
 
     assert torch.autograd.gradcheck(f, (h, W, b))
 
@@ -274,6 +399,36 @@ def test_torch_compile_aot_eager(entropy, monkeypatch):
 def test_torch_compile_inductor_cpu(entropy, monkeypatch):
     monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "16")
     _compiled_vs_eager("inductor", entropy)
+
+
+@pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON), reason="torch.compile of Triton kernels needs a GPU")
+def test_torch_compile_sees_kernels():
+    h = torch.randn(32, 64, device="cuda", requires_grad=True)
+    W = torch.randn(1000, 64, device="cuda", requires_grad=True)
+    y = torch.randint(0, 1000, (32,), device="cuda")
+    f = torch.compile(lambda h, W: linear_token_logprob(h, W, y).sum(), fullgraph=True)
+    out = f(h, W)
+    out.backward()
+    ref = linear_token_logprob(h.detach(), W.detach(), y).sum()
+    torch.testing.assert_close(out, ref)
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "interpreter"], indirect=True)
+def test_torch_compile_dynamic_does_not_recompile(path, monkeypatch):
+    """One graph for three batch sizes (a triton_op on CUDA, where inductor sees the kernels;
+    the chunked implementation on CPU), gradients through the compiled graph included."""
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "16")
+    device = dev(path)
+    W = torch.randn(50, 8, device=device)
+
+    def f(h, y):
+        lp, ent = linear_token_logprob(h, W, y, temperature=0.9, return_entropy=True)
+        return lp + ent
+
+    def args(n):
+        return torch.randn(n, 8, device=device), torch.randint(0, 50, (n,), device=device)
+
+    assert_no_recompile(f, args, backend="aot_eager" if path == "cpu" else "inductor")
 
 
 # --- masked vocabulary columns (a -inf bias, or a bias so negative that logits / tau overflow) --
@@ -358,14 +513,14 @@ def check_masked_columns(device, dtype, kind, entropy, chunks, monkeypatch, tau=
                 assert _err(o, t) <= 2 * _err(p, t) + 1e-6, (where, i, _err(o, t), _err(p, t))
 
 
-ALL_FLOATS = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
-
-
+# Triton: three 16-wide splits in forward (the first fully masked) and chunks of 7 and 16 in
+# backward (the first one or two fully masked).
+@pytest.mark.parametrize("path,chunks", by_path([([1, 7, 16, None],)], [([7, 16],)]), indirect=["path"])
 @pytest.mark.parametrize("dtype", ALL_FLOATS)
 @pytest.mark.parametrize("kind", ["inf", "min"])
 @pytest.mark.parametrize("entropy", [False, True])
-def test_masked_bias_columns_cpu(dtype, kind, entropy, monkeypatch):
-    check_masked_columns("cpu", dtype, kind, entropy, [1, 7, 16, None], monkeypatch)
+def test_masked_bias_columns(path, chunks, dtype, kind, entropy, monkeypatch):
+    check_masked_columns(dev(path), dtype, kind, entropy, chunks, monkeypatch)
 
 
 def test_masked_chunk_forward_has_no_nan(monkeypatch):
@@ -469,9 +624,17 @@ def check_direct_calls(device, env=None, skip_index_errors=False):
     return dict(zip((c[0] for c in cases), lines))
 
 
-def test_direct_op_calls_validate_every_argument():
-    got = check_direct_calls("cpu", env={"REASONRL_TRITON_CPU": "0"})
-    assert "smallest supported temperature is 1.17549e-38" in got["fwd float T=1e-40"]
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_direct_op_calls_validate_every_argument(path):
+    if path == "cpu":
+        got = check_direct_calls("cpu", env={"REASONRL_TRITON_CPU": "0"})
+        assert "smallest supported temperature is 1.17549e-38" in got["fwd float T=1e-40"]
+    elif path == "interpreter":
+        check_direct_calls("cpu", env={"REASONRL_TRITON_CPU": "1", "TRITON_INTERPRET": "1"})
+    else:
+        # A bad target id fails a device-side assertion, which breaks the CUDA context of the
+        # process: those cases run one per child in test_bad_target_direct_calls_cuda.
+        check_direct_calls("cuda", skip_index_errors=True)
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-3", "1.5"])
@@ -491,3 +654,168 @@ def test_tiny_temperature_is_rejected():
     # float64 accumulates in float64: 1e-40 is fine there
     lp = linear_token_logprob(h.double(), W.double(), y, temperature=1e-40)
     assert not lp.isnan().any()
+
+
+_CUDA_ARGS = """
+    fwd, bwd = ops.linear_token_logprob, ops.linear_token_logprob_backward
+    dev = "cuda"
+    h, W = torch.randn(3, 4, device=dev), torch.randn(5, 4, device=dev)
+    ok = torch.tensor([0, 4, -100], device=dev)
+    lp, ent, lse = fwd(h, W, ok, None, 0.9, -100, True)
+    torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON), reason="needs a GPU and triton")
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize("ids", ["torch.tensor([0, 5, 1], device=dev)",
+                                 "torch.tensor([0, 2**64 - 100, 1], dtype=torch.uint64, "
+                                 "device=dev)"])
+def test_bad_target_direct_calls_cuda(op, ids):
+    from tests.childproc import child_outcomes
+
+    call = ("fwd(h, W, y, None, 0.9, -100, True)" if op == "fwd"
+            else "bwd(torch.ones_like(lp), None, h, W, y, None, lse, ent, 0.9, -100)")
+    code = _CUDA_ARGS + f"""
+    y = {ids}
+    print(outcome(lambda: ({call}, torch.cuda.synchronize())))
+    """
+    (line,) = child_outcomes(code)
+    assert line.startswith("RuntimeError"), line
+
+
+def _grads_on(device, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(9)
+    h, W, b, y = _inputs(37, 24, 300, dtype, True, gen)
+    leaves = [t.to(device).requires_grad_() for t in (h, W, b)]
+    lp, ent = linear_token_logprob(leaves[0], leaves[1], y.to(device), bias=leaves[2],
+                                     temperature=0.8, return_entropy=True)
+    grads = torch.autograd.grad(lp.sum() + ent.sum(), leaves)
+    return [lp, ent, *grads]
+
+
+@pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON), reason="needs a GPU and triton")
+def test_outputs_on_the_inputs_device_and_stream():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    want = _grads_on(dev)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        got = _grads_on(dev)
+    s.synchronize()
+    for g, w in zip(got, want):
+        assert g.device == dev
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.skipif(not HAS_TRITON or torch.cuda.device_count() < 2, reason="needs 2 GPUs and triton")
+def test_second_gpu_while_the_first_is_current():
+    """Tensors on cuda:1 while cuda:0 is current: the kernels must run on cuda:1 (a launch on
+    cuda:0 with cuda:1 pointers faults or reads garbage). In a child: a fault may kill it."""
+    from tests.childproc import child_outcomes
+
+    code = """
+    from tests.ops.test_linear_token_logprob import _grads_on
+    torch.cuda.set_device(0)
+    got = _grads_on(torch.device("cuda", 1))
+    torch.cuda.synchronize(1)
+    want = _grads_on(torch.device("cpu"), torch.float64)
+    print(all(str(g.device) == "cuda:1" for g in got))
+    for g, w in zip(got, want):
+        print(outcome(torch.testing.assert_close, g.double().cpu(), w, rtol=1e-3, atol=1e-3))
+    """
+    lines = child_outcomes(code, env={"REASONRL_TRITON_CPU": "0"})
+    assert lines[0] == "True", lines
+    assert all(line == "no exception" for line in lines[1:]), lines
+
+
+# --- ahead-of-time compilation of the Triton kernels for sm_80 and sm_90, without a GPU ---------
+# The interpreter does not check what only the compiler checks (dtype rules of tl.dot, shared
+# memory, register allocation); triton.compile with an explicit GPUTarget runs the full
+# pipeline down to a cubin (ptxas ships in triton's wheel), so a kernel that would not compile
+# on an A100/H100 fails here. Skipped when this triton cannot compile for CUDA offline, or when
+# the kernels are interpreted in this process.
+
+
+def _aot_kernels():
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    if INTERPRETED:
+        pytest.skip("kernels are interpreted in this process")
+    return importlib.import_module("reasonrl_fast.ops.triton.linear_logprob")
+
+
+_T = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+      torch.float64: "fp64"}
+_ACC = {torch.bfloat16: "fp32", torch.float16: "fp32", torch.float32: "fp32",
+        torch.float64: "fp64"}
+
+
+def _configs(tk, dtype, arch):
+    """The autotuning candidates: all 16-bit ones for sm_90 (the H100/H200 case), else the
+    first of each list (the one that must also fit an A100). Each compile takes seconds."""
+    key = dtype if dtype in (torch.float32, torch.float64) else "16bit"
+    configs = tk._CONFIGS[key]
+    return configs if arch == 90 and key == "16bit" else configs[:1]
+
+
+# Shared memory a block may use: A100 163 KiB, H100/H200 227 KiB.
+_SHARED = {80: 163 * 1024, 90: 227 * 1024}
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_kernels_compile_for_gpu(arch, dtype):
+    tk = _aot_kernels()
+    t, a = _T[dtype], _ACC[dtype]
+    ACC, PREC = tk._types(dtype, torch.device("cuda"))
+    for cfg in _configs(tk, dtype, arch):
+        _compile_both(tk, arch, t, a, ACC, PREC, dict(cfg.kwargs),
+                      dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+
+def _compile_both(tk, arch, t, a, ACC, PREC, consts, opts):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    consts["UPCAST"] = False
+    sig = {"h_ptr": f"*{t}", "w_ptr": f"*{t}", "b_ptr": f"*{t}", "y_ptr": "*i64",
+           "m_ptr": f"*{a}", "s_ptr": f"*{a}", "e_ptr": f"*{a}", "t_ptr": f"*{a}",
+           "N": "i32", "V": "i32", "H": "i32", "stride_hn": "i32", "stride_wv": "i32",
+           "tau_ptr": f"*{a}", "N_BUCKET": "i32",
+           "HAS_BIAS": "constexpr", "ACC": "constexpr", "PREC": "constexpr",
+           "UPCAST": "constexpr", "BLOCK_N": "constexpr", "BLOCK_V": "constexpr",
+           "BLOCK_H": "constexpr"}
+    const = dict(HAS_BIAS=True, ACC=ACC, PREC=PREC, **consts)
+    src = ASTSource(tk._fwd_kernel, sig, constexprs=const)
+    try:
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
+    except (RuntimeError, ImportError) as e:  # no offline CUDA toolchain in this triton
+        if "ptxas" in str(e) or "backend" in str(e).lower():
+            pytest.skip(f"triton cannot compile for CUDA offline here: {e}")
+        raise
+    assert k.asm.get("cubin")
+    sig2 = {"h_ptr": f"*{t}", "w_ptr": f"*{t}", "b_ptr": f"*{t}", "y_ptr": "*i64",
+            "glp_ptr": f"*{a}", "gent_ptr": f"*{a}", "lse_ptr": f"*{a}", "mean_ptr": f"*{a}",
+            "dz_ptr": f"*{t}", "N": "i32", "V": "i32", "H": "i32", "c0": "i32", "c1": "i32",
+            "stride_hn": "i32", "stride_wv": "i32", "stride_dz": "i32", "tau_ptr": f"*{a}",
+            "ignore_index": "i64", "N_BUCKET": "i32", "HAS_BIAS": "constexpr",
+            "HAS_ENT": "constexpr", "ACC": "constexpr", "PREC": "constexpr", "UPCAST": "constexpr",
+            "BLOCK_N": "constexpr", "BLOCK_V": "constexpr", "BLOCK_H": "constexpr"}
+    const2 = dict(HAS_BIAS=True, HAS_ENT=True, ACC=ACC, PREC=PREC, **consts)
+    src2 = ASTSource(tk._dz_kernel, sig2, constexprs=const2)
+    k2 = triton.compile(src2, target=GPUTarget("cuda", arch, 32), options=opts)
+    assert k2.asm.get("cubin")
+    limit = _SHARED[arch]
+    assert k.metadata.shared <= limit and k2.metadata.shared <= limit, (consts, opts)
+
+
+@pytest.mark.skipif("interpreter" not in TRITON_PATHS or INTERPRETED or bool(os.environ.get("_RRL_SUBPROCESS")),
+                    reason="no interpreter cases, or they already run in this process")
+def test_in_fresh_process():
+    """The interpreter cases, in a child interpreter started with TRITON_INTERPRET=1."""
+    env = dict(os.environ, TRITON_INTERPRET="1", _RRL_SUBPROCESS="1")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                        "-k", "interpreter and not test_in_fresh_process"],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]

@@ -1,4 +1,5 @@
-"""masked_mean and ZHead (docs/math.md §Masked mean, §Z-head)."""
+"""masked_mean and ZHead against the float64 reference, on every device (DEVICES); the math is in
+docs/math.md §Masked mean and §Z-head."""
 
 import pytest
 import torch
@@ -6,6 +7,8 @@ import torch
 from reasonrl_fast.ops import ZHead, masked_mean
 from reasonrl_fast.ops import reference as ref
 from tests.childproc import child_outcomes
+from tests.ops.common import (DEVICES, OPS, assert_no_recompile, check_typed_outcomes, cuda_only, gradcheck,
+                              opcheck)
 
 
 def _inputs(b, t, h, dtype=torch.float64):
@@ -15,9 +18,10 @@ def _inputs(b, t, h, dtype=torch.float64):
     return x, mask
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bth", [(1, 1, 1), (5, 7, 13), (3, 130, 257)])
-def test_matches_reference(bth):
-    x, mask = _inputs(*bth)
+def test_matches_reference(device, bth):
+    x, mask = (a.to(device) for a in _inputs(*bth))
     xg = x.clone().requires_grad_()
     out = masked_mean(xg, mask)
     g = torch.randn_like(out)
@@ -45,13 +49,68 @@ def test_bfloat16_within_twice_plain_pytorch():
     assert (ours.double() - exact).abs().max() <= 2 * (plain.double() - exact).abs().max()
 
 
-def test_gradcheck_opcheck_compile():
-    x, mask = _inputs(3, 4, 5)
-    assert torch.autograd.gradcheck(lambda a: masked_mean(a, mask), (x.requires_grad_(),))
-    op = torch.ops.reasonrl_fast
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_opcheck(device):
+    x, mask = (a.to(device) for a in _inputs(3, 4, 5))
+    gradcheck(lambda a: masked_mean(a, mask), (x.requires_grad_(),))
     xf = x.detach().float().requires_grad_()
-    torch.library.opcheck(op.masked_mean, (xf, mask))
-    torch.library.opcheck(op.masked_mean_backward, (torch.randn(3, 5), mask))
+    opcheck(OPS.masked_mean, (xf, mask))
+    opcheck(OPS.masked_mean_backward, (torch.randn(3, 5, device=device), mask))
+    x = torch.randn(2, 5, 9, device=device, dtype=torch.float64, requires_grad=True)
+    m = torch.tensor([[1, 0, 1, 1, 0], [0, 0, 0, 0, 0]], device=device)  # integer weights, an empty row
+    opcheck(OPS.masked_mean, (x, m))
+    gradcheck(lambda x: masked_mean(x, m), (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_dynamic_does_not_recompile(device):
+    assert_no_recompile(lambda x, m: masked_mean(x, m) * 2,
+                        lambda n: (torch.randn(n, 4, 6, device=device), torch.rand(n, 4, device=device) < 0.5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,T,H", [(1, 1, 1), (3, 7, 33), (2, 5, 64), (4, 3, 8)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_matches_reference_awkward_sizes(device, B, T, H, dtype):
+    x = torch.randn(B, T, H, dtype=torch.float64).to(dtype)
+    mask = torch.rand(B, T) < 0.5
+    mask[0] = False  # an empty row: zeros and zero gradient
+    xc = x.to(device).requires_grad_()
+    out = masked_mean(xc, mask.to(device))
+    want = ref.masked_mean(x.double(), mask)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out.cpu().double(), want, **tol)
+    torch.testing.assert_close(out.cpu(), masked_mean(x, mask), rtol=1e-5, atol=1e-5)  # the CPU kernel
+    g = torch.randn(B, H, dtype=torch.float64).to(dtype)
+    (gx,) = torch.autograd.grad(out, xc, g.to(device))
+    xr = x.double().requires_grad_()
+    (rx,) = torch.autograd.grad(ref.masked_mean(xr, mask), xr, g.double())
+    torch.testing.assert_close(gx.cpu().double(), rx, **tol)
+    assert (gx[0] == 0).all()
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_weights_summing_to_zero_match_the_cpu_kernel(dtype):
+    # A row whose weights sum to 0 has no mean: 0 and zero gradient, as on the CPU.
+    x = torch.randn(3, 4, 8, dtype=torch.float64).to(dtype)
+    w = torch.tensor([[1.0, -1.0, 0.0, 0.0], [2.0, -1.0, 0.5, -1.5], [1.0, 2.0, 0.0, 1.0]])
+    xc = x.to("cuda").requires_grad_()
+    out = masked_mean(xc, w.to("cuda"))
+    g = torch.randn(3, 8, dtype=torch.float64).to(dtype)
+    (gx,) = torch.autograd.grad(out, xc, g.to("cuda"))
+    assert (out[:2] == 0).all() and (gx[:2] == 0).all()
+    xcpu = x.clone().requires_grad_()
+    ocpu = masked_mean(xcpu, w)
+    (gcpu,) = torch.autograd.grad(ocpu, xcpu, g)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5  # float32 rounding may flip a bf16 rounding
+    torch.testing.assert_close(out.cpu(), ocpu, rtol=tol, atol=tol)
+    torch.testing.assert_close(gx.cpu(), gcpu, rtol=tol, atol=tol)
+
+
+def test_compile_aot_eager_gradients():
+    x, mask = _inputs(3, 4, 5)
+    xf = x.float().requires_grad_()
     f = torch.compile(lambda a, m: masked_mean(a, m).square().sum(), fullgraph=True, backend="aot_eager")
     a = xf.detach().clone().requires_grad_()
     f(a, mask).backward()
@@ -161,3 +220,30 @@ def test_compile_rejects_bad_shapes_while_tracing():
     f = torch.compile(lambda a, m: op(a, m), fullgraph=True, backend="aot_eager")
     with pytest.raises(RuntimeError, match=r"ValueError.*mask must be \[B, T\]"):
         f(torch.randn(2, 3, 4), torch.ones(2, 4))
+
+
+@cuda_only
+def test_direct_kernel_calls_reject_bad_input_cuda():
+    # The CUDA kernels check sizes, dtypes and devices themselves: a mismatch raises the
+    # promised Python exception, never an illegal memory access (hence the child process).
+    lines = child_outcomes("""
+        c = lambda *s, dt=torch.float32: torch.rand(*s).to("cuda", dt)
+        B, T = 3, 4
+        big = torch.ones(20_000_000, 1, dtype=torch.bool, device="cuda")
+        x, m, g = c(B, T, 8), c(B, T), c(B, 8)
+        cases = [("no exception", lambda: ops.masked_mean(x, m)),
+                 ("ValueError", lambda: ops.masked_mean(x, m.cpu())),
+                 ("ValueError", lambda: ops.masked_mean(x.cpu(), m)),
+                 ("ValueError", lambda: ops.masked_mean(x, m[:, :-1])),
+                 ("ValueError", lambda: ops.masked_mean(x[:1, :1], big)),
+                 ("TypeError", lambda: ops.masked_mean(x.long(), m)),
+                 ("no exception", lambda: ops.masked_mean_backward(g, m)),
+                 ("ValueError", lambda: ops.masked_mean_backward(g, m.cpu())),
+                 ("ValueError", lambda: ops.masked_mean_backward(g[:-1], m)),
+                 ("ValueError", lambda: ops.masked_mean_backward(g[:1], big)),
+                 ("TypeError", lambda: ops.masked_mean_backward(g.long(), m))]
+        for want, fn in cases:
+            print(want + "|" + outcome(fn))
+        torch.cuda.synchronize()
+    """)
+    check_typed_outcomes(lines, 11)

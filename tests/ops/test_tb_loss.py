@@ -1,4 +1,5 @@
-"""tb_loss against the float64 reference (docs/math.md §FlowRL trajectory balance)."""
+"""tb_loss against the float64 reference, on every device (DEVICES); the math is in
+docs/math.md §FlowRL trajectory balance."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 from reasonrl_fast.ops import reference as ref
 from reasonrl_fast.ops import tb_loss
 from tests.childproc import child_outcomes
+from tests.ops.common import DEVICES, OPS, assert_no_recompile, check_typed_outcomes, cuda_only, opcheck
 
 
 def _inputs(b, t, dtype=torch.float64, empty_rows=()):
@@ -82,8 +84,9 @@ def test_empty_batch():
     assert loss.shape == () and torch.isnan(loss)
 
 
-def test_gradcheck():
-    log_z, lp, refl, old, reward, mask = _inputs(5, 7)
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck(device):
+    log_z, lp, refl, old, reward, mask = [x.to(device) for x in _inputs(5, 7)]
     # The weight is a stop-gradient of exp(sum(lp - old)): finite differences would see it
     # move. Put every row at the cap (exp(5) > 10 even for a one-token row), where it is
     # locally constant.
@@ -94,13 +97,69 @@ def test_gradcheck():
     )
 
 
-def test_opcheck_and_compile():
-    log_z, lp, refl, old, reward, mask = [x.float() for x in _inputs(6, 11)]
-    op = torch.ops.reasonrl_fast
-    torch.library.opcheck(op.tb_loss, (log_z.requires_grad_(), lp.requires_grad_(), refl, old, reward, mask, 15.0, 0.0, 10.0))
-    _, delta, w = op.tb_loss(log_z, lp, refl, old, reward, mask, 15.0, 0.0, 10.0)
-    torch.library.opcheck(op.tb_loss_backward, (torch.tensor(1.0), delta, w, mask))
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck(device, dtype):
+    log_z, lp, refl, old, reward, mask = [x.to(device, dtype) for x in _inputs(6, 11)]
+    opcheck(OPS.tb_loss, (log_z.requires_grad_(), lp.requires_grad_(), refl, old, reward, mask, 15.0, 0.0, 10.0))
+    _, delta, w = OPS.tb_loss(log_z, lp, refl, old, reward, mask, 15.0, 0.0, 10.0)
+    opcheck(OPS.tb_loss_backward, (torch.tensor(1.0, device=device, dtype=dtype), delta, w, mask))
+    B, T = 3, 9
+    a = lambda *s: torch.randn(*s, device=device, dtype=torch.float64)  # noqa: E731
+    opcheck(OPS.tb_loss, (a(B).requires_grad_(), a(B, T).requires_grad_(), a(B, T), a(B, T), a(B),
+                          torch.ones(B, T, device=device), 15.0, 0.0, 10.0))
 
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_dynamic_does_not_recompile(device):
+    def mk(n):
+        return [x.float().to(device) for x in _inputs(n, 7)]
+
+    assert_no_recompile(lambda *a: tb_loss(*a, return_stats=True)[1]["delta"] * 3, mk)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,T", [(1, 1), (5, 33), (64, 1000)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_matches_reference_awkward_sizes(device, B, T, dtype):
+    mk = lambda *s: torch.randn(*s, dtype=dtype) * 0.1  # noqa: E731
+    lz, lp, refl, old, rw = mk(B), mk(B, T) - 1, mk(B, T) - 1, mk(B, T) - 1, mk(B)
+    mask = torch.rand(B, T) < 0.7
+    ins = [t.to(device).requires_grad_() for t in (lz, lp)]
+    loss = tb_loss(ins[0], ins[1], refl.to(device), old.to(device), rw.to(device), mask.to(device))
+    r_ins = [t.double().requires_grad_() for t in (lz, lp)]
+    rloss, _, _ = ref.tb_loss(r_ins[0], r_ins[1], refl.double(), old.double(), rw.double(), mask)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss.cpu().double(), rloss, **tol)
+    for a, b in zip(torch.autograd.grad(loss, ins), torch.autograd.grad(rloss, r_ins)):
+        torch.testing.assert_close(a.cpu().double(), b, **tol)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_nan_weight_propagates_as_on_the_cpu(dtype):
+    # fmin/fmax would clamp a NaN importance weight to a bound, silently dropping the sequence:
+    # the weight, the loss and that sequence's gradients must be NaN, as on the CPU.
+    B, T = 4, 37
+    mk = lambda *s: (torch.randn(*s, dtype=torch.float64) * 0.1).to(dtype)  # noqa: E731
+    lz, lp, refl, old, rw = mk(B), mk(B, T) - 1, mk(B, T) - 1, mk(B, T) - 1, mk(B)
+    mask = torch.rand(B, T) < 0.7
+    old[1, 3] = float("nan")
+    outs = []
+    for dev in ("cpu", "cuda"):
+        ins = [t.detach().to(dev).requires_grad_() for t in (lz, lp)]
+        loss, st = tb_loss(ins[0], ins[1], refl.to(dev), old.to(dev), rw.to(dev), mask.to(dev), return_stats=True)
+        loss.backward()
+        outs.append([t.detach().cpu() for t in (loss, st["delta"], st["is_weight"], ins[0].grad, ins[1].grad)])
+    (loss, delta, w, glz, glp), cpu = outs[1], outs[0]
+    assert torch.isnan(loss) and torch.isnan(w[1]) and torch.isnan(glz[1]) and torch.isnan(glp[1]).all()
+    assert torch.isfinite(delta).all() and torch.isfinite(w[[0, 2, 3]]).all()
+    for a, b in zip(outs[1], cpu):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_compile_aot_eager_gradients():
+    log_z, lp, refl, old, reward, mask = [x.float() for x in _inputs(6, 11)]
     f = torch.compile(lambda *a: tb_loss(*a) * 3, fullgraph=True, backend="aot_eager")
     z1, l1 = log_z.detach().clone().requires_grad_(), lp.detach().clone().requires_grad_()
     f(z1, l1, refl, old, reward, mask).backward()
@@ -227,3 +286,40 @@ def test_nan_old_logprob_makes_its_weight_and_the_loss_nan(masked_out, dtype):
     torch.testing.assert_close(stats["is_weight"], w_r, equal_nan=True)
     torch.testing.assert_close(a[0].grad, r[0].grad, equal_nan=True)
     torch.testing.assert_close(a[1].grad, r[1].grad, equal_nan=True)
+
+
+@cuda_only
+def test_direct_kernel_calls_reject_bad_input_cuda():
+    # The CUDA kernels check sizes, dtypes and devices themselves: a mismatch raises the
+    # promised Python exception, never an illegal memory access (hence the child process).
+    lines = child_outcomes("""
+        c = lambda *s, dt=torch.float32: torch.rand(*s).to("cuda", dt)
+        B, T = 3, 4
+        fwd = [c(B), c(B, T), c(B, T), c(B, T), c(B), torch.ones(B, T, dtype=torch.bool, device="cuda")]
+        bwd = [c(), c(B), c(B), c(B, T)]
+        big = torch.ones(20_000_000, 1, dtype=torch.bool, device="cuda")
+        def tb(i, t):
+            a = list(fwd)
+            a[i] = t
+            return ops.tb_loss(*a, 15.0, 0.0, 10.0)
+        def tbb(i, t):
+            a = list(bwd)
+            a[i] = t
+            return ops.tb_loss_backward(*a)
+        cases = [("no exception", lambda: tb(0, fwd[0])), ("no exception", lambda: tbb(0, bwd[0]))]
+        for i, t in enumerate(fwd):
+            cases += [("ValueError", lambda i=i, t=t: tb(i, t.cpu())),
+                      ("ValueError", lambda i=i, t=t: tb(i, t[:-1]))]
+        cases += [("TypeError", lambda: tb(1, c(B, T, dt=torch.long))),
+                  ("ValueError", lambda: tb(5, big))]
+        for i, t in enumerate(bwd):
+            cases += [("ValueError", lambda i=i, t=t: tbb(i, t.cpu())),
+                      ("ValueError", lambda i=i, t=t: tbb(i, t[None]))]
+        cases += [("TypeError", lambda: tbb(1, c(B, dt=torch.long))),
+                  ("ValueError", lambda: ops.tb_loss_backward(c(), c(1), c(1), big)),
+                  ("ValueError", lambda: ops.tb_loss_backward(c(), c(1), c(2), c(1, 5)))]
+        for want, fn in cases:
+            print(want + "|" + outcome(fn))
+        torch.cuda.synchronize()
+    """)
+    check_typed_outcomes(lines, 27)
