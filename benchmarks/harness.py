@@ -270,11 +270,13 @@ def _measure_isolated(script: str, case: Case, provider: str, device: str, reps:
 
 def run_cases(cases: list[Case], device: str, reps: int, warmup: int = 2, *,
               isolate_script: Optional[str] = None, quick: bool = False,
-              rates: Optional[dict] = None, timeout: float = 600.0, log: bool = True) -> list[dict]:
+              rates: Optional[dict] = None, timeout: float = 600.0, log: bool = True,
+              on_case: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
     """Run every provider of every case at every size; returns the rows with their rates.
 
     isolate_script: the per-op script's path; when given, each provider runs in a fresh process
-    (which imports that script and builds the same cases with `quick`)."""
+    (which imports that script and builds the same cases with `quick`). on_case gets each
+    case's rows as soon as they are complete (a run stopped later still leaves them)."""
     rows = []
     for case in cases:
         case_rows = []
@@ -288,6 +290,8 @@ def run_cases(cases: list[Case], device: str, reps: int, warmup: int = 2, *,
                     print(format_row(r), flush=True)
             case_rows += got
         add_rates(case_rows, case, rates or {})
+        if on_case:
+            on_case(case_rows)
         rows += case_rows
     return rows
 
@@ -336,6 +340,11 @@ def _f(x: Optional[float], fmt: str) -> str:
     return "" if x is None else format(x, fmt)
 
 
+def _times(x: Optional[float]) -> str:
+    """A speed-up: 2 decimals, none from 100x on."""
+    return "" if x is None else (f"{x:.0f}x" if x >= 100 else f"{x:.2f}x")
+
+
 def format_row(r: dict) -> str:
     """One progress line for a row."""
     if r["status"] != "ok":
@@ -350,8 +359,8 @@ def markdown_table(rows: list[dict]) -> str:
             ("size", "size", lambda r: f"{size_label(r['size'])}, {r['dtype']}"),
             ("provider", "provider", lambda r: r["provider"] + (f" ({r['note']})" if r.get("note") else "")),
             ("ms", "median ms", lambda r: _f(r["ms"], ".3f") if r["status"] == "ok" else r["status"]),
-            ("vs_eager", "vs eager", lambda r: _f(r.get("vs_eager"), ".3g") + ("x" if r.get("vs_eager") else "")),
-            ("vs_compile", "vs compile", lambda r: _f(r.get("vs_compile"), ".3g") + ("x" if r.get("vs_compile") else "")),
+            ("vs_eager", "vs eager", lambda r: _times(r.get("vs_eager"))),
+            ("vs_compile", "vs compile", lambda r: _times(r.get("vs_compile"))),
             ("gbps", "GB/s", lambda r: _f(r.get("gbps"), ".1f")),
             ("pct_copy_bw", "% copy bw", lambda r: _f(r.get("pct_copy_bw"), ".1f")),
             ("tflops", "TFLOP/s", lambda r: _f(r.get("tflops"), ".2f")),
@@ -388,6 +397,13 @@ def write_jsonl(path: str, rows: list[dict], info: dict, rates: dict) -> None:
     """Append one "env" line (machine and rates) and one line per row to `path`."""
     with open(path, "a") as f:
         f.write(json.dumps({"kind": "env", **info, **rates}) + "\n")
+        for r in rows:
+            f.write(json.dumps({"kind": "row", **r}) + "\n")
+
+
+def append_rows(path: str, rows: list[dict]) -> None:
+    """Append rows to a file that write_jsonl started."""
+    with open(path, "a") as f:
         for r in rows:
             f.write(json.dumps({"kind": "row", **r}) + "\n")
 
@@ -471,15 +487,15 @@ def main_for(script: str, cases_fn: Callable[[str, bool], list[Case]], marker: s
     mdt = matmul_dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     rates = measure_rates(device, mdt)
     print(f"# {machine_line(info)}  {info['date_utc']}\n# {rates_line(rates)}", flush=True)
+    if args.json:  # rows go out case by case: a run killed later still leaves what it measured
+        write_jsonl(args.json, [], info, rates)
     rows = run_cases(cases, device, reps, warmup=1 if args.quick else 2,
-                     isolate_script=os.path.abspath(script) if args.isolate else None,
-                     quick=args.quick, rates=rates)
+                     isolate_script=os.path.abspath(script) if args.isolate else None, quick=args.quick,
+                     rates=rates, on_case=(lambda rs: append_rows(args.json, rs)) if args.json else None)
     print(markdown_table(rows), flush=True)
     cmd = "python benchmarks/" + os.path.basename(script) + " " + " ".join(sys.argv[1:])
     if args.write:
         write_markdown(args.write, marker, heading, rows, rates, info, cmd.strip())
-    if args.json:
-        write_jsonl(args.json, rows, info, rates)
     if args.png:
         plot(rows, args.png, f"{heading}, {machine_line(info)}")
     return rows
