@@ -323,10 +323,13 @@ def add_rates(rows: list[dict], case: Case, rates: dict) -> None:
             r["vs_compile"] = base["compile"] / r["ms"]
 
 
-def measure_rates(device: str, matmul_dtype: torch.dtype) -> dict:
-    """The run's copy bandwidth (GB/s) and matmul rate (TFLOP/s), for the rows' percentages."""
-    return {"copy_gbps": copy_bandwidth(device) / 1e9,
-            "matmul_tflops": matmul_rate(device, matmul_dtype) / 1e12,
+def measure_rates(device: str, matmul_dtype: torch.dtype, quick: bool = False) -> dict:
+    """The run's copy bandwidth (GB/s) and matmul rate (TFLOP/s), for the rows' percentages
+    (quick on CPU: smaller and fewer calls, a rough figure for a smoke run)."""
+    small = quick and not str(device).startswith("cuda")
+    reps = 3 if small else 10
+    return {"copy_gbps": copy_bandwidth(device, (1 << 24) if small else None, reps=reps) / 1e9,
+            "matmul_tflops": matmul_rate(device, matmul_dtype, 256 if small else None, reps=reps) / 1e12,
             "matmul_dtype": str(matmul_dtype).replace("torch.", "")}
 
 
@@ -485,7 +488,7 @@ def main_for(script: str, cases_fn: Callable[[str, bool], list[Case]], marker: s
     reps = args.reps or (3 if args.quick else (20 if device.startswith("cuda") else 7))
     info = env_info(device)
     mdt = matmul_dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    rates = measure_rates(device, mdt)
+    rates = measure_rates(device, mdt, quick=args.quick)
     print(f"# {machine_line(info)}  {info['date_utc']}\n# {rates_line(rates)}", flush=True)
     if args.json:  # rows go out case by case: a run killed later still leaves what it measured
         write_jsonl(args.json, [], info, rates)
