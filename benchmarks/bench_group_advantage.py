@@ -1,6 +1,6 @@
 """group_advantage (GRPO's per-group reward normalisation) against the reference trainer's loop.
 
-    python benchmarks/bench_group_advantage.py                 # CUDA: B = 1024, 8192, 65536
+    python benchmarks/bench_group_advantage.py                 # CUDA: B = 1024, 8192, 32768
     python benchmarks/bench_group_advantage.py --device cpu    # CPU: B = 8192
     python benchmarks/bench_group_advantage.py --quick --json r.jsonl --png r.png
 
@@ -42,7 +42,7 @@ def make(provider: str, size: dict, device: str):
 def cases(device: str, quick: bool) -> list[Case]:
     """The cases of this op on `device` (one size with quick)."""
     if device.startswith("cuda"):
-        sizes = [{"B": 8192}] if quick else [{"B": b} for b in (1024, 8192, 65536)]
+        sizes = [{"B": 8192}] if quick else [{"B": b} for b in (1024, 8192, 32768)]
     else:
         sizes = [{"B": 256}] if quick else [{"B": 8192}]
     # Read the rewards and group ids, write the advantages.

@@ -3,7 +3,7 @@ ways of getting them, forward + backward, side by side in one run.
 
     python benchmarks/bench_linear_token_logprob.py                  # CUDA, bf16: N = 16384 at
                                                                      # (H, V) = (4096, 131072) and (3584, 152064)
-    python benchmarks/bench_linear_token_logprob.py --device cpu --isolate   # CPU, fp32, each provider in its own process
+    python benchmarks/bench_linear_token_logprob.py --device cpu   # CPU, fp32, each provider in its own process
     python benchmarks/bench_linear_token_logprob.py --quick --json r.jsonl --png r.png
 
 Each call computes forward + backward of sum(logprob) ("forward + backward") or of
@@ -65,7 +65,7 @@ def _fn(provider: str, entropy: bool):
     if provider == "eager":
         return _eager(entropy)
     if provider == "compile":
-        return torch.compile(_eager(entropy), dynamic=False)
+        return torch.compile(_eager(entropy))
     if provider == "liger_flce":
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 

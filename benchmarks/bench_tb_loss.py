@@ -45,7 +45,7 @@ def make(provider: str, size: dict, device: str):
         def f(z, x):
             return ref.tb_loss(z, x, ref_lp, old, reward, mask)[0]
         if provider == "compile":
-            f = torch.compile(f, dynamic=False)
+            f = torch.compile(f)
     else:
         raise ValueError(f"bench_tb_loss: unknown provider {provider!r}")
 

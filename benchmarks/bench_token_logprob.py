@@ -56,7 +56,7 @@ def _fn(provider: str, entropy: bool):
     if provider == "eager":
         return eager
     if provider == "compile":
-        return torch.compile(eager, dynamic=False)
+        return torch.compile(eager)
     if provider == "flash_attn":
         import flash_attn.ops.triton.cross_entropy  # noqa: F401  (ImportError: not installed)
 

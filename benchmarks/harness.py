@@ -12,8 +12,10 @@ sizes to sweep, the providers to compare and how to build one call) and hands th
 - peak memory: what one call allocates above what existed before it (its inputs included in
   "before"). CUDA: max_memory_allocated after reset_peak_memory_stats, minus memory_allocated
   before the call. CPU: the growth of the process' peak resident set (VmHWM, reset through
-  /proc/self/clear_refs just before the call); with `isolate`, each provider runs in a fresh
-  subprocess, so no allocator cache or compiled code of another provider is in the count.
+  /proc/self/clear_refs just before the call). Memory the C allocator kept from an earlier
+  call is reused without growing the resident set, so allocations under its mmap threshold (up
+  to 32 MB) can read 0. With `isolate`, each provider runs in a fresh subprocess, so no
+  allocator cache or compiled code of another provider is in the count.
 - a provider whose package is missing (ImportError) is recorded as "not installed", one that
   fails (out of memory, a kernel error) as "failed: ...": the sweep goes on.
 - rates: `copy_bandwidth` (read + write of a large copy) and `matmul_rate` are measured in the
@@ -23,6 +25,7 @@ sizes to sweep, the providers to compare and how to build one call) and hands th
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.util
 import json
@@ -466,8 +469,9 @@ def add_common_args(p) -> None:
     p.add_argument("--quick", action="store_true", help="one (small) size per case, few repeats")
     p.add_argument("--reps", type=int, default=None, help="timed calls per measurement")
     p.add_argument("--providers", default=None, help="comma-separated subset of the providers")
-    p.add_argument("--isolate", action="store_true",
-                   help="each provider in a fresh process (CPU peak memory without the others' caches)")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="each provider in a fresh process, so no other provider's allocator cache or "
+                   "compiled code is in its CPU peak memory (default: on for a full CPU run)")
     p.add_argument("--write", metavar="RESULTS.md", help="put the table into this markdown file")
     p.add_argument("--json", metavar="F", help="append the rows to this JSON-lines file")
     p.add_argument("--png", metavar="F", help="plot time against size into this PNG")
@@ -492,8 +496,9 @@ def main_for(script: str, cases_fn: Callable[[str, bool], list[Case]], marker: s
     print(f"# {machine_line(info)}  {info['date_utc']}\n# {rates_line(rates)}", flush=True)
     if args.json:  # rows go out case by case: a run killed later still leaves what it measured
         write_jsonl(args.json, [], info, rates)
+    isolate = args.isolate if args.isolate is not None else (device == "cpu" and not args.quick)
     rows = run_cases(cases, device, reps, warmup=1 if args.quick else 2,
-                     isolate_script=os.path.abspath(script) if args.isolate else None, quick=args.quick,
+                     isolate_script=os.path.abspath(script) if isolate else None, quick=args.quick,
                      rates=rates, on_case=(lambda rs: append_rows(args.json, rs)) if args.json else None)
     print(markdown_table(rows), flush=True)
     cmd = "python benchmarks/" + os.path.basename(script) + " " + " ".join(sys.argv[1:])
