@@ -179,3 +179,16 @@ def test_gpu_check_rejects_an_unknown_benchmark():
     r = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_check.py"), "--benchmarks", "nope"],
                        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown nope" in r.stderr
+
+
+def test_a_step_past_its_limit_is_killed_and_one_past_the_budget_is_skipped(monkeypatch):
+    import gpu_check
+
+    hang = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    step = gpu_check.run_step("hang", hang, _env(), timeout=3)
+    assert step["status"] == "timed out after 3 s" and step["seconds"] < 20 and step["tail"] == ["started"]
+    failing = [sys.executable, "-c", "import sys; print('1 failed, 2 passed in 0.1s'); sys.exit(3)"]
+    step = gpu_check.run_step("tests", failing, _env(), timeout=60)
+    assert step["status"] == "failed (exit 3)" and gpu_check.test_summary(step["tail"]) == "1 failed, 2 passed in 0.1s"
+    monkeypatch.setattr(gpu_check, "_DEADLINE", 0.0)
+    assert gpu_check.run_step("late", hang, _env(), timeout=60)["status"] == "skipped: budget spent"
