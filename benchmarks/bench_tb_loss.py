@@ -6,9 +6,10 @@ torch.compile of it.
     python benchmarks/bench_tb_loss.py --quick --json r.jsonl --png r.png
 
 Inputs as in a FlowRL step: log Z [B], the policy's token log-probs [B, T] (differentiated), the
-reference and old log-probs, the rewards [B] and a bool response mask whose lengths vary. eager is
-reasonrl_fast.ops.reference.tb_loss. GB/s counts what must move at least: reading the three
-[B, T] float32 log-prob tensors and the mask, and writing the log-probs' gradient.
+reference and old log-probs, the rewards [B] and a response mask whose lengths vary, in the
+log-probs' dtype as the trainer passes it. eager is reasonrl_fast.ops.reference.tb_loss. GB/s
+counts what must move at least: reading the three [B, T] float32 log-prob tensors and the mask,
+and writing the log-probs' gradient.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def make(provider: str, size: dict, device: str):
     old = lp.detach() + 0.01 * torch.randn(b, t, device=device, generator=gen)
     reward = torch.randn(b, device=device, generator=gen)
     lengths = torch.randint(1, t + 1, (b, 1), device=device, generator=gen)
-    mask = torch.arange(t, device=device)[None] < lengths
+    mask = (torch.arange(t, device=device)[None] < lengths).float()
 
     if provider == "ours":
         f = lambda z, x: tb_loss(z, x, ref_lp, old, reward, mask)  # noqa: E731
@@ -62,7 +63,7 @@ def cases(device: str, quick: bool) -> list[Case]:
     else:
         sizes = [{"B": 16, "T": 64}] if quick else [{"B": 512, "T": 8192}]
     return [Case("tb_loss", "forward + backward", sizes, ["ours", "eager", "compile"], make, "float32",
-                 bytes_moved=lambda s: s["B"] * s["T"] * (3 * 4 + 1 + 4))]
+                 bytes_moved=lambda s: s["B"] * s["T"] * (3 * 4 + 4 + 4))]
 
 
 def main(argv=None) -> list[dict]:

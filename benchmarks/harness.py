@@ -385,7 +385,7 @@ def rates_line(rates: dict) -> str:
     if not rates:
         return ""
     return (f"Measured in the same run: copy bandwidth {rates['copy_gbps']:.1f} GB/s (read + write), "
-            f"{rates['matmul_dtype']} matmul {rates['matmul_tflops']:.2f} TFLOP/s.")
+            f"{rates['matmul_dtype']} matmul {rates['matmul_tflops']:.3g} TFLOP/s.")
 
 
 def write_markdown(path: str, marker: str, heading: str, rows: list[dict], rates: dict,
