@@ -2,7 +2,7 @@
 the GPU benchmarks, and write one results file. Every step is timed and logged; a failed step is
 recorded and the next one still runs.
 
-    python benchmarks/gpu_check.py                       # full sweep, about 5 minutes on an H100
+    python benchmarks/gpu_check.py                       # full sweep, stopped at 5 minutes (--budget)
     python benchmarks/gpu_check.py --quick               # tests + one size per benchmark
     python benchmarks/gpu_check.py --wheels DIR          # first install the wheels in DIR (no network)
     python benchmarks/gpu_check.py --write benchmarks/RESULTS.md   # also the "GPU" section there
