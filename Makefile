@@ -27,15 +27,13 @@ train: install
 bench: install
 	$(PYTHON) benchmarks/bench_ops.py --write benchmarks/RESULTS.md
 
-# On a machine with a GPU, a CUDA build of torch and nvcc (nothing is installed): build the CUDA
-# kernels in place for the card present, run the op tests (CUDA kernels and compiled Triton
-# included), then the GPU benchmarks. Not yet run on a GPU.
+# On a machine with one GPU, a CUDA build of torch and nvcc, no network: build the CUDA kernels in
+# place for the card present (all cores), run the op tests (CUDA kernels and compiled Triton), then
+# the GPU benchmarks, each step timed and limited; one results file in benchmarks/gpu_results/.
+# WHEELS=dir installs the wheels there first (liger-kernel, cut-cross-entropy: the peers of the
+# benchmarks); GPU_CHECK_ARGS="--quick" for one size per benchmark. See docs/benchmarks.md.
 gpu-check:
-	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} FORCE_CUDA=1 MAX_JOBS=$${MAX_JOBS:-8} \
-		$(PYTHON) setup.py build_ext --inplace
-	$(PYTHON) -m pytest -q tests/ops
-	$(PYTHON) benchmarks/bench_gpu_ops.py
-	$(PYTHON) benchmarks/bench_linear_token_logprob.py
+	$(PYTHON) -u benchmarks/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build *.egg-info reasonrl_fast/*.so

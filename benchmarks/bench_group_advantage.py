@@ -1,0 +1,61 @@
+"""group_advantage (GRPO's per-group reward normalisation) against verl's loop over groups.
+
+    python benchmarks/bench_group_advantage.py                 # CUDA: B = 1024, 8192, 32768
+    python benchmarks/bench_group_advantage.py --device cpu    # CPU: B = 8192
+    python benchmarks/bench_group_advantage.py --quick --json r.jsonl --png r.png
+
+Rewards of B responses in groups of 8, the groups scattered over the batch (a shuffled batch),
+normalised by their group's mean and standard deviation. eager is
+reasonrl_fast.ops.reference.group_advantage: a Python loop over the groups, as the reference
+trainer computes it. Forward only: rewards carry no gradient.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+from harness import Case  # noqa: E402
+
+
+def make(provider: str, size: dict, device: str):
+    from reasonrl_fast.ops import group_advantage
+    from reasonrl_fast.ops import reference as ref
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    b = size["B"]
+    r = torch.randn(b, device=device, generator=gen)
+    ids = (torch.arange(b, device=device) // 8)[torch.randperm(b, device=device, generator=gen)]
+    if provider == "ours":
+        return lambda: group_advantage(r, ids)
+    if provider == "eager":
+        return lambda: ref.group_advantage(r, ids)
+    raise ValueError(f"bench_group_advantage: unknown provider {provider!r}")
+
+
+def cases(device: str, quick: bool) -> list[Case]:
+    """The cases of this op on `device` (one size with quick)."""
+    if device.startswith("cuda"):
+        sizes = [{"B": 8192}] if quick else [{"B": b} for b in (1024, 8192, 32768)]
+    else:
+        sizes = [{"B": 256}] if quick else [{"B": 8192}]
+    # Read the rewards and group ids, write the advantages.
+    return [Case("group_advantage", "forward", sizes, ["ours", "eager"], make, "float32",
+                 bytes_moved=lambda s: s["B"] * (4 + 8 + 4))]
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    harness.add_common_args(p)
+    args = p.parse_args(argv)
+    return harness.main_for(__file__, cases, "group-advantage", "group_advantage", args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The benchmark harness on CPU at tiny sizes, every per-op script's `--device cpu --quick`, and
+gpu_check.py's dry run on CPU (no build, no tests). The scripts run as concurrent subprocesses
+with one thread each: about 35 s on the 2-core development machine under load."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+sys.path.insert(0, BENCH)
+
+import harness  # noqa: E402
+from harness import Case  # noqa: E402
+
+SCRIPTS = ["token_logprob", "linear_token_logprob", "group_advantage", "tb_loss", "masked_mean"]
+DIRECT = [s for s in SCRIPTS if s != "tb_loss"]  # tb_loss runs under gpu_check's dry run
+
+
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        x for x in (ROOT, os.environ.get("PYTHONPATH")) if x))
+
+
+@pytest.fixture(scope="module")
+def script_runs(tmp_path_factory):
+    """Every per-op script's quick CPU run and gpu_check's dry run, started together."""
+    tmp = tmp_path_factory.mktemp("bench")
+    procs = {}
+    for name in DIRECT:
+        cmd = [sys.executable, os.path.join(BENCH, f"bench_{name}.py"), "--device", "cpu", "--quick",
+               "--providers", "ours,eager", "--reps", "1", "--json", str(tmp / f"{name}.jsonl")]
+        if name == "group_advantage":  # also the path where each provider runs in its own process
+            cmd += ["--isolate", "--png", str(tmp / "ga.png")]
+        procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)
+    (tmp / "RESULTS.md").write_text("# Results\n\n<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->\n")
+    procs["gpu_check"] = subprocess.Popen(
+        [sys.executable, os.path.join(BENCH, "gpu_check.py"), "--device", "cpu", "--no-build", "--skip-tests",
+         "--quick", "--benchmarks", "tb_loss", "--providers", "ours,eager", "--out", str(tmp / "check"),
+         "--write", str(tmp / "RESULTS.md")],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = {}
+    for name, p in procs.items():
+        text, _ = p.communicate(timeout=240)
+        out[name] = (p.returncode, text)
+    return tmp, out
+
+
+# --- the harness in this process ---------------------------------------------------------------
+
+def test_measure_returns_a_positive_median_and_rejects_no_reps():
+    x = torch.randn(256, 256)
+    assert harness.measure(lambda: x @ x, "cpu", reps=3, warmup=1) > 0
+    with pytest.raises(ValueError, match="reps"):
+        harness.measure(lambda: None, "cpu", reps=0)
+
+
+def test_peak_memory_counts_what_a_call_allocates():
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("no /proc/self/clear_refs")
+    held = []
+    mb = harness.peak_memory_mb(lambda: held.append(torch.ones(64 * 2**20 // 4)), "cpu")
+    assert 50 < mb < 200, mb
+    assert harness.peak_memory_mb(lambda: None, "cpu") < 20
+
+
+def test_rates_are_positive():
+    assert harness.copy_bandwidth("cpu", nbytes=1 << 20, reps=2) > 0
+    assert harness.matmul_rate("cpu", torch.float32, n=64, reps=2) > 0
+
+
+def _case():
+    def make(provider, size, device):
+        if provider == "missing":
+            raise ImportError("no module named 'nowhere'", name="nowhere")
+        x = torch.randn(size["N"], device=device)
+        if provider == "oom":
+            def oom():
+                raise RuntimeError("CUDA out of memory. Tried to allocate 1 GiB")
+            return oom
+        if provider == "eager":
+            return lambda: (x * 2).sum()
+        return lambda: x.sum()
+    return Case("toy", "forward", [{"N": 1000}, {"N": 4000}], ["ours", "eager", "missing", "oom"], make,
+                bytes_moved=lambda s: 4 * s["N"], flops=lambda s: s["N"])
+
+
+def test_a_missing_or_failing_provider_is_recorded_and_the_sweep_goes_on():
+    rows = harness.run_cases([_case()], "cpu", reps=2, warmup=1,
+                             rates={"copy_gbps": 1.0, "matmul_tflops": 1.0, "matmul_dtype": "float32"}, log=False)
+    assert len(rows) == 8
+    by = {(r["provider"], r["size"]["N"]): r for r in rows}
+    for n in (1000, 4000):
+        assert by[("missing", n)]["status"] == "not installed (nowhere)" and by[("missing", n)]["ms"] is None
+        assert by[("oom", n)]["status"] == "failed: out of memory"
+        ours = by[("ours", n)]
+        assert ours["status"] == "ok" and ours["ms"] > 0
+        assert ours["gbps"] == pytest.approx(4 * n / (ours["ms"] / 1e3) / 1e9)
+        assert ours["pct_copy_bw"] == pytest.approx(100 * ours["gbps"])
+        assert ours["vs_eager"] == pytest.approx(by[("eager", n)]["ms"] / ours["ms"])
+
+
+def test_the_table_round_trips_without_touching_other_sections(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# R\n\n<!-- a:begin -->\nA\n<!-- a:end -->\n\nprose\n\n<!-- b:begin -->\nB\n<!-- b:end -->\n")
+    rows = harness.run_cases([_case()], "cpu", reps=1, warmup=0, log=False)
+    info = harness.env_info("cpu")
+    for _ in range(2):  # the second write replaces the first
+        harness.write_markdown(str(path), "toy", "Toy", rows, {}, info, "cmd")
+    text = path.read_text()
+    assert text.count("<!-- toy:begin -->") == 1 and text.count("| toy | forward |") == 8
+    assert "<!-- a:begin -->\nA\n<!-- a:end -->" in text and "prose" in text
+    assert "<!-- b:begin -->\nB\n<!-- b:end -->" in text
+    assert "not installed (nowhere)" in text and info["torch"] in text
+
+
+def test_jsonl_round_trips_and_a_bad_line_is_named(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    rows = harness.run_cases([_case()], "cpu", reps=1, warmup=0, log=False)
+    harness.write_jsonl(str(path), rows, {"torch": "x"}, {"copy_gbps": 1.0})
+    envs, back = harness.read_jsonl(str(path))
+    assert envs[0]["copy_gbps"] == 1.0 and [r["provider"] for r in back] == [r["provider"] for r in rows]
+    with open(path, "a") as f:
+        f.write("{oops\n")
+    with pytest.raises(ValueError, match=r"rows.jsonl:10"):
+        harness.read_jsonl(str(path))
+
+
+def test_plot_writes_a_png(tmp_path):
+    rows = harness.run_cases([_case()], "cpu", reps=1, warmup=0, log=False)
+    out = harness.plot(rows, str(tmp_path / "toy.png"), "toy")
+    assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert harness.plot([r for r in rows if r["status"] != "ok"], str(tmp_path / "none.png")) is None
+
+
+# --- the scripts ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_script_runs_quick_on_cpu_with_ours_and_eager(script_runs, name):
+    tmp, out = script_runs
+    rc, text = out[name if name in DIRECT else "gpu_check"]
+    assert rc == 0, text[-2000:]
+    if name in DIRECT:
+        envs, rows = harness.read_jsonl(str(tmp / f"{name}.jsonl"))
+    else:
+        data = json.loads((tmp / "check.json").read_text())
+        envs, rows = data["per_benchmark_rates"], data["rows"]
+    assert envs and envs[0]["device"] == "cpu" and envs[0]["copy_gbps"] > 0
+    providers = {r["provider"] for r in rows if r["status"] == "ok" and r["ms"] > 0}
+    assert {"ours", "eager"} <= providers, rows
+    for p in ("ours", "eager"):  # the printed table has a row for each
+        assert any(f"| {name} |" in line and f"| {p} " in line for line in text.splitlines()), text
+    if name == "group_advantage":
+        assert open(tmp / "ga.png", "rb").read(4) == b"\x89PNG"
+
+
+def test_gpu_check_dry_run_writes_its_results_file(script_runs):
+    tmp, out = script_runs
+    rc, text = out["gpu_check"]
+    assert rc == 0, text[-2000:]
+    md = (tmp / "check.md").read_text()
+    data = json.loads((tmp / "check.json").read_text())
+    assert data["env"]["torch"] == torch.__version__ and data["env"]["cpu_count"] == os.cpu_count()
+    assert data["rates"]["copy_gbps"] > 0 and data["rates"]["matmul_tflops"] > 0
+    assert [s["name"] for s in data["steps"]] == ["bench tb_loss"] and data["steps"][0]["status"] == "ok"
+    assert {r["provider"] for r in data["rows"]} == {"ours", "eager"}
+    assert torch.__version__ in md and "| bench tb_loss | ok |" in md and "| tb_loss | forward + backward |" in md
+    results = (tmp / "RESULTS.md").read_text()
+    assert "<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->" in results
+    assert "<!-- ops-gpu:begin -->" in results and "| tb_loss |" in results
+
+
+def test_gpu_check_rejects_an_unknown_benchmark():
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_check.py"), "--benchmarks", "nope"],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown nope" in r.stderr
+
+
+def test_a_step_past_its_limit_is_killed_and_one_past_the_budget_is_skipped(monkeypatch):
+    import gpu_check
+
+    hang = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    step = gpu_check.run_step("hang", hang, _env(), timeout=3)
+    assert step["status"] == "timed out after 3 s" and step["seconds"] < 20 and step["tail"] == ["started"]
+    failing = [sys.executable, "-c", "import sys; print('1 failed, 2 passed in 0.1s'); sys.exit(3)"]
+    step = gpu_check.run_step("tests", failing, _env(), timeout=60)
+    assert step["status"] == "failed (exit 3)" and gpu_check.test_summary(step["tail"]) == "1 failed, 2 passed in 0.1s"
+    monkeypatch.setattr(gpu_check, "_DEADLINE", 0.0)
+    assert gpu_check.run_step("late", hang, _env(), timeout=60)["status"] == "skipped: budget spent"
