@@ -12,7 +12,7 @@ and in each Ray worker; ours (reasonrl_fast.integrations.verl_plugin) calls `reg
   supplies them with `flowrl_inputs(...)` (see its docstring);
 - with REASONRL_FAST_VERL_PATCH=1, `patch()`: see there.
 
-The math is docs/math.md §Token log-prob, §Group advantage and §FlowRL trajectory balance.
+The math: docs/math.md §Token log-prob and entropy, §Group advantage, §FlowRL trajectory balance.
 Importing this module imports nothing of verl; `register()` imports verl's core_algos (its
 registries live there) and the ops are imported on first use.
 """
