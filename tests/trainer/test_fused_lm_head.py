@@ -181,3 +181,11 @@ def test_trainer_run_with_the_fused_head(train, tmp_path):
     assert rows, read_metrics(out)
     assert rows[0]["tb/is_weight_mean"] == pytest.approx(1.0, abs=1e-6)
     assert rows[0]["tb/delta_abs_mean"] == rows[0]["tb/delta_abs_mean"]  # finite, not NaN
+
+
+def test_the_setting_does_not_change_the_warm_start_cache():
+    from reasonrl_fast.trainer.sft import sft_cache_path
+
+    base = sft_cache_path(load_config(None, []))
+    assert sft_cache_path(load_config(None, ["model.fused_lm_head=true"])) == base
+    assert sft_cache_path(load_config(None, ["model.hidden_size=64"])) != base
