@@ -145,7 +145,10 @@ def main() -> None:
             f"times are medians of {args.reps} steps (table 2: {args.reps + 2}), peaks the max RSS delta of a fresh process "
             f"per variant); {time.time() - t_start:.0f} s in all. One step: forward with entropy, "
             f"GRPO loss, backward.")
-    body = "\n".join(["", note, "", *lines, ""])
+    reading = ("The CPU threshold of `model.fused_lm_head=auto` (2^27 tokens x vocabulary, "
+               "trainer/lm_head.py) is read off these tables: on CPU the fused head buys memory, "
+               "not time.")
+    body = "\n".join(["", note, "", *lines, "", reading, ""])
     print(body)
     if not args.quick:
         from results_md import write_section
