@@ -5,9 +5,10 @@
 
 One update step as the trainer's worker runs it: `Actor.forward` with entropy, the GRPO loss
 (token-mean, clip-higher) and its backward, on a batch of sequences of 16 prompt tokens and
-256 response tokens (table 1; one shorter sequence below 256 tokens) or 32 (table 2). Variants: unfused (the LM head
-on the response positions, then `token_logprob` on the [tokens, V] logits) and fused
-(`linear_token_logprob` from the hidden states and the head weight).
+256 response tokens (table 1; one shorter sequence below 256 tokens) or 32 (table 2).
+Variants: unfused (the LM head on the response positions, then `token_logprob` on the
+[tokens, V] logits) and fused (`linear_token_logprob` from the hidden states and the head
+weight).
 
 Table 1: a small Qwen2-style model built from a config (hidden 256, 2 layers) with Qwen2's
 151,936-token vocabulary, at several token counts. Table 2: the embedded default's model
@@ -89,10 +90,12 @@ def measure(hidden: int, vocab: int, tokens: int, response: int, reps: int) -> d
     out = {}
     for variant in ("unfused", "fused"):
         cmd = [sys.executable, __file__, "--one", variant, "--hidden", str(hidden), "--vocab",
-               str(vocab), "--tokens", str(tokens), "--response", str(response), "--reps", str(reps)]
+               str(vocab), "--tokens", str(tokens), "--response", str(response),
+               "--reps", str(reps)]
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if r.returncode != 0:
-            raise SystemExit(f"{variant} H={hidden} V={vocab} N={tokens} failed:\n{r.stderr[-2000:]}")
+            raise SystemExit(f"{variant} H={hidden} V={vocab} N={tokens} failed:\n"
+                             f"{r.stderr[-2000:]}")
         out[variant] = json.loads(r.stdout.strip().splitlines()[-1])
     return out
 
@@ -101,7 +104,8 @@ def _row(res: dict) -> str:
     u, f = res["unfused"], res["fused"]
     mib = 2**20
     return (f"| {u['tokens']:,} | {u['vocab']:,} | {u['tokens'] * u['vocab'] / 1e6:,.1f} "
-            f"| {u['time_s'] * 1e3:,.0f} | {f['time_s'] * 1e3:,.0f} | {u['time_s'] / f['time_s']:.2f} "
+            f"| {u['time_s'] * 1e3:,.0f} | {f['time_s'] * 1e3:,.0f} "
+            f"| {u['time_s'] / f['time_s']:.2f} "
             f"| {u['peak_extra_bytes'] / mib:,.0f} | {f['peak_extra_bytes'] / mib:,.0f} |")
 
 
@@ -120,7 +124,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="fewer sizes; RESULTS.md is left alone")
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.hidden, args.vocab, args.tokens, args.response, args.reps)))
+        res = run_one(args.one, args.hidden, args.vocab, args.tokens, args.response, args.reps)
+        print(json.dumps(res))
         return
     t_start = time.time()
     load = os.getloadavg()[0]
@@ -141,10 +146,11 @@ def main() -> None:
 
     note = (f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on a 2-core CPU, "
             f"torch {torch.__version__}, one torch thread per variant (a trainer worker's), run "
-            f"with `nice` while other jobs shared the cores (1-minute load {load:.1f} at the start; "
-            f"times are medians of {args.reps} steps (table 2: {args.reps + 2}), peaks the max RSS delta of a fresh process "
-            f"per variant); {time.time() - t_start:.0f} s in all. One step: forward with entropy, "
-            f"GRPO loss, backward.")
+            f"with `nice` while other jobs shared the cores (1-minute load {load:.1f} at the "
+            f"start; "
+            f"times are medians of {args.reps} steps (table 2: {args.reps + 2}), peaks the max "
+            f"RSS delta of a fresh process per variant); {time.time() - t_start:.0f} s in all. "
+            f"One step: forward with entropy, GRPO loss, backward.")
     reading = ("The CPU threshold of `model.fused_lm_head=auto` (2^27 tokens x vocabulary, "
                "trainer/lm_head.py) is read off these tables: on CPU the fused head buys memory, "
                "not time.")

@@ -25,10 +25,10 @@ FUSED_CPU_MIN_ELEMENTS = 1 << 27
 
 # Config attributes (of the model's config or its text config) that change the logits after
 # the head. A value of None, or 1 for the scale factors, leaves them alone.
-_SOFTCAP = ("final_logit_softcapping",)                       # Gemma 2/3/4, VaultGemma, ...
-_SCALES = ("logit_scale",                                      # Cohere, Cohere2
-           "logits_scaling",                                   # Granite family, MiniCPM3, HyperCLOVA X
-           "lm_head_multiplier",                               # Falcon-H1
+_SOFTCAP = ("final_logit_softcapping",)  # Gemma 2/3/4, VaultGemma, ...
+_SCALES = ("logit_scale",         # Cohere, Cohere2
+           "logits_scaling",      # Granite family, MiniCPM3, HyperCLOVA X
+           "lm_head_multiplier",  # Falcon-H1
            "output_multiplier")
 
 
@@ -116,7 +116,9 @@ def check_model(setting: str, config) -> str | None:
     blocker = head_blocker(lm)
     if blocker is not None and setting == "true":
         raise _refusal(blocker)
-    return None if blocker is None else f"fused LM head off: {blocker} (logits from the model's own forward)"
+    if blocker is None:
+        return None
+    return f"fused LM head off: {blocker} (logits from the model's own forward)"
 
 
 def tokens_per_forward(cfg, world: int) -> int:

@@ -134,7 +134,8 @@ class _ScaledHead(nn.Module):
     (lambda lm: setattr(lm.config, "logit_scale", 0.0625), "logit_scale=0.0625"),
     (lambda lm: setattr(lm.config, "logits_scaling", 8.0), "logits_scaling=8.0"),
     (lambda lm: setattr(lm, "lm_head", nn.Linear(32, 61, bias=True)), "bias"),
-    (lambda lm: setattr(lm, "lm_head", _ScaledHead(lm.lm_head)), "_ScaledHead, not a plain nn.Linear"),
+    (lambda lm: setattr(lm, "lm_head", _ScaledHead(lm.lm_head)),
+     "_ScaledHead, not a plain nn.Linear"),
 ])
 def test_heads_that_are_not_plain_linear_are_named(change, expect):
     lm = _qwen(False)
