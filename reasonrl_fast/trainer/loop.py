@@ -51,8 +51,8 @@ def _run(cfg, log) -> dict:
     tok = load_tokenizer(model_path)
     train_set, val_set = load_datasets(cfg, tok)
     load_reward_fn(cfg.data.reward_fn)  # a bad spec fails now, not after the cluster started
-    # model.fused_lm_head=true on a head it cannot fuse fails now too (a ConfigError).
-    check_model(cfg.model.fused_lm_head, AutoConfig.from_pretrained(model_path))
+    if cfg.model.fused_lm_head == "true":  # on a head it cannot fuse: a ConfigError now too
+        check_model(cfg.model.fused_lm_head, AutoConfig.from_pretrained(model_path))
 
     from reasonrl_fast.trainer.cluster import Cluster  # imports ray
 
