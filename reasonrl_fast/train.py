@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> dict:
     # a refused run directory or checkpoint, a GenRM server that cannot start: the message says why
     except (CheckpointError, GenRMStartError) as e:
         sys.exit(f"error: {e}")
+    except ConfigError as e:  # found once the model is known (model.fused_lm_head)
+        sys.exit(f"config error: {e}")
 
 
 if __name__ == "__main__":

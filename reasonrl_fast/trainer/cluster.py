@@ -193,7 +193,7 @@ class Cluster:
                            ).remote(cfg, i, world, model_path)
             for i in range(world)]
         addr, port = ray.get(self.workers[0].address.remote())
-        gather([w.setup.remote(addr, port) for w in self.workers], "setup")
+        self.setup_info = gather([w.setup.remote(addr, port) for w in self.workers], "setup")[0]
         self.hf_config = AutoConfig.from_pretrained(model_path)
         self.world = world
 

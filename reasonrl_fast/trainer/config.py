@@ -38,6 +38,12 @@ class ModelConfig:
     dtype: str = "auto"
     """Parameter dtype of the master weights: auto (float32), float32 or bfloat16. On GPU the
     forward/backward runs in bf16 via FSDP2 mixed precision either way."""
+    fused_lm_head: str = "auto"
+    """Log-probs and entropies straight from the final hidden states and the LM-head weight
+    (`linear_token_logprob`), never forming the [tokens, vocabulary] logits: true, false, or
+    auto (on GPU always; on CPU when one forward's response tokens x vocabulary is large enough
+    to gain, see docs/trainer.md). A head that is not a plain linear layer (a bias, soft-capped
+    or scaled logits) keeps the unfused path; with true that is an error."""
 
 
 @dataclass
@@ -337,6 +343,9 @@ def validate(cfg: Config) -> Config:
                 "fapo.genrm.max_retries", "fapo.genrm.temperature", "fapo.genrm.cooldown_s"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be >= 0")
+    from reasonrl_fast.trainer.lm_head import parse_setting  # imports this module
+
+    cfg.model.fused_lm_head = parse_setting(cfg.model.fused_lm_head)
     for key in ("data.flaw_prob", "data.carry_slip_prob", "data.carry_frac"):
         if not 0 <= _get(cfg, key) <= 1:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be in [0, 1]")

@@ -14,6 +14,7 @@ import random
 import time
 
 import torch
+from transformers import AutoConfig
 
 from reasonrl_fast.data.addition import flawed_step
 from reasonrl_fast.data.records import prompt_ids
@@ -24,6 +25,7 @@ from reasonrl_fast.trainer import checkpoint as ckpt
 from reasonrl_fast.trainer.algos import advantages, fapo_rewards, overlong_penalty
 from reasonrl_fast.trainer.config import to_yaml
 from reasonrl_fast.trainer.data import Sampler, load_datasets
+from reasonrl_fast.trainer.lm_head import check_model
 from reasonrl_fast.trainer.logger import MetricsLogger
 from reasonrl_fast.trainer.sft import warm_start
 
@@ -49,6 +51,8 @@ def _run(cfg, log) -> dict:
     tok = load_tokenizer(model_path)
     train_set, val_set = load_datasets(cfg, tok)
     load_reward_fn(cfg.data.reward_fn)  # a bad spec fails now, not after the cluster started
+    if cfg.model.fused_lm_head == "true":  # on a head it cannot fuse: a ConfigError now too
+        check_model(cfg.model.fused_lm_head, AutoConfig.from_pretrained(model_path))
 
     from reasonrl_fast.trainer.cluster import Cluster  # imports ray
 
@@ -64,6 +68,7 @@ def _run(cfg, log) -> dict:
         if judge is not None:
             judge.close()
         raise
+    log(cluster.setup_info["lm_head"])
     pool = None
     try:
         r = cfg.reward

@@ -1,38 +1,84 @@
 """The trained module: the causal LM plus (FlowRL) the Z-head, under one root so FSDP2 shards
 and gathers them together, and the batch layout that turns (prompt, response) id lists into
-tensors. Log-probs and entropies come from the fused `token_logprob` op."""
+tensors. Log-probs and entropies come from the fused ops: `linear_token_logprob` straight from
+the final hidden states (`fused`), else `token_logprob` on the response positions' logits."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from reasonrl_fast.ops import ZHead, token_logprob
+from reasonrl_fast.ops import ZHead, linear_token_logprob, token_logprob
+from reasonrl_fast.trainer.lm_head import head_blocker
 
 
 class Actor(nn.Module):
     """`lm` is a Hugging Face causal LM; `proj_z` (FlowRL) is attached before sharding so the
     same optimiser trains it and the TB loss reaches the backbone through log Z
-    (docs/math.md §Z-head)."""
+    (docs/math.md §Z-head). `fused`: log-probs from the hidden states and the head weight,
+    without logits (only for a plain linear head, see trainer/lm_head.py)."""
 
-    def __init__(self, lm: nn.Module, zhead_layers: int = 0):
+    def __init__(self, lm: nn.Module, zhead_layers: int = 0, fused: bool = False):
         super().__init__()
         self.lm = lm
         self.proj_z = ZHead(lm.config.hidden_size, num_layers=zhead_layers) if zhead_layers else None
+        blocker = head_blocker(lm)
+        if fused and blocker is not None:
+            raise ValueError(f"Actor(fused=True): {blocker}")
+        self.fused = fused
+        # A head whose logits the model's forward changes (soft-cap, scale) is run through that
+        # forward, so the unfused log-probs are the model's own.
+        self.plain_head = blocker is None
 
     def forward(self, batch: dict, temperature: float = 1.0, entropy: bool = False, log_z: bool = False):
         """Returns (logprob [B, R], entropy [B, R] or None, log_z [B] or None) for the response
         tokens of `batch` (see `make_batch`)."""
-        out = self.lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            position_ids=batch["position_ids"], use_cache=False)
-        h = out.last_hidden_state
         p = batch["prompt_len"]
-        # Only the positions that predict response tokens go through the LM head.
-        logits = self.lm.lm_head(h[:, p - 1:-1])
-        res = token_logprob(logits, batch["targets"], temperature=temperature, return_entropy=entropy)
+        targets = batch["targets"]
+        if self.plain_head:
+            h = self._hidden(batch)
+            hr = h[:, p - 1:-1]  # only the positions that predict response tokens
+            if self.fused:
+                # Inside the root's forward FSDP2 has unsharded the head: a plain tensor here
+                # (the tied embedding when there is one), whose gradient FSDP reduces as usual.
+                w = self.lm.lm_head.weight
+                if hasattr(w, "full_tensor"):
+                    raise RuntimeError("fused LM head: lm_head.weight is still sharded in the "
+                                       "forward; shard the head with the root module")
+                res = linear_token_logprob(hr, w, targets, temperature=temperature,
+                                           return_entropy=entropy)
+            else:
+                res = token_logprob(self.lm.lm_head(hr), targets, temperature=temperature,
+                                    return_entropy=entropy)
+        else:
+            h, logits = self._model_logits(batch, targets.shape[1])
+            res = token_logprob(logits, targets, temperature=temperature, return_entropy=entropy)
         lp, ent = (res if entropy else (res, None))
         z = self.proj_z(h, batch["prompt_mask"]) if (log_z and self.proj_z is not None) else None
         return lp, ent, z
+
+    def _hidden(self, batch: dict) -> torch.Tensor:
+        """Final hidden states (after the last norm), without running the head."""
+        out = self.lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            position_ids=batch["position_ids"], use_cache=False)
+        return out.last_hidden_state
+
+    def _model_logits(self, batch: dict, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final hidden states, logits of the positions predicting the r response tokens) from
+        the causal LM's own forward, so its logit transforms apply; the hidden states are caught
+        on the way out of the base model (the Z-head reads them)."""
+        caught = {}
+
+        def hook(_module, _args, out):
+            caught["h"] = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+        handle = self.lm.model.register_forward_hook(hook)
+        try:
+            out = self.lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                          position_ids=batch["position_ids"], use_cache=False, logits_to_keep=r + 1)
+        finally:
+            handle.remove()
+        return caught["h"], out.logits[:, :-1]
 
 
 def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int, device) -> dict:

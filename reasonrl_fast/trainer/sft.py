@@ -4,6 +4,7 @@ test) reuses it and a changed config never picks up a stale one."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -22,7 +23,10 @@ SFT_VERSION = 4  # bump when the supervised recipe or the saved tokenizer change
 
 
 def sft_cache_path(cfg) -> str:
-    key = config_hash(cfg.model, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.data.digits,
+    # The head's log-prob path does not shape the warm start: leaving it out keeps one cache for
+    # both settings (and the hash of configs written before the key existed).
+    model = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k != "fused_lm_head"}
+    key = config_hash(model, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.data.digits,
                       cfg.data.carry_slip_prob, cfg.data.carry_frac, cfg.data.flaw_prob, cfg.trainer.seed,
                       SFT_VERSION)
     return os.path.join(os.path.expanduser(cfg.sft.cache_dir), key)

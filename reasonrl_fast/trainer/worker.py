@@ -18,6 +18,7 @@ from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.trainer import algos
 from reasonrl_fast.trainer import checkpoint as ckpt
 from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, rendezvous_socket, shard
+from reasonrl_fast.trainer.lm_head import tokens_per_forward, use_fused
 from reasonrl_fast.trainer.policy import Actor, make_batch, slice_batch
 
 
@@ -47,12 +48,16 @@ class Worker:
         self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id, self.device)
         bf16 = self.device.type == "cuda"
         self.flowrl = cfg.algo == "flowrl"
-        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.flowrl else 0).to(self.device)
+        # One decision for the run: the update, old and reference log-probs all take the same
+        # path, so the ratio at the first update is exactly 1.
+        fused, head_msg = use_fused(cfg.model.fused_lm_head, lm, self.device,
+                                    tokens_per_forward(cfg, self.world))
+        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.flowrl else 0, fused=fused).to(self.device)
         shard(self.actor, lm, mesh, bf16)
         self.ref = None
         if self.flowrl or cfg.grpo.kl_coef > 0:  # frozen reference, sharded the same way
             ref_lm = load_model(self.model_path, dtype)
-            self.ref = Actor(ref_lm).to(self.device).eval()
+            self.ref = Actor(ref_lm, fused=fused).to(self.device).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
             shard(self.ref, ref_lm, mesh, bf16)
@@ -65,7 +70,8 @@ class Worker:
         self.opt = torch.optim.AdamW(groups, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
         warm = max(0, o.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-        return {"params": sum(p.numel() for p in lm_params), "device": str(self.device)}
+        return {"params": sum(p.numel() for p in lm_params), "device": str(self.device),
+                "lm_head": head_msg}
 
     # ------------------------------------------------------------------ rollout
 

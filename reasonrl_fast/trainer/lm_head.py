@@ -1,0 +1,128 @@
+"""Whether the trainer computes log-probs with the fused LM head (`model.fused_lm_head`).
+
+Fused: `linear_token_logprob(h, lm_head.weight, ids)` turns the final hidden states into
+log-probs and entropies without the [tokens, vocabulary] logits. That is exact only when the
+model's logits are `h @ lm_head.weight.T`: `head_blocker` names what would make them anything
+else, and the trainer then keeps the unfused path (docs/trainer.md lists the checks).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from reasonrl_fast.trainer.config import ConfigError
+
+# CPU only: `auto` fuses when one forward's response tokens x vocabulary reach this (2^27, 512 MiB
+# of float32 logits). Measured with benchmarks/bench_fused_lm_head.py (the update's forward +
+# backward, one thread, 2-core CPU, 2026-11-26): on CPU the fused op was never clearly faster,
+# 0.81-0.94x on hidden 256 x vocabulary 151,936 and 0.77-1.05x at the embedded size (hidden 128),
+# as it forms the logits twice (forward and backward). What it buys is memory: at 1,024 tokens x
+# 151,936 (156 M) the update's peak fell from 1,267 to 361 MiB for 12 % more time, at 4,096
+# tokens (622 M) from 5,039 to 512 MiB for 6 %; at 256 tokens (39 M) it saved nothing and cost
+# 19 %. The embedded default (2,048 x 99 = 0.2 M) stays unfused.
+FUSED_CPU_MIN_ELEMENTS = 1 << 27
+
+# Config attributes (of the model's config or its text config) that change the logits after
+# the head. A value of None, or 1 for the scale factors, leaves them alone.
+_SOFTCAP = ("final_logit_softcapping",)  # Gemma 2/3/4, VaultGemma, ...
+_SCALES = ("logit_scale",         # Cohere, Cohere2
+           "logits_scaling",      # Granite family, MiniCPM3, HyperCLOVA X
+           "lm_head_multiplier",  # Falcon-H1
+           "output_multiplier")
+
+
+def parse_setting(value) -> str:
+    """'auto', 'true' or 'false' from a config value (YAML booleans included)."""
+    v = str(value).strip().lower()
+    if v not in ("auto", "true", "false"):
+        raise ConfigError(f"model.fused_lm_head={value!r}: must be auto, true or false")
+    return v
+
+
+def _configs(lm: nn.Module) -> list:
+    cfg = getattr(lm, "config", None)
+    if cfg is None:
+        return []
+    out = [cfg]
+    get_text = getattr(cfg, "get_text_config", None)
+    if callable(get_text):
+        text = get_text()
+        if text is not None and text is not cfg:
+            out.append(text)
+    return out
+
+
+def head_blocker(lm: nn.Module) -> str | None:
+    """Why `lm`'s logits are not `final hidden @ lm_head.weight.T` (None: they are)."""
+    head = getattr(lm, "lm_head", None)
+    if head is None or not hasattr(lm, "model"):
+        return f"{type(lm).__name__} has no `model` + `lm_head` pair"
+    if type(head) is not nn.Linear:  # a subclass (quantised, ...) may compute something else
+        return f"lm_head is a {type(head).__name__}, not a plain nn.Linear"
+    if head.bias is not None:
+        return "lm_head has a bias"
+    for c in _configs(lm):
+        for key in _SOFTCAP:
+            if getattr(c, key, None) is not None:
+                return f"config.{key}={getattr(c, key)} soft-caps the logits"
+        for key in _SCALES:
+            v = getattr(c, key, None)
+            if v is not None and float(v) != 1.0:
+                return f"config.{key}={v} scales the logits"
+    return None
+
+
+def _refusal(blocker: str) -> ConfigError:
+    return ConfigError(f"model.fused_lm_head=true, but {blocker}: the fused head computes "
+                       f"hidden @ lm_head.weight.T only; use model.fused_lm_head=auto or false")
+
+
+def use_fused(setting: str, lm: nn.Module, device: torch.device, tokens: int) -> tuple[bool, str]:
+    """(fuse?, one line saying why). `tokens`: the most response tokens one forward sees.
+
+    Raises ConfigError when `setting` is 'true' and the head is not a plain linear layer."""
+    setting = parse_setting(setting)
+    if setting == "false":
+        return False, "fused LM head off (model.fused_lm_head=false)"
+    blocker = head_blocker(lm)
+    if blocker is not None:
+        if setting == "true":
+            raise _refusal(blocker)
+        return False, f"fused LM head off: {blocker} (logits from the model's own forward)"
+    if setting == "true":
+        return True, "fused LM head on (model.fused_lm_head=true)"
+    if device.type != "cpu":
+        return True, f"fused LM head on (auto: {device.type})"
+    vocab = lm.lm_head.weight.shape[0]
+    elements = tokens * vocab
+    if elements >= FUSED_CPU_MIN_ELEMENTS:
+        return True, f"fused LM head on (auto: {tokens} tokens x {vocab} vocabulary on CPU)"
+    return False, (f"fused LM head off (auto: {tokens} tokens x {vocab} vocabulary = {elements} "
+                   f"< {FUSED_CPU_MIN_ELEMENTS} on CPU)")
+
+
+def check_model(setting: str, config) -> str | None:
+    """Driver-side check before any worker starts: builds the model on the meta device from its
+    Hugging Face config (no weights, no memory) and applies `head_blocker`. Raises ConfigError
+    for 'true' and a head that is not plain; returns the fallback line for 'auto', else None."""
+    setting = parse_setting(setting)
+    if setting == "false":
+        return None
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config)
+    blocker = head_blocker(lm)
+    if blocker is not None and setting == "true":
+        raise _refusal(blocker)
+    if blocker is None:
+        return None
+    return f"fused LM head off: {blocker} (logits from the model's own forward)"
+
+
+def tokens_per_forward(cfg, world: int) -> int:
+    """Upper bound on the response positions one policy forward sees: a worker's mini-batch
+    (prompts x samples) times the longest response."""
+    mb = min(cfg.optim.mini_batch_prompts, cfg.data.prompts_per_step)
+    return max(1, mb // world) * cfg.rollout.n * cfg.rollout.max_new_tokens
