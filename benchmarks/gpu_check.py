@@ -174,11 +174,13 @@ def test_summary(tail: list[str]) -> str:
 
 
 def run_tests(env: dict, timeout: float, workers: int) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "tests/ops", "-q", "-p", "no:cacheprovider"]
+    # -rfE names every failure in the summary. A per-test limit of 30 s: on the H200 machine a
+    # test that expects an error from the extension once hung, and it must not take the budget.
+    cmd = [sys.executable, "-m", "pytest", "tests/ops", "-q", "-rfE", "-p", "no:cacheprovider"]
     if workers > 1 and _have("xdist", env):
         cmd += ["-n", str(workers)]
     if _have("pytest_timeout", env):
-        cmd += ["--timeout", str(int(max(60, timeout / 2)))]
+        cmd += ["--timeout", "30"]
     step = run_step("tests", cmd, env, timeout)
     step["summary"] = test_summary(step["tail"])
     return step
