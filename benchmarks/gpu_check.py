@@ -181,7 +181,9 @@ def run_tests(env: dict, timeout: float, workers: int) -> dict:
         cmd += ["-n", str(workers)]
     if _have("pytest_timeout", env):
         cmd += ["--timeout", "30"]
-    step = run_step("tests", cmd, env, timeout)
+    # The tests take the Triton kernels' first tile candidate: autotuning every test shape
+    # would compile and time each candidate again and again (the benchmarks autotune).
+    step = run_step("tests", cmd, dict(env, REASONRL_TRITON_AUTOTUNE="0"), timeout)
     step["summary"] = test_summary(step["tail"])
     return step
 

@@ -819,3 +819,53 @@ def test_in_fresh_process():
                        env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
+
+
+# --- ignored rows are dropped before any logit is formed (eager) --------------------------------
+
+
+def test_ignored_rows_form_no_logits(monkeypatch):
+    lt = importlib.import_module("reasonrl_fast.ops.linear_token_logprob")
+    rows = []
+    fwd = lt._forward_chunks
+    monkeypatch.setattr(lt, "_forward_chunks", lambda h, *a: (rows.append(h.shape[0]), fwd(h, *a))[1])
+    gen = torch.Generator().manual_seed(4)
+    h, W, b, y = _inputs(10, 6, 50, torch.float64, True, gen)
+    y[[0, 1, 2, 3, 5, 7, 8]] = -100  # rows 4, 6 and 9 have a target
+    h.requires_grad_()
+    lp, ent = linear_token_logprob(h, W, y, bias=b, temperature=0.7, return_entropy=True)
+    assert rows == [3]  # the logits of the 3 rows with a target, never of all 10
+    want_lp, want_ent = _ref(h, W, b, y, 0.7)
+    torch.testing.assert_close(lp, want_lp, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ent, want_ent, rtol=1e-10, atol=1e-10)
+    (g,) = torch.autograd.grad(lp.sum() + ent.sum(), h)
+    (g_ref,) = torch.autograd.grad(sum(t.sum() for t in _ref(h, W, b, y, 0.7)), h)
+    torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
+    assert (g[y == -100] == 0).all()
+
+
+def test_all_rows_ignored():
+    h = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(9, 6, dtype=torch.float64, requires_grad=True)
+    y = torch.full((4,), -100)
+    lp, ent = linear_token_logprob(h, W, y, return_entropy=True)
+    assert (lp == 0).all() and (ent == 0).all()
+    gh, gW = torch.autograd.grad(lp.sum() + ent.sum(), (h, W))
+    assert (gh == 0).all() and (gW == 0).all()
+
+
+@pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON), reason="needs a GPU and triton")
+def test_autotuned_tiles_match_the_first_candidate(monkeypatch):
+    """The autotuned launch (every candidate timed on the card) and the first candidate alone
+    (REASONRL_TRITON_AUTOTUNE=0, what the other tests use) give the same numbers."""
+    gen = torch.Generator().manual_seed(5)
+    h, W, b, y = _inputs(300, 64, 1000, torch.bfloat16, False, gen)
+    h, W, y = h.cuda(), W.cuda(), y.cuda()
+    outs = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("REASONRL_TRITON_AUTOTUNE", mode)
+        hh, WW = h.clone().requires_grad_(), W.clone().requires_grad_()
+        lp, ent = linear_token_logprob(hh, WW, y, return_entropy=True)
+        outs[mode] = [lp, ent, *torch.autograd.grad(lp.sum() + ent.sum(), (hh, WW))]
+    for a, b_ in zip(outs["1"], outs["0"]):
+        torch.testing.assert_close(a.float(), b_.float(), rtol=2e-2, atol=2e-2)
