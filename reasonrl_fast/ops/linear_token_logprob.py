@@ -17,6 +17,10 @@ Implementations:
   tested without a GPU.
 
 Chunk width: REASONRL_LINEAR_LOGPROB_CHUNK (columns) overrides the default.
+CUDA tiles: autotuned on the card among a few candidates at the first call of each (H, V,
+dtype, N rounded up to a power of two); REASONRL_TRITON_AUTOTUNE=0 takes the first candidate.
+Ignored rows (ignore_index) are dropped before any logit is formed, except under
+torch.compile and tracing, where that would make N data-dependent.
 """
 
 from __future__ import annotations
