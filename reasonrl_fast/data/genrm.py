@@ -89,6 +89,6 @@ def prompt_budget(digits: int) -> int:
 
 
 def verdict_budget(digits: int) -> int:
-    """Tokens of the longest demonstrated verdict with its end token: the marks (at most 3d
-    characters: 'ok,ok,bad'), ' \\boxed{-1}' (11) and EOS."""
-    return 3 * digits + 11 + 1
+    """Tokens of the longest demonstrated verdict with its end token: 'ok,...,ok \\boxed{-1}'
+    (3d - 1 + 11) or 'ok,...,bad \\boxed{k}' (3d + 10), and EOS."""
+    return 3 * digits + 10 + 1
