@@ -12,7 +12,9 @@ def test_genrm_task_trains_and_validates_by_class(train, tmp_path):
     train([*GENRM, f"trainer.output_dir={out}"], tmp_path)
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
-    for r in rows:
+    validated = [r for r in rows if "val/accuracy" in r]
+    assert [r["step"] for r in validated] == [0, 2]  # trainer.val_every=2
+    for r in validated:
         assert 0 <= r["val/accuracy_no_error"] <= 1 and 0 <= r["val/accuracy_flawed"] <= 1
         assert "val/flawed_positive_ratio" not in r  # an addition metric, not a GenRM one
     steps = rows[1:]
