@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import random
 
-from reasonrl_fast.data.addition import make_prompt, response_steps, sample_operands, sft_example, flawed_step
+from reasonrl_fast.data.addition import (flawed_step, make_prompt, response_steps, sample_operands,
+                                        sft_example)
 from reasonrl_fast.data.records import problem_text
 from reasonrl_fast.genrm.prompt import render, split_steps
 
@@ -38,7 +39,8 @@ def judgment(a: int, b: int, digits: int, response: str) -> dict:
     step as a string ("-1": none) and extra_info {problem, answer, steps}."""
     item = {"prompt": make_prompt(a, b), "answer": str(a + b), "data_source": "addition"}
     problem, answer, steps = request_fields(item, response)
-    return {"prompt": render(TEMPLATE, problem, answer, steps), "answer": str(flawed_step(problem, response)),
+    truth = flawed_step(problem, response)
+    return {"prompt": render(TEMPLATE, problem, answer, steps), "answer": str(truth),
             "data_source": SOURCE, "ability": "genrm",
             "extra_info": {"problem": problem, "answer": answer, "steps": steps}}
 

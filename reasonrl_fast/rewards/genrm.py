@@ -33,13 +33,16 @@ def genrm_score(solution_str: str, ground_truth: Any, extra_info: dict | None) -
                          f"got extra_info={extra_info!r:.80}")
     steps = extra_info["steps"]
     if not isinstance(steps, (list, tuple)) or not steps:
-        raise ValueError(f"`extra_info.steps` of a genrm record must be a non-empty list, got {steps!r:.80}")
+        raise ValueError(f"`extra_info.steps` of a genrm record must be a non-empty list, "
+                         f"got {steps!r:.80}")
     try:
         truth = int(ground_truth)
     except (TypeError, ValueError):
-        raise ValueError(f"a genrm ground truth is an integer step index (-1: none), got {ground_truth!r:.80}") from None
+        raise ValueError(f"a genrm ground truth is an integer step index (-1: none), "
+                         f"got {ground_truth!r:.80}") from None
     n = len(steps)
     if not -1 <= truth < n:
-        raise ValueError(f"genrm ground truth {truth} is outside [-1, {n}) for {n} steps in `extra_info.steps`")
+        raise ValueError(f"genrm ground truth {truth} is outside [-1, {n}) for {n} steps in "
+                         f"`extra_info.steps`")
     verdict = parse_verdict(solution_str, n)
     return {"score": genrm_reward(verdict, truth, n), "acc": verdict == truth}
