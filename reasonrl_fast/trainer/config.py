@@ -88,8 +88,10 @@ class DataConfig:
     shuffle: bool = True
     """Shuffle the training prompts (each epoch, seeded)."""
     task: str = "addition"
-    """Built-in task when `train_files` is empty: addition (math answers in \\boxed{}) or code
-    (short stdin/stdout programming problems, scored in the sandbox)."""
+    """Built-in task when `train_files` is empty: addition (math answers in \\boxed{}), code
+    (short stdin/stdout programming problems, scored in the sandbox) or genrm (judge an addition
+    solution: the index of its earliest wrong step, or -1, scored by the GenRM reward; its
+    solutions come from the addition demonstrations, with carry_slip_prob and flaw_prob)."""
     reward_fn: str = ""
     """Reward function `package.module:function` or `path/to/file.py:function`, called as
     `fn(data_source, solution_str, ground_truth, extra_info)` (a two-argument
@@ -311,7 +313,7 @@ _CHOICES = {
     "algo": ("flowrl", "grpo", "fapo"),
     "fapo.genrm.template": ("auto", "fapo", "compact"),
     "rollout.backend": ("hf", "vllm"),
-    "data.task": ("addition", "code"),
+    "data.task": ("addition", "code", "genrm"),
     "reward.backend": ("process", "ray"),
     "grpo.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "trainer.logger": ("tensorboard", "wandb", "none"),
@@ -378,8 +380,26 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"optim.mini_batch_prompts={cfg.optim.mini_batch_prompts} must divide "
                           f"data.prompts_per_step and be a multiple of the number of workers")
     del per_worker
+    if cfg.data.task == "genrm" and not cfg.data.train_files:
+        _validate_genrm_task(cfg)
     _validate_eval(cfg.eval)
     return cfg
+
+
+def _validate_genrm_task(cfg: Config) -> None:
+    """The embedded GenRM task's prompts and verdicts must fit: a longer prompt would be dropped
+    (biasing the judgments kept), a shorter response cut before its box."""
+    from reasonrl_fast.data.genrm import prompt_budget, verdict_budget
+
+    d = cfg.data.digits
+    need = {"data.max_prompt_length": prompt_budget(d), "rollout.max_new_tokens": verdict_budget(d)}
+    for key, n in need.items():
+        if _get(cfg, key) < n:
+            raise ConfigError(f"{key}={_get(cfg, key)}: data.task=genrm with data.digits={d} needs >= {n}")
+    total = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if not cfg.model.path and cfg.model.max_position_embeddings < total:
+        raise ConfigError(f"model.max_position_embeddings={cfg.model.max_position_embeddings}: below "
+                          f"data.max_prompt_length + rollout.max_new_tokens = {total}")
 
 
 def _validate_eval(e: EvalConfig) -> None:

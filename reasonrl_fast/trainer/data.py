@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from reasonrl_fast.data.addition import synthetic_split
 from reasonrl_fast.data.code import code_split
+from reasonrl_fast.data.genrm import genrm_split
 from reasonrl_fast.data.records import filter_long, load_records, render_prompt
 
 # ---------------------------------------------------------------- datasets
@@ -19,18 +20,14 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     seed = cfg.trainer.seed * 1000
     if d.train_files:
         train = [r for p in d.train_files for r in load_records(p)]
-    elif d.task == "code":
-        train = code_split(d.train_size, seed + 1)
     else:
-        train = synthetic_split(d.train_size, d.digits, seed + 1, d.carry_frac)
+        train = embedded_split(d, d.train_size, seed + 1)
     if d.val_files:
         val = [r for p in d.val_files for r in load_records(p)]
     elif d.train_files:
         val = []
-    elif d.task == "code":
-        val = code_split(d.val_size, seed + 2)
     else:
-        val = synthetic_split(d.val_size, d.digits, seed + 2, d.carry_frac)
+        val = embedded_split(d, d.val_size, seed + 2)
     # Rendered once here (the chat template when the tokenizer has one): everything downstream
     # encodes `prompt` as text; the messages stay under `messages`.
     train, val = _rendered(train, tokenizer), _rendered(val, tokenizer)
@@ -38,6 +35,15 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     if val:
         val = filter_long(val, tokenizer, d.max_prompt_length, "data.val_files")
     return train, val
+
+
+def embedded_split(d, n: int, seed: int) -> list[dict]:
+    """`n` records of the built-in task `d.task` (d: the data config)."""
+    if d.task == "code":
+        return code_split(n, seed)
+    if d.task == "genrm":
+        return genrm_split(n, d.digits, seed, d.carry_frac, d.carry_slip_prob, d.flaw_prob)
+    return synthetic_split(n, d.digits, seed, d.carry_frac)
 
 
 def _rendered(items: list[dict], tokenizer) -> list[dict]:

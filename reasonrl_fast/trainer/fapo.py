@@ -14,21 +14,8 @@ from __future__ import annotations
 import os
 import time
 
-from reasonrl_fast.data.addition import response_steps
-from reasonrl_fast.data.records import problem_text
+from reasonrl_fast.data.genrm import request_fields
 from reasonrl_fast.genrm.client import GenRMClient, Verdict
-from reasonrl_fast.genrm.prompt import split_steps
-
-
-def request_fields(item: dict, response: str) -> tuple[str, str, list[str]]:
-    """(problem, reference answer, steps) of one GenRM request. The embedded addition task's
-    steps are its columns; any other response is split into paragraphs, as FAPO does."""
-    if item.get("data_source") == "addition":
-        steps = response_steps(response)
-    else:  # a response without paragraphs is one step
-        steps = split_steps(response) or [response]
-    # the problem as written, not the chat-templated prompt the policy saw
-    return problem_text(item), str(item["answer"]), steps
 
 
 def template_for(cfg) -> str:

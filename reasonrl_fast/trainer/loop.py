@@ -204,8 +204,9 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
 
 def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
     """mean@val_n accuracy (from each scorer's `acc`) on the validation prompts at
-    rollout.val_temperature, and, on the embedded addition task, the share of its correct
-    responses whose steps are wrong (val/flawed_positive_ratio, by the step checker)."""
+    rollout.val_temperature; on the embedded addition task, the share of its correct
+    responses whose steps are wrong (val/flawed_positive_ratio, by the step checker); on GenRM
+    records, the accuracy on flawless and on flawed solutions apart."""
     t = time.perf_counter()
     k = cfg.rollout.val_n
     roll = rollout_and_score(cluster, pool, tok, val_set, k, cfg.rollout.val_temperature, 10**6 + step)
@@ -216,8 +217,21 @@ def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
     if any(it.get("data_source") == "addition" for it in val_set):
         flawed = sum(flawed_step(it["prompt"], text) != -1 for it, text in right)
         row["val/flawed_positive_ratio"] = flawed / len(right) if right else 0.0
+    row.update(genrm_class_accuracy([val_set[i // k] for i in range(len(acc))], acc))
     row["time/val_s"] = time.perf_counter() - t
     return row
+
+
+def genrm_class_accuracy(items: list[dict], acc: list[bool]) -> dict:
+    """Step-index accuracy of GenRM judgments by class: val/accuracy_no_error on solutions whose
+    truth is -1, val/accuracy_flawed on the others (empty when no item is a GenRM record)."""
+    out = {}
+    for name, flawed in (("val/accuracy_no_error", False), ("val/accuracy_flawed", True)):
+        hits = [a for it, a in zip(items, acc)
+                if it.get("ability") == "genrm" and (str(it["answer"]) != "-1") == flawed]
+        if hits:
+            out[name] = sum(hits) / len(hits)
+    return out
 
 
 def finite_rewards(rewards: list[float]) -> tuple[list[float], int]:

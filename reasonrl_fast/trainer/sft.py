@@ -1,6 +1,7 @@
-"""Supervised warm start of the embedded tiny model on noisy demonstrations of the synthetic
-task, cached under `sft.cache_dir/<hash of everything that shapes it>` so a second run (or a
-test) reuses it and a changed config never picks up a stale one."""
+"""Supervised warm start of the embedded tiny model on demonstrations of the built-in task (noisy
+column additions; for data.task=genrm, right verdicts on such solutions), cached under
+`sft.cache_dir/<hash of everything that shapes it>` so a second run (or a test) reuses it and a
+changed config never picks up a stale one."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 import torch
 
 from reasonrl_fast.data.addition import sample_operands, sft_example
+from reasonrl_fast.data.genrm import demonstration
 from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
 from reasonrl_fast.ops import token_logprob
 from reasonrl_fast.trainer.config import config_hash
@@ -26,9 +28,11 @@ def sft_cache_path(cfg) -> str:
     # The head's log-prob path does not shape the warm start: leaving it out keeps one cache for
     # both settings (and the hash of configs written before the key existed).
     model = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k != "fused_lm_head"}
-    key = config_hash(model, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.data.digits,
-                      cfg.data.carry_slip_prob, cfg.data.carry_frac, cfg.data.flaw_prob, cfg.trainer.seed,
-                      SFT_VERSION)
+    parts = [model, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.data.digits, cfg.data.carry_slip_prob,
+             cfg.data.carry_frac, cfg.data.flaw_prob, cfg.trainer.seed, SFT_VERSION]
+    if cfg.data.task == "genrm":  # other demonstrations; the addition key stays as it was
+        parts.append("genrm")
+    key = config_hash(*parts)
     return os.path.join(os.path.expanduser(cfg.sft.cache_dir), key)
 
 
@@ -58,6 +62,16 @@ def warm_start(cfg, log=print) -> str:
     return path
 
 
+def _example(rng: random.Random, d) -> tuple[str, str]:
+    """(prompt, response) of one demonstration of the task `d.task` (d: the data config): an
+    addition worked column by column (noisy: slips and flaws), or for the GenRM task the right
+    verdict on such a solution."""
+    if d.task == "genrm":
+        return demonstration(rng, d.digits, d.carry_frac, d.carry_slip_prob, d.flaw_prob)
+    a, b = sample_operands(rng, d.digits, d.carry_frac)
+    return f"{a}+{b}=", sft_example(a, b, d.digits, d.carry_slip_prob, rng, d.flaw_prob)
+
+
 def _train(model, tok, cfg, log):
     rng = random.Random(cfg.trainer.seed + 12345)
     d = cfg.data
@@ -69,9 +83,9 @@ def _train(model, tok, cfg, log):
     for step in range(steps):
         prompts, responses = [], []
         for _ in range(cfg.sft.batch_size):
-            a, b = sample_operands(rng, d.digits, d.carry_frac)
-            prompts.append(tok(f"{a}+{b}=")["input_ids"])
-            responses.append(tok(sft_example(a, b, d.digits, d.carry_slip_prob, rng, d.flaw_prob))["input_ids"] + [tok.eos_token_id])
+            prompt, response = _example(rng, d)
+            prompts.append(tok(prompt)["input_ids"])
+            responses.append(tok(response)["input_ids"] + [tok.eos_token_id])
         batch = make_batch(prompts, responses, tok.pad_token_id, "cpu")
         h = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                         position_ids=batch["position_ids"]).last_hidden_state

@@ -1,0 +1,96 @@
+"""The embedded GenRM task (`data.task=genrm`): judge a solution of the addition task, answering
+with the index of its earliest wrong step, or -1 (docs/math.md §FAPO rewards).
+
+Each record is built from one addition problem and one demonstration of the addition warm start
+(`sft_example`, with its slips and flaws): some solutions are right, some forget a carry (a wrong
+answer), some miswrite a column while the answer stays right (a flawed positive). The prompt is
+exactly what FAPO's client sends about that solution on the embedded task (`request_fields`
+rendered with the compact template), so a GenRM trained here can serve a FAPO run.
+"""
+
+from __future__ import annotations
+
+import random
+
+from reasonrl_fast.data.addition import (flawed_step, make_prompt, response_steps, sample_operands,
+                                        sft_example)
+from reasonrl_fast.data.records import problem_text
+from reasonrl_fast.genrm.prompt import render, split_steps
+
+SOURCE = "genrm_addition"
+TEMPLATE = "compact"  # the embedded model's rendering (the full FAPO instruction does not fit)
+MAX_TRIES = 200
+
+
+def request_fields(item: dict, response: str) -> tuple[str, str, list[str]]:
+    """(problem, reference answer, steps) of one GenRM request about `response` to `item`. The
+    embedded addition task's steps are its columns; any other response is split into paragraphs,
+    as FAPO does."""
+    if item.get("data_source") == "addition":
+        steps = response_steps(response)
+    else:  # a response without paragraphs is one step
+        steps = split_steps(response) or [response]
+    # the problem as written, not the chat-templated prompt the policy saw
+    return problem_text(item), str(item["answer"]), steps
+
+
+def judgment(a: int, b: int, digits: int, response: str) -> dict:
+    """The GenRM record about `response` to a + b: the compact prompt, the true earliest wrong
+    step as a string ("-1": none) and extra_info {problem, answer, steps}."""
+    item = {"prompt": make_prompt(a, b), "answer": str(a + b), "data_source": "addition"}
+    problem, answer, steps = request_fields(item, response)
+    truth = flawed_step(problem, response)
+    return {"prompt": render(TEMPLATE, problem, answer, steps), "answer": str(truth),
+            "data_source": SOURCE, "ability": "genrm",
+            "extra_info": {"problem": problem, "answer": answer, "steps": steps}}
+
+
+def sample_judgment(rng: random.Random, digits: int, carry_frac: float, slip_prob: float,
+                    flaw_prob: float) -> dict:
+    """One record; its class (flawless or not) is a fair coin, so about half the truths are -1
+    whatever the slip and flaw rates (solutions are redrawn until one of that class comes)."""
+    want_clean = rng.random() < 0.5
+    for _ in range(MAX_TRIES):
+        a, b = sample_operands(rng, digits, carry_frac)
+        rec = judgment(a, b, digits, sft_example(a, b, digits, slip_prob, rng, flaw_prob))
+        if (rec["answer"] == "-1") == want_clean:
+            return rec
+    kind = "flawless" if want_clean else "flawed"
+    raise ValueError(f"data.task=genrm: no {kind} solution in {MAX_TRIES} draws; with data.carry_frac="
+                     f"{carry_frac}, data.carry_slip_prob={slip_prob} and data.flaw_prob={flaw_prob} "
+                     f"both kinds must be possible")
+
+
+def genrm_split(n: int, digits: int, seed: int, carry_frac: float = 0.75, slip_prob: float = 0.5,
+                flaw_prob: float = 0.4) -> list[dict]:
+    """`n` GenRM records from a seeded generator."""
+    rng = random.Random(seed)
+    return [sample_judgment(rng, digits, carry_frac, slip_prob, flaw_prob) for _ in range(n)]
+
+
+def verdict_demo(n_steps: int, truth: int) -> str:
+    """The demonstration of a right verdict: a mark per step checked ('ok', then 'bad' at the
+    earliest wrong one, where the check stops), then the index in \\boxed{}: 'ok,bad \\boxed{1}',
+    'ok,ok \\boxed{-1}'. The marks let the model check one step per token before it counts."""
+    marks = ["ok"] * (n_steps if truth == -1 else truth) + ([] if truth == -1 else ["bad"])
+    return ",".join(marks) + f" \\boxed{{{truth}}}"
+
+
+def demonstration(rng: random.Random, digits: int, carry_frac: float, slip_prob: float,
+                  flaw_prob: float) -> tuple[str, str]:
+    """(prompt, response) of one supervised example of the warm start."""
+    rec = sample_judgment(rng, digits, carry_frac, slip_prob, flaw_prob)
+    return rec["prompt"], verdict_demo(len(rec["extra_info"]["steps"]), int(rec["answer"]))
+
+
+def prompt_budget(digits: int) -> int:
+    """Characters (= tokens of the embedded tokenizer) of the longest compact prompt:
+    'a+b=' (2d + 2), the answer (<= d + 1), and d steps of at most 'x+y+1=zz' (8) with their
+    separators (d + 1)."""
+    return 2 * digits + 2 + digits + 1 + 9 * digits + 1
+
+
+def verdict_budget(digits: int) -> int:
+    """Tokens of the longest demonstrated verdict with its end token: 'ok,...,ok \\boxed{-1}'
+    (3d - 1 + 11) or 'ok,...,bad \\boxed{k}' (3d + 10), and EOS."""
+    return 3 * digits + 10 + 1
