@@ -1,0 +1,164 @@
+"""Where our step time goes on bench_vs_trl.py's work (CPU; a measurement, not a test).
+
+    python benchmarks/profile_trainer.py driver [--steps 8] [--layout 2x1]
+    python benchmarks/profile_trainer.py worker [--steps 6] [--world 2]
+
+driver: the whole trainer in this process under cProfile (Ray workers run elsewhere: what shows
+here is the driver's own work and its waits), the top entries by cumulative and own time.
+worker: `world` processes each build a trainer Worker (the Ray actor's class, without Ray),
+join one gloo group and run rollout -> reward -> train_step on rank-local prompts; steps 3..
+are profiled on rank 0 with torch.profiler (operators, collectives included) and cProfile
+(Python), and the split of train_step into make_batch, forward, backward, clip, optimiser and
+weight sync is timed by wrapping those calls."""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import socket
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def _top(prof: cProfile.Profile, key: str, n: int, *only: str) -> str:
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats(key).print_stats(*only, n)
+    return s.getvalue()
+
+
+def driver(steps: int, layout: str) -> None:
+    from bench_vs_trl import LAYOUTS, ours_overrides
+    from vs_trl_task import write_model, write_prompts
+
+    from reasonrl_fast.trainer.config import load_config
+    from reasonrl_fast.trainer.loop import run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_model(os.path.join(tmp, "model"))
+        prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"))
+        w, t = LAYOUTS[layout]
+        cfg = load_config(None, ours_overrides(model, prompts, os.path.join(tmp, "run"), w, t, steps))
+        prof = cProfile.Profile()
+        prof.enable()
+        run(cfg, log=lambda *_: None)
+        prof.disable()
+    print(_top(prof, "cumulative", 45))
+    print(_top(prof, "tottime", 20))
+    # the driver's own work inside the loop (decoding, scoring, batching, logging)
+    print(_top(prof, "cumulative", 30, "reasonrl_fast|tokenization|subprocess|queues"))
+
+
+def _timed(obj, name: str, acc: dict, key: str) -> None:
+    """Wrap `obj.name` so that its wall time adds to acc[key]."""
+    fn = getattr(obj, name)
+
+    def wrapper(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            acc[key] = acc.get(key, 0.0) + time.perf_counter() - t
+
+    setattr(obj, name, wrapper)
+
+
+def _rank(rank: int, world: int, port: int, model: str, prompts: str, steps: int, out_dir: str) -> None:
+    import json
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vs_trl_task import sum_reward
+
+    from reasonrl_fast.trainer import worker as worker_mod
+    from reasonrl_fast.trainer.algos import advantages
+    from reasonrl_fast.trainer.config import load_config
+    from bench_vs_trl import ours_overrides
+
+    cfg = load_config(None, ours_overrides(model, prompts, out_dir, world, 1, steps))
+    w = worker_mod.Worker(cfg, rank, world, model)
+    w.setup("127.0.0.1", port)
+    rows = [json.loads(x) for x in open(prompts)][: 8 * steps]
+    acc: dict[str, float] = {}
+    _timed(worker_mod, "make_batch", acc, "make_batch")
+    _timed(w.opt, "step", acc, "optimizer.step")
+    _timed(torch.nn.utils, "clip_grad_norm_", acc, "clip_grad_norm_")
+    _timed(w, "sync_weights", acc, "sync_weights")
+    _timed(torch.Tensor, "backward", acc, "backward")
+    _timed(w.actor, "forward", acc, "actor forward")
+    per = 8 // world
+    prof, tprof, t_gen, t_train = cProfile.Profile(), None, 0.0, 0.0
+    for step in range(1, steps + 1):
+        mine = rows[(step - 1) * 8 + rank * per:(step - 1) * 8 + (rank + 1) * per]
+        ids = [w.tok(r["prompt"])["input_ids"] for r in mine]
+        if step == 3:
+            acc.clear()
+            tprof = profile(activities=[ProfilerActivity.CPU])
+            tprof.__enter__()
+            prof.enable()
+        t = time.perf_counter()
+        resp = w.generate(ids, 8, 1.0, step)
+        t_gen += time.perf_counter() - t if step >= 3 else 0.0
+        texts = w.tok.batch_decode(resp, skip_special_tokens=True)
+        rew = torch.tensor([sum_reward(x, mine[i // 8]["answer"]) for i, x in enumerate(texts)])
+        adv = advantages(rew, torch.arange(per).repeat_interleave(8), norm_by_std=True)
+        t = time.perf_counter()
+        w.train_step([p for p in ids for _ in range(8)], resp, adv.tolist(), step)
+        t_train += time.perf_counter() - t if step >= 3 else 0.0
+    prof.disable()
+    tprof.__exit__(None, None, None)
+    if rank == 0:
+        n = steps - 2
+        print(f"rank 0 over steps 3..{steps}, per step: generate {t_gen / n:.3f} s, train_step {t_train / n:.3f} s")
+        for k, v in sorted(acc.items(), key=lambda kv: -kv[1]):
+            print(f"  {k:<18} {v / n:.4f} s")
+        print(tprof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        print(_top(prof, "tottime", 25))
+        print(_top(prof, "cumulative", 40))
+    w.shutdown()
+
+
+def workers(steps: int, world: int) -> None:
+    import torch.multiprocessing as mp
+    from vs_trl_task import write_model, write_prompts
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_model(os.path.join(tmp, "model"))
+        prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"))
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_rank, args=(r, world, port, model, prompts, steps, os.path.join(tmp, "run")))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        bad = [r for r, p in enumerate(procs) if p.exitcode]
+        if bad:
+            sys.exit(f"ranks {bad} failed")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["driver", "worker"])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--layout", default="2x1", choices=["2x1", "1x2"])
+    ap.add_argument("--world", type=int, default=2)
+    a = ap.parse_args()
+    if a.steps < 3:
+        sys.exit(f"--steps {a.steps}: steps 3.. are profiled, so at least 3")
+    driver(a.steps, a.layout) if a.what == "driver" else workers(a.steps, a.world)
+
+
+if __name__ == "__main__":
+    main()
