@@ -160,7 +160,7 @@ def main() -> None:
         from results_md import write_section
 
         write_section(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"),
-                      "## Fused LM head in the update (CPU)\n" + body, "fused-lm-head-cpu")
+                      "## 7. Fused LM head in the update (CPU)\n" + body, "fused-lm-head-cpu")
 
 
 if __name__ == "__main__":
