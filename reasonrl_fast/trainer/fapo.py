@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 
+from reasonrl_fast.data.addition import flawed_step
 from reasonrl_fast.data.genrm import request_fields
 from reasonrl_fast.genrm.client import GenRMClient, Verdict
 
@@ -48,6 +49,7 @@ class Judge:
             self.close()
             raise
         self._pending: dict[int, object] = {}
+        self._truth: dict[int, int] = {}  # the step checker's index, where the task has one
         self._first_submit = 0.0
         # The client bounds every request (attempts x timeout + backoff); this is only a backstop
         # so that no bug of ours can hold the step for ever.
@@ -58,6 +60,8 @@ class Judge:
         if not self._pending:
             self._first_submit = time.perf_counter()
         self._pending[index] = self.client.submit(*request_fields(item, response))
+        if item.get("data_source") == "addition":
+            self._truth[index] = flawed_step(item["prompt"], response)
 
     def collect(self) -> tuple[dict[int, Verdict], dict]:
         """The step's verdicts by sample index, and its fapo/genrm metrics. `time/genrm_s` runs
@@ -79,9 +83,21 @@ class Judge:
                    "fapo/sent": sent,
                    "fapo/flagged_ratio": flagged / sent if sent else 0.0,
                    "time/genrm_s": now - self._first_submit if sent else 0.0,
-                   "time/genrm_wait_s": now - t}
-        self._pending = {}
+                   "time/genrm_wait_s": now - t,
+                   **self._agreement(verdicts)}
+        self._pending, self._truth = {}, {}
         return verdicts, metrics
+
+    def _agreement(self, verdicts: dict[int, Verdict]) -> dict:
+        """How the GenRM's usable verdicts compare with the step checker (embedded task only):
+        the share that flag exactly the responses the checker finds flawed, and the share that
+        name the checker's step. The rule judge scores 1 on both; a learned one is measured."""
+        pairs = [(v.step, self._truth[i]) for i, v in verdicts.items() if v.step is not None and i in self._truth]
+        if not pairs:
+            return {}
+        return {"genrm/checker_agreement": sum((s != -1) == (t != -1) for s, t in pairs) / len(pairs),
+                "genrm/checker_step_agreement": sum(s == t for s, t in pairs) / len(pairs),
+                "genrm/checker_judged": len(pairs)}
 
     def close(self) -> None:
         client = getattr(self, "client", None)
