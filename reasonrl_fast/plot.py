@@ -1,8 +1,12 @@
-"""`python -m reasonrl_fast.plot RUN_DIR [RUN_DIR ...] -o out.png`
+"""`python -m reasonrl_fast.plot RUN_DIR [RUN_DIR ...] -o out.png [--summary table.md]`
 
 Training curves of one or more runs, one subplot per metric against the step, one line per run
 (labelled by the run directory's name and its algo). A metric no run logged is left out; one that
-only some runs logged is drawn for those (validation metrics only at their steps)."""
+only some runs logged is drawn for those (validation metrics only at their steps).
+
+`--summary` also writes the runs side by side as a Markdown table (`-`: stdout): each validation
+metric at the first and the last validation, and the step metrics of SUMMARY_MEANS averaged over
+the steps that logged them."""
 
 from __future__ import annotations
 
@@ -13,6 +17,9 @@ import sys
 
 METRICS = ("reward/mean", "accuracy/mean", "val/accuracy", "val/flawed_positive_ratio", "entropy/mean",
            "response_length/mean", "time/step_s")
+
+SUMMARY_VAL = ("val/accuracy", "val/flawed_positive_ratio")
+SUMMARY_MEANS = ("fapo/flagged_ratio", "genrm/checker_agreement", "genrm/checker_step_agreement", "time/step_s")
 
 
 class PlotError(ValueError):
@@ -86,17 +93,51 @@ def plot(run_dirs: list[str], out: str, metrics: tuple[str, ...] = METRICS) -> l
     return drawn
 
 
+def summary(run_dirs: list[str], val: tuple[str, ...] = SUMMARY_VAL,
+            means: tuple[str, ...] = SUMMARY_MEANS) -> str:
+    """The runs side by side, one row each: `first -> last` of each validation metric, and the
+    mean over steps of each step metric; a column no run logged is left out, '-' where one run
+    did not log it."""
+    runs = [read_run(d) for d in run_dirs]
+
+    def values(rows, m):
+        return [r[m] for r in rows if isinstance(r.get(m), (int, float))]
+
+    val = [m for m in val if any(values(rows, m) for _, rows in runs)]
+    means = [m for m in means if any(values(rows, m) for _, rows in runs)]
+    lines = ["| run | " + " | ".join([*val, *(f"{m} (mean)" for m in means)]) + " |",
+             "|---" * (1 + len(val) + len(means)) + "|"]
+    for label, rows in runs:
+        cells = []
+        for m in val:
+            v = values(rows, m)
+            cells.append(f"{v[0]:.3f} -> {v[-1]:.3f}" if v else "-")
+        for m in means:
+            v = values(rows, m)
+            cells.append(f"{sum(v) / len(v):.3f}" if v else "-")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m reasonrl_fast.plot",
                                 description="Plot training curves of one or more run directories.")
     p.add_argument("run_dirs", nargs="+", help="run directories (each with metrics.jsonl)")
     p.add_argument("-o", "--output", required=True, help="PNG file to write")
+    p.add_argument("--summary", metavar="FILE", help="also write a Markdown table of the runs (-: stdout)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         plot(args.run_dirs, args.output)
+        table = summary(args.run_dirs) if args.summary else ""
     except PlotError as e:
         sys.exit(f"error: {e}")
     print(args.output)
+    if args.summary == "-":
+        print(table, end="")
+    elif args.summary:
+        with open(args.summary, "w") as f:
+            f.write(table)
+        print(args.summary)
 
 
 if __name__ == "__main__":

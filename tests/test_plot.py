@@ -55,3 +55,19 @@ def test_plot_cli_errors(tmp_path):
     assert p.returncode != 0 and "no metrics.jsonl" in p.stderr and str(tmp_path / "empty") in p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_summary_table(tmp_path):
+    _run_dir(tmp_path / "a", "flowrl", 6, with_val=True)
+    _run_dir(tmp_path / "b", "grpo", 4, with_val=False)
+    out = tmp_path / "s.md"
+    p = subprocess.run([sys.executable, "-m", "reasonrl_fast.plot", str(tmp_path / "a"), str(tmp_path / "b"),
+                        "-o", str(tmp_path / "c.png"), "--summary", str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = out.read_text().splitlines()
+    # val/accuracy at steps 0 and 6; time/step_s alternates 2, 1, 2, ... (steps 1..6: mean 1.5;
+    # steps 1..4: mean 1.5); flawed ratio and GenRM columns: no run logged them
+    assert lines[0] == "| run | val/accuracy | time/step_s (mean) |"
+    assert lines[2] == "| a (flowrl) | 0.500 -> 0.560 | 1.500 |"
+    assert lines[3] == "| b (grpo) | - | 1.500 |"
