@@ -1,6 +1,7 @@
-"""examples/pipeline.sh end to end with tiny settings: prepare -> train -> merge -> eval -> plot,
-on the embedded task and on a verl-format parquet file, each stage reading what the last wrote
-(about 1.5-2.5 minutes on the 2-core machine)."""
+"""The example scripts end to end with tiny settings, each stage reading what the last wrote:
+examples/pipeline.sh (prepare -> train -> merge -> eval -> plot, on the embedded task and on a
+verl-format parquet file; about 1.5-2.5 minutes on the 2-core machine) and
+examples/fapo_end_to_end.sh (the FAPO recipe with a learned GenRM)."""
 
 import json
 import os
@@ -26,4 +27,34 @@ def test_pipeline(tmp_path):
     assert len(samples) == 2 * smoke["per_source"]["smoke_math"]["prompts"]
     assert (out / "smoke-run" / "metrics.jsonl").exists() and (out / "addition-hf" / "config.json").exists()
     with open(out / "curves.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fapo_end_to_end(tmp_path):
+    """examples/fapo_end_to_end.sh with a few steps of each stage: GenRM training -> merge ->
+    `genrm.serve --backend hf:` -> GRPO / FAPO rule / FAPO learned -> eval -> plot (about 3
+    minutes). Every policy response counts as right, so that the untrained policy still sends
+    each of them to the learned judge."""
+    out = tmp_path / "fapo"
+    sft = f"sft.cache_dir={tmp_path / 'sft'}"
+    env = dict(os.environ, OUT=str(out), STEPS="2", GENRM_STEPS="2", EXTRA=f"{sft} data.val_size=8",
+               GENRM_EXTRA="sft.steps=40 data.prompts_per_step=4 optim.mini_batch_prompts=4 rollout.n=2",
+               POLICY_EXTRA=f"{TINY} data.reward_fn=faulty_rewards:always_right",
+               PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "trainer"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run(["bash", os.path.join(ROOT, "examples", "fapo_end_to_end.sh")], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    learned = [json.loads(x) for x in open(out / "fapo-learned" / "metrics.jsonl")][1:]
+    assert [r["genrm/requests"] for r in learned] == [8, 8]  # 4 prompts x 2 samples, all "right"
+    health = json.load(open(out / "genrm-health.json"))  # the served model answered them
+    assert health["completions"] >= 16 and health["generate_calls"] >= 1 and health["generate_errors"] == 0
+    rule = [json.loads(x) for x in open(out / "fapo-rule" / "metrics.jsonl")][1:]
+    assert all(r["genrm/checker_agreement"] == 1.0 == r["genrm/checker_step_agreement"] for r in rule)
+    table = (out / "policies.md").read_text().splitlines()
+    assert [row.split(" | ")[0] for row in table[2:]] == ["| grpo (grpo)", "| fapo-rule (fapo)",
+                                                          "| fapo-learned (fapo)"]
+    assert "| genrm (grpo) |" in (out / "genrm.md").read_text()
+    assert json.load(open(out / "eval-fapo-learned" / "summary.json"))["per_source"]["addition"]["prompts"] == 8
+    with open(out / "policies.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
