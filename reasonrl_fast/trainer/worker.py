@@ -17,7 +17,7 @@ from reasonrl_fast.models.loading import load_model, load_tokenizer
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.trainer import algos
 from reasonrl_fast.trainer import checkpoint as ckpt
-from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, rendezvous_socket, shard
+from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, iter_full, rendezvous_socket, shard
 from reasonrl_fast.trainer.lm_head import tokens_per_forward, use_fused
 from reasonrl_fast.trainer.policy import Actor, make_batch, slice_batch
 
@@ -67,7 +67,11 @@ class Worker:
         groups = [{"params": lm_params, "lr": o.lr}]
         if z_params:
             groups.append({"params": z_params, "lr": o.lr * cfg.flowrl.zhead_lr_mult})
-        self.opt = torch.optim.AdamW(groups, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
+        # The fused kernel: one call over all of a group's shards. The default on CPU loops over
+        # the DTensor parameters op by op: 27.7 ms a step against 3.6 ms fused (the embedded
+        # tiny Qwen2 of benchmarks/vs_trl_task.py, 2 gloo ranks x 1 thread, 2026-11-26).
+        self.opt = torch.optim.AdamW(groups, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
+                                     fused=self.device.type in ("cpu", "cuda"))
         warm = max(0, o.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         return {"params": sum(p.numel() for p in lm_params), "device": str(self.device),
@@ -126,7 +130,7 @@ class Worker:
             st["entropy/mean"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.optim.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.optim.grad_clip, foreach=True)
             norm = float(full_tensor(norm))
             if math.isfinite(norm):
                 self.opt.step()
@@ -151,11 +155,11 @@ class Worker:
         return out
 
     def sync_weights(self):
-        """Gather each parameter of the LM (not the Z-head) and copy it into the rollout engine."""
+        """Gather the LM's parameters (not the Z-head), a bucket per collective, and copy them into
+        the rollout engine."""
         self.rollout.wake()
-        self.rollout.load_weights(
-            (name[len("lm."):], full_tensor(p.detach()))
-            for name, p in self.actor.named_parameters() if name.startswith("lm."))
+        self.rollout.load_weights(iter_full(
+            [(name[len("lm."):], p.detach()) for name, p in self.actor.named_parameters() if name.startswith("lm.")]))
 
     # ------------------------------------------------------------------ checkpoints
 
