@@ -229,9 +229,14 @@ class TrainerConfig:
     nnodes: int = 1
     """Ray nodes to place workers on."""
     workers_per_node: int = 2
-    """Workers (FSDP ranks) per node: one GPU each on GPU nodes, one CPU slot each otherwise."""
+    """Workers (data-parallel ranks) per node: one GPU each on GPU nodes, one CPU slot each otherwise."""
     cpus_per_worker: int = 1
     """CPU slots per worker (CPU runs; also its torch thread count)."""
+    sharding: str = "auto"
+    """How the workers hold the policy: fsdp (FSDP2, each decoder layer sharded over the workers),
+    replicate (each worker a full copy, gradients averaged with one bucketed all-reduce: DDP), or
+    auto: fsdp on GPU, replicate on CPU (where per-layer gathers over gloo cost more than the
+    model's compute: docs/trainer.md). One worker never shards."""
     ray_address: str = ""
     """Join this Ray cluster (or $RAY_ADDRESS); empty starts a local instance."""
     save_every: int = 0
@@ -318,6 +323,7 @@ _CHOICES = {
     "grpo.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "trainer.logger": ("tensorboard", "wandb", "none"),
     "model.dtype": ("auto", "float32", "bfloat16"),
+    "trainer.sharding": ("auto", "fsdp", "replicate"),
 }
 
 

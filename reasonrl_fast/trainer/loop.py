@@ -69,6 +69,7 @@ def _run(cfg, log) -> dict:
             judge.close()
         raise
     log(cluster.setup_info["lm_head"])
+    log(f"data parallel: {cluster.setup_info['sharding']} (trainer.sharding={cfg.trainer.sharding})")
     pool = None
     try:
         r = cfg.reward

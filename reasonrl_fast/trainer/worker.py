@@ -17,7 +17,8 @@ from reasonrl_fast.models.loading import load_model, load_tokenizer
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.trainer import algos
 from reasonrl_fast.trainer import checkpoint as ckpt
-from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, iter_full, rendezvous_socket, shard
+from reasonrl_fast.trainer.fsdp import (full_tensor, init_distributed, iter_full, rendezvous_socket, replicate, shard,
+                                        sharding_mode)
 from reasonrl_fast.trainer.lm_head import tokens_per_forward, use_fused
 from reasonrl_fast.trainer.policy import Actor, make_batch, slice_batch
 
@@ -53,14 +54,19 @@ class Worker:
         fused, head_msg = use_fused(cfg.model.fused_lm_head, lm, self.device,
                                     tokens_per_forward(cfg, self.world))
         self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.flowrl else 0, fused=fused).to(self.device)
-        shard(self.actor, lm, mesh, bf16)
+        self.sharding = sharding_mode(cfg.trainer.sharding, self.device, self.world)
+        if self.sharding == "fsdp":
+            shard(self.actor, lm, mesh, bf16)
+        # what the update's forward runs through: DDP averages the gradients when replicated
+        self.train_model = replicate(self.actor, mesh, self.device) if self.sharding == "replicate" else self.actor
         self.ref = None
-        if self.flowrl or cfg.grpo.kl_coef > 0:  # frozen reference, sharded the same way
+        if self.flowrl or cfg.grpo.kl_coef > 0:  # frozen reference, held the same way
             ref_lm = load_model(self.model_path, dtype)
             self.ref = Actor(ref_lm, fused=fused).to(self.device).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
-            shard(self.ref, ref_lm, mesh, bf16)
+            if self.sharding == "fsdp":
+                shard(self.ref, ref_lm, mesh, bf16)
         o = cfg.optim
         z_params = [p for n, p in self.actor.named_parameters() if n.startswith("proj_z.")]
         lm_params = [p for n, p in self.actor.named_parameters() if not n.startswith("proj_z.")]
@@ -75,7 +81,7 @@ class Worker:
         warm = max(0, o.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         return {"params": sum(p.numel() for p in lm_params), "device": str(self.device),
-                "lm_head": head_msg}
+                "lm_head": head_msg, "sharding": self.sharding}
 
     # ------------------------------------------------------------------ rollout
 
@@ -117,7 +123,7 @@ class Worker:
             idx = slice(k * mb, (k + 1) * mb)
             mbatch = slice_batch(batch, idx)
             mask = mbatch["response_mask"]
-            lp, ent, log_z = self.actor(mbatch, cfg.rollout.temperature, entropy=True, log_z=self.flowrl)
+            lp, ent, log_z = self.train_model(mbatch, cfg.rollout.temperature, entropy=True, log_z=self.flowrl)
             old = old_lp[idx] if old_lp is not None else lp.detach()
             ref = ref_lp[idx] if ref_lp is not None else None
             if self.flowrl:

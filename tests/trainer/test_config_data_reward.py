@@ -26,6 +26,7 @@ def test_overrides_and_yaml(tmp_path):
     ("optimm.lr=1", "optimm"),
     ("algo=ppo", "algo"),
     ("rollout.backend=sglang", "rollout.backend"),
+    ("trainer.sharding=zero3", "trainer.sharding"),
 ])
 def test_bad_config_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
