@@ -12,6 +12,13 @@ from __future__ import annotations
 import torch
 
 
+def tracing(t: torch.Tensor) -> bool:
+    """Whether an op runs under torch.compile, or on fake / functional tensors (export,
+    opcheck, AOT tracing), where N must not become data-dependent or be specialised."""
+    return (torch.compiler.is_compiling() or type(t) is not torch.Tensor
+            or torch._guards.detect_fake_mode(t) is not None)
+
+
 def value(cond, msg: str) -> None:
     """ValueError(msg) unless cond (messages are cheap to build: this runs once per trace)."""
     torch._check_value(cond, lambda: msg)

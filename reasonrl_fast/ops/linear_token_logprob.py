@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 
 from reasonrl_fast.ops._checks import (acc_dtype, check_linear_backward_inputs, check_linear_inputs,
-                                     linear_targets)
+                                     linear_targets, tracing)
 
 _op = torch.ops.reasonrl_fast
 
@@ -94,19 +94,12 @@ def _chunk(N: int, H: int, V: int, device: torch.device, tracing: bool = False) 
     return max(1, min(c, V))
 
 
-def _tracing(t: torch.Tensor) -> bool:
-    """Whether the op runs under torch.compile, or on fake / functional tensors (export,
-    opcheck, AOT tracing), where N must not become data-dependent or be specialised."""
-    return (torch.compiler.is_compiling() or type(t) is not torch.Tensor
-            or torch._guards.detect_fake_mode(t) is not None)
-
-
 def _valid_rows(valid: torch.Tensor) -> Optional[torch.Tensor]:
     """Indices of the rows to compute, or None for all of them. In eager mode the ignored
     rows (padding, prompts) are dropped before any logit is formed: a batch with 40 % padding
     does 40 % less matmul work. Finding them costs one host synchronisation, so under
     torch.compile, where it would also make N data-dependent, every row is computed."""
-    if _tracing(valid):
+    if tracing(valid):
         return None
     rows = valid.nonzero().squeeze(1)
     return rows if rows.numel() < valid.numel() else None
@@ -153,7 +146,7 @@ def _forward_chunks(hidden, weight, tgt, bias, temperature, valid, compute_entro
     a difference of two large numbers (lse - E[s])."""
     N, H = hidden.shape
     V = weight.shape[0]
-    C = _chunk(N, H, V, hidden.device, _tracing(hidden))
+    C = _chunk(N, H, V, hidden.device, tracing(hidden))
     f64, ninf = torch.float64, float("-inf")
     lse = torch.full((N,), ninf, dtype=f64)
     hs = torch.zeros((N,), dtype=f64)
@@ -297,7 +290,7 @@ def _backward_impl(
         if g_ent is not None:
             g_ent, ent, mean_s = g_ent[rows], ent[rows], mean_s[rows]
         N = hidden.shape[0]
-    C = _chunk(N, H, V, hidden.device, _tracing(hidden))
+    C = _chunk(N, H, V, hidden.device, tracing(hidden))
     with _device_guard(hidden):
         dh = torch.zeros((N, H), dtype=acc, device=hidden.device)
         buf = torch.empty((N, C), dtype=dtype, device=hidden.device) if triton_path else None

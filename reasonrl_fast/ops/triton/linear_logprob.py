@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from reasonrl_fast.ops._checks import tracing
+
 
 @triton.jit
 def _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn, stride_wv,
@@ -188,15 +190,10 @@ def _kernel(tuned, plain, hidden):
     return plain, dict(_INTERP, UPCAST=dtype in (torch.bfloat16, torch.float16))
 
 
-def _tracing(t):
-    return (torch.compiler.is_compiling() or type(t) is not torch.Tensor
-            or torch._guards.detect_fake_mode(t) is not None)
-
-
 def _n_bucket(N, t):
     # The autotuning key: N to the next power of two, so that batches of nearby sizes share
     # one tuning run. Under torch.compile a fixed value, which keeps N symbolic.
-    if _tracing(t):
+    if tracing(t):
         return 0
     return 1 << max(N - 1, 0).bit_length()
 
@@ -206,7 +203,7 @@ def _splits(N, V, t):
     if splits_env := os.environ.get("REASONRL_TRITON_SPLITS"):
         return int(splits_env)  # tests force several splits
     tiles = -(-V // 128)
-    if _tracing(t):
+    if tracing(t):
         # A function of V alone: a choice that depends on N would pin N under dynamic shapes.
         return max(1, min(tiles // 8, 16))
     # Enough programs to fill an H100/H200 (132 SMs) a few times over, each with >= 8 tiles.
