@@ -81,8 +81,8 @@ def sharding_mode(setting: str, device: torch.device, world: int) -> str:
         return "none"
     if setting == "auto":
         # On CPU the 0.8 M-parameter test model's update (32 sequences x 22 tokens, 2 gloo ranks x
-        # 1 thread) took 193 ms with per-layer FSDP2 against 125 ms replicated: each gather or
-        # reduce-scatter of a layer costs 3-7 ms there. On GPU, FSDP's memory saving decides.
+        # 1 thread) took 198-201 ms with per-layer FSDP2 against 103-127 ms replicated (DDP): each
+        # gather or reduce-scatter of a layer costs 3-7 ms there. On GPU, FSDP's memory saving decides.
         return "fsdp" if device.type == "cuda" else "replicate"
     return setting
 
