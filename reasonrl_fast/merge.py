@@ -32,17 +32,23 @@ def load_model_tensors(ckpt: str) -> dict[str, torch.Tensor]:
     return {k[len("model."):]: v for k, v in state.items()}
 
 
+def check_checkpoint(ckpt: str, trust: bool, trust_hint: str = "--trust-checkpoint", name: str = "") -> None:
+    """CheckpointError unless `ckpt` is complete and, without `trust`, written by no one but us;
+    the messages name it as `name` (default: the path) and the setting that overrides trust."""
+    missing = checkpoint.missing_files(ckpt)
+    if missing:
+        raise checkpoint.CheckpointError(f"{name or ckpt} is not a complete checkpoint, missing: {', '.join(missing)}")
+    if not trust:
+        checkpoint.check_trusted(ckpt, trust_hint)
+
+
 def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from reasonrl_fast.models.loading import load_tokenizer
 
     hf = os.path.join(ckpt, "hf")
-    missing = checkpoint.missing_files(ckpt)
-    if missing:
-        raise checkpoint.CheckpointError(f"{ckpt} is not a complete checkpoint, missing: {', '.join(missing)}")
-    if not trust:
-        checkpoint.check_trusted(ckpt, "--trust-checkpoint")
+    check_checkpoint(ckpt, trust)
     tensors = load_model_tensors(ckpt)
     lm_sd = {k[len("lm."):]: v for k, v in tensors.items() if k.startswith("lm.")}
     z_sd = {k[len("proj_z."):]: v.contiguous() for k, v in tensors.items() if k.startswith("proj_z.")}

@@ -47,13 +47,9 @@ def resolved_model(cfg, log=print):
     if not os.path.exists(os.path.join(path, ckpt.STATE)):
         yield path
         return
-    missing = ckpt.missing_files(path)
-    if missing:
-        raise ckpt.CheckpointError(f"model.path={path!r} is not a complete checkpoint, missing: "
-                                   f"{', '.join(missing)}")
-    if not cfg.trainer.trust_checkpoint:
-        ckpt.check_trusted(path, "trainer.trust_checkpoint=true")
-    from reasonrl_fast.merge import merge
+    from reasonrl_fast.merge import check_checkpoint, merge
+
+    check_checkpoint(path, cfg.trainer.trust_checkpoint, "trainer.trust_checkpoint=true", f"model.path={path!r}")
 
     tmp = tempfile.mkdtemp(prefix="reasonrl_eval_")
     try:

@@ -149,8 +149,8 @@ def iter_full(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = 256 * 2
     """(name, full tensor) for sharded parameters, gathered a bucket of about `bucket_bytes` of
     full tensors at a time: one collective per bucket, and at most one bucket of full tensors
     alive beyond what the consumer keeps (a 7B model's sync never holds the whole model twice).
-    Per-parameter gathers cost the embedded model's sync a third of its update step (50
-    collectives of ~6 ms each over gloo, 2 CPU ranks)."""
+    For the 50 parameters of benchmarks/vs_trl_task.py's model at 2 gloo ranks: 9 ms, against
+    67 ms for one `full_tensor` each."""
     bucket, size = [], 0
     for name, p in named:
         bucket.append((name, p))
