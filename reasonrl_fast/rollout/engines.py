@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
+
+from reasonrl_fast.rollout.lean import LeanDecoder, unsupported
 
 
 class RolloutEngine:
@@ -41,14 +43,10 @@ def _keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
 
 
-@torch.no_grad()
-def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top_p: float, max_new_tokens: int,
-           eos_id: int, pad_id: int) -> torch.Tensor:
-    """Ancestral sampling from a Hugging Face causal LM with its KV cache: [B, <= max_new_tokens]
-    new tokens for the left-padded `ids`, pad after a row's EOS, stopping once every row has
-    ended. The same distribution as `generate(do_sample=True, temperature, top_p, top_k=0)`,
-    without its per-token logits processors and stopping criteria: 32 rows x 16 tokens of a
-    0.8 M-parameter Qwen2 took 86-103 ms against generate's 103-110 ms (1 thread, 2-core CPU)."""
+def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor) -> Callable:
+    """`LeanDecoder.stepper` through the model's own forward and a `DynamicCache`: called with
+    None, the next-token logits [B, V] after the left-padded prompts; called with the tokens just
+    chosen [B], the logits after them."""
     from transformers import DynamicCache
 
     try:
@@ -58,12 +56,37 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
     # transformers renamed `past_key_values` to `cache` (5.x); take whichever this model has
     kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
-                **{kw: cache})
+    state = {"attn": attn, "pos": pos[:, -1:]}
+
+    def step(tok: torch.Tensor | None) -> torch.Tensor:
+        if tok is None:
+            out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
+                        **{kw: cache})
+        else:
+            state["attn"] = torch.cat([state["attn"], torch.ones_like(attn[:, :1])], 1)
+            state["pos"] = state["pos"] + 1
+            out = model(input_ids=tok[:, None], attention_mask=state["attn"], position_ids=state["pos"],
+                        use_cache=True, **{kw: cache})
+        return out.logits[:, -1, :]
+
+    return step
+
+
+@torch.no_grad()
+def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top_p: float, max_new_tokens: int,
+           eos_id: int, pad_id: int, lean: LeanDecoder | None = None) -> torch.Tensor:
+    """Ancestral sampling from a Hugging Face causal LM with its KV cache: [B, <= max_new_tokens]
+    new tokens for the left-padded `ids`, pad after a row's EOS, stopping once every row has
+    ended. The same distribution as `generate(do_sample=True, temperature, top_p, top_k=0)`,
+    without its per-token logits processors and stopping criteria: 32 rows x 16 tokens of a
+    0.8 M-parameter Qwen2 took 86-103 ms against generate's 103-110 ms (1 thread, 2-core CPU),
+    and 63 ms through `lean` (the same model run by a LeanDecoder)."""
+    step = lean.stepper(ids, attn, max_new_tokens) if lean is not None else hf_stepper(model, ids, attn)
+    logits = step(None)
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-    new, last = [], pos[:, -1:]
+    new = []
     for t in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()
+        logits = logits.float()
         if temperature < GREEDY_BELOW:
             tok = logits.argmax(-1)
         else:
@@ -76,19 +99,23 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
         done |= tok == eos_id
         if t + 1 == max_new_tokens or bool(done.all()):
             break
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
-        last = last + 1
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=last, use_cache=True, **{kw: cache})
+        logits = step(tok)
     return torch.stack(new, 1) if new else ids.new_zeros(ids.shape[0], 0)
 
 
 class HFRollout(RolloutEngine):
-    def __init__(self, lm: torch.nn.Module, pad_id: int, eos_id: int, device):
+    """`decoder`: "auto" samples a Llama-family model with the lean decoder (rollout/lean.py)
+    and any other through its forward; "model" always through its forward."""
+
+    def __init__(self, lm: torch.nn.Module, pad_id: int, eos_id: int, device, decoder: str = "auto"):
+        if decoder not in ("auto", "model"):
+            raise ValueError(f"HFRollout: decoder={decoder!r}, expected 'auto' or 'model'")
         self.model = copy.deepcopy(lm).to(device).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.pad_id, self.eos_id, self.device = pad_id, eos_id, device
-        self.params = dict(self.model.named_parameters())
+        self.lean = LeanDecoder(self.model) if decoder == "auto" and unsupported(self.model) is None else None
+        self.params = dict(self.model.named_parameters())  # after the lean decoder's fusing
 
     @torch.no_grad()
     def generate(self, prompts, n, temperature, top_p, max_new_tokens, seed):
@@ -103,7 +130,7 @@ class HFRollout(RolloutEngine):
             attn[i, width - len(p):] = 1
         torch.manual_seed(seed)  # sampling is reproducible per (step, rank)
         out = sample(self.model, ids.to(self.device), attn.to(self.device), temperature, top_p, max_new_tokens,
-                     self.eos_id, self.pad_id)
+                     self.eos_id, self.pad_id, self.lean)
         res = []
         for row in out.tolist():
             if self.eos_id in row:
@@ -153,4 +180,4 @@ def make_rollout(cfg, lm, model_path: str, pad_id: int, eos_id: int, device) -> 
     if cfg.rollout.backend == "vllm":
         return VLLMRollout(model_path, cfg.rollout.gpu_memory_utilization,
                            cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, cfg.trainer.seed)
-    return HFRollout(lm, pad_id, eos_id, device)
+    return HFRollout(lm, pad_id, eos_id, device, cfg.rollout.decoder)

@@ -104,6 +104,11 @@ class DataConfig:
 class RolloutConfig:
     backend: str = "hf"
     """hf (Hugging Face generate, works everywhere) or vllm (colocated engine, GPU only)."""
+    decoder: str = "auto"
+    """hf backend only. auto: Llama-family models (Llama, Qwen2, Qwen3, Mistral without a
+    sliding window) are sampled by the lean decoder (rollout/lean.py: fused projections, a
+    preallocated KV cache), others through the model's forward; model: always the model's
+    forward."""
     n: int = 8
     """Responses sampled per prompt (the GRPO/FlowRL group)."""
     max_new_tokens: int = 32
@@ -318,6 +323,7 @@ _CHOICES = {
     "algo": ("flowrl", "grpo", "fapo"),
     "fapo.genrm.template": ("auto", "fapo", "compact"),
     "rollout.backend": ("hf", "vllm"),
+    "rollout.decoder": ("auto", "model"),
     "data.task": ("addition", "code", "genrm"),
     "reward.backend": ("process", "ray"),
     "grpo.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
