@@ -1,7 +1,7 @@
 """Where our step time goes on bench_vs_trl.py's work (CPU; a measurement, not a test).
 
     python benchmarks/profile_trainer.py driver [--steps 8] [--layout 2x1]
-    python benchmarks/profile_trainer.py worker [--steps 6] [--world 2]
+    python benchmarks/profile_trainer.py worker [--steps 6] [--world 2] [--threads 1]
 
 driver: the whole trainer in this process under cProfile (Ray workers run elsewhere: what shows
 here is the driver's own work and its waits), the top entries by cumulative and own time.
@@ -70,7 +70,7 @@ def _timed(obj, name: str, acc: dict, key: str) -> None:
     setattr(obj, name, wrapper)
 
 
-def _rank(rank: int, world: int, port: int, model: str, prompts: str, steps: int, out_dir: str) -> None:
+def _rank(rank: int, world: int, threads: int, port: int, model: str, prompts: str, steps: int, out_dir: str) -> None:
     import json
 
     import torch
@@ -82,7 +82,7 @@ def _rank(rank: int, world: int, port: int, model: str, prompts: str, steps: int
     from reasonrl_fast.trainer.config import load_config
     from bench_vs_trl import ours_overrides
 
-    cfg = load_config(None, ours_overrides(model, prompts, out_dir, world, 1, steps))
+    cfg = load_config(None, ours_overrides(model, prompts, out_dir, world, threads, steps))
     w = worker_mod.Worker(cfg, rank, world, model)
     w.setup("127.0.0.1", port)
     rows = [json.loads(x) for x in open(prompts)][: 8 * steps]
@@ -125,7 +125,7 @@ def _rank(rank: int, world: int, port: int, model: str, prompts: str, steps: int
     w.shutdown()
 
 
-def workers(steps: int, world: int) -> None:
+def workers(steps: int, world: int, threads: int) -> None:
     import torch.multiprocessing as mp
     from vs_trl_task import write_model, write_prompts
 
@@ -137,7 +137,7 @@ def workers(steps: int, world: int) -> None:
         port = s.getsockname()[1]
         s.close()
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_rank, args=(r, world, port, model, prompts, steps, os.path.join(tmp, "run")))
+        procs = [ctx.Process(target=_rank, args=(r, world, threads, port, model, prompts, steps, os.path.join(tmp, "run")))
                  for r in range(world)]
         for p in procs:
             p.start()
@@ -154,10 +154,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--layout", default="2x1", choices=["2x1", "1x2"])
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="worker: torch threads per rank")
     a = ap.parse_args()
     if a.steps < 3:
         sys.exit(f"--steps {a.steps}: steps 3.. are profiled, so at least 3")
-    driver(a.steps, a.layout) if a.what == "driver" else workers(a.steps, a.world)
+    driver(a.steps, a.layout) if a.what == "driver" else workers(a.steps, a.world, a.threads)
 
 
 if __name__ == "__main__":

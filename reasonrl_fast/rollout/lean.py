@@ -63,8 +63,11 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def _norm(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
-    """The model's RMSNorm: normalised in float32, cast back, times the weight."""
+    """The model's RMSNorm: normalised in float32, cast back, times the weight (one fused call
+    when everything is float32: the same product)."""
     eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", 1e-6)
+    if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), module.weight, eps)
     return module.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
@@ -99,21 +102,22 @@ class LeanDecoder:
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         x = self.base.embed_tokens(ids)
         cos, sin = self.base.rotary_emb(x, pos)
-        cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [B, T, 1, head_dim]: broadcast over heads
         for (layer, (w_qkv, b_qkv), (w_gu, b_gu), scale), (k_cache, v_cache) in zip(self.layers, cache):
             a, m = layer.self_attn, layer.mlp
             y = F.linear(_norm(x, layer.input_layernorm), w_qkv, b_qkv).view(b, t, h + 2 * kv, d)
-            q, k, v = y.split([h, kv, kv], 2)
-            if hasattr(a, "q_norm"):  # Qwen3: per-head RMSNorm before the rotation
-                q, k = _norm(q, a.q_norm), _norm(k, a.k_norm)
-            q, k, v = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
-            k_cache[:, :, t0:t0 + t] = k
-            v_cache[:, :, t0:t0 + t] = v
-            o = F.scaled_dot_product_attention(q, k_cache[:, :, :t0 + t], v_cache[:, :, :t0 + t], attn_mask=mask,
-                                               scale=scale, enable_gqa=kv != h)
-            x = x + a.o_proj(o.transpose(1, 2).reshape(b, t, h * d))
+            if hasattr(a, "q_norm"):  # Qwen3: per-head RMSNorm of q and k before the rotation
+                qk = torch.cat([_norm(y[:, :, :h], a.q_norm), _norm(y[:, :, h:h + kv], a.k_norm)], 2)
+            else:
+                qk = y[:, :, :h + kv]
+            qk = _rotate(qk, cos, sin).transpose(1, 2)  # q and k rotated together: half the ops
+            k_cache[:, :, t0:t0 + t] = qk[:, h:]
+            v_cache[:, :, t0:t0 + t] = y[:, :, h + kv:].transpose(1, 2)
+            o = F.scaled_dot_product_attention(qk[:, :h], k_cache[:, :, :t0 + t], v_cache[:, :, :t0 + t],
+                                               attn_mask=mask, scale=scale, enable_gqa=kv != h)
+            x = x + F.linear(o.transpose(1, 2).reshape(b, t, h * d), a.o_proj.weight, a.o_proj.bias)
             gate, up = F.linear(_norm(x, layer.post_attention_layernorm), w_gu, b_gu).chunk(2, -1)
-            x = x + m.down_proj(F.silu(gate) * up)
+            x = x + F.linear(F.silu(gate) * up, m.down_proj.weight, m.down_proj.bias)
         return _norm(x, self.base.norm)
 
     def stepper(self, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: int) -> Callable:
