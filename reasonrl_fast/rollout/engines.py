@@ -80,7 +80,7 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
     ended. The same distribution as `generate(do_sample=True, temperature, top_p, top_k=0)`,
     without its per-token logits processors and stopping criteria: 32 rows x 16 tokens of a
     0.8 M-parameter Qwen2 took 86-103 ms against generate's 103-110 ms (1 thread, 2-core CPU),
-    and 63 ms through `lean` (the same model run by a LeanDecoder). The tokens are an
+    and 63-75 ms through `lean` (the same model run by a LeanDecoder). The tokens are an
     inference-mode tensor (no autograd)."""
     step = lean.stepper(ids, attn, max_new_tokens) if lean is not None else hf_stepper(model, ids, attn)
     logits = step(None)
