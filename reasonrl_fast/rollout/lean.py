@@ -77,8 +77,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class LeanDecoder:
-    """Samples from `model` (evaluation mode, weights frozen). Construction fuses the model's
-    q/k/v and gate/up weights in place (see `_fuse`); the model's own forward still works."""
+    """Decoding steps of `model` (evaluation mode, weights frozen) for `engines.sample`, which
+    picks the tokens. Construction fuses the model's q/k/v and gate/up weights in place (see
+    `_fuse`); the model's own forward still works."""
 
     def __init__(self, model: nn.Module):
         why = unsupported(model)
