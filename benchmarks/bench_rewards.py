@@ -104,10 +104,10 @@ def hung_step() -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run")
         env = dict(os.environ, REASONRL_HANG_FLAG=os.path.join(tmp, "flag"),
-                   PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "trainer")]))
+                   PYTHONPATH=ROOT)
         cmd = [sys.executable, "-m", "reasonrl_fast.train", "algo=grpo", "trainer.steps=3",
                f"trainer.output_dir={out}", "trainer.val_every=0", "trainer.progress=false",
-               "data.reward_fn=faulty_rewards:sleeps_forever_once", "reward.timeout_s=5",
+               "data.reward_fn=tests.helpers.faulty_rewards:sleeps_forever_once", "reward.timeout_s=5",
                "reward.sandbox_timeout_s=2", "model.hidden_size=32", "model.intermediate_size=64",
                "model.num_heads=2", "sft.steps=5", "sft.batch_size=8", "data.prompts_per_step=4",
                "optim.mini_batch_prompts=4", "rollout.n=2", "rollout.max_new_tokens=12",

@@ -1,3 +1,17 @@
+"""The test tiers, the seed, and the fixtures that decide a test's tier.
+
+Tiers (markers registered in pyproject.toml; `make test` runs the first two, `make test-all`
+every one but `slow`, `make test-slow` that one):
+  unit   in-process; every test not marked otherwise
+  proc   real subprocesses and servers (sandboxes, GenRM servers, child interpreters), no trainer
+  e2e    anything that trains or starts Ray: a test that asks for `train`, `trained_run` or
+         `ray_local` is `e2e` without a mark of its own
+  xproj  another project's code in a cached venv (TRL, verl): a test that asks for `verl_python`
+         or `trl_python` is `xproj`
+  slow   the full learning checks, minutes each: skipped unless selected with `-m slow` (or
+         REASONRL_SLOW=1)
+"""
+
 import os
 import random
 import zlib
@@ -5,13 +19,36 @@ import zlib
 import pytest
 import torch
 
+from tests.helpers import train as train_helpers
+from tests.helpers import venvs
+
+TIERS = ("unit", "proc", "e2e", "xproj", "slow")
+FIXTURE_TIERS = {"train": "e2e", "trained_run": "e2e", "ray_local": "e2e",
+                 "verl_python": "xproj", "trl_python": "xproj"}
+
 # Fresh random inputs on every run (the standards ask for it); the seed is printed in the
-# header and REASONRL_TEST_SEED=<seed> replays a failing run.
-_SEED = int(os.environ.get("REASONRL_TEST_SEED", random.randrange(2**31)))
+# header and REASONRL_TEST_SEED=<seed> replays a failing run. Set in the environment so that
+# pytest-xdist workers and child processes draw from the same seed.
+_SEED = int(os.environ.setdefault("REASONRL_TEST_SEED", str(random.randrange(2**31))))
 
 
 def pytest_report_header(config):
     return f"reasonrl_fast test seed: {_SEED} (replay with REASONRL_TEST_SEED={_SEED})"
+
+
+def pytest_collection_modifyitems(config, items):
+    run_slow = "slow" in (config.option.markexpr or "") or os.environ.get("REASONRL_SLOW") == "1"
+    for item in items:
+        tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
+        for name in item.fixturenames:
+            tier = FIXTURE_TIERS.get(name)
+            if tier and tier not in tiers:
+                item.add_marker(tier)
+                tiers.add(tier)
+        if not tiers:
+            item.add_marker("unit")
+        if "slow" in tiers and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="a full learning check (minutes): `make test-slow`"))
 
 
 @pytest.fixture(autouse=True)
@@ -19,3 +56,38 @@ def _seed(request):
     # crc32, not hash(): str hashes change from process to process, which would break replay.
     torch.manual_seed(_SEED + zlib.crc32(request.node.nodeid.encode()))
 
+
+@pytest.fixture
+def train():
+    """`run_train(args, tmp_path, ...)`: `python -m reasonrl_fast.train` with TINY settings."""
+    return train_helpers.run_train
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> train_helpers.TrainedRun:
+    """One tiny FlowRL run (FSDP2 shards, checkpoint-2), trained once per session and shared
+    by the tests that only need a trained run. Treat it as read-only."""
+    return train_helpers.shared_run(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture
+def ray_local():
+    """A local Ray instance (2 CPUs, loopback, no dashboard) for the test's own actors."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def verl_python():
+    """The python of the verl 0.9.1 venv (built once, cached; skipped when offline)."""
+    return venvs.python_or_skip(venvs.VERL_VENV, venvs.VERL_INSTALLS, 1800.0)
+
+
+@pytest.fixture(scope="session")
+def trl_python():
+    """The python of the TRL 1.16 venv (built once, cached; skipped when offline)."""
+    return venvs.python_or_skip(venvs.TRL_VENV, venvs.TRL_INSTALLS, 1800.0)

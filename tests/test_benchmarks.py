@@ -17,6 +17,8 @@ sys.path.insert(0, BENCH)
 import harness  # noqa: E402
 from harness import Case  # noqa: E402
 
+pytestmark = pytest.mark.proc  # each benchmark script runs in a child process
+
 SCRIPTS = ["token_logprob", "linear_token_logprob", "group_advantage", "tb_loss", "masked_mean"]
 DIRECT = [s for s in SCRIPTS if s != "tb_loss"]  # tb_loss runs under gpu_check's dry run
 

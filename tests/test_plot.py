@@ -45,6 +45,7 @@ def test_plot_two_runs(tmp_path):
     assert size > 20_000, size             # drawn, not blank
 
 
+@pytest.mark.proc
 def test_plot_cli_errors(tmp_path):
     _run_dir(tmp_path / "a", "grpo", 2, with_val=False)
     (tmp_path / "empty").mkdir()
@@ -57,6 +58,7 @@ def test_plot_cli_errors(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.proc
 def test_summary_table(tmp_path):
     _run_dir(tmp_path / "a", "flowrl", 6, with_val=True)
     _run_dir(tmp_path / "b", "grpo", 4, with_val=False)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.childproc import ROOT
+import pytest
+
+from tests.helpers.childproc import ROOT
+
+pytestmark = pytest.mark.proc  # setup.py runs in a child interpreter
 
 # One child interpreter runs setup.py once per case, with torch.version.cuda and CUDA_HOME
 # faked, and prints "ok" or the message the build stopped with.

@@ -2,7 +2,6 @@
 round trip through verl's own RLHFDataset and our trainer's reader."""
 
 import json
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,9 +11,7 @@ import pytest
 from reasonrl_fast.data.prepare import BOXED_INSTRUCTION, main, prepare, smoke_path
 from reasonrl_fast.data.records import load_records, render_prompt
 from reasonrl_fast.rewards.math import math_equal
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_records import templated_tokenizer  # noqa: E402
+from tests.helpers.chat_tokenizer import templated_tokenizer
 
 
 def write_jsonl(path, rows):
@@ -115,24 +112,21 @@ def test_smoke_set_answers_and_prepare(tmp_path):
     assert [r["answer"] for r in load_records(str(out))] == [r["answer"] for r in shipped]
 
 
-def test_round_trip_through_verl_and_our_trainer(tmp_path):
+def test_round_trip_through_verl_and_our_trainer(tmp_path, verl_python):
     """prepare writes parquet; verl 0.9.1's RLHFDataset (its own venv) and our `load_datasets`
     read the same prompts, rendered with the same chat template, and the same ground truths."""
     pytest.importorskip("pyarrow")
-    from verl_data_env import ensure_verl_data_env, verl_dataset_rows
-
     from reasonrl_fast.trainer.data import load_datasets
+    from tests.helpers.verl_env import verl_dataset_rows
 
     start = time.monotonic()
-    _, built_s = ensure_verl_data_env()
-    print(f"verl data venv: {'built in %.0f s' % built_s if built_s else 'cached'}")
     prepare("smoke", None, str(tmp_path / "s.parquet"), limit=4)
     prepare("humaneval", None, str(tmp_path / "h.parquet"), limit=2)
     tok = templated_tokenizer()
     tok.save_pretrained(tmp_path / "tok")
     theirs = []
     for part in ("s", "h"):
-        theirs += verl_dataset_rows(str(tmp_path / f"{part}.parquet"), str(tmp_path / "tok"), max_prompt_length=4096)
+        theirs += verl_dataset_rows(verl_python, str(tmp_path / f"{part}.parquet"), str(tmp_path / "tok"), max_prompt_length=4096)
     cfg = SimpleNamespace(data=SimpleNamespace(train_files=[str(tmp_path / "s.parquet"), str(tmp_path / "h.parquet")],
                                                val_files=[], task="addition", max_prompt_length=4096),
                           trainer=SimpleNamespace(seed=1))

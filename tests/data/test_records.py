@@ -7,15 +7,9 @@ import pytest
 from reasonrl_fast.data.records import filter_long, load_records, problem_text, prompt_ids, render_prompt
 from reasonrl_fast.models.tiny import char_tokenizer
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+from tests.helpers.chat_tokenizer import TEMPLATE, templated_tokenizer
+
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1="}]
-
-
-def templated_tokenizer():
-    tok = char_tokenizer()
-    tok.chat_template = TEMPLATE
-    return tok
 
 
 def write_jsonl(path, rows):

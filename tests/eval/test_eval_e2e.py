@@ -1,6 +1,7 @@
-"""End to end: train the tiny embedded model briefly (two CPU Ray workers), then evaluate its
-checkpoint directly (two workers) and, merged, from a jsonl file of the same prompts (one
-worker); the two evals agree exactly, and agree with the trainer's last val/accuracy within two standard errors."""
+"""End to end: evaluate the session's shared run (the tiny FlowRL model, trained briefly on two CPU
+Ray workers) from its checkpoint directly (two workers) and, merged, from a jsonl file of the same
+prompts (one worker); the two evals agree exactly, and agree with the trainer's last
+val/accuracy within two standard errors."""
 
 import json
 import math
@@ -9,46 +10,42 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
+from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.trainer.config import load_config
 from reasonrl_fast.trainer.data import load_datasets
-from reasonrl_fast.models.tiny import char_tokenizer
-from tests.trainer.conftest import ROOT, TINY, read_metrics, run_train
+from tests.helpers.train import ROOT, SHARED_VAL, SHARED_VAL_N, TINY, read_metrics
 
-VAL = 128   # validation prompts: se@4 of about 0.03 at mid accuracy
-VAL_N = 4
-# A wider model and a longer warm start than TINY's (5 steps: accuracy 0), and room for the
-# whole answer (TINY's 12 tokens cut it off), so that accuracy is far from 0 and 1 (about 0.45)
-# and the comparison with the trainer means something.
-TRAIN = ["algo=grpo", "trainer.steps=2", "trainer.save_last=true", "trainer.val_every=2", f"data.val_size={VAL}",
-         f"rollout.val_n={VAL_N}", "rollout.val_temperature=1.0", "rollout.max_new_tokens=32",
-         "model.hidden_size=64", "model.intermediate_size=128", "sft.steps=600", "sft.batch_size=32"]
+VAL, VAL_N = SHARED_VAL, SHARED_VAL_N
 # the trainer's validation settings (rollout.top_p is 1.0 by default)
 AT_VAL = [f"eval.n={VAL_N}", "eval.k=[1,2,4]", "eval.temperature=1.0", "eval.top_p=1.0"]
 
 
-def run_eval(args, tmp_path, check=True):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "reasonrl_fast.eval", *TINY, *TRAIN, *AT_VAL,
-           f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    if check and p.returncode != 0:
-        raise AssertionError(f"eval failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
-    return p
+@pytest.fixture
+def run_eval(trained_run, tmp_path):
+    def run(args, check=True):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        cmd = [sys.executable, "-m", "reasonrl_fast.eval", *TINY, *trained_run.args, *AT_VAL,
+               f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        if check and p.returncode != 0:
+            raise AssertionError(f"eval failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+        return p
+    return run
 
 
 def _metrics(summary):
     return {k: summary[k] for k in ("per_source", "overall", "overall_micro")}
 
 
-def test_eval_checkpoint_and_merged_agree_with_training(tmp_path):
-    run = tmp_path / "run"
-    run_train([*TRAIN, f"trainer.output_dir={run}"], tmp_path)
-    val_acc = read_metrics(run)[-1]["val/accuracy"]
-    ckpt = run / "checkpoint-2"
+def test_eval_checkpoint_and_merged_agree_with_training(trained_run, run_eval, tmp_path):
+    val_acc = read_metrics(trained_run.dir)[-1]["val/accuracy"]
+    ckpt = trained_run.checkpoint
 
     # (a) the checkpoint itself, on the embedded validation split
     out_a = tmp_path / "eval_a"
-    p = run_eval([f"model.path={ckpt}", f"eval.output_dir={out_a}"], tmp_path)
+    p = run_eval([f"model.path={ckpt}", f"eval.output_dir={out_a}"])
     a = json.loads((out_a / "summary.json").read_text())
     assert "mean@4" in p.stdout and "overall (macro)" in p.stdout  # the printed table
     assert "on 2 CPU worker(s)" in p.stdout
@@ -73,14 +70,14 @@ def test_eval_checkpoint_and_merged_agree_with_training(tmp_path):
     merged = tmp_path / "merged"
     subprocess.run([sys.executable, "-m", "reasonrl_fast.merge", str(ckpt), str(merged)], cwd=ROOT,
                    check=True, capture_output=True, timeout=300)
-    cfg = load_config(None, [*TINY, *TRAIN])
+    cfg = load_config(None, [*TINY, *trained_run.args])
     val = load_datasets(cfg, char_tokenizer())[1]
     data = tmp_path / "val.jsonl"
     data.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"],
                                         "data_source": r["data_source"]}) + "\n" for r in val))
     out_b = tmp_path / "eval_b"
     p = run_eval([f"model.path={merged}", f"eval.files=[{data}]", f"eval.output_dir={out_b}",
-                  "trainer.workers_per_node=1"], tmp_path)
+                  "trainer.workers_per_node=1"])
     assert "on 1 CPU worker(s)" in p.stdout
     b = json.loads((out_b / "summary.json").read_text())
     assert _metrics(b) == _metrics(a)
@@ -90,6 +87,6 @@ def test_eval_checkpoint_and_merged_agree_with_training(tmp_path):
     broken = tmp_path / "checkpoint-2"
     shutil.copytree(ckpt, broken)
     (broken / "rng_rank1.safetensors").unlink()
-    p = run_eval([f"model.path={broken}", f"eval.output_dir={tmp_path / 'eval_c'}"], tmp_path, check=False)
+    p = run_eval([f"model.path={broken}", f"eval.output_dir={tmp_path / 'eval_c'}"], check=False)
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert "not a complete checkpoint" in p.stderr and "rng_rank1.safetensors" in p.stderr

@@ -21,6 +21,7 @@ def test_k_larger_than_n():
     assert load_config(None, ["eval.n=4"]).eval.k == []  # empty k: pass@1 and pass@n
 
 
+@pytest.mark.proc
 def test_cli_config_error_is_one_line(tmp_path):
     p = subprocess.run([sys.executable, "-m", "reasonrl_fast.eval", f"model.path={tmp_path}", "eval.n=2",
                         "eval.k=[4]"], capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""GenRMClient against real server subprocesses on loopback (tests/genrm/fault_server.py): right
+"""GenRMClient against real server subprocesses on loopback (tests/helpers/fault_server.py): right
 verdicts, a server killed and restarted mid-batch, timeouts, malformed replies, a dead replica,
 least-outstanding routing, API keys, and close() with requests in flight."""
 
@@ -23,7 +23,9 @@ import torch
 from reasonrl_fast.data.addition import addition_steps, first_wrong_step, make_prompt, response_steps
 from reasonrl_fast.genrm.client import API_KEY_ENV, GenRMClient, Verdict, normalize_address
 
-SERVER = Path(__file__).with_name("fault_server.py")
+pytestmark = pytest.mark.proc  # real server processes on loopback
+
+SERVER = Path(__file__).parents[1] / "helpers" / "fault_server.py"
 
 
 @dataclass

@@ -23,7 +23,9 @@ import torch
 from reasonrl_fast.data.addition import addition_steps, flawed_step, make_prompt, parse_problem, response_steps
 from reasonrl_fast.genrm.launch import launch
 from reasonrl_fast.genrm.prompt import parse_verdict, render
-from tests.procs import alive
+from tests.helpers.procs import alive
+
+pytestmark = pytest.mark.proc  # real server processes on loopback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

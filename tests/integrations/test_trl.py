@@ -1,6 +1,6 @@
 """reasonrl_fast.integrations.trl inside TRL 1.16.0.
 
-TRL runs in a cached venv (tests/integrations/trl_env.py); tests/integrations/trl_child.py runs
+TRL runs in a cached venv (tests/helpers/venvs.py); tests/helpers/trl_child.py runs
 there once per session: it compares the patched functions with TRL's own on fixed inputs, checks
 the refusals, trains a tiny Qwen2 with GRPOTrainer for 3 steps under the patch while counting
 calls into torch.ops.reasonrl_fast, then undoes the patch. Without the venv (no package
@@ -19,24 +19,18 @@ import sys
 
 import pytest
 
-from tests.integrations import trl_env
+from tests.helpers.venvs import REPO, child_env
 
 STEPS = 3
 FP32 = 2e-5  # fp32 log-prob/entropy tolerance (docs/math.md §Token log-prob and entropy)
 
 
 @pytest.fixture(scope="module")
-def result() -> dict:
+def result(trl_python) -> dict:
+    child = str(REPO / "tests" / "helpers" / "trl_child.py")
     try:
-        python, built_s = trl_env.ensure_trl_env()
-    except trl_env.TrlEnvError as e:
-        pytest.skip(f"the TRL {trl_env.TRL_VERSION} venv could not be built (offline?): {e}")
-    if built_s:
-        print(f"built {trl_env.VENV_NAME} in {built_s:.0f} s")
-    child = str(trl_env.REPO / "tests" / "integrations" / "trl_child.py")
-    try:
-        proc = subprocess.run([str(python), child, str(STEPS)], capture_output=True, text=True,
-                              timeout=600, env=trl_env.child_env(), cwd=str(trl_env.REPO))
+        proc = subprocess.run([str(trl_python), child, str(STEPS)], capture_output=True, text=True,
+                              timeout=600, env=child_env(), cwd=str(REPO))
     except subprocess.TimeoutExpired:
         pytest.fail("the TRL child gave no answer within 600 s")
     _, marker, answer = proc.stdout.rpartition("@@result@@\n")

@@ -8,10 +8,10 @@ The entry point reaches verl as an installed distribution would give it: a dist-
 whose entry_points.txt holds the `verl.plugins` entry of setup.py, on PYTHONPATH beside the
 work tree (installing the package itself would recompile the extension).
 
-The venv is built once (~/.cache/reasonrl_fast/venv-verl-ops-0.9.1; 322 s on the 2-core
-development machine) and reused; without the package registry the test is skipped with the
-reason. With the venv in place the file took 37 s there (importing verl is 9-19 s of each of
-the two processes, depending on the machine's load).
+The venv is verl's one (tests/helpers/venvs.py), built once and cached; without the package
+registry the test is skipped with the reason. With the venv in place the file took 37 s on the
+2-core development machine (importing verl is 9-19 s of each of the two processes, depending on
+the machine's load).
 """
 
 from __future__ import annotations
@@ -25,17 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.venvs import VenvError, ensure_venv
+from tests.helpers.venvs import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
-DRIVER = Path(__file__).with_name("verl_ops_driver.py")
-VERL_VERSION = "0.9.1"
-# What importing verl, its core_algos, ray_trainer and the FSDP engine needs (verl itself goes
-# in with --no-deps: its full list brings vLLM-era pins, wandb, tensorboard...). transformers
-# within verl 0.9.1's pin (!=5.6.0, <5.11, >=5.5.3).
-_PACKAGES = ["torch==2.13.0", "transformers==5.10.4", "numpy", "omegaconf", "ray==2.60.0",
-             "tensordict>=0.8.0,<=0.10.0,!=0.9.0", "packaging", "codetiming", "datasets", "pillow",
-             "torchdata", "peft", "cachetools", "uvicorn", "fastapi"]
+DRIVER = ROOT / "tests" / "helpers" / "verl_ops_driver.py"
 
 
 def _verl_plugin_entries() -> list[str]:
@@ -45,18 +38,6 @@ def _verl_plugin_entries() -> list[str]:
         if isinstance(node, ast.keyword) and node.arg == "entry_points":
             return list(ast.literal_eval(node.value)["verl.plugins"])
     raise AssertionError("setup.py declares no entry_points")
-
-
-@pytest.fixture(scope="module")
-def verl_python() -> Path:
-    try:
-        python, built_s = ensure_venv(f"venv-verl-ops-{VERL_VERSION}",
-                                      [_PACKAGES, ["--no-deps", f"verl=={VERL_VERSION}"]], 1800.0)
-    except VenvError as e:
-        pytest.skip(f"the verl {VERL_VERSION} venv could not be built (offline?): {e}")
-    if built_s:
-        print(f"built the verl venv in {built_s:.0f} s")
-    return python
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +51,7 @@ def plugin_site(tmp_path_factory) -> Path:
 
 
 def _run(python: Path, site: Path, mode: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REASONRL_FAST_VERL", "VERL_"))}
-    env.update(PYTHONPATH=f"{ROOT}{os.pathsep}{site}", PYTHONIOENCODING="utf-8", HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", RAY_USAGE_STATS_ENABLED="0")
+    env = child_env(PYTHONPATH=f"{ROOT}{os.pathsep}{site}")
     if mode == "patched":
         env["REASONRL_FAST_VERL_PATCH"] = "1"
     proc = subprocess.run([str(python), str(DRIVER), mode], capture_output=True, text=True,

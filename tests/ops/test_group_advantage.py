@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from reasonrl_fast.ops import group_advantage
 from reasonrl_fast.ops import reference as ref
-from tests.childproc import child_outcomes
-from tests.ops.common import DEVICES, OPS, assert_no_recompile, check_typed_outcomes, cuda_only, opcheck
+from tests.helpers.childproc import child_outcomes
+from tests.helpers.ops import DEVICES, OPS, assert_no_recompile, check_typed_outcomes, cuda_only, opcheck
 
 
 def _check(rewards, ids, eps=1e-6, norm_by_std=True):
@@ -160,6 +160,7 @@ def test_equal_rewards_with_eps_zero():
     assert (group_advantage(r, torch.zeros(8, dtype=torch.long)) == 0).all()
 
 
+@pytest.mark.proc
 def test_direct_kernel_calls_reject_bad_input():
     # torch.ops.reasonrl_fast.group_advantage skips the Python wrapper: the kernel checks every
     # argument. In a child process, so an out-of-bounds read fails this test only.
@@ -188,6 +189,7 @@ def test_direct_kernel_calls_reject_bad_input():
         assert got.split(":")[0] == want, line
 
 
+@pytest.mark.proc
 @cuda_only
 def test_direct_kernel_calls_reject_bad_input_cuda():
     # The CUDA kernel checks sizes, dtypes and devices itself: a mismatch raises the promised

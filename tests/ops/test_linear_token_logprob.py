@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from reasonrl_fast.ops import linear_token_logprob
 from reasonrl_fast.ops import reference as R
-from tests.ops.common import ALL_FLOATS, HAS_CUDA, assert_no_recompile
+from tests.helpers.ops import ALL_FLOATS, HAS_CUDA, assert_no_recompile
 
 # The package exports the function under the module's name; fetch the module itself.
 L = importlib.import_module("reasonrl_fast.ops.linear_token_logprob")
@@ -598,7 +598,7 @@ def direct_call_cases():
 def check_direct_calls(device, env=None, skip_index_errors=False):
     """Every argument of both ops wrong in turn, in a child process (a crash fails the test
     with the signal's name instead of killing the session)."""
-    from tests.childproc import child_outcomes
+    from tests.helpers.childproc import child_outcomes
 
     cases = [c for c in direct_call_cases() if not (skip_index_errors and c[2] == "IndexError")]
     other = "meta" if device == "cpu" else "cpu"
@@ -624,6 +624,7 @@ def check_direct_calls(device, env=None, skip_index_errors=False):
     return dict(zip((c[0] for c in cases), lines))
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 def test_direct_op_calls_validate_every_argument(path):
     if path == "cpu":
@@ -666,13 +667,14 @@ _CUDA_ARGS = """
 """
 
 
+@pytest.mark.proc
 @pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON), reason="needs a GPU and triton")
 @pytest.mark.parametrize("op", ["fwd", "bwd"])
 @pytest.mark.parametrize("ids", ["torch.tensor([0, 5, 1], device=dev)",
                                  "torch.tensor([0, 2**64 - 100, 1], dtype=torch.uint64, "
                                  "device=dev)"])
 def test_bad_target_direct_calls_cuda(op, ids):
-    from tests.childproc import child_outcomes
+    from tests.helpers.childproc import child_outcomes
 
     call = ("fwd(h, W, y, None, 0.9, -100, True)" if op == "fwd"
             else "bwd(torch.ones_like(lp), None, h, W, y, None, lse, ent, 0.9, -100)")
@@ -707,11 +709,12 @@ def test_outputs_on_the_inputs_device_and_stream():
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.proc
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.device_count() < 2, reason="needs 2 GPUs and triton")
 def test_second_gpu_while_the_first_is_current():
     """Tensors on cuda:1 while cuda:0 is current: the kernels must run on cuda:1 (a launch on
     cuda:0 with cuda:1 pointers faults or reads garbage). In a child: a fault may kill it."""
-    from tests.childproc import child_outcomes
+    from tests.helpers.childproc import child_outcomes
 
     code = """
     from tests.ops.test_linear_token_logprob import _grads_on
@@ -809,6 +812,7 @@ def _compile_both(tk, arch, t, a, ACC, PREC, consts, opts):
     assert k.metadata.shared <= limit and k2.metadata.shared <= limit, (consts, opts)
 
 
+@pytest.mark.proc
 @pytest.mark.skipif("interpreter" not in TRITON_PATHS or INTERPRETED or bool(os.environ.get("_RRL_SUBPROCESS")),
                     reason="no interpreter cases, or they already run in this process")
 def test_in_fresh_process():

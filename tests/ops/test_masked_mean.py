@@ -6,8 +6,8 @@ import torch
 
 from reasonrl_fast.ops import ZHead, masked_mean
 from reasonrl_fast.ops import reference as ref
-from tests.childproc import child_outcomes
-from tests.ops.common import (DEVICES, OPS, assert_no_recompile, check_typed_outcomes, cuda_only, gradcheck,
+from tests.helpers.childproc import child_outcomes
+from tests.helpers.ops import (DEVICES, OPS, assert_no_recompile, check_typed_outcomes, cuda_only, gradcheck,
                               opcheck)
 
 
@@ -175,6 +175,7 @@ def test_weights_summing_to_zero_give_zero_and_no_gradient():
     torch.testing.assert_close(out[2], (x[2] * w[2, :, None]).sum(0) / 4)
 
 
+@pytest.mark.proc
 def test_direct_kernel_calls_reject_bad_input():
     # torch.ops.reasonrl_fast.* skip the Python wrapper: the kernels check every argument. In a
     # child process, so an out-of-bounds read fails this test only. Each line: type | outcome.
@@ -222,6 +223,7 @@ def test_compile_rejects_bad_shapes_while_tracing():
         f(torch.randn(2, 3, 4), torch.ones(2, 4))
 
 
+@pytest.mark.proc
 @cuda_only
 def test_direct_kernel_calls_reject_bad_input_cuda():
     # The CUDA kernels check sizes, dtypes and devices themselves: a mismatch raises the

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from reasonrl_fast.ops import reference as ref
 from reasonrl_fast.ops import tb_loss
-from tests.childproc import child_outcomes
-from tests.ops.common import DEVICES, OPS, assert_no_recompile, check_typed_outcomes, cuda_only, opcheck
+from tests.helpers.childproc import child_outcomes
+from tests.helpers.ops import DEVICES, OPS, assert_no_recompile, check_typed_outcomes, cuda_only, opcheck
 
 
 def _inputs(b, t, dtype=torch.float64, empty_rows=()):
@@ -203,6 +203,7 @@ class TestBadInput:
             tb_loss(a[0], a[1].long(), *a[2:])
 
 
+@pytest.mark.proc
 def test_direct_kernel_calls_reject_bad_input():
     # torch.ops.reasonrl_fast.* skip the Python wrapper: the kernels must check every tensor
     # argument themselves. In a child process, since the unchecked backward read out of bounds
@@ -288,6 +289,7 @@ def test_nan_old_logprob_makes_its_weight_and_the_loss_nan(masked_out, dtype):
     torch.testing.assert_close(a[1].grad, r[1].grad, equal_nan=True)
 
 
+@pytest.mark.proc
 @cuda_only
 def test_direct_kernel_calls_reject_bad_input_cuda():
     # The CUDA kernels check sizes, dtypes and devices themselves: a mismatch raises the

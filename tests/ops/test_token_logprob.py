@@ -16,8 +16,8 @@ import torch
 
 from reasonrl_fast.ops import reference as ref
 from reasonrl_fast.ops import token_logprob
-from tests.childproc import child_outcomes, run_snippet
-from tests.ops.common import DEVICES, OPS, assert_no_recompile, cuda_only, gradcheck, max_err, opcheck
+from tests.helpers.childproc import child_outcomes, run_snippet
+from tests.helpers.ops import DEVICES, OPS, assert_no_recompile, cuda_only, gradcheck, max_err, opcheck
 
 VOCABS = [1, 7, 1000, 1031]  # 1031: prime, not a multiple of any block
 
@@ -675,11 +675,13 @@ def check_cases(lines):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("device", DEVICES)
 def test_direct_calls_raise_the_promised_errors(device):
     check_cases(child_outcomes(f"DEV = {device!r}\n" + _CASES, timeout=300))
 
 
+@pytest.mark.proc
 def test_fake_implementations_check_the_same():
     """Every tensor on meta: only the fake implementations run (what torch.compile traces)."""
     code = "DEV = 'meta'\n" + _SETUP + """
@@ -702,6 +704,7 @@ for name, fn in (("fwd", fwd), ("bwd", bwd), ("bwd_", bwd_)):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.proc
 @cuda_only
 def test_bad_target_is_reported():
     """A bad id fails a device-side assertion, reported at the next synchronisation. It
@@ -717,6 +720,7 @@ def test_bad_target_is_reported():
     assert "outside the vocabulary" in r.stdout + r.stderr or "device-side assert" in r.stderr
 
 
+@pytest.mark.proc
 @cuda_only
 @pytest.mark.parametrize("schema,bad", [("fwd", "ids(10**12)"), ("fwd", "ids(V)"), ("fwd", "ids(-7)"),
                                         ("fwd", "big_uint"), ("bwd", "ids(V)"), ("bwd", "big_uint"),

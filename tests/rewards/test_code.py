@@ -21,7 +21,9 @@ import pytest
 
 from reasonrl_fast.rewards import code
 from reasonrl_fast.rewards.code import CodeResult, code_score, extract_program, run_tests
-from tests.childproc import ROOT, check_no_signal
+from tests.helpers.childproc import ROOT, check_no_signal
+
+pytestmark = pytest.mark.proc  # real sandboxed processes
 
 MODE = code.sandbox_mode()
 needs_root = pytest.mark.skipif(MODE != "root", reason="needs the root sandbox (namespaces, uid)")

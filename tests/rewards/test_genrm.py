@@ -54,6 +54,7 @@ def test_routing(source):
     assert default_compute_score(source, r"\boxed{1}", "0", FOUR) == {"score": 0.75, "acc": False}
 
 
+@pytest.mark.proc
 def test_through_the_pool():
     from reasonrl_fast.rewards.pool import RewardPool
 

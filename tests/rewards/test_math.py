@@ -17,8 +17,8 @@ import torch
 from reasonrl_fast.rewards import math as rmath
 from reasonrl_fast.rewards.math import (compute_score, dapo_score, extract_boxed, math_equal,
                                         math_score)
-from tests.childproc import ROOT
-from tests.rewards import verl_env
+from tests.helpers.childproc import ROOT
+from tests.helpers import verl_env
 
 # Generous, so as not to flake: each bad input takes under 1.5 s here, except the power tower,
 # which waits out math-verify's 2 s limit once in math_score and once in compute_score (4.0 s).
@@ -226,6 +226,7 @@ def test_bad_input_scores_zero_quickly(name):
     assert elapsed < _BAD_INPUT_LIMIT_S, f"{name}: {elapsed:.1f} s"
 
 
+@pytest.mark.proc
 def test_import_stays_cheap():
     # Scorers run in spawned workers: importing this module must not pull in sympy or torch.
     code = ("import sys, reasonrl_fast.rewards.math; "
@@ -335,14 +336,10 @@ def _dapo_boundary_cases() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def verl_reference():
+def verl_reference(verl_python):
     """(cases, verl's answers, verl's normalisation tables)."""
     cases = _dapo_cases(_rng()) + _dapo_catalogue_cases() + _dapo_boundary_cases()
-    try:  # builds the venv on first use: about 12 s here, with a local package index
-        answers, tables = verl_env.verl_dapo_scores(cases)
-    except verl_env.VerlEnvError as e:
-        pytest.fail(f"the verl {verl_env.VERL_VERSION} reference environment is needed to check "
-                    f"dapo_score ({verl_env.VENV_DIR}): {e}")
+    answers, tables = verl_env.verl_dapo_scores(verl_python, cases)
     return cases, answers, tables
 
 

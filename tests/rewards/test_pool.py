@@ -12,9 +12,11 @@ import time
 import pytest
 
 from reasonrl_fast.rewards.pool import RewardPool, RewardPoolError
-from tests.procs import alive
+from tests.helpers.procs import alive
 
-FN = "tests.rewards.pool_fns:behave"
+pytestmark = pytest.mark.proc  # real worker processes
+
+FN = "tests.helpers.pool_fns:behave"
 
 
 def wait_for_file(path, timeout=30.0) -> int:
@@ -90,13 +92,13 @@ def test_step_time_is_bounded_by_the_timeout():
 
 
 def test_two_argument_functions_and_bad_returns():
-    with RewardPool("tests.rewards.pool_fns:two_args", num_workers=1) as p:
+    with RewardPool("tests.helpers.pool_fns:two_args", num_workers=1) as p:
         results, m = p.score([("math", "42", "42", None), ("math", "41", "42", None)])
     assert results == [{"score": 0.25, "acc": True}, {"score": 0.0, "acc": False}]
-    with RewardPool("tests.rewards.pool_fns:returns_junk", num_workers=1) as p:
+    with RewardPool("tests.helpers.pool_fns:returns_junk", num_workers=1) as p:
         results, m = p.score([("x", "dict", "1", None), ("x", "str", "1", None)])
         assert m["reward/errors"] == 2 and "TypeError" in p.last_error
-    with RewardPool("tests.rewards.pool_fns:exits", num_workers=1) as p:
+    with RewardPool("tests.helpers.pool_fns:exits", num_workers=1) as p:
         results, m = p.score([("x", "a", "1", None)] * 3)
     assert m["reward/errors"] == 3  # sys.exit() is an error, and the worker keeps serving
 
@@ -145,6 +147,7 @@ def test_workers_die_with_the_driver(tmp_path):
         driver.kill()
 
 
+@pytest.mark.e2e  # starts Ray
 def test_ray_backend(tmp_path):
     """The same guarantees with the workers as actors on a real local Ray instance."""
     ray = pytest.importorskip("ray")

@@ -23,6 +23,7 @@ def test_scorer_for(source, kind):
     assert scorer_for(source) == kind
 
 
+@pytest.mark.proc
 def test_a_mixed_batch_through_the_trainers_reward_stage():
     from reasonrl_fast.trainer.loop import score_responses
 

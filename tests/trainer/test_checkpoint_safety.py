@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from ckpt_helpers import config, fake_checkpoint, scheduler
+from tests.helpers.ckpt import config, fake_checkpoint, scheduler
 from reasonrl_fast.trainer import checkpoint as ckpt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,8 +72,9 @@ print(outcome(Worker.load, w, path))
 """
 
 
+@pytest.mark.proc
 def test_crafted_rng_file_is_never_unpickled(tmp_path):
-    from tests.childproc import run_snippet
+    from tests.helpers.childproc import run_snippet
 
     marker, evil = tmp_path / "pwned", tmp_path / "evil.bin"
     _crafted_pickle(evil, marker)

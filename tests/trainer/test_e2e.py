@@ -1,6 +1,6 @@
 """End-to-end: a few steps of each algorithm on the tiny model, CPU, two Ray workers, sharded with
-FSDP2 or replicated (DDP, the CPU default); resume equivalence in both; merge round trip from
-FSDP2 shards; a reward function that raises."""
+FSDP2 or replicated (DDP, the CPU default); resume equivalence in both and across them; a reward
+function that raises; two Ray nodes. The FlowRL smoke checks read the session's shared run."""
 
 import os
 import shutil
@@ -8,17 +8,15 @@ import shutil
 import pytest
 import torch
 
-from conftest import read_metrics, run_train
+from tests.helpers.train import read_metrics
 
 REQUIRED = ["step", "reward/mean", "accuracy/mean", "response_length/mean", "entropy/mean", "grad_norm",
             "time/rollout_s", "time/update_s", "time/step_s", "perf/tokens_per_s", "memory/peak_gb"]
 FLOWRL = ["log_z/mean", "tb/delta_abs_mean", "tb/is_weight_mean"]
 
 
-def test_flowrl_smoke_and_merge(tmp_path):
-    out = tmp_path / "run"
-    run_train(["algo=flowrl", "trainer.steps=2", f"trainer.output_dir={out}", "trainer.save_every=2",
-               "trainer.sharding=fsdp"], tmp_path)
+def test_flowrl_smoke(trained_run):
+    out = trained_run.dir
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:
@@ -27,38 +25,13 @@ def test_flowrl_smoke_and_merge(tmp_path):
     assert "val/accuracy" in rows[0] and "val/accuracy" in rows[2]
     assert (out / "config.yaml").exists() and any((out / "tensorboard").iterdir())
     assert (out / "checkpoint-2" / "trainer_state.json").exists()
-
-    # merge round trip: an HF model dir that AutoModelForCausalLM loads, Z-head beside it
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from reasonrl_fast.merge import load_model_tensors, merge
-    from reasonrl_fast.ops import ZHead
-
-    merged = tmp_path / "merged"
-    merge(str(out / "checkpoint-2"), str(merged))
-    model = AutoModelForCausalLM.from_pretrained(merged)
-    tok = AutoTokenizer.from_pretrained(merged)
-    sd = load_model_tensors(str(out / "checkpoint-2"))
-    for name, p in model.state_dict().items():
-        torch.testing.assert_close(p, sd["lm." + name], rtol=0, atol=0)
-    z = ZHead(model.config.hidden_size)
-    z.load_state_dict(load_file(merged / "proj_z.safetensors"))
-    assert not any(k.startswith("proj_z") for k in model.state_dict())
-    assert model.config.vocab_size == len(tok)  # no token the model lacks
-    from reasonrl_fast.models.loading import load_tokenizer
-    from reasonrl_fast.models.tiny import char_tokenizer
-
-    text = r"12+34= 4+2=6,1+3=4 \boxed{46}"
-    assert load_tokenizer(str(merged))(text)["input_ids"] == char_tokenizer()(text)["input_ids"]
-    ids = tok("12+34=", return_tensors="pt")["input_ids"]
-    assert model(ids).logits.shape[-1] == len(tok)
+    assert "data parallel: fsdp" in trained_run.stdout
 
 
-def test_grpo_smoke_kl_minibatches_flaky_reward(tmp_path):
+def test_grpo_smoke_kl_minibatches_flaky_reward(train, tmp_path):
     out = tmp_path / "run"
-    run_train(["algo=grpo", "trainer.steps=2", f"trainer.output_dir={out}", "grpo.kl_coef=0.1",
-               "optim.mini_batch_prompts=2", "grpo.overlong_buffer=4", "data.reward_fn=faulty_rewards:raises_every_third"], tmp_path)
+    train(["algo=grpo", "trainer.steps=2", f"trainer.output_dir={out}", "grpo.kl_coef=0.1",
+               "optim.mini_batch_prompts=2", "grpo.overlong_buffer=4", "data.reward_fn=tests.helpers.faulty_rewards:raises_every_third"], tmp_path)
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:
@@ -74,21 +47,21 @@ def _comparable(row):
 
 
 @pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
-def test_resume_equivalence(tmp_path, sharding):
+def test_resume_equivalence(train, tmp_path, sharding):
     """A run SIGKILLed in the middle of step 3 (after checkpoint-2) and resumed with resume=auto
     logs exactly the metrics of an uninterrupted run."""
     args = ["algo=flowrl", "trainer.steps=4", "trainer.save_every=2", "trainer.keep_checkpoints=0",
             f"trainer.sharding={sharding}",
-            "trainer.val_every=0", "data.reward_fn=faulty_rewards:kills_the_driver",
+            "trainer.val_every=0", "data.reward_fn=tests.helpers.faulty_rewards:kills_the_driver",
             "reward.num_workers=1"]  # one worker counts every call of the step
     full = tmp_path / "full"
-    run_train(args + [f"trainer.output_dir={full}"], tmp_path)
+    train(args + [f"trainer.output_dir={full}"], tmp_path)
     ref = read_metrics(full)
     assert [r["step"] for r in ref] == [1, 2, 3, 4]
 
     killed = tmp_path / "killed"
     per_step = 4 * 2  # data.prompts_per_step x rollout.n in the tiny config: reward calls per step
-    p = run_train(args + [f"trainer.output_dir={killed}"], tmp_path, check=False,
+    p = train(args + [f"trainer.output_dir={killed}"], tmp_path, check=False,
                   env_extra={"REASONRL_KILL_AT_CALL": str(2 * per_step + 1)})
     assert p.returncode == -9, (p.returncode, p.stderr[-2000:])  # killed during step 3's rewards
     assert (killed / "checkpoint-2").is_dir() and not (killed / "checkpoint-4").exists()
@@ -96,7 +69,7 @@ def test_resume_equivalence(tmp_path, sharding):
     # a half-written later checkpoint must be ignored by resume=auto
     shutil.copytree(full / "checkpoint-4", killed / "checkpoint-4.tmp")
 
-    p = run_train(args + [f"trainer.output_dir={killed}", "trainer.resume=auto"], tmp_path)
+    p = train(args + [f"trainer.output_dir={killed}", "trainer.resume=auto"], tmp_path)
     assert "checkpoint-2 (step 2)" in p.stdout  # it resumed (a restart from 0 would match too)
     got = read_metrics(killed)
     assert [r["step"] for r in got] == [1, 2, 3, 4]
@@ -104,6 +77,7 @@ def test_resume_equivalence(tmp_path, sharding):
         assert _comparable(a) == _comparable(b), (a["step"], _comparable(a), _comparable(b))
 
 
+@pytest.mark.proc
 def test_bad_config_exits_with_key(tmp_path):
     import subprocess
     import sys
@@ -114,7 +88,7 @@ def test_bad_config_exits_with_key(tmp_path):
 
 
 @pytest.mark.skipif(os.environ.get("REASONRL_MULTINODE", "1") == "0", reason="REASONRL_MULTINODE=0")
-def test_two_node_ray_cluster(tmp_path):
+def test_two_node_ray_cluster(train, tmp_path):
     """Two Ray nodes on one machine (one CPU each), workers placed one per node."""
     from ray.cluster_utils import Cluster
 
@@ -123,7 +97,7 @@ def test_two_node_ray_cluster(tmp_path):
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         out = tmp_path / "run"
-        run_train(["algo=flowrl", "trainer.steps=1", f"trainer.output_dir={out}", "trainer.nnodes=2",
+        train(["algo=flowrl", "trainer.steps=1", f"trainer.output_dir={out}", "trainer.nnodes=2",
                    "trainer.workers_per_node=1", f"trainer.ray_address={cluster.address}", "trainer.val_every=0"],
                   tmp_path, env_extra={"RAY_ADDRESS": ""})
         assert [r["step"] for r in read_metrics(out)] == [1]
@@ -131,14 +105,14 @@ def test_two_node_ray_cluster(tmp_path):
         cluster.shutdown()
 
 
-def test_resume_across_sharding(tmp_path):
+def test_resume_across_sharding(train, tmp_path):
     """A checkpoint written by FSDP2 shards resumes replicated (DCP reshards on load), and the
     merged weights of both runs' first checkpoint agree."""
     out = tmp_path / "run"
     base = ["algo=flowrl", "trainer.val_every=0", "trainer.save_every=2", "trainer.keep_checkpoints=0",
             f"trainer.output_dir={out}"]
-    run_train(base + ["trainer.steps=2", "trainer.sharding=fsdp"], tmp_path)
-    p = run_train(base + ["trainer.steps=3", "trainer.sharding=replicate", "trainer.save_last=true"], tmp_path)
+    train(base + ["trainer.steps=2", "trainer.sharding=fsdp"], tmp_path)
+    p = train(base + ["trainer.steps=3", "trainer.sharding=replicate", "trainer.save_last=true"], tmp_path)
     assert "checkpoint-2 (step 2)" in p.stdout and "data parallel: replicate" in p.stdout
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
 

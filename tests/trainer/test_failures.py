@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import read_metrics, run_train
+from tests.helpers.train import read_metrics
 from reasonrl_fast.trainer.loop import finite_rewards
 
 
@@ -18,13 +18,13 @@ def test_finite_rewards():
     assert got == [1.0, 0.0, 0.5, 0.0, 0.0, 0.0] and n == 3
 
 
-def test_nan_rewards_train_and_the_run_dir_is_guarded(tmp_path):
+def test_nan_rewards_train_and_the_run_dir_is_guarded(train, tmp_path):
     """One real run shared by several checks: NaN/inf rewards are counted and the steps still
     train; the checkpoint holds no pickle; keep_checkpoints prunes the run's own checkpoints;
     a fresh run on that directory is refused before anything slow starts."""
     out = tmp_path / "run"
-    run_train(["trainer.steps=2", f"trainer.output_dir={out}", "trainer.val_every=0", "trainer.save_every=1",
-               "trainer.keep_checkpoints=1", "data.reward_fn=faulty_rewards:nan_or_inf"], tmp_path)
+    train(["trainer.steps=2", f"trainer.output_dir={out}", "trainer.val_every=0", "trainer.save_every=1",
+               "trainer.keep_checkpoints=1", "data.reward_fn=tests.helpers.faulty_rewards:nan_or_inf"], tmp_path)
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -38,14 +38,13 @@ def test_nan_rewards_train_and_the_run_dir_is_guarded(tmp_path):
     assert not glob.glob(str(ck / "**" / "*.pt"), recursive=True)
 
     t = time.time()
-    p = run_train(["trainer.steps=2", f"trainer.output_dir={out}", "trainer.resume=never"], tmp_path, check=False)
+    p = train(["trainer.steps=2", f"trainer.output_dir={out}", "trainer.resume=never"], tmp_path, check=False)
     assert p.returncode != 0 and "holds checkpoints of an earlier run (checkpoint-2)" in p.stderr, p.stderr[-2000:]
     assert "trainer.overwrite=true" in p.stderr and ck.is_dir() and len(read_metrics(out)) == 2
     assert time.time() - t < 60  # refused before Ray or the warm start
 
 
-def test_dead_worker_is_named_at_once():
-    ray = pytest.importorskip("ray")
+def test_dead_worker_is_named_at_once(ray_local):
     from reasonrl_fast.trainer.cluster import WorkerError, gather
 
     class Rank:  # defined here so that Ray ships it by value (the test module is not importable there)
@@ -56,22 +55,18 @@ def test_dead_worker_is_named_at_once():
             time.sleep(120)  # a rank blocked in a collective with the dead one
             return 0
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    try:
-        actors = [ray.remote(num_cpus=0)(Rank).remote() for _ in range(2)]
-        t = time.time()
-        with pytest.raises(WorkerError, match="worker rank 1 died during train_step"):
-            gather([a.work.remote(i == 1) for i, a in enumerate(actors)], "train_step")
-        assert time.time() - t < 60
-    finally:
-        ray.shutdown()
+    actors = [ray_local.remote(num_cpus=0)(Rank).remote() for _ in range(2)]
+    t = time.time()
+    with pytest.raises(WorkerError, match="worker rank 1 died during train_step"):
+        gather([a.work.remote(i == 1) for i, a in enumerate(actors)], "train_step")
+    assert time.time() - t < 60
 
 
-def test_worker_killed_mid_run_ends_the_run_naming_its_rank(tmp_path):
+def test_worker_killed_mid_run_ends_the_run_naming_its_rank(train, tmp_path):
     out = tmp_path / "run"
     t = time.time()
-    p = run_train(["trainer.steps=3", f"trainer.output_dir={out}", "trainer.val_every=0",
-                   "data.reward_fn=faulty_rewards:kills_a_worker"], tmp_path, check=False, timeout=240)
+    p = train(["trainer.steps=3", f"trainer.output_dir={out}", "trainer.val_every=0",
+                   "data.reward_fn=tests.helpers.faulty_rewards:kills_a_worker"], tmp_path, check=False, timeout=240)
     assert "killing worker process" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     # The first share is scored while the other worker may still generate: the dead rank is
     # named during whichever call was waiting on it.

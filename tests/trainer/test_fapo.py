@@ -10,14 +10,16 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, TINY, read_metrics, run_train
+from tests.helpers.train import ROOT, TINY, read_metrics, run_train
 
 from reasonrl_fast.genrm.launch import launch
-from tests.procs import alive
+from tests.helpers.procs import alive
 
 # Every response counts as right, so that every one goes to the GenRM even though the tiny test
 # model cannot add yet; the rule judge flags the ones whose steps are wrong (nearly all of them).
-RIGHT = ["algo=fapo", "data.reward_fn=faulty_rewards:always_right", "trainer.val_every=0"]
+pytestmark = pytest.mark.e2e  # every test here trains (some through their own Popen)
+
+RIGHT = ["algo=fapo", "data.reward_fn=tests.helpers.faulty_rewards:always_right", "trainer.val_every=0"]
 
 
 def _server_pid(stdout: str) -> int:
@@ -52,7 +54,7 @@ def test_fapo_starts_and_stops_its_own_rule_server(tmp_path):
 
 
 def _popen_train(args, tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "trainer")]))
+    env = dict(os.environ, PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.proc  # FSDP2 ranks under torchrun
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -18,7 +20,7 @@ def test_gather_full_equals_full_tensor(world, tmp_path):
                SEED=str(torch.initial_seed() % 2**31), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     # its own session, so that a hang ends with every rank killed, not only torchrun
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-                          "--standalone", os.path.join(ROOT, "tests", "trainer", "fsdp_gather_child.py")],
+                          "--standalone", os.path.join(ROOT, "tests", "helpers", "fsdp_gather_child.py")],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                          start_new_session=True)
     try:

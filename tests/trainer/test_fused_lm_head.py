@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from conftest import read_metrics
+from tests.helpers.train import read_metrics
 from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
 from reasonrl_fast.trainer.config import ConfigError, load_config
 from reasonrl_fast.trainer.lm_head import (FUSED_CPU_MIN_ELEMENTS, check_model, head_blocker,

@@ -1,7 +1,7 @@
 """data.task=genrm end to end with the tiny settings: warm start on verdicts, GRPO on the GenRM
 reward, validation by class."""
 
-from conftest import read_metrics
+from tests.helpers.train import read_metrics
 
 GENRM = ["data.task=genrm", "algo=grpo", "data.max_prompt_length=28", "rollout.max_new_tokens=17",
          "trainer.steps=2"]

@@ -1,4 +1,4 @@
-"""The full learning check of the embedded default (opt-in: REASONRL_SLOW=1, ~3-5 min each):
+"""The full learning check of the embedded default (the `slow` tier: `make test-slow`, ~3-5 min each):
 the whole run, supervised warm start included, finishes within 10 minutes on the 2-core machine
 and raises validation accuracy by at least 20 points over the warm start. The flawed positives:
 GRPO rewards them and ends with at least 10 % of its right answers flawed; FAPO ends with at
@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from conftest import ROOT, read_metrics
+from tests.helpers.train import ROOT, read_metrics
 
-pytestmark = pytest.mark.skipif(os.environ.get("REASONRL_SLOW") != "1", reason="set REASONRL_SLOW=1")
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("algo", ["flowrl", "grpo", "fapo"])

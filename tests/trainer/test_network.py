@@ -14,8 +14,10 @@ import uuid
 
 import pytest
 
-from conftest import ROOT, TINY
-from tests.procs import alive, children
+from tests.helpers.train import ROOT, TINY
+from tests.helpers.procs import alive, children
+
+pytestmark = pytest.mark.e2e  # each test starts Ray, or a run that does
 
 TAG = "REASONRL_TEST_RUN"
 

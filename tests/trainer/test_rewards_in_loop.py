@@ -3,12 +3,12 @@ Ray-backed reward workers (FlowRL), and a reward function that never returns."""
 
 import os
 
-from conftest import read_metrics, run_train
+from tests.helpers.train import read_metrics
 
 
-def test_flowrl_on_the_code_task_with_ray_reward_workers(tmp_path):
+def test_flowrl_on_the_code_task_with_ray_reward_workers(train, tmp_path):
     out = tmp_path / "run"
-    run_train(["algo=flowrl", "data.task=code", "trainer.steps=3", f"trainer.output_dir={out}",
+    train(["algo=flowrl", "data.task=code", "trainer.steps=3", f"trainer.output_dir={out}",
                "data.max_prompt_length=64", "rollout.max_new_tokens=24", "data.val_size=4",
                "trainer.val_every=3", "reward.backend=ray", "reward.num_workers=2"], tmp_path)
     rows = read_metrics(out)
@@ -21,11 +21,11 @@ def test_flowrl_on_the_code_task_with_ray_reward_workers(tmp_path):
     assert "val/accuracy" in rows[0] and "val/accuracy" in rows[-1]
 
 
-def test_a_reward_that_never_returns_is_cut_off(tmp_path):
+def test_a_reward_that_never_returns_is_cut_off(train, tmp_path):
     out = tmp_path / "run"
     flag = tmp_path / "hung-once"
-    run_train(["algo=grpo", "trainer.steps=2", f"trainer.output_dir={out}", "trainer.val_every=0",
-               "data.reward_fn=faulty_rewards:sleeps_forever_once", "reward.timeout_s=3",
+    train(["algo=grpo", "trainer.steps=2", f"trainer.output_dir={out}", "trainer.val_every=0",
+               "data.reward_fn=tests.helpers.faulty_rewards:sleeps_forever_once", "reward.timeout_s=3",
                "reward.sandbox_timeout_s=1"], tmp_path, env_extra={"REASONRL_HANG_FLAG": str(flag)})
     rows = read_metrics(out)
     assert os.path.exists(flag)  # the hang happened

@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from ckpt_helpers import config, fake_checkpoint
+from tests.helpers.ckpt import config, fake_checkpoint
 from reasonrl_fast.trainer import checkpoint as ckpt
 from reasonrl_fast.trainer.logger import MetricsLogger, read_rows
 
@@ -70,6 +70,7 @@ def test_prune_only_this_runs_checkpoints(tmp_path):
     assert ckpt.read_state(str(tmp_path / "checkpoint-4"))["run_id"] == "old"
 
 
+@pytest.mark.proc
 def test_run_dir_lock(tmp_path):
     with ckpt.locked(str(tmp_path)):
         with pytest.raises(ckpt.CheckpointError, match=f"{tmp_path} is in use by another trainer \\(pid {os.getpid()}\\)"):
@@ -95,8 +96,9 @@ def test_run_dir_lock(tmp_path):
         pass
 
 
+@pytest.mark.proc  # the trainer exits before Ray starts
 def test_second_trainer_on_a_locked_dir_fails_at_once(tmp_path):
-    from conftest import run_train
+    from tests.helpers.train import run_train
 
     out = tmp_path / "run"
     with ckpt.locked(str(out)):

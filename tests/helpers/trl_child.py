@@ -1,4 +1,4 @@
-"""Runs inside the TRL venv (tests/integrations/trl_env.py): checks reasonrl_fast.integrations.trl
+"""Runs inside the TRL venv (tests/helpers/venvs.py): checks reasonrl_fast.integrations.trl
 against TRL's own functions on fixed inputs, then trains a tiny GRPO model for a few steps with
 the patch applied, counting the calls that reach torch.ops.reasonrl_fast.
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Prepended to every snippet: the package from this checkout, and a helper that reports the
 # exception a call raises (or "no exception") on stdout.

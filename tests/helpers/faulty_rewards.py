@@ -1,5 +1,5 @@
 """Reward functions that misbehave on purpose, for the end-to-end tests
-(`data.reward_fn=faulty_rewards:NAME`). Each is the default math reward except as its docstring
+(`data.reward_fn=tests.helpers.faulty_rewards:NAME`). Each is the default math reward except as its docstring
 says. They run in the reward pool's worker processes, whose parent is the trainer's driver;
 each counts its own calls in its worker (the tests that count use `reward.num_workers=1`)."""
 
@@ -8,7 +8,7 @@ import os
 import signal
 
 from reasonrl_fast.rewards.math import math_score as math_reward
-from tests.procs import children
+from tests.helpers.procs import children
 
 _calls: collections.Counter = collections.Counter()
 

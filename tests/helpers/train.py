@@ -1,0 +1,65 @@
+"""Helpers for the end-to-end trainer tests: run `python -m reasonrl_fast.train` in a subprocess
+with a tiny configuration (tiny model, two CPU workers, a few steps). The `train` and
+`trained_run` fixtures (tests/conftest.py) hand these to a test and put it in the `e2e` tier."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TINY = [
+    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=2", "model.num_heads=2",
+    "sft.steps=5", "sft.batch_size=8", "data.digits=2", "data.prompts_per_step=4",
+    "optim.mini_batch_prompts=4", "rollout.n=2", "rollout.max_new_tokens=12", "data.val_size=8",
+    "trainer.workers_per_node=2", "trainer.progress=false", "trainer.val_every=2",
+]
+
+
+def run_train(args, tmp_path, timeout=300, env_extra=None, check=True):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    env.update(env_extra or {})
+    cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"train failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return p
+
+
+def read_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# The shared run: one trained tiny run for every test that needs *a* trained run rather than a
+# particular one (the smoke checks of a FlowRL run, the merge round trip, eval end to end). FlowRL,
+# so the checkpoint holds a Z-head; FSDP2 shards, so merge reassembles them; a wider model and a
+# longer warm start than TINY's (5 steps: accuracy 0), and room for the whole answer (TINY's 12
+# tokens cut it off), so that validation accuracy is far from 0 and 1 (about 0.45) and eval's
+# agreement with it means something: 128 validation prompts x 4 samples, se@4 about 0.03.
+SHARED_VAL, SHARED_VAL_N = 128, 4
+SHARED = ["algo=flowrl", "trainer.sharding=fsdp", "trainer.steps=2", "trainer.save_every=2",
+          "trainer.save_last=true", "trainer.val_every=2", f"data.val_size={SHARED_VAL}",
+          f"rollout.val_n={SHARED_VAL_N}", "rollout.val_temperature=1.0", "rollout.max_new_tokens=32",
+          "model.hidden_size=64", "model.intermediate_size=128", "sft.steps=600", "sft.batch_size=32"]
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    dir: Path         # the run directory: metrics.jsonl, config.yaml, tensorboard/, checkpoint-2/
+    args: list[str]   # the settings after TINY that made it (eval reuses them)
+    stdout: str
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.dir / "checkpoint-2"
+
+
+def shared_run(base: Path) -> TrainedRun:
+    out = base / "shared_run"
+    p = run_train([*SHARED, f"trainer.output_dir={out}"], out, timeout=600)
+    return TrainedRun(out, list(SHARED), p.stdout)
