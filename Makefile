@@ -1,5 +1,5 @@
 # The two commands a newcomer needs on a fresh CPU machine (Python 3.11): `make train`, `make test`.
-# Both install what is missing first and can be run again at any time.
+# Every target installs what is missing first and can be run again at any time.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 # The CPU build of torch. Never let pip resolve an unpinned torch: it would fetch a CUDA build.
@@ -8,7 +8,13 @@ TORCH_PIN ?= torch==2.13.0
 # interpreter. A CUDA torch brings its own triton, which is kept.
 TRITON_PIN ?= triton==3.7.1
 
-.PHONY: install test train bench gpu-check clean
+# The test tiers (tests/conftest.py): `make test` runs unit and proc, a few minutes on 2 cores, and
+# builds no venv; `make test-all` (CI) adds e2e (training, Ray) and xproj (TRL and verl in cached
+# venvs under ~/.cache/reasonrl_fast, built on first use); `make test-slow` runs the full learning
+# checks. PYTEST_ARGS="-x -k name" passes options through.
+PYTEST := $(PYTHON) -m pytest tests $(PYTEST_ARGS)
+
+.PHONY: install test test-all test-slow train bench gpu-check clean
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_PIN)"
@@ -16,7 +22,13 @@ install:
 	$(PIP) install --no-build-isolation -e ".[dev,train]"
 
 test: install
-	$(PYTHON) -m pytest tests
+	$(PYTEST) -m "not (e2e or xproj or slow)" --durations=10
+
+test-all: install
+	$(PYTEST) --durations=25
+
+test-slow: install
+	$(PYTEST) -m slow --durations=0
 
 # The main job: the embedded default run (a tiny model learns 2-digit addition with FlowRL on
 # Ray + FSDP2, CPU; about 3.5 minutes on 2 cores). Extra settings: make train ARGS="algo=grpo".
