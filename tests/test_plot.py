@@ -1,5 +1,6 @@
 """`python -m reasonrl_fast.plot`: a PNG from two synthetic run directories (metrics in some
-runs only), and a clear error for a directory without metrics.jsonl (a few seconds)."""
+runs only), a clear error for a directory without metrics.jsonl (a few seconds), and the
+session's shared trained run drawn."""
 
 import json
 import struct
@@ -73,3 +74,13 @@ def test_summary_table(tmp_path):
     assert lines[0] == "| run | val/accuracy | time/step_s (mean) |"
     assert lines[2] == "| a (flowrl) | 0.500 -> 0.560 | 1.500 |"
     assert lines[3] == "| b (grpo) | - | 1.500 |"
+
+
+def test_plot_a_trained_run(trained_run, tmp_path):
+    """The metrics a real (FlowRL, addition) run writes are the ones the plot draws."""
+    out = tmp_path / "run.png"
+    drawn = plot([str(trained_run.dir)], str(out))
+    assert drawn == ["reward/mean", "accuracy/mean", "val/accuracy", "val/flawed_positive_ratio",
+                     "entropy/mean", "response_length/mean", "time/step_s"]
+    (w, h), size = _png_size(out)
+    assert w >= 600 and h >= 300 and size > 20_000, (w, h, size)
