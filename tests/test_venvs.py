@@ -18,6 +18,11 @@ pytestmark = pytest.mark.proc  # venvs and pip in child processes, an index serv
 INSTALLS = [["reasonrl-fast-no-such-package==1.0"]]
 
 
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # no request lines in the test's output
+        pass
+
+
 @pytest.fixture
 def pip_env(tmp_path, monkeypatch):
     monkeypatch.setattr(venvs, "ROOT", tmp_path / "venvs")
@@ -42,9 +47,7 @@ def test_registry_out_of_reach_skips(pip_env):
 def test_registry_without_the_release_fails(pip_env, tmp_path):
     index = tmp_path / "index"
     index.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(index))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(index)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         pip_env.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/")

@@ -7,7 +7,7 @@ import pytest
 from reasonrl_fast.data.records import filter_long, load_records, problem_text, prompt_ids, render_prompt
 from reasonrl_fast.models.tiny import char_tokenizer
 
-from tests.helpers.chat_tokenizer import TEMPLATE, templated_tokenizer
+from tests.helpers.chat_tokenizer import templated_tokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1="}]
 

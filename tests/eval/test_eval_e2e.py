@@ -5,7 +5,6 @@ val/accuracy within two standard errors."""
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.trainer.config import load_config
 from reasonrl_fast.trainer.data import load_datasets
-from tests.helpers.train import ROOT, SHARED_VAL, SHARED_VAL_N, TINY, read_metrics
+from tests.helpers.train import ROOT, SHARED, SHARED_VAL, SHARED_VAL_N, TINY, read_metrics, repo_env
 
 VAL, VAL_N = SHARED_VAL, SHARED_VAL_N
 # the trainer's validation settings (rollout.top_p is 1.0 by default)
@@ -25,10 +24,9 @@ AT_VAL = [f"eval.n={VAL_N}", "eval.k=[1,2,4]", "eval.temperature=1.0", "eval.top
 @pytest.fixture
 def run_eval(trained_run, tmp_path):
     def run(args, check=True):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-        cmd = [sys.executable, "-m", "reasonrl_fast.eval", *TINY, *trained_run.args, *AT_VAL,
+        cmd = [sys.executable, "-m", "reasonrl_fast.eval", *TINY, *SHARED, *AT_VAL,
                f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
-        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        p = subprocess.run(cmd, cwd=ROOT, env=repo_env(), capture_output=True, text=True, timeout=600)
         if check and p.returncode != 0:
             raise AssertionError(f"eval failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
         return p
@@ -70,7 +68,7 @@ def test_eval_checkpoint_and_merged_agree_with_training(trained_run, run_eval, t
     merged = tmp_path / "merged"
     subprocess.run([sys.executable, "-m", "reasonrl_fast.merge", str(ckpt), str(merged)], cwd=ROOT,
                    check=True, capture_output=True, timeout=300)
-    cfg = load_config(None, [*TINY, *trained_run.args])
+    cfg = load_config(None, [*TINY, *SHARED])
     val = load_datasets(cfg, char_tokenizer())[1]
     data = tmp_path / "val.jsonl"
     data.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"],

@@ -19,10 +19,14 @@ TINY = [
 ]
 
 
+def repo_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the checkout first on PYTHONPATH (so `tests.helpers.*`
+    reward functions import in the trainer's processes), plus `extra`."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **extra}
+
+
 def run_train(args, tmp_path, timeout=300, env_extra=None, check=True):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
-    env.update(env_extra or {})
+    env = repo_env(**(env_extra or {}))
     cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
@@ -50,9 +54,8 @@ SHARED = ["algo=flowrl", "trainer.sharding=fsdp", "trainer.steps=2", "trainer.sa
 
 @dataclass(frozen=True)
 class TrainedRun:
-    dir: Path         # the run directory: metrics.jsonl, config.yaml, tensorboard/, checkpoint-2/
-    args: list[str]   # the settings after TINY that made it (eval reuses them)
-    stdout: str
+    dir: Path     # the run directory: metrics.jsonl, config.yaml, tensorboard/, checkpoint-2/
+    stdout: str   # made by TINY + SHARED
 
     @property
     def checkpoint(self) -> Path:
@@ -62,4 +65,4 @@ class TrainedRun:
 def shared_run(base: Path) -> TrainedRun:
     out = base / "shared_run"
     p = run_train([*SHARED, f"trainer.output_dir={out}"], out, timeout=600)
-    return TrainedRun(out, list(SHARED), p.stdout)
+    return TrainedRun(out, p.stdout)

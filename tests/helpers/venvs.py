@@ -31,6 +31,7 @@ import pytest
 ROOT = Path.home() / ".cache" / "reasonrl_fast"
 REPO = Path(__file__).resolve().parents[2]
 
+
 class VenvError(RuntimeError):
     """A reference environment could not be built or run."""
 

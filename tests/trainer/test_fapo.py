@@ -2,7 +2,6 @@
 loopback port) or uses one it is given, lowers the flagged right answers, fails open when the
 server dies, and stops the server it started however the run ends."""
 
-import os
 import re
 import signal
 import subprocess
@@ -10,7 +9,7 @@ import sys
 import time
 
 import pytest
-from tests.helpers.train import ROOT, TINY, read_metrics, run_train
+from tests.helpers.train import ROOT, TINY, read_metrics, repo_env, run_train
 
 from reasonrl_fast.genrm.launch import launch
 from tests.helpers.procs import alive
@@ -54,7 +53,7 @@ def test_fapo_starts_and_stops_its_own_rule_server(tmp_path):
 
 
 def _popen_train(args, tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = repo_env()
     cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -4,14 +4,13 @@ and raises validation accuracy by at least 20 points over the warm start. The fl
 GRPO rewards them and ends with at least 10 % of its right answers flawed; FAPO ends with at
 most 5 %, so at most half of GRPO's."""
 
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.helpers.train import ROOT, read_metrics
+from tests.helpers.train import ROOT, read_metrics, repo_env
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("algo", ["flowrl", "grpo", "fapo"])
 def test_default_run_learns(algo, tmp_path):
     out = tmp_path / algo
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env = repo_env()
     t0 = time.time()
     # a fresh SFT cache, so the measured time includes the warm start
     subprocess.run([sys.executable, "-m", "reasonrl_fast.train", f"algo={algo}", f"trainer.output_dir={out}",
