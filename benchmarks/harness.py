@@ -26,7 +26,9 @@ sizes to sweep, the providers to compare and how to build one call) and hands th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import gc
 import importlib.util
 import json
 import os
@@ -115,6 +117,25 @@ def _proc_status_kb(field_name: str) -> int:
 def peak_memory_mb(fn: Callable[[], Any], device: str) -> Optional[float]:
     """MB that one call of fn adds at its peak on top of what was allocated before it (inputs
     included there). None where the platform cannot tell (CPU without /proc/self/clear_refs)."""
+    # Garbage left by earlier code is freed first, and no collection runs inside the call: a
+    # collection there would free unrelated memory and hide what the call itself allocates.
+    gc.collect()
+    with _gc_paused():
+        return _peak_memory_mb(fn, device)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _peak_memory_mb(fn: Callable[[], Any], device: str) -> Optional[float]:
     if str(device).startswith("cuda"):
         sync(device)
         torch.cuda.empty_cache()

@@ -2,10 +2,12 @@
 gpu_check.py's dry run on CPU (no build, no tests). The scripts run as concurrent subprocesses
 with one thread each: about 35 s on the 2-core development machine under load."""
 
+import gc
 import json
 import os
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -69,6 +71,22 @@ def test_peak_memory_counts_what_a_call_allocates():
     mb = harness.peak_memory_mb(lambda: held.append(torch.ones(64 * 2**20 // 4)), "cpu")
     assert 50 < mb < 200, mb
     assert harness.peak_memory_mb(lambda: None, "cpu") < 20
+
+
+def test_peak_memory_frees_old_garbage_first_and_collects_none_during_the_call():
+    # Cyclic garbage (an exception's traceback holding tensors, say) freed by a collection
+    # inside the call would cancel what the call allocates: the count read 0.
+    class Cycle:
+        def __init__(self):
+            self.me = self
+
+    garbage = Cycle()
+    alive = weakref.ref(garbage)
+    del garbage
+    seen = []
+    harness.peak_memory_mb(lambda: seen.append((alive() is None, gc.isenabled())), "cpu")
+    assert seen == [(True, False)]
+    assert gc.isenabled()
 
 
 def test_rates_are_positive():
