@@ -132,6 +132,8 @@ VERL_INSTALLS = [
      "tensordict>=0.8.0,<=0.10.0,!=0.9.0", "packaging", "codetiming", "datasets", "pillow", "pyarrow",
      "pandas", "torchdata", "peft", "cachetools", "uvicorn", "fastapi"],
     ["--no-deps", f"verl=={VERL_VERSION}"],
+    # verl's own tests, ported into tests/integrations/verl_upstream, run under the venv's pytest
+    ["pytest==9.0.3"],
 ]
 
 TRL_VERSION = "1.16.0"
