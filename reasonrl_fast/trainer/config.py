@@ -199,6 +199,11 @@ class GenRMConfig:
     """Requests in flight at once, over all replicas."""
     cooldown_s: float = 10.0
     """A replica that fails 3 times in a row is skipped this long, then tried again."""
+    max_reply_bytes: int = 4 << 20
+    """Largest reply body read from a replica; a longer one is a failed, retried attempt."""
+    warn_failure_rate: float = 0.5
+    """A step whose share of requests left without a verdict passes this gets a console warning
+    (those responses get no FAPO penalty: the step is plain GRPO for them); 1 turns it off."""
 
 
 @dataclass
