@@ -20,7 +20,7 @@ from reasonrl_fast.rewards.math import extract_boxed, math_equal
 from reasonrl_fast.rewards.pool import RewardPool
 from reasonrl_fast.rewards.score import load_reward_fn, scorer_for
 from reasonrl_fast.trainer import checkpoint as ckpt
-from reasonrl_fast.trainer.config import ConfigError
+from reasonrl_fast.trainer.config import ConfigError, check_sandbox_timeout
 from reasonrl_fast.trainer.data import load_datasets  # the embedded task's splits
 
 
@@ -95,6 +95,7 @@ def load_eval_set(cfg, tokenizer) -> list[dict]:
         except Exception as e:  # noqa: BLE001 - e.g. a damaged parquet file
             raise EvalError(f"eval.files: {path}: cannot be read ({type(e).__name__}: {e})") from None
         records += rows
+    check_sandbox_timeout(cfg, {r["data_source"] for r in records})
     try:
         return filter_long(records, tokenizer, cfg.data.max_prompt_length, "eval.files")
     except ValueError as e:  # nothing left: every prompt was too long

@@ -9,14 +9,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from reasonrl_fast.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A bad configuration: unknown key, wrong type, or an invalid value."""
 
 
@@ -134,9 +138,11 @@ class RewardConfig:
     sample scores 0 (counted in reward/timeouts)."""
     backend: str = "process"
     """process (worker processes beside the driver) or ray (actors spread over the cluster)."""
-    sandbox_timeout_s: float = 10.0
-    """Time limit of one program's tests in the code sandbox (below timeout_s, so that a slow
-    program is reported by the sandbox, not killed with its worker)."""
+    sandbox_timeout_s: Optional[float] = None
+    """Time limit of one program's tests in the code sandbox (code records only). Unset: a third
+    of timeout_s (10 s for the default 30 s), leaving the rest for starting the sandbox, so that a
+    slow program is reported by the sandbox, not killed with its worker. When set, it must be
+    below timeout_s, which is checked only where code records are scored in the sandbox."""
 
 
 @dataclass
@@ -352,7 +358,7 @@ def validate(cfg: Config) -> Config:
     positive = ["data.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "trainer.nnodes",
                 "trainer.workers_per_node", "trainer.cpus_per_worker", "optim.mini_batch_prompts",
                 "rollout.temperature", "trainer.collective_timeout_s", "reward.num_workers",
-                "reward.timeout_s", "reward.sandbox_timeout_s", "fapo.genrm.timeout_s",
+                "reward.timeout_s", "fapo.genrm.timeout_s",
                 "fapo.genrm.max_tokens", "fapo.genrm.max_concurrency"]
     for key in positive:
         if not _get(cfg, key) > 0:
@@ -383,10 +389,7 @@ def validate(cfg: Config) -> Config:
     if cfg.data.reward_fn and ":" not in cfg.data.reward_fn:
         raise ConfigError(f"data.reward_fn={cfg.data.reward_fn!r}: expected `module:function` "
                           f"or `path/to/file.py:function`")
-    if cfg.reward.sandbox_timeout_s >= cfg.reward.timeout_s:
-        raise ConfigError(f"reward.sandbox_timeout_s={cfg.reward.sandbox_timeout_s} must be below "
-                          f"reward.timeout_s={cfg.reward.timeout_s} (the sandbox reports a slow program; "
-                          f"the pool's limit is the last resort)")
+    _resolve_sandbox_timeout(cfg)
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
     if cfg.data.prompts_per_step % world:
         raise ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple "
@@ -401,6 +404,39 @@ def validate(cfg: Config) -> Config:
         _validate_genrm_task(cfg)
     _validate_eval(cfg.eval)
     return cfg
+
+
+def _resolve_sandbox_timeout(cfg: Config) -> None:
+    """Fill in the derived sandbox limit; a set one is checked now if the embedded code task is
+    scored in the sandbox, and for record files once their data sources are known
+    (check_sandbox_timeout from trainer/data.py and the eval command)."""
+    r = cfg.reward
+    if r.sandbox_timeout_s is None:
+        r.sandbox_timeout_s = r.timeout_s / SANDBOX_SHARE
+    elif not r.sandbox_timeout_s > 0:
+        raise ConfigError(f"reward.sandbox_timeout_s={r.sandbox_timeout_s!r}: must be > 0")
+    if cfg.data.task == "code" and not cfg.data.train_files:
+        check_sandbox_timeout(cfg, ["code"])
+
+
+# The derived sandbox limit is this fraction of the pool's: the old fixed defaults (30 s, 10 s).
+SANDBOX_SHARE = 3
+
+
+def check_sandbox_timeout(cfg: Config, data_sources) -> None:
+    """ConfigError when reward.sandbox_timeout_s is not below reward.timeout_s and one of
+    `data_sources` is scored in the sandbox (the default routing, a code source)."""
+    from reasonrl_fast.rewards.score import scorer_for
+
+    r = cfg.reward
+    if cfg.data.reward_fn or r.sandbox_timeout_s < r.timeout_s:
+        return
+    code = next((s for s in set(data_sources) if scorer_for(s) == "code"), None)
+    if code is not None:
+        raise ConfigError(f"reward.sandbox_timeout_s={r.sandbox_timeout_s} must be below "
+                          f"reward.timeout_s={r.timeout_s}: {code!r} records run in the code sandbox, "
+                          f"which must report a slow program before the pool's limit kills its worker "
+                          f"(leave reward.sandbox_timeout_s unset for a third of reward.timeout_s)")
 
 
 def _validate_genrm_task(cfg: Config) -> None:
@@ -442,7 +478,7 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         schema = OmegaConf.structured(Config)
         merged = [schema]
         if path:
-            merged.append(OmegaConf.load(path))
+            merged.append(_load_yaml(path))
         if overrides:
             bad = [o for o in overrides if "=" not in o]
             if bad:
@@ -455,6 +491,33 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         msg = str(e).splitlines()[0]
         raise ConfigError(f"config key {key!r}: {msg}" if key else msg) from None
     return validate(obj)
+
+
+def _load_yaml(path: str) -> DictConfig:
+    """The config file's sections, or a ConfigError saying why the file cannot be one."""
+    where = f"config file {path!r}"
+    if not os.path.exists(path):
+        hint = ("; settings are given as key=value" if not path.endswith((".yaml", ".yml"))
+                and "/" not in path else "")
+        raise ConfigError(f"{where}: no such file{hint}")
+    if os.path.isdir(path):
+        raise ConfigError(f"{where} is a directory, not a YAML file")
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not a text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        if e.errno is None:  # OmegaConf's "Invalid loaded object type: int" for a lone scalar
+            raise ConfigError(f"{where}: {_NOT_SECTIONS}, got {str(e).rsplit(': ', 1)[-1]}") from None
+        raise ConfigError(f"{where}: cannot be read ({e.strerror})") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{where}: {_NOT_SECTIONS}, got a list")
+    return loaded
+
+
+_NOT_SECTIONS = "expected a mapping of sections (algo:, model:, data:, ...)"
 
 
 def to_yaml(cfg: Config) -> str:

@@ -11,6 +11,7 @@ from reasonrl_fast.data.addition import synthetic_split
 from reasonrl_fast.data.code import code_split
 from reasonrl_fast.data.genrm import genrm_split
 from reasonrl_fast.data.records import filter_long, load_records, render_prompt
+from reasonrl_fast.trainer.config import check_sandbox_timeout
 
 # ---------------------------------------------------------------- datasets
 
@@ -28,6 +29,8 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
         val = []
     else:
         val = embedded_split(d, d.val_size, seed + 2)
+    if d.train_files or d.val_files:  # the embedded code task was checked with the config
+        check_sandbox_timeout(cfg, {r["data_source"] for r in train + val})
     # Rendered once here (the chat template when the tokenizer has one): everything downstream
     # encodes `prompt` as text; the messages stay under `messages`.
     train, val = _rendered(train, tokenizer), _rendered(val, tokenizer)

@@ -141,7 +141,7 @@ def test_metrics_logger_progress_tensorboard_and_truncation(tmp_path):
     ("reward.num_workers=0", "reward.num_workers"),
     ("reward.timeout_s=0", "reward.timeout_s"),
     ("reward.backend=threads", "reward.backend"),
-    ("reward.sandbox_timeout_s=30", "reward.sandbox_timeout_s"),
+    ("reward.sandbox_timeout_s=0", "reward.sandbox_timeout_s"),
     ("data.task=chess", "data.task"),
     ("algo=ppo", "algo"),
     ("data.flaw_prob=1.5", "data.flaw_prob"),
@@ -244,3 +244,28 @@ def test_code_task_cases_are_consistent():
             a, b = map(int, stdin.split())
             expect = {"sum": a + b, "product": a * b, "larger": max(a, b), "difference": a - b}
             assert int(out) == next(v for k, v in expect.items() if k in text)
+
+
+def test_sandbox_limit_follows_the_reward_limit_and_only_code_checks_it(tmp_path):
+    # a math run with a short reward limit needs no word about the code sandbox
+    cfg = load_config(None, ["reward.timeout_s=5"])
+    assert cfg.reward.sandbox_timeout_s < 5
+    assert load_config(None, []).reward.sandbox_timeout_s == 10.0  # the former default, unchanged
+    assert load_config(None, ["reward.timeout_s=5", "data.task=code"]).reward.sandbox_timeout_s < 5
+    # both set, inconsistently: an error where code is scored in the sandbox, and only there
+    both = ["reward.timeout_s=5", "reward.sandbox_timeout_s=10"]
+    assert load_config(None, both).reward.sandbox_timeout_s == 10.0  # addition: no sandbox
+    with pytest.raises(ConfigError, match=r"reward\.sandbox_timeout_s=10.0 must be below reward\.timeout_s=5.0"):
+        load_config(None, [*both, "data.task=code"])
+    assert load_config(None, [*both, "data.task=code", "data.reward_fn=pkg.mod:fn"])  # the user's scorer
+
+    from reasonrl_fast.trainer.data import load_datasets
+
+    math_file, code_file = tmp_path / "math.jsonl", tmp_path / "code.jsonl"
+    math_file.write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")
+    code_file.write_text(json.dumps({"prompt": "echo", "data_source": "code",
+                                     "answer": {"inputs": ["1\n"], "outputs": ["1\n"]}}) + "\n")
+    assert load_datasets(load_config(None, [*both, f"data.train_files=[{math_file}]"]), char_tokenizer())
+    with pytest.raises(ConfigError, match=r"'code' records run in the code sandbox"):
+        load_datasets(load_config(None, [*both, f"data.train_files=[{math_file}]",
+                                         f"data.val_files=[{code_file}]"]), char_tokenizer())
