@@ -140,9 +140,12 @@ TRL_VERSION = "1.16.0"
 TRL_VENV = "venv-trl-1.16"
 # torch as above; the others are what pip resolves for trl 1.16.0 with the project's
 # transformers, pinned so a later release cannot change the test. The same venv serves
-# benchmarks/bench_vs_trl.py, so it holds TRL and its dependencies only.
+# benchmarks/bench_vs_trl.py, so it holds TRL, its dependencies and pytest only.
 TRL_INSTALLS = [["torch==2.13.0", f"trl=={TRL_VERSION}", "transformers==5.24.0", "accelerate==1.15.0",
-                 "datasets==5.2.0"]]
+                 "datasets==5.2.0"],
+                # TRL's own tests of the functions the TRL integration replaces
+                # (tests/integrations/trl_upstream_tests.py) run under the venv's pytest
+                ["pytest==9.0.3"]]
 
 
 def child_env(**extra: str) -> dict[str, str]:
