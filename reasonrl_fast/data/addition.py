@@ -112,10 +112,26 @@ def response_steps(response: str) -> list[str]:
     return [s.strip() for s in work.split(",")]
 
 
+MAX_OPERAND_DIGITS = 1000
+"""Longest operand `parse_problem` reads (the task's have a few digits; Python refuses to convert
+a string of more than 4300 digits, and the conversion's time grows with the square of it)."""
+
+# The first match must start where a run of digits starts: without the look-behind, a long run
+# not followed by '+' is tried again from each of its digits (time growing with the square of the
+# run: 40,000 digits took 10 s); possessive runs are read once.
+_PROBLEM = re.compile(r"(?<![0-9])([0-9]++)\+([0-9]++)=")
+
+
 def parse_problem(problem: str) -> tuple[int, int] | None:
-    """(a, b) of an addition prompt 'a+b=' (surrounding text ignored), or None."""
-    m = re.search(r"(\d+)\+(\d+)=", problem)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    """(a, b) of an addition prompt 'a+b=' (surrounding text ignored), or None; ValueError for an
+    operand longer than MAX_OPERAND_DIGITS. Linear time in the text's length."""
+    m = _PROBLEM.search(problem)
+    if m is None:
+        return None
+    if max(len(m.group(1)), len(m.group(2))) > MAX_OPERAND_DIGITS:
+        raise ValueError(f"an operand has {max(len(m.group(1)), len(m.group(2)))} digits "
+                         f"(at most {MAX_OPERAND_DIGITS})")
+    return int(m.group(1)), int(m.group(2))
 
 
 def first_wrong_step(a: int, b: int, steps: list[str]) -> int:

@@ -11,6 +11,7 @@ is right. Two renderings of the same three fields:
 
 from __future__ import annotations
 
+import bisect
 import re
 
 from reasonrl_fast.rewards.math import extract_boxed
@@ -53,16 +54,63 @@ def render(template: str, problem: str, answer: str, steps: list[str]) -> str:
     raise ValueError(f"unknown GenRM template {template!r}: expected one of {TEMPLATES}")
 
 
-_FAPO_RE = re.compile(r"\[Problem\]\n(.*?)\n\n\[Reference answer\]\n(.*?)\n\n\[Solution\]\n(.*)\n\nCheck the steps",
-                      re.S)
-_STEP_RE = re.compile(r"<step_(\d+)>\n(.*?)\n</step_\1>", re.S)
+# The parsers below read text a client sent to the server, so they must stay linear in its length:
+# the patterns they replace (a lazy `(.*?)` per section, a backreference per step) rescanned the
+# rest of the text from every candidate start, and one 200 kB request held the server for 30 s.
+_SECTIONS = ("[Problem]\n", "\n\n[Reference answer]\n", "\n\n[Solution]\n")
+_CHECK = "\n\nCheck the steps"
+_OPEN = re.compile(r"<step_([0-9]++)>\n")  # possessive: a digit run is read once, never re-split
+_CLOSE = re.compile(r"\n</step_([0-9]++)>")
+
+
+def _fapo_fields(text: str) -> tuple[str, str, str] | None:
+    """(problem, answer, solution block) of the fapo rendering: each section header's first
+    occurrence after the previous one, and the last "Check the steps" after them (what the
+    pattern `[Problem]\\n(.*?)...(.*)\\n\\nCheck the steps` matched)."""
+    at = text.find(_SECTIONS[0])
+    if at < 0:
+        return None
+    at += len(_SECTIONS[0])
+    fields = []
+    for header in _SECTIONS[1:]:
+        found = text.find(header, at)
+        if found < 0:
+            return None
+        fields.append(text[at:found])
+        at = found + len(header)
+    end = text.rfind(_CHECK, at)
+    if end < 0:
+        return None
+    return fields[0], fields[1], text[at:end]
+
+
+def _fapo_steps(block: str) -> list[str]:
+    """The texts of `<step_N>\\n...\\n</step_N>` in order, each closed by the first matching
+    closer after it, an opener without one skipped: one pass over the openers and one over the
+    closers (indexed by N), so no opener rescans the block."""
+    closers: dict[str, list[int]] = {}
+    for m in _CLOSE.finditer(block):
+        closers.setdefault(m.group(1), []).append(m.start())
+    steps, done = [], 0
+    for m in _OPEN.finditer(block):
+        if m.start() < done:  # inside the step just read
+            continue
+        ends = closers.get(m.group(1), [])
+        i = bisect.bisect_left(ends, m.end())
+        if i < len(ends):
+            steps.append(block[m.end():ends[i]])
+            done = ends[i] + len("\n</step_") + len(m.group(1)) + len(">")
+    return steps
 
 
 def parse_request(text: str) -> tuple[str, str, list[str]] | None:
-    """(problem, answer, steps) of a message written by `render` (either template), or None."""
-    m = _FAPO_RE.search(text)
-    if m:
-        return m.group(1), m.group(2), [s for _, s in _STEP_RE.findall(m.group(3))]
+    """(problem, answer, steps) of a message written by `render` (either template), or None.
+    No pattern rescans the text: the time grows with its length, not its square (the server
+    reads what any client sent)."""
+    fapo = _fapo_fields(text)
+    if fapo is not None:
+        problem, answer, block = fapo
+        return problem, answer, _fapo_steps(block)
     if text.count("|") >= 1 and "=" in text.split("|", 1)[0]:
         head, *steps = text.split("|")
         problem, _, answer = head.rpartition("=")

@@ -1,9 +1,12 @@
-"""The GenRM's request renderings and verdict parsing."""
+"""The GenRM's request renderings and verdict parsing, and the request parsers' hostile inputs."""
 
 import random
+import re
+import time
 
 import pytest
 
+from reasonrl_fast.data.addition import MAX_OPERAND_DIGITS, parse_problem
 from reasonrl_fast.genrm.prompt import TEMPLATES, parse_request, parse_verdict, render, split_steps
 
 
@@ -55,3 +58,84 @@ def test_split_steps_by_paragraph():
 ])
 def test_parse_verdict(text, n, want):
     assert parse_verdict(text, n) == want
+
+
+# ---------------------------------------------------------------- hostile requests
+# The server parses what any client sends. The patterns these parsers replaced (kept below as the
+# reference of what they must match) rescanned the text from every candidate start: 40,000 digits
+# then '=|x|' took 10 s, '[Problem]\n' x 20,000 took 24 s, on the event loop.
+
+_OLD_FAPO = re.compile(r"\[Problem\]\n(.*?)\n\n\[Reference answer\]\n(.*?)\n\n\[Solution\]\n(.*)\n\nCheck the steps",
+                       re.S)
+_OLD_STEP = re.compile(r"<step_(\d+)>\n(.*?)\n</step_\1>", re.S)
+_OLD_PROBLEM = re.compile(r"(\d+)\+(\d+)=")
+
+
+def _old_parse_request(text: str):
+    m = _OLD_FAPO.search(text)
+    if m:
+        return m.group(1), m.group(2), [s for _, s in _OLD_STEP.findall(m.group(3))]
+    if text.count("|") >= 1 and "=" in text.split("|", 1)[0]:
+        head, *steps = text.split("|")
+        problem, _, answer = head.rpartition("=")
+        return problem + "=", answer, steps[:-1] if steps and steps[-1] == "" else steps
+    return None
+
+
+_PIECES = ["[Problem]\n", "\n\n[Reference answer]\n", "\n\n[Solution]\n", "\n\nCheck the steps", "<step_0>\n",
+           "<step_1>\n", "<step_01>\n", "\n</step_0>", "\n</step_1>", "\n</step_01>", "\n</step_10>", "x", "\n",
+           "1", "+", "=", "|", "<step_", ">"]
+
+
+def test_linear_parsers_match_the_patterns_they_replace():
+    rng = random.Random(7)
+    frame = render("fapo", "12+34=", "46", ["a", "b"])
+    for steps in ["<step_0>\n<step_1>\na\n</step_1>\n</step_0>\n<step_1>\nb\n</step_1>",  # a step inside a step
+                  "<step_0>\n<step_0>\na\n</step_0>\n</step_0>", "<step_1>\n</step_1>\n</step_1>",
+                  "<step_01>\nx\n</step_1>\n</step_01>", "<step_0>\n\n</step_0>"]:
+        text = frame.replace("<step_0>\na\n</step_0>", steps)
+        assert parse_request(text) == _old_parse_request(text), repr(text)
+    fapo = 0
+    for _ in range(3000):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 30)))
+        if rng.random() < 0.5:  # inside a well-formed frame, where the step pieces matter
+            cut = rng.randrange(len(frame))
+            text = frame[:cut] + text + frame[cut:]
+        assert parse_request(text) == _old_parse_request(text), repr(text)
+        fapo += _OLD_FAPO.search(text) is not None
+        m = _OLD_PROBLEM.search(text)
+        assert parse_problem(text) == ((int(m.group(1)), int(m.group(2))) if m else None), repr(text)
+    assert fapo > 300  # the sample reaches the fapo reading, not only the compact one
+
+
+HOSTILE = {
+    "digits": lambda: "4" * 400_000 + "=|x|",
+    "digits then +": lambda: "4" * 400_000 + "+" + "5" * 400_000 + "|x|",
+    "problem headers": lambda: "[Problem]\n" * 200_000,
+    "reference headers": lambda: "[Problem]\n" + "\n\n[Reference answer]\n" * 100_000,
+    "unclosed steps": lambda: render("fapo", "1+2=", "3", []).replace(
+        "[Solution]\n", "[Solution]\n" + "<step_0>\n" * 200_000),
+    "distinct unclosed steps": lambda: render("fapo", "1+2=", "3", []).replace(
+        "[Solution]\n", "[Solution]\n" + "".join(f"<step_{i}>\n" for i in range(200_000))),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_requests_parse_in_linear_time(name):
+    """Ten times the sizes that took the old patterns 10-24 s: well under a second now."""
+    text = HOSTILE[name]()
+    t = time.perf_counter()
+    req = parse_request(text)
+    if req is not None:
+        try:
+            parse_problem(req[0])
+        except ValueError:  # operands over the digit cap
+            pass
+    assert time.perf_counter() - t < 1.0, (name, time.perf_counter() - t)
+
+
+def test_operand_digit_cap():
+    n = MAX_OPERAND_DIGITS
+    assert parse_problem("9" * n + "+1=") == (int("9" * n), 1)
+    with pytest.raises(ValueError, match=f"{n + 1} digits"):
+        parse_problem("1+" + "9" * (n + 1) + "=")
