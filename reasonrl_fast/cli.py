@@ -5,7 +5,8 @@ input, a refused checkpoint, ...) becomes one line `error: <message>` on stderr 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from reasonrl_fast.errors import UserError
 

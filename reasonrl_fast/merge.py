@@ -6,7 +6,8 @@ Z-head, keys `net.0.weight`, ...) beside it. Runs in one process, no GPU or proc
 
 A checkpoint directory is trusted input, like any PyTorch checkpoint: torch.distributed.checkpoint's
 `.metadata` is a pickle, and loading it can run code. Merge refuses a checkpoint that other users
-could have written to unless told `--trust-checkpoint`."""
+could have written to unless told `--trust-checkpoint`, and one with a missing or damaged file
+(its size or CRC-32 differs from what the save recorded), naming the file."""
 
 from __future__ import annotations
 
@@ -18,26 +19,33 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
+from reasonrl_fast import cli
+from reasonrl_fast.errors import UserError
 from reasonrl_fast.trainer import checkpoint
 
 
 def load_model_tensors(ckpt: str) -> dict[str, torch.Tensor]:
-    """Every `model.*` tensor of the checkpoint, unsharded (DCP reshards on load)."""
-    md = dcp.FileSystemReader(ckpt).read_metadata()
-    state = {}
-    for key, meta in md.state_dict_metadata.items():
-        if key.startswith("model.") and hasattr(meta, "size"):
-            state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-    dcp.load(state, checkpoint_id=ckpt, no_dist=True)
+    """Every `model.*` tensor of the checkpoint, unsharded (DCP reshards on load). A file DCP
+    cannot read (in a checkpoint too old to have checksums) is a CheckpointError."""
+    try:
+        md = dcp.FileSystemReader(ckpt).read_metadata()
+        state = {}
+        for key, meta in md.state_dict_metadata.items():
+            if key.startswith("model.") and hasattr(meta, "size"):
+                state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        dcp.load(state, checkpoint_id=ckpt, no_dist=True)
+    except Exception as e:  # noqa: BLE001 - unpickling garbage fails in any way (IndexError, ...)
+        raise checkpoint.unreadable(ckpt, e) from None
     return {k[len("model."):]: v for k, v in state.items()}
 
 
 def check_checkpoint(ckpt: str, trust: bool, trust_hint: str = "--trust-checkpoint", name: str = "") -> None:
-    """CheckpointError unless `ckpt` is complete and, without `trust`, written by no one but us;
-    the messages name it as `name` (default: the path) and the setting that overrides trust."""
-    missing = checkpoint.missing_files(ckpt)
-    if missing:
-        raise checkpoint.CheckpointError(f"{name or ckpt} is not a complete checkpoint, missing: {', '.join(missing)}")
+    """CheckpointError unless `ckpt` is complete, undamaged and, without `trust`, written by no one
+    but us; the messages name it as `name` (default: the path) and the setting that overrides trust."""
+    bad = checkpoint.defects(ckpt, warn=lambda m: print(m, file=sys.stderr))
+    if bad:
+        raise checkpoint.CheckpointError(f"{name or ckpt} is not a complete, undamaged checkpoint; "
+                                         f"missing or damaged: {', '.join(bad)}")
     if not trust:
         checkpoint.check_trusted(ckpt, trust_hint)
 
@@ -56,7 +64,10 @@ def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(lm_sd, strict=True, assign=True)
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"output directory {out_dir}: cannot be created ({e.strerror}: {e.filename})") from None
     model.save_pretrained(out_dir, safe_serialization=True)
     load_tokenizer(hf).save_pretrained(out_dir)
     if z_sd:
@@ -65,6 +76,10 @@ def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
 
 
 def main(argv=None):
+    return cli.main(_main, argv)
+
+
+def _main(argv: list[str]) -> str:
     p = argparse.ArgumentParser(
         prog="python -m reasonrl_fast.merge",
         description="Turn a trainer checkpoint into a Hugging Face model directory. A checkpoint is trusted "
@@ -75,11 +90,10 @@ def main(argv=None):
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="load it even when other users could have written to it (group- or world-writable "
                         "files, another owner); by default such a checkpoint is refused")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        print(merge(args.checkpoint, args.out_dir, trust=args.trust_checkpoint))
-    except checkpoint.CheckpointError as e:
-        sys.exit(f"error: {e}")
+    args = p.parse_args(argv)
+    out = merge(args.checkpoint, args.out_dir, trust=args.trust_checkpoint)
+    print(out)
+    return out
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
+
+from reasonrl_fast import cli
+from reasonrl_fast.errors import UserError
 
 METRICS = ("reward/mean", "accuracy/mean", "val/accuracy", "val/flawed_positive_ratio", "entropy/mean",
            "response_length/mean", "time/step_s")
@@ -22,7 +24,7 @@ SUMMARY_VAL = ("val/accuracy", "val/flawed_positive_ratio")
 SUMMARY_MEANS = ("fapo/flagged_ratio", "genrm/checker_agreement", "genrm/checker_step_agreement", "time/step_s")
 
 
-class PlotError(ValueError):
+class PlotError(UserError, ValueError):
     """A run directory that cannot be plotted; the message names it."""
 
 
@@ -120,17 +122,18 @@ def summary(run_dirs: list[str], val: tuple[str, ...] = SUMMARY_VAL,
 
 
 def main(argv: list[str] | None = None) -> None:
+    cli.main(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m reasonrl_fast.plot",
                                 description="Plot training curves of one or more run directories.")
     p.add_argument("run_dirs", nargs="+", help="run directories (each with metrics.jsonl)")
     p.add_argument("-o", "--output", required=True, help="PNG file to write")
     p.add_argument("--summary", metavar="FILE", help="also write a Markdown table of the runs (-: stdout)")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        plot(args.run_dirs, args.output)
-        table = summary(args.run_dirs) if args.summary else ""
-    except PlotError as e:
-        sys.exit(f"error: {e}")
+    args = p.parse_args(argv)
+    plot(args.run_dirs, args.output)
+    table = summary(args.run_dirs) if args.summary else ""
     print(args.output)
     if args.summary == "-":
         print(table, end="")

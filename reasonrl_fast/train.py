@@ -1,34 +1,36 @@
 """`python -m reasonrl_fast.train [config.yaml] key=value ...`
 
 With no arguments: the embedded default (tiny Qwen2, character tokenizer, synthetic addition
-task, cached supervised warm start, then FlowRL), which learns on a 2-core CPU in minutes."""
+task, cached supervised warm start, then FlowRL), which learns on a 2-core CPU in minutes.
+Bad input (config, data files, run directory, checkpoint) ends it with one line `error: ...`
+and exit status 2, before any model or Ray starts where it can be known that early."""
 
 from __future__ import annotations
 
-import sys
-
-from reasonrl_fast.trainer.config import ConfigError, load_config
+from reasonrl_fast import cli
+from reasonrl_fast.errors import UserError
+from reasonrl_fast.trainer.config import load_config
 
 
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
+    return cli.main(_main, argv)
+
+
+def _main(argv: list[str]) -> dict:
     path = argv[0] if argv and "=" not in argv[0] else None
-    overrides = argv[1:] if path else argv
-    try:
-        cfg = load_config(path, overrides)
-    except ConfigError as e:
-        sys.exit(f"config error: {e}")
+    cfg = load_config(path, argv[1:] if path else argv)
+    from reasonrl_fast.data.records import check_files
+
+    # the data files' presence and columns now, not after the supervised warm start
+    check_files(cfg.data.train_files, "data.train_files")
+    check_files(cfg.data.val_files, "data.val_files")
     from reasonrl_fast.genrm.launch import GenRMStartError
-    from reasonrl_fast.trainer.checkpoint import CheckpointError
     from reasonrl_fast.trainer.loop import run
 
     try:
         return run(cfg)
-    # a refused run directory or checkpoint, a GenRM server that cannot start: the message says why
-    except (CheckpointError, GenRMStartError) as e:
-        sys.exit(f"error: {e}")
-    except ConfigError as e:  # found once the model is known (model.fused_lm_head)
-        sys.exit(f"config error: {e}")
+    except GenRMStartError as e:  # a GenRM server that cannot start: the message says why
+        raise UserError(str(e)) from None
 
 
 if __name__ == "__main__":

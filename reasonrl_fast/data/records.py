@@ -9,9 +9,11 @@ A record is a dict: `prompt` (a string, or chat messages `[{"role", "content"}]`
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from typing import Any
 
+from reasonrl_fast.errors import UserError
 from reasonrl_fast.rewards.score import scorer_for
 
 PROMPT_KEYS = ("prompt", "question", "problem")
@@ -19,52 +21,106 @@ ANSWER_KEYS = ("answer", "ground_truth")
 ABILITIES = ("math", "code", "genrm")
 
 
+class DataError(UserError, ValueError):
+    """A records file that cannot be used; the message names the file (and row and key)."""
+
+
 # ---------------------------------------------------------------- reading
 
 
 def load_records(path: str) -> list[dict]:
     """Every record of a jsonl or parquet file, checked. Each way a file can be wrong is a
-    ValueError naming the file, the row (1-based) and the key."""
+    DataError (a ValueError) naming the file, the row (1-based) and the key."""
+    _check_path(path)
     rows = _read_parquet(path) if path.endswith(".parquet") else _read_jsonl(path)
     if not rows:
-        raise ValueError(f"{path}: the file is empty (no records)")
+        raise DataError(f"{path}: the file is empty (no records)")
     return [_record(r, f"{path}:{i}") for i, r in rows]
 
 
-def _read_parquet(path: str) -> list[tuple[int, dict]]:
+def check_files(paths, setting: str) -> None:
+    """A quick look at each records file, for a command to fail at once on a file it would
+    otherwise reach minutes later: it exists, and its first record (a parquet file: its row
+    count and columns) is one. load_records still checks every row."""
+    for path in paths:
+        try:
+            _check_path(path)
+            if path.endswith(".parquet"):
+                meta = _parquet_file(path).metadata
+                if meta.num_rows == 0:
+                    raise DataError(f"{path}: the file is empty (no records)")
+                _check_columns(path, meta.schema.to_arrow_schema().names)
+            else:
+                first = next(_jsonl_rows(path), None)
+                if first is None:
+                    raise DataError(f"{path}: the file is empty (no records)")
+                _record(first[1], f"{path}:{first[0]}")
+        except DataError as e:
+            raise DataError(f"{setting}: {e}") from None
+
+
+def _check_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise DataError(f"{path} is a directory, not a jsonl or parquet file")
+
+
+def _parquet_file(path: str):
     try:
         import pyarrow.parquet as pq
     except ImportError:  # pragma: no cover
         raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
     try:
-        table = pq.read_table(path)
-    except Exception as e:  # pyarrow's own errors name neither the file nor what was expected
-        raise ValueError(f"{path}: not a readable parquet file ({e})") from None
-    columns = table.column_names
+        return pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow's own errors name neither the file nor what was expected
+        raise DataError(f"{path}: not a readable parquet file ({e})") from None
+
+
+def _check_columns(path: str, columns: list[str]) -> None:
     if not any(k in columns for k in PROMPT_KEYS) or not any(k in columns for k in ANSWER_KEYS + ("reward_model",)):
-        raise ValueError(f"{path}: a records file needs a prompt column ({' / '.join(PROMPT_KEYS)}) and a "
-                         f"ground truth column (reward_model.ground_truth, {' / '.join(ANSWER_KEYS)}); "
-                         f"its columns are {columns}")
+        raise DataError(f"{path}: a records file needs a prompt column ({' / '.join(PROMPT_KEYS)}) and a "
+                        f"ground truth column (reward_model.ground_truth, {' / '.join(ANSWER_KEYS)}); "
+                        f"its columns are {columns}")
+
+
+def _read_parquet(path: str) -> list[tuple[int, dict]]:
+    f = _parquet_file(path)
+    try:
+        table = f.read()
+    except Exception as e:  # noqa: BLE001 - a damaged column chunk
+        raise DataError(f"{path}: not a readable parquet file ({e})") from None
+    if table.num_rows == 0:  # before the columns: an empty file often has none
+        return []
+    _check_columns(path, table.column_names)
     return list(enumerate(table.to_pylist(), 1))
 
 
 def _read_jsonl(path: str) -> list[tuple[int, dict]]:
     """(line number, record) for each non-blank line; a line that is not a JSON object is an
     error naming the file and line (blank lines are skipped but still counted)."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
-            if not isinstance(r, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object with `prompt` and `answer` "
-                                 f"fields, got {type(r).__name__}")
-            rows.append((lineno, r))
-    return rows
+    return list(_jsonl_rows(path))
+
+
+def _jsonl_rows(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({e})") from None
+                if not isinstance(r, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object with `prompt` and `answer` "
+                                    f"fields, got {type(r).__name__}")
+                yield lineno, r
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start}); "
+                        f"records files are jsonl or .parquet") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror})") from None
 
 
 def _record(r: dict, where: str) -> dict:
@@ -76,7 +132,7 @@ def _record(r: dict, where: str) -> dict:
         answer_key = next((k for k in ANSWER_KEYS if r.get(k) is not None), None)
         answer = r.get(answer_key) if answer_key else None
     if prompt_key is None or answer is None:
-        raise ValueError(f"{where}: a record needs `prompt` and `answer` (or `reward_model.ground_truth`) "
+        raise DataError(f"{where}: a record needs `prompt` and `answer` (or `reward_model.ground_truth`) "
                          f"fields, got {sorted(r)}")
     prompt = _check_prompt(r[prompt_key], f"{where}: `{prompt_key}`")
     data_source = str(r.get("data_source") or "math")
@@ -84,7 +140,7 @@ def _record(r: dict, where: str) -> dict:
     ability = str(ability).lower() if ability else default_ability(data_source)
     extra = r.get("extra_info")
     if extra is not None and not isinstance(extra, dict):
-        raise ValueError(f"{where}: `extra_info` must be an object, got {type(extra).__name__}")
+        raise DataError(f"{where}: `extra_info` must be an object, got {type(extra).__name__}")
     answer = check_ground_truth(answer, ability, extra, f"{where}: `{answer_key}`")
     return {"prompt": prompt, "answer": answer, "data_source": data_source, "ability": ability,
             "extra_info": extra}
@@ -104,11 +160,11 @@ def _check_prompt(prompt: Any, where: str) -> str | list[dict]:
     if isinstance(prompt, str):
         return prompt
     if not isinstance(prompt, list) or not prompt:
-        raise ValueError(f"{where} must be a string or a non-empty list of chat messages, "
+        raise DataError(f"{where} must be a string or a non-empty list of chat messages, "
                          f"got {type(prompt).__name__}")
     for k, m in enumerate(prompt):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}[{k}] must be a message {{\"role\": str, \"content\": str}}, got {m!r:.100}")
+            raise DataError(f"{where}[{k}] must be a message {{\"role\": str, \"content\": str}}, got {m!r:.100}")
     return [{"role": m["role"], "content": m["content"]} for m in prompt]
 
 
@@ -126,10 +182,10 @@ def check_ground_truth(gt: Any, ability: str, extra_info: dict | None, where: st
     if isinstance(gt, list) and gt and all(_is_answer(a) for a in gt):
         return [str(a) for a in gt]  # several acceptable answers (the math scorer takes any)
     if not _is_answer(gt):
-        raise ValueError(f"{where}: a {ability} ground truth must be a string (or a number), "
+        raise DataError(f"{where}: a {ability} ground truth must be a string (or a number), "
                          f"got {type(gt).__name__} {gt!r:.80}")
     if not str(gt).strip():
-        raise ValueError(f"{where}: the {ability} ground truth is empty")
+        raise DataError(f"{where}: the {ability} ground truth is empty")
     return str(gt)
 
 
@@ -142,26 +198,26 @@ def _check_code(gt: Any, where: str) -> str:
         try:
             spec = json.loads(gt)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: a code ground truth must be a JSON string ({e})") from None
+            raise DataError(f"{where}: a code ground truth must be a JSON string ({e})") from None
     else:
         spec = gt
     if not isinstance(spec, dict):
-        raise ValueError(f"{where}: a code ground truth must be a JSON object, "
+        raise DataError(f"{where}: a code ground truth must be a JSON object, "
                          f"{{\"inputs\", \"outputs\"}} or {{\"test\", \"entry_point\"}}, got {type(spec).__name__}")
     if "test" in spec:
         entry = spec.get("entry_point")
         if not isinstance(spec["test"], str) or not isinstance(entry, str) or not entry.isidentifier():
-            raise ValueError(f"{where}: a HumanEval-style code ground truth needs a string `test` and an "
+            raise DataError(f"{where}: a HumanEval-style code ground truth needs a string `test` and an "
                              f"identifier `entry_point`, got entry_point={entry!r}")
     elif "inputs" in spec and "outputs" in spec:
         ins, outs = spec["inputs"], spec["outputs"]
         if "fn_name" in spec:
-            raise ValueError(f"{where}: call-based code cases (`fn_name`) are not supported, only stdin/stdout")
+            raise DataError(f"{where}: call-based code cases (`fn_name`) are not supported, only stdin/stdout")
         if not isinstance(ins, list) or not isinstance(outs, list) or not ins or len(ins) != len(outs):
-            raise ValueError(f"{where}: a code ground truth's `inputs` and `outputs` must be non-empty lists "
+            raise DataError(f"{where}: a code ground truth's `inputs` and `outputs` must be non-empty lists "
                              f"of the same length, got {_length(ins)} and {_length(outs)}")
     else:
-        raise ValueError(f"{where}: a code ground truth needs `inputs`+`outputs` or `test`+`entry_point`, "
+        raise DataError(f"{where}: a code ground truth needs `inputs`+`outputs` or `test`+`entry_point`, "
                          f"got keys {sorted(spec)}")
     return gt if isinstance(gt, str) else json.dumps(spec)
 
@@ -176,19 +232,19 @@ def _check_genrm(gt: Any, extra: dict | None, where: str) -> str:
     except ValueError:
         index = None
     if index is None or index < -1:
-        raise ValueError(f"{where}: a genrm ground truth is the index of the first wrong step, an integer "
+        raise DataError(f"{where}: a genrm ground truth is the index of the first wrong step, an integer "
                          f">= -1 (-1: none), got {gt!r:.80}")
     place = where.rsplit(": ", 1)[0]
     if not isinstance(extra, dict):
-        raise ValueError(f"{place}: `extra_info` of a genrm record must hold `problem`, `answer` and `steps`")
+        raise DataError(f"{place}: `extra_info` of a genrm record must hold `problem`, `answer` and `steps`")
     missing = [k for k in ("problem", "answer", "steps") if extra.get(k) is None]
     if missing:
-        raise ValueError(f"{place}: `extra_info` of a genrm record lacks {missing}")
+        raise DataError(f"{place}: `extra_info` of a genrm record lacks {missing}")
     steps = extra["steps"]
     if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
-        raise ValueError(f"{place}: `extra_info.steps` must be a list of strings")
+        raise DataError(f"{place}: `extra_info.steps` must be a list of strings")
     if index >= len(steps):
-        raise ValueError(f"{where}: step index {index} is past the last of {len(steps)} steps in `extra_info.steps`")
+        raise DataError(f"{where}: step index {index} is past the last of {len(steps)} steps in `extra_info.steps`")
     return str(index)
 
 
@@ -234,6 +290,6 @@ def filter_long(items: list[dict], tokenizer, max_len: int, name: str) -> list[d
         warnings.warn(f"{name}: dropped {len(items) - len(keep)} prompts longer than "
                       f"data.max_prompt_length={max_len} tokens", stacklevel=2)
     if not keep:
-        raise ValueError(f"{name}: the dataset is empty (after dropping prompts longer than "
+        raise DataError(f"{name}: the dataset is empty (after dropping prompts longer than "
                          f"data.max_prompt_length={max_len})")
     return keep

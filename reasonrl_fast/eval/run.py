@@ -13,6 +13,7 @@ import tempfile
 import time
 
 from reasonrl_fast.data.records import filter_long, load_records, prompt_ids
+from reasonrl_fast.errors import UserError
 from reasonrl_fast.eval.metrics import PromptResult, maj_at_n, summarize
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.models.tiny import char_tokenizer
@@ -24,7 +25,7 @@ from reasonrl_fast.trainer.config import ConfigError, check_sandbox_timeout
 from reasonrl_fast.trainer.data import load_datasets  # the embedded task's splits
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
     """Bad eval input (model, files); the message names it."""
 
 

@@ -29,7 +29,9 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
         val = []
     else:
         val = embedded_split(d, d.val_size, seed + 2)
-    if d.train_files or d.val_files:  # the embedded code task was checked with the config
+    # the embedded code task was checked with the config; files once their sources are known
+    # (a caller that scores nothing may pass a config without a reward section)
+    if (d.train_files or d.val_files) and hasattr(cfg, "reward"):
         check_sandbox_timeout(cfg, {r["data_source"] for r in train + val})
     # Rendered once here (the chat template when the tokenizer has one): everything downstream
     # encodes `prompt` as text; the messages stay under `messages`.

@@ -38,7 +38,7 @@ def test_model_path_empty_or_incomplete_checkpoint(tmp_path):
     (ck / "trainer_state.json").write_text(json.dumps(
         {"step": 3, "world_size": 1, "files": {".metadata": 10, "__0_0.distcp": 100, "rng_rank0.safetensors": 5}}))
     (ck / ".metadata").write_bytes(b"x" * 10)
-    with pytest.raises(CheckpointError, match=r"checkpoint-3.*missing: __0_0.distcp, rng_rank0.safetensors"):
+    with pytest.raises(CheckpointError, match=r"checkpoint-3.*missing or damaged: __0_0.distcp, rng_rank0.safetensors"):
         with resolved_model(load_config(None, [f"model.path={ck}"])):
             pass
 

@@ -106,7 +106,7 @@ def test_incomplete_checkpoint_auto_falls_back_explicit_fails(tmp_path):
     # a shard cut short is as bad as a missing one
     with open(tmp_path / "checkpoint-2" / "__1_0.distcp", "r+b") as f:
         f.truncate(10)
-    assert ckpt.missing_files(str(tmp_path / "checkpoint-2")) == ["__1_0.distcp (size 10, written 64)"]
+    assert ckpt.defects(str(tmp_path / "checkpoint-2")) == ["__1_0.distcp (size 10, written 64)"]
     assert ckpt.resolve_resume(str(tmp_path), "auto", warn=warnings.append) is None
 
 
@@ -139,10 +139,13 @@ def test_merge_refuses_untrusted_and_incomplete(tmp_path, capsys):
     os.chmod(os.path.join(path, "__0_0.distcp"), 0o666)
     with pytest.raises(ckpt.CheckpointError, match="__0_0.distcp \\(world-writable\\).*--trust-checkpoint"):
         merge.merge(path, str(tmp_path / "out"))
-    with pytest.raises(SystemExit, match="--trust-checkpoint"):
+    with pytest.raises(SystemExit) as exit_:
         merge.main([path, str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: ") and "--trust-checkpoint" in err
+    assert err.count("\n") == 1
     os.remove(os.path.join(path, "rng_rank0.safetensors"))
-    with pytest.raises(ckpt.CheckpointError, match="missing: rng_rank0.safetensors"):
+    with pytest.raises(ckpt.CheckpointError, match="missing or damaged: rng_rank0.safetensors"):
         merge.merge(path, str(tmp_path / "out"), trust=True)
     with pytest.raises(SystemExit):
         merge.main(["--help"])
