@@ -9,6 +9,7 @@ its case. In the plain mode it is a child subreaper and kills what it adopts.
 """
 
 import ctypes
+import errno
 import marshal
 import os
 import resource
@@ -20,26 +21,178 @@ import time
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _MS_NOSUID, _MS_NODEV, _MS_RDONLY = 2, 4, 1
-_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS = 1, 4, 24, 28
+_PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 36, 38
+_SECBIT_NOROOT_LOCKED = 0x3  # uid 0 gains no capabilities at execve, for good
+_SYS_MOUNT_SETATTR, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, 0x8000, 0x1
 _STDERR_KEEP = 16384  # bytes of a case's stderr kept (the tail)
+_FRAME_CAP = 16 << 20  # bytes of one answer from the program to the checker
 
-# Run by the interpreter for assert-style tests: the program, then the tests, in one namespace.
-# Passing needs the nonce on the status pipe (its fd in argv[1]), written only after both ran, so a program that exits early
-# (sys.exit(0), os._exit(0)) before the tests run does not pass.
-_HARNESS = r"""
-def _harness():
-    import os, sys
-    nonce = sys.stdin.readline().strip()
-    sys.stdin = open(os.devnull)
-    os.dup2(sys.stdin.fileno(), 0)
+# HumanEval-style tests run in two interpreters. The program's (the worker, below) only
+# computes: it runs solution.py, then answers calls `name(*args, **kwargs)` from the checker
+# with the result as plain data (tagged JSON: tuples, sets, dicts with any keys, bytes, complex
+# survive; any other object is an error). The checker (further below) runs the tests with a
+# stand-in for every name they take from the program and alone writes the verdict, on a pipe
+# only it holds. Whatever the program does to its own interpreter (builtins, exec, exit paths,
+# frames, objects that equal anything) changes nothing but the answers it gives; it never sees
+# the test source, and runs as another uid than the checker, or after the checker has made
+# itself non-dumpable, so /proc gives it neither the checker's fds nor its memory.
+_WORKER = r"""
+def _serve():
+    import json, marshal, os, sys, traceback
+    req, resp = int(sys.argv[1]), int(sys.argv[2])
+
+    def send(data):
+        data = len(data).to_bytes(4, "big") + data
+        while data:
+            data = data[os.write(resp, data):]
+
+    def recv(n):
+        out = b""
+        while len(out) < n:
+            chunk = os.read(req, n - len(out))
+            if not chunk:
+                os._exit(0)
+            out += chunk
+        return out
+
+    def enc(v):
+        t = type(v)
+        if v is None or t in (bool, int, float, str):
+            return v
+        if t is list:
+            return [enc(x) for x in v]
+        if t is tuple:
+            return {"t": [enc(x) for x in v]}
+        if t is dict:
+            return {"d": [[enc(k), enc(x)] for k, x in v.items()]}
+        if t in (set, frozenset):
+            return {"s" if t is set else "f": [enc(x) for x in v]}
+        if t is bytes:
+            return {"b": v.hex()}
+        if t is complex:
+            return {"c": [v.real, v.imag]}
+        raise TypeError(f"the answer holds a {t.__name__}, which is not plain data")
+
     g = {"__name__": "__main__", "__builtins__": __builtins__}
-    for name in ("solution.py", "tests.py"):
-        with open(name) as f:
+    try:
+        with open("solution.py") as f:
             src = f.read()
-        exec(compile(src, name, "exec"), g)
-    os.write(int(sys.argv[1]), nonce.encode())
-_harness()
+        exec(compile(src, "solution.py", "exec"), g)
+    except BaseException:  # SystemExit too: the program ended before its tests ran
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    send(b"loaded")
+    while True:
+        name, args, kwargs = marshal.loads(recv(int.from_bytes(recv(4), "big")))
+        try:
+            if name not in g:
+                raise NameError(f"name {name!r} is not defined")
+            out = {"v": enc(g[name](*args, **kwargs))}
+        except BaseException as e:
+            out = {"e": type(e).__name__, "m": str(e)[:1000]}
+        try:
+            data = json.dumps(out).encode()
+        except BaseException as e:
+            data = json.dumps({"e": type(e).__name__, "m": str(e)[:1000]}).encode()
+        sys.stdout.flush()
+        send(data)
+_serve()
 """
+
+_CHECKER = r"""
+def _check():
+    import builtins, json, marshal, os, sys
+    req, resp, verdict, alone = (int(a) for a in sys.argv[1:5])
+    if alone:  # the program will share our uid: no /proc/<us>/fd, mem, environ for it
+        import ctypes
+        if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
+    os.write(verdict, b"ready\n")
+    src = sys.stdin.read()
+    code = compile(src, "tests.py", "exec")
+    names, todo = set(), [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        todo.extend(k for k in c.co_consts if isinstance(k, type(code)))
+
+    def recv(n):
+        out = b""
+        while len(out) < n:
+            chunk = os.read(resp, n - len(out))
+            if not chunk:
+                raise RuntimeError("the program ended before its tests did")
+            out += chunk
+        return out
+
+    def frame():
+        n = int.from_bytes(recv(4), "big")
+        if n > CAP:
+            raise RuntimeError(f"the program's answer is over {CAP} bytes")
+        return recv(n)
+
+    def dec(x):
+        if isinstance(x, list):
+            return [dec(i) for i in x]
+        if isinstance(x, dict):
+            (tag, v), = x.items()
+            if tag == "c":
+                re_, im = v
+                if not all(type(p) in (int, float) for p in (re_, im)):
+                    raise TypeError("complex parts")
+                return complex(re_, im)
+            if tag == "b":
+                return bytes.fromhex(v)
+            if not isinstance(v, list):
+                raise TypeError(tag)
+            if tag == "d":
+                return {dec(k): dec(i) for k, i in v}
+            kind = {"t": tuple, "s": set, "f": frozenset}[tag]
+            return kind(dec(i) for i in v)
+        return x
+
+    def stand_in(name):
+        def call(*args, **kwargs):
+            try:
+                payload = marshal.dumps((name, args, kwargs))
+            except ValueError:
+                raise TypeError(f"{name}(): the tests passed a value that is not plain data")
+            payload = len(payload).to_bytes(4, "big") + payload
+            while payload:
+                payload = payload[os.write(req, payload):]
+            try:
+                reply = json.loads(frame())
+                if "e" in reply:
+                    kind = getattr(builtins, str(reply["e"]), None)
+                    if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                        kind = RuntimeError
+                    err = kind(str(reply.get("m", ""))[:1000])
+                else:
+                    return dec(reply["v"])
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError,
+                    MemoryError) as e:
+                raise RuntimeError(f"{name}(): the program's answer is not plain data") from e
+            raise err
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    if frame() != b"loaded":
+        raise RuntimeError("the program did not load (see its stderr)")
+    g = {"__name__": "__main__", "__builtins__": builtins}
+    g.update((n, stand_in(n)) for n in names if not hasattr(builtins, n))
+    try:
+        exec(code, g)
+    except AssertionError:
+        import traceback
+        traceback.print_exc()
+        os._exit(3)  # a test failed (any other exception: exit 1, an error)
+    os.write(verdict, b"pass\n")
+_check()
+""".replace("CAP", str(_FRAME_CAP))
+_VERDICT_PASS = b"ready\npass\n"
 
 
 def _mount_tmpfs(target: str, opts: str, flags: int = _MS_NOSUID | _MS_NODEV) -> None:
@@ -48,13 +201,30 @@ def _mount_tmpfs(target: str, opts: str, flags: int = _MS_NOSUID | _MS_NODEV) ->
         raise OSError(e, f"mount tmpfs on {target}: {os.strerror(e)}")
 
 
+def _readonly_root() -> None:
+    """Every mount of this namespace read-only (the private tmpfs mounted after stay writable),
+    so nothing the program writes outside them reaches the host: not a world-writable directory
+    the scan missed, nor a file the caller's uid owns (userns mode)."""
+    class MountAttr(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in ("set", "clr", "prop", "userns")]
+    attr = MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
+    if _LIBC.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(-100), b"/",
+                     ctypes.c_uint(_AT_RECURSIVE), ctypes.byref(attr),
+                     ctypes.c_size_t(ctypes.sizeof(attr))) != 0:
+        e = ctypes.get_errno()
+        if e == errno.ENOSYS:  # before Linux 5.12: the tmpfs below still cover what is writable
+            return
+        raise OSError(e, f"mount_setattr(/, rdonly): {os.strerror(e)}")
+
+
 def _setup_mounts(job: dict) -> str:
-    """Private writable tmpfs on /tmp, /var/tmp, /dev/shm; empty read-only tmpfs over the
+    """The whole tree read-only; a private, size- and inode-capped tmpfs over each
+    world-writable directory the caller found (and /tmp); empty read-only tmpfs over the
     directories to hide. Returns the working directory (inside the private /tmp)."""
-    size = job["tmpfs_mb"]
-    for d in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(d):
-            _mount_tmpfs(d, f"size={size}m,nr_inodes=4096,mode=1777")
+    _readonly_root()
+    for d, opts in job["writable"]:
+        if os.path.isdir(d) and not os.path.islink(d):
+            _mount_tmpfs(d, opts)
     for d in job["hide"]:
         if os.path.isdir(d) and not os.path.islink(d):
             _mount_tmpfs(d, "size=1m,nr_inodes=16,mode=755", _MS_NOSUID | _MS_NODEV | _MS_RDONLY)
@@ -123,6 +293,14 @@ def _limits(job: dict, cpu_s: int, nproc: int):
     def apply() -> None:
         if not job["pidns"]:
             _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if job["drop_caps"]:  # userns: uid 0 of the namespace, but with no capability in it
+            cap = 0
+            while _LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+                cap += 1
+            if _LIBC.prctl(_PR_SET_SECUREBITS, _SECBIT_NOROOT_LOCKED, 0, 0, 0) != 0:
+                os._exit(126)
+        if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:  # no setuid binary helps
+            os._exit(126)
         for res, val in ((resource.RLIMIT_CPU, (cpu_s, cpu_s + 1)),
                          (resource.RLIMIT_AS, (mem, mem)),
                          (resource.RLIMIT_NPROC, (nproc, nproc)),
@@ -133,46 +311,40 @@ def _limits(job: dict, cpu_s: int, nproc: int):
     return apply
 
 
-def _run_case(job: dict, work: str, stdin_data: bytes, limit_s: float, harness: bool) -> dict:
-    path = os.path.join(work, ".stdin")
-    with open(path, "wb") as f:
-        f.write(stdin_data)
-    stdin_fd = os.open(path, os.O_RDONLY)
-    os.unlink(path)  # the program gets the open file, never a path to other cases' inputs
-    py = job["python"]
-    status_r, status_w = os.pipe()
-    argv = [py, "-I", "-c", _HARNESS, str(status_w)] if harness else [py, "-I", "solution.py"]
-    uid = job["uid"]
+def _spawn(job: dict, argv: list, uid, cwd: str, stdin: int, pass_fds: tuple, limit_s: float,
+           nproc: int, home: str) -> subprocess.Popen:
     kw = dict(user=uid, group=uid, extra_groups=[]) if uid is not None else {}
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=work, env=job["env"],
-                                start_new_session=True, pass_fds=(status_w,),
-                                preexec_fn=_limits(job, int(limit_s) + 1, job["nproc"]), **kw)
-    finally:
-        os.close(stdin_fd)
-        os.close(status_w)
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        pidfd = None
-    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray(), status_r: bytearray()}
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    return subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=cwd, env=dict(job["env"], HOME=home), start_new_session=True,
+                            pass_fds=pass_fds, preexec_fn=_limits(job, int(limit_s) + 1, nproc),
+                            **kw)
+
+
+def _unlinked_file(work: str, name: str, data: bytes) -> int:
+    """An open read-only fd on `data` whose path is gone before any program starts."""
+    path = os.path.join(work, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    fd = os.open(path, os.O_RDONLY)
+    os.unlink(path)
+    return fd
+
+
+def _pump(job: dict, bufs: dict, out_fd: int, err_fds: set, done, deadline: float,
+          wake) -> str | None:
+    """Read the pipes in `bufs` until done() or the deadline; None, "timeout" or
+    "output_limit". `wake` is a pidfd (or None) that turns readable when the process ends."""
     open_fds = set(bufs)
-    deadline = t0 + limit_s
-    why = None
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            why = "timeout"
-            break
-        if proc.poll() is not None:
-            break
-        watch = list(open_fds) + ([pidfd] if pidfd is not None else [])
-        ready, _, _ = select.select(watch, [], [], left if pidfd is not None else min(left, 0.01))
+            return "timeout"
+        if done():
+            return None
+        watch = list(open_fds) + ([wake] if wake is not None else [])
+        ready, _, _ = select.select(watch, [], [], left if wake is not None else min(left, 0.01))
         for fd in ready:
-            if fd == pidfd:
+            if fd == wake:
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -180,41 +352,140 @@ def _run_case(job: dict, work: str, stdin_data: bytes, limit_s: float, harness: 
                 continue
             buf = bufs[fd]
             buf += chunk
-            if fd == err_fd and len(buf) > 2 * _STDERR_KEEP:
+            if fd in err_fds and len(buf) > 2 * _STDERR_KEEP:
                 del buf[:-_STDERR_KEEP]
             elif fd == out_fd and len(buf) > job["output_cap"]:
-                why = "output_limit"
-        if why:
-            break
-    if why is not None:
+                return "output_limit"
+
+
+def _pidfd(pid: int):
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _finish(job: dict, procs: list, bufs: dict) -> None:
+    """Kill every process the case left, then read what is left in the pipes (it ends with
+    EOF now that all writers are dead) and close them."""
+    for p in procs:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(p.pid, signal.SIGKILL)
         except OSError:
             pass
-        proc.kill()
-    rc = proc.wait()
-    elapsed = time.monotonic() - t0
-    _kill_rest(job, proc.pid)
-    # Everything is dead now, so what is left in the pipes ends with EOF.
-    for fd in list(open_fds):
-        while len(bufs[fd]) <= job["output_cap"]:
+        p.kill()
+    for p in procs:
+        p.wait()
+    _kill_rest(job, procs[0].pid)
+    for fd, buf in bufs.items():
+        while len(buf) <= job["output_cap"]:
             r, _, _ = select.select([fd], [], [], 0.2)
             chunk = os.read(fd, 65536) if r else b""
             if not chunk:
                 break
-            bufs[fd] += chunk
-    os.close(status_r)
+            buf += chunk
+        os.close(fd)
+
+
+def _run_case(job: dict, work: str, stdin_data: bytes, limit_s: float) -> dict:
+    """One stdin/stdout case: the program reads the case's input, its stdout is compared."""
+    stdin_fd = _unlinked_file(work, ".stdin", stdin_data)
+    t0 = time.monotonic()
+    try:
+        proc = _spawn(job, [job["python"], "-I", "solution.py"], job["uid"], work, stdin_fd, (),
+                      limit_s, job["nproc"], work)
+    finally:
+        os.close(stdin_fd)
+    wake = _pidfd(proc.pid)
+    out_fd, err_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno())
     proc.stdout.close()
     proc.stderr.close()
-    if pidfd is not None:
-        os.close(pidfd)
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    why = _pump(job, bufs, out_fd, {err_fd}, lambda: proc.poll() is not None, t0 + limit_s, wake)
+    _finish(job, [proc], bufs)
+    if wake is not None:
+        os.close(wake)
+    elapsed = time.monotonic() - t0
     out = bytes(bufs[out_fd])
     if len(out) > job["output_cap"]:
         why = why or "output_limit"
-    if why is None and rc in (-signal.SIGXCPU, -signal.SIGKILL) and elapsed >= limit_s * 0.9:
+    if why is None and proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL) \
+            and elapsed >= limit_s * 0.9:
         why = "timeout"
-    return {"rc": rc, "why": why, "stdout": out, "stderr": bytes(bufs[err_fd][-_STDERR_KEEP:]),
-            "status": bytes(bufs[status_r]), "elapsed": elapsed}
+    return {"rc": proc.returncode, "why": why, "stdout": out,
+            "stderr": bytes(bufs[err_fd][-_STDERR_KEEP:]), "elapsed": elapsed}
+
+
+def _run_checked(job: dict, work: str, limit_s: float) -> dict:
+    """HumanEval-style tests: the checker runs them against the program in the worker (see
+    _WORKER, _CHECKER). Passed only if the checker wrote its verdict and exited 0."""
+    t0 = time.monotonic()
+    deadline = t0 + limit_s
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    verdict_r, verdict_w = os.pipe()
+    tests_fd = _unlinked_file(work, ".tests", job["tests"].encode())
+    alone = job["checker_uid"] is None  # the program will share the checker's uid
+    procs, why, verdict = [], None, bytearray()
+    bufs: dict = {}
+    try:
+        checker = _spawn(job, [job["python"], "-I", "-S", "-c", _CHECKER, str(req_w),
+                               str(resp_r), str(verdict_w), str(int(alone))],
+                         job["checker_uid"], "/", tests_fd, (req_w, resp_r, verdict_w), limit_s,
+                         job["checker_nproc"], "/")
+        procs.append(checker)
+        os.close(verdict_w)
+        verdict_w = -1
+        if alone:
+            # The program starts only once the checker is out of its reach (non-dumpable).
+            while not verdict.endswith(b"\n") and time.monotonic() < deadline:
+                r, _, _ = select.select([verdict_r], [], [], max(0.0, deadline - time.monotonic()))
+                chunk = os.read(verdict_r, 64) if r else b""
+                if not chunk:
+                    break
+                verdict += chunk
+            if bytes(verdict) != b"ready\n":
+                why = "timeout" if time.monotonic() >= deadline else "sandbox_error"
+        if why is None:
+            null = os.open(os.devnull, os.O_RDONLY)
+            try:
+                worker = _spawn(job, [job["python"], "-I", "-c", _WORKER, str(req_r),
+                                      str(resp_w)], job["uid"], work, null, (req_r, resp_w),
+                                max(0.0, deadline - time.monotonic()), job["nproc"], work)
+            finally:
+                os.close(null)
+            procs.append(worker)
+    finally:
+        os.close(tests_fd)
+        for fd in (req_r, req_w, resp_r, resp_w, verdict_w):
+            if fd >= 0:
+                os.close(fd)
+    for p in procs:
+        for f in (p.stdout, p.stderr):
+            bufs[os.dup(f.fileno())] = bytearray()
+            f.close()
+    fds = list(bufs)
+    # worker stdout (capped), then the stderr of each; the verdict pipe is read last.
+    out_fd = fds[2] if len(fds) == 4 else -1
+    bufs[verdict_r] = verdict
+    wake = _pidfd(checker.pid)
+    if why is None:
+        why = _pump(job, bufs, out_fd, set(fds) - {out_fd},
+                    lambda: checker.poll() is not None, deadline, wake)
+    _finish(job, procs, bufs)
+    if wake is not None:
+        os.close(wake)
+    elapsed = time.monotonic() - t0
+    if why is None and checker.returncode in (-signal.SIGXCPU, -signal.SIGKILL) \
+            and elapsed >= limit_s * 0.9:
+        why = "timeout"
+    ok = why is None and checker.returncode == 0 and bytes(verdict) == _VERDICT_PASS
+    failed = why is None and checker.returncode == 3
+    # What the program wrote to stderr, then the checker's account of the failure.
+    err = (bytes(bufs[fds[3]]) if len(fds) == 4 else b"") + bytes(bufs[fds[1]])
+    return {"rc": checker.returncode, "why": why, "ok": ok, "failed": failed,
+            "stdout": bytes(bufs[out_fd]) if out_fd >= 0 else b"",
+            "stderr": err[-_STDERR_KEEP:], "elapsed": elapsed}
 
 
 def _normalise(text: str) -> list:
@@ -222,20 +493,20 @@ def _normalise(text: str) -> list:
 
 
 def main() -> None:
+    # Nothing in the sandbox may read this process's memory (the job: tests, expected output).
+    _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     job = marshal.loads(sys.stdin.buffer.read())
     if not job["pidns"]:
         _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     work = _setup_mounts(job) if job["mounts"] else job["workdir"]
     with open(os.path.join(work, "solution.py"), "w") as f:
         f.write(job["program"])
-    harness = job["tests"] is not None
-    if harness:
-        with open(os.path.join(work, "tests.py"), "w") as f:
-            f.write(job["tests"])
     if job["uid"] is not None:
         os.chown(work, job["uid"], job["uid"])
+        os.chown(os.path.join(work, "solution.py"), job["uid"], job["uid"])
         os.chmod(work, 0o700)
-    cases = [None] if harness else job["inputs"]
+    checked = job["tests"] is not None
+    cases = [None] if checked else job["inputs"]
     deadline = time.monotonic() + job["timeout_s"]
     results = []
     for i, case in enumerate(cases):
@@ -247,13 +518,11 @@ def main() -> None:
         # at least a quarter of the whole: a uniformly slow program still passes the cases
         # that fit, instead of every case getting too short a slice.
         limit = min(left, max(left / (len(cases) - i), job["timeout_s"] / 4))
-        if harness:
-            nonce = os.urandom(16).hex()
-            r = _run_case(job, work, (nonce + "\n").encode(), limit, True)
-            ok = r["why"] is None and r["rc"] == 0 and r["status"].decode(errors="replace") == nonce
-            matched = ok
+        if checked:
+            r = _run_checked(job, work, limit)
+            ok = r["ok"]
         else:
-            r = _run_case(job, work, case.encode(), limit, False)
+            r = _run_case(job, work, case.encode(), limit)
             matched = (r["why"] is None and
                        _normalise(r["stdout"].decode(errors="replace")) ==
                        _normalise(job["outputs"][i]))
@@ -262,7 +531,7 @@ def main() -> None:
             status = "ok"
         elif r["why"]:
             status = r["why"]
-        elif r["rc"] != 0:
+        elif r["rc"] != 0 and not r.get("failed"):
             status = "error"
         else:
             status = "failed"

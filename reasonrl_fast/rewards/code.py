@@ -66,7 +66,16 @@ _SYSTEM_PYTHON = "/usr/bin/python3"
 _REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _HIDE = ("/home", "/root", "/work", "/mnt", "/media", "/srv", "/opt")
 _UID_BASE, _UID_SLOTS = 1_610_000, 128  # synthetic uids, far from real accounts
+_CHECKER_UID_BASE = _UID_BASE + _UID_SLOTS  # the checker of slot k runs as this + k
 _NPROC = 64           # processes and threads per sandbox uid
+_CHECKER_NPROC = 16   # the checker's uid (it runs the tests, no forks expected)
+_TMP_MB, _TMP_INODES = 64, 4096     # the private /tmp holding the working directory
+_OTHER_MB, _OTHER_INODES = 8, 256   # each other world-writable directory's private tmpfs
+# Not walked when looking for world-writable directories: pseudo file systems and the
+# system's own trees (a world-writable directory there is covered by the read-only root).
+_SCAN_SKIP = frozenset(("/proc", "/sys", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                        "/libx32", "/boot"))
+_SCAN_MAX_DIRS = 20000
 _OUTPUT_CAP = 1 << 20  # bytes of stdout per case
 _GRACE_S = 2.0        # past timeout_s the caller kills the sandbox outright
 _PROGRAM_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
@@ -89,6 +98,50 @@ class CodeResult:
 
 
 _mode: str | None = None
+_writable: tuple[str, ...] | None = None
+
+
+def world_writable_dirs() -> tuple[str, ...]:
+    """Directories anyone may write to (o+w), found by walking the file system once per process
+    (not below a hit, not into _SCAN_SKIP or the hidden directories, at most _SCAN_MAX_DIRS
+    directories). Each gets a private tmpfs in the namespaced modes: a program's files there
+    would otherwise outlive it, fill the disk or reach later programs."""
+    global _writable
+    if _writable is None:
+        skip = _SCAN_SKIP | set(_HIDE) | {_REPO_DIR}
+        found, todo, seen = [], ["/"], 0
+        while todo and seen < _SCAN_MAX_DIRS:
+            seen += 1
+            try:
+                entries = list(os.scandir(todo.pop()))
+            except OSError:
+                continue
+            for e in entries:
+                try:
+                    if e.path in skip or not e.is_dir(follow_symlinks=False):
+                        continue
+                    if e.stat(follow_symlinks=False).st_mode & 0o002:
+                        found.append(e.path)
+                    else:
+                        todo.append(e.path)
+                except OSError:
+                    pass
+        _writable = tuple(sorted(found))
+    return _writable
+
+
+def _tmpfs_plan() -> list[tuple[str, str]]:
+    """(directory, tmpfs options) for each private tmpfs: /tmp first (the working directory
+    lives there), then every other world-writable directory with its own mode."""
+    plan = [("/tmp", f"size={_TMP_MB}m,nr_inodes={_TMP_INODES},mode=1777")]
+    for d in world_writable_dirs():
+        if d != "/tmp":
+            try:
+                mode = os.stat(d).st_mode & 0o7777
+            except OSError:
+                continue
+            plan.append((d, f"size={_OTHER_MB}m,nr_inodes={_OTHER_INODES},mode={mode:o}"))
+    return plan
 
 
 def sandbox_mode() -> str:
@@ -193,22 +246,31 @@ def run_tests(program: str, tests: str | list[dict], timeout_s: float = 10.0, *,
     return _launch(job, total, float(timeout_s), memory_mb)
 
 
+def _separate_uids(mode: str) -> bool:
+    """The program and the checker each get an unprivileged uid of their own: whenever the
+    caller is root (also without namespaces) and not inside a user namespace."""
+    return mode != "userns" and os.geteuid() == 0 and os.access(_SYSTEM_PYTHON, os.X_OK)
+
+
 def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResult:
     mode = sandbox_mode()
-    slot = _UidSlot() if mode == "root" else None
+    slot = _UidSlot() if _separate_uids(mode) else None
     workdir = None if mode != "plain" else tempfile.mkdtemp(prefix="reasonrl_code_")
     program = job["program"]
     if mode == "plain":
         program = _NO_SOCKETS + program  # prepended: the program's line numbers shift by 6
-    python = _SYSTEM_PYTHON if mode == "root" else sys.executable
+    python = _SYSTEM_PYTHON if slot else sys.executable
     # The interpreters that run inside must stay visible: never hide a dir they live in.
     real = {python, os.path.realpath(python)} | ({sys.prefix, os.path.realpath(sys.prefix)}
-                                                 if mode != "root" else set())
+                                                 if not slot else set())
     hide = [d for d in _HIDE + (_REPO_DIR,) if not any(p.startswith(d + "/") for p in real)]
     job.update(program=program, timeout_s=timeout_s, memory_mb=memory_mb,
                pidns=mode != "plain", mounts=mode != "plain", workdir=workdir, hide=hide,
                uid=slot.uid if slot else None, nproc=_nproc_limit(slot), output_cap=_OUTPUT_CAP,
-               fsize_mb=16, nofile=64, tmpfs_mb=64,
+               checker_uid=slot.uid - _UID_BASE + _CHECKER_UID_BASE if slot else None,
+               checker_nproc=_CHECKER_NPROC if slot else _nproc_limit(slot),
+               drop_caps=mode == "userns", fsize_mb=16, nofile=64,
+               writable=_tmpfs_plan() if mode != "plain" else [],
                python=python,
                env=dict(_PROGRAM_ENV, HOME=workdir or "/tmp/work"))
     if mode == "plain":
@@ -216,7 +278,7 @@ def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResu
         if shutil.which("setpriv"):
             argv = ["setpriv", "--pdeathsig", "KILL", "--"] + argv
     else:
-        launcher_py = _SYSTEM_PYTHON if mode == "root" else sys.executable
+        launcher_py = python
         argv = _namespace_argv(mode) + [launcher_py, "-I", "-S", _LAUNCHER]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -114,10 +114,12 @@ def test_humaneval_wrong_solutions_fail(problems):
 
 
 def test_early_exit_before_the_tests_does_not_pass():
+    # Even with tests the function would pass: a program that ends before them is an error.
     for exit_call in ("import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"):
-        r = run_tests(f"def f(x):\n    return x\n{exit_call}\n", "assert f(1) == 2\n")
-        assert (r.passed, r.status) == (0, "failed"), (exit_call, r)
+        r = run_tests(f"def f(x):\n    return x\n{exit_call}\n", "assert f(1) == 1\n")
+        assert (r.passed, r.status) == (0, "error"), (exit_call, r)
     assert run_tests("def f(x):\n    return x\n", "assert f(1) == 1\n").status == "ok"
+    assert run_tests("def f(x):\n    return x\n", "assert f(1) == 2\n").status == "failed"
 
 
 # ---------------------------------------------------------------- stdin / stdout cases
