@@ -30,10 +30,21 @@ Every assertion is TRL's. What changed, each marked `# port:` below:
 - `TestChunkedLogProbFunction` runs on every device: TRL marks it accelerator-only because
   its subject there is the Triton kernel, but TRL 1.16's head computes the same outputs with
   torch ops elsewhere (`_forward_tile`), and that is the code the patch replaces on CPU.
-- With the patch on, the tests that assert on TRL's own internals rather than on what the
-  function returns are expected to fail (strict xfail, naming the exception), so that their
-  other assertions still run and a change in their outcome is seen. docs/integrations.md
-  §TRL lists them.
+- Each `TestChunkedLogProbFunction` test runs twice: as TRL wrote it (`[trl_outputs]`: apply()'s
+  default outputs, which include `is_top1` and `log_sum_sq_probs`; under the patch TRL's own
+  head computes such calls) and with `outputs=OPS_OUTPUTS` (`[ops_outputs]`: what the ops
+  compute, and what GRPO, RLOO and KTO ask for), so that the ops answer to TRL's assertions. The
+  two tests that read `is_top1` or `log_sum_sq_probs` skip the second run.
+- With the patch on, two `[ops_outputs]` runs are expected to fail (strict xfail, naming the
+  exception), because they assert on TRL's own internals rather than on what the function
+  returns: `test_forward` counts TRL's token tiles (after its value checks pass), and
+  `test_bias[bfloat16]` compares with a reference that rounds the logits to bfloat16 twice,
+  before and after adding the bias, as TRL's tiles do, within a tolerance smaller than that
+  second rounding (the ops add the bias before their one rounding, and land closer to the exact
+  values). docs/integrations.md §TRL gives the numbers.
+- Each test records how many calls the patch made into the ops (REASONRL_FAST_TRL_OPS_CALLS
+  names the JSON file it is written to), so the runner can tell the tests the ops answered from
+  those TRL's own code did.
 
 REASONRL_FAST_TRL_PATCH=0 runs the same tests against TRL unpatched (the baseline: every test
 must pass or skip there, which shows the port itself is sound); anything else, or unset,
@@ -41,7 +52,9 @@ applies `reasonrl_fast.integrations.trl.patch()` before any TRL name is imported
 TRL venv (tests/helpers/venvs.py): tests/integrations/test_trl.py does.
 """
 
+import json
 import os
+import sys
 from unittest.mock import patch
 
 import pytest
@@ -80,9 +93,59 @@ require_torch_accelerator = pytest.mark.skipif(
 require_triton = pytest.mark.skipif(not is_triton_available(), reason="test requires triton")
 
 
-def xfail_patched(reason: str, raises: type[BaseException]):
-    """port: a test that asserts on TRL's internals, which the patch replaces."""
-    return pytest.mark.xfail(PATCHED, reason=reason, raises=raises, strict=True)
+# port: the ops' outputs, and the tests that read one of the others
+OPS_OUTPUTS = ("log_probs", "entropy", "mean_logits")
+READS_TRL_ONLY_OUTPUT = {"test_log_sum_sq_probs", "test_is_top1_matches_argmax_with_ties"}
+# port: (test, dtype parameter) runs that assert on TRL's internals, which the patch replaces
+ASSERTS_ON_TRL_INTERNALS = {
+    ("test_forward", None): (
+        "asserts on TRL's token tiling (its torch.mm calls): the ops call no torch.mm, so max() "
+        "of the empty list raises after the value checks", ValueError),
+    ("test_bias", torch.bfloat16): (
+        "the reference rounds the bf16 logits twice (GEMM, then + bias), as TRL's tiles do; the "
+        "ops round once and are closer to the exact values, but not within 5e-2 of that "
+        "reference", AssertionError),
+}
+
+
+class _WithOutputs:
+    """port: ChunkedLogProbFunction with `outputs` given where the test leaves it out."""
+
+    def __init__(self, head, outputs):
+        self.head, self.outputs = head, outputs
+
+    def apply(self, *args):
+        defaults = (None, 1.0, self.outputs)  # final_logit_softcapping, logit_scale, outputs
+        return self.head.apply(*args, *defaults[len(args) - 6:])
+
+
+_OPS_CALLS: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def _count_ops_calls(request, monkeypatch):
+    """port: the number of calls the patch makes into the ops during the test."""
+    calls = [0]
+    if PATCHED:
+        for name in ("token_logprob", "linear_token_logprob"):
+            op = getattr(_rf_trl, name)
+
+            def counted(*args, _op=op, **kwargs):
+                calls[0] += 1
+                return _op(*args, **kwargs)
+
+            monkeypatch.setattr(_rf_trl, name, counted)
+    yield
+    _OPS_CALLS[request.node.nodeid] = calls[0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _write_ops_calls():
+    yield
+    path = os.environ.get("REASONRL_FAST_TRL_OPS_CALLS")
+    if path:
+        with open(path, "w") as f:
+            json.dump(_OPS_CALLS, f)
 
 
 # ------------------------------------------------------------------ tests/test_kernels.py
@@ -172,6 +235,20 @@ class TestChunkedLogProbFunction:
     N, H, V = 64, 32, 128
     CHUNK_SIZE = 32
 
+    # port: the two runs of each test (see the module docstring)
+    @pytest.fixture(autouse=True, params=["trl_outputs", "ops_outputs"])
+    def _outputs(self, request, monkeypatch):
+        name = request.function.__name__
+        if request.param == "ops_outputs":
+            if name in READS_TRL_ONLY_OUTPUT:
+                pytest.skip("reads an output the ops do not compute: TRL's own head answers")
+            monkeypatch.setattr(sys.modules[__name__], "ChunkedLogProbFunction",
+                                _WithOutputs(ChunkedLogProbFunction, OPS_OUTPUTS))
+            key = (name, request.node.callspec.params.get("dtype"))
+            if PATCHED and key in ASSERTS_ON_TRL_INTERNALS:
+                reason, raises = ASSERTS_ON_TRL_INTERNALS[key]
+                request.applymarker(pytest.mark.xfail(reason=reason, raises=raises, strict=True))
+
     def _reference_logprobs_and_entropy(
         self, hidden, weight, labels, temperature, bias=None, logit_scale=1.0, final_logit_softcapping=None
     ):
@@ -188,9 +265,6 @@ class TestChunkedLogProbFunction:
         entropy = -(p * log_p).sum(dim=-1)
         return logprobs, entropy
 
-    # port: the last two assertions count TRL's own token tiles (torch.mm calls, TOKEN_CHUNK_SIZE);
-    # the ops tile differently and call no torch.mm, so `max([])` raises after the value checks
-    @xfail_patched("asserts on TRL's token tiling (torch.mm calls), not on the outputs", ValueError)
     @pytest.mark.parametrize("temperature", [1.0, 0.7])
     def test_forward(self, temperature):
         torch.manual_seed(42)
