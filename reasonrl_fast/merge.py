@@ -18,6 +18,7 @@ import sys
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.api import CheckpointException
 
 from reasonrl_fast import cli
 from reasonrl_fast.errors import UserError
@@ -34,7 +35,8 @@ def load_model_tensors(ckpt: str) -> dict[str, torch.Tensor]:
             if key.startswith("model.") and hasattr(meta, "size"):
                 state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
         dcp.load(state, checkpoint_id=ckpt, no_dist=True)
-    except Exception as e:  # noqa: BLE001 - unpickling garbage fails in any way (IndexError, ...)
+    # unpickling garbage fails in any way (IndexError, ...); DCP's own error is a BaseException
+    except (Exception, CheckpointException) as e:  # noqa: BLE001
         raise checkpoint.unreadable(ckpt, e) from None
     return {k[len("model."):]: v for k, v in state.items()}
 

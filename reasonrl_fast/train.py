@@ -20,10 +20,12 @@ def _main(argv: list[str]) -> dict:
     path = argv[0] if argv and "=" not in argv[0] else None
     cfg = load_config(path, argv[1:] if path else argv)
     from reasonrl_fast.data.records import check_files
+    from reasonrl_fast.trainer.checkpoint import make_run_dir
 
-    # the data files' presence and columns now, not after the supervised warm start
+    # the data files and the run directory now, not after the trainer's imports and warm start
     check_files(cfg.data.train_files, "data.train_files")
     check_files(cfg.data.val_files, "data.val_files")
+    make_run_dir(cfg.trainer.output_dir)
     from reasonrl_fast.genrm.launch import GenRMStartError
     from reasonrl_fast.trainer.loop import run
 

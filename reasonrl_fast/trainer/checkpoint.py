@@ -260,8 +260,9 @@ def unreadable(path: str, e: BaseException) -> CheckpointError:
     """The error for a checkpoint that passed its checks but that torch.distributed.checkpoint
     cannot read (a damaged file of a checkpoint without checksums): it names the checkpoint and
     the failure's kind, without torch's advice to load with weights_only=False."""
-    failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: exception}
+    failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: (exception, stack)}
     root = next(iter(failures.values())) if isinstance(failures, dict) and failures else e
+    root = root[0] if isinstance(root, tuple) and root and isinstance(root[0], BaseException) else root
     first = (str(root).strip().splitlines() or [""])[0]
     detail = type(root).__name__ + (f": {first[:200]}" if first and "weights_only" not in str(root) else "")
     return CheckpointError(f"{path}: damaged, torch.distributed.checkpoint cannot read it ({detail}); "
@@ -274,13 +275,12 @@ def unreadable(path: str, e: BaseException) -> CheckpointError:
 def locked(output_dir: str):
     """Hold an exclusive lock on the run directory for the whole run. A flock belongs to the
     open file, so the kernel releases it when this process exits, even on SIGKILL."""
+    make_run_dir(output_dir)
     try:
-        os.makedirs(output_dir, exist_ok=True)
         fd = os.open(os.path.join(output_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        what = "is not a directory" if os.path.exists(output_dir) and not os.path.isdir(output_dir) \
-            else f"cannot be used as the run directory ({e.strerror}: {e.filename})"
-        raise CheckpointError(f"trainer.output_dir={output_dir} {what}") from None
+        raise CheckpointError(f"trainer.output_dir={output_dir}: cannot be used as the run directory "
+                              f"({e.strerror}: {e.filename})") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -293,6 +293,16 @@ def locked(output_dir: str):
         yield
     finally:
         os.close(fd)
+
+
+def make_run_dir(output_dir: str) -> None:
+    """Create the run directory (with its parents), or a CheckpointError saying why not."""
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        what = "is not a directory" if os.path.exists(output_dir) and not os.path.isdir(output_dir) \
+            else f"cannot be used as the run directory ({e.strerror}: {e.filename})"
+        raise CheckpointError(f"trainer.output_dir={output_dir} {what}") from None
 
 
 def prepare_run(cfg, warn=print) -> tuple[str | None, dict | None]:

@@ -1,0 +1,135 @@
+"""Every command answers bad input with one line `error: ...` naming the problem and exit status
+2, without a traceback, and before any model, Ray or training starts (each case is one short
+Python process: most end before torch is imported, the run-directory and checkpoint cases once
+the trainer's or the checkpoint code's imports are in)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.ckpt import fake_checkpoint
+from tests.helpers.train import ROOT, repo_env
+from tests.trainer.test_checkpoint_checksums import flip_byte
+
+
+def run_cli(module, *args, timeout=120):
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], check=False, cwd=ROOT, env=repo_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line(p, *fragments):
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and "Traceback" not in p.stderr, (p.returncode, p.stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def _write_bytes(path, data):
+    path.write_bytes(data)
+    return path
+
+
+def _parquet(path, columns):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+GOOD = json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n"
+
+# (case, how to make the argument from tmp_path, what the line must say)
+CONFIG_CASES = [
+    ("missing yaml", lambda t: [t / "nope.yaml"], ["nope.yaml", "no such file"]),
+    ("malformed yaml", lambda t: [_write(t / "bad.yaml", "trainer: [steps\n")], ["bad.yaml", "not valid YAML"]),
+    ("list yaml", lambda t: [_write(t / "list.yaml", "- trainer.steps=3\n")], ["list.yaml", "expected a mapping", "list"]),
+    ("directory as config", lambda t: [t], ["is a directory"]),
+    ("override without =", lambda t: ["trainer.steps", "trainer.seed=1"],
+     ["'trainer.steps': no such file", "key=value"]),
+]
+
+# Through the command: a file it cannot read, one without rows, one with the wrong columns.
+DATA_CASES = [
+    ("unreadable data file", lambda t: _write_bytes(t / "bin.jsonl", b"\xff\xfe\x00garbage\n"),
+     ["bin.jsonl", "not a UTF-8 text file"]),
+    ("zero-row parquet", lambda t: _parquet(t / "zero.parquet", {}), ["zero.parquet", "the file is empty"]),
+    ("wrong columns parquet", lambda t: _parquet(t / "cols.parquet", {"question_text": ["x"], "sol": ["1"]}),
+     ["cols.parquet", "needs a prompt column", "question_text"]),
+]
+
+# The same check in-process, for every other way a file can be wrong.
+MORE_DATA_CASES = DATA_CASES + [
+    ("missing data file", lambda t: t / "none.jsonl", ["none.jsonl: no such file"]),
+    ("directory as data file", lambda t: t, ["is a directory"]),
+    ("not parquet", lambda t: _write(t / "fake.parquet", "hello"), ["fake.parquet", "not a readable parquet file"]),
+    ("zero-row jsonl", lambda t: _write(t / "zero.jsonl", "\n"), ["zero.jsonl", "the file is empty"]),
+    ("zero-row parquet with columns", lambda t: _parquet(t / "zero2.parquet", {"prompt": [], "answer": []}),
+     ["zero2.parquet", "the file is empty"]),
+    ("wrong columns jsonl", lambda t: _write(t / "cols.jsonl", json.dumps({"question_text": "x", "sol": 1}) + "\n"),
+     ["cols.jsonl:1", "needs `prompt` and `answer`", "question_text"]),
+]
+
+
+@pytest.mark.proc
+@pytest.mark.parametrize("case,make,says", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_train_bad_config_argument(tmp_path, case, make, says):
+    p = run_cli("reasonrl_fast.train", *make(tmp_path), f"trainer.output_dir={tmp_path / 'run'}")
+    assert_one_line(p, "config file", *says)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.proc
+@pytest.mark.parametrize("case,make,says", DATA_CASES, ids=[c[0] for c in DATA_CASES])
+def test_train_bad_data_file(tmp_path, case, make, says):
+    good = _write(tmp_path / "good.jsonl", GOOD)
+    p = run_cli("reasonrl_fast.train", f"data.train_files=[{good},{make(tmp_path)}]",
+                f"trainer.output_dir={tmp_path / 'run'}")
+    assert_one_line(p, "data.train_files", *says)
+    assert not (tmp_path / "run").exists()  # refused before the run directory was touched
+
+
+@pytest.mark.parametrize("case,make,says", MORE_DATA_CASES, ids=[c[0] for c in MORE_DATA_CASES])
+def test_data_file_checks(tmp_path, case, make, says):
+    from reasonrl_fast.data.records import DataError, check_files, load_records
+    from reasonrl_fast.errors import UserError
+
+    bad = str(make(tmp_path))
+    for check, prefix in ((lambda: check_files([bad], "data.val_files"), "data.val_files: "),
+                          (lambda: load_records(bad), "")):
+        with pytest.raises(DataError) as e:
+            check()
+        assert isinstance(e.value, UserError) and isinstance(e.value, ValueError)  # old handlers still catch it
+        assert str(e.value).startswith(prefix) and all(s in str(e.value) for s in says), (says, str(e.value))
+
+
+@pytest.mark.proc
+def test_train_output_dir_that_is_a_file_or_cannot_be_created(tmp_path):
+    f = _write(tmp_path / "a_file", "x")
+    p = run_cli("reasonrl_fast.train", f"trainer.output_dir={f}", "sft.steps=0")
+    assert_one_line(p, f"trainer.output_dir={f} is not a directory")
+    p = run_cli("reasonrl_fast.train", f"trainer.output_dir={f}/run", "sft.steps=0")
+    assert_one_line(p, f"trainer.output_dir={f}/run cannot be used as the run directory")
+    assert f.read_text() == "x"
+
+
+@pytest.mark.proc
+def test_merge_and_eval_name_the_damaged_file(tmp_path):
+    path = fake_checkpoint(tmp_path / "run", 2, "r1", world=1)
+    flip_byte(os.path.join(path, "__0_0.distcp"))
+    p = run_cli("reasonrl_fast.merge", path, tmp_path / "merged")
+    assert_one_line(p, "checkpoint-2", "__0_0.distcp (damaged")
+    assert not (tmp_path / "merged").exists()
+    p = run_cli("reasonrl_fast.eval", f"model.path={path}", f"eval.output_dir={tmp_path / 'eval'}")
+    assert_one_line(p, "checkpoint-2", "__0_0.distcp (damaged")
+    assert not (tmp_path / "eval").exists()
