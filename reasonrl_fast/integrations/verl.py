@@ -250,9 +250,17 @@ def register() -> None:
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True
                          ) -> torch.Tensor:
     """verl.utils.torch_functional.logprobs_from_logits by token_logprob: float32 out (as
-    verl's flash-attention path gives), in-place backward when verl asks for it."""
+    verl's flash-attention path gives), in-place backward when verl asks for it. Like that
+    path, labels of any shape with one id per row of logits are taken in row order (verl's own
+    test passes logits [N, V] with labels [1, N]); the result has the logits' leading shape."""
     from reasonrl_fast.ops import token_logprob
 
+    rows = logits.shape[:-1]
+    if labels.shape != rows:
+        if labels.numel() != rows.numel():
+            raise ValueError(f"logprobs_from_logits: {labels.numel()} labels for {rows.numel()} rows "
+                             f"of logits (logits {tuple(logits.shape)}, labels {tuple(labels.shape)})")
+        labels = labels.reshape(rows)
     inplace = bool(inplace_backward) and logits.requires_grad and torch.is_grad_enabled()
     return token_logprob(logits, labels, inplace_backward=inplace)
 
@@ -297,6 +305,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     if y.shape[0] != h.shape[0]:
         raise ValueError(f"linear_cross_entropy: {y.shape[0]} labels for {h.shape[0]} hidden rows "
                          f"(hidden {tuple(hidden.shape)}, labels {tuple(labels.shape)})")
+    if h.device.type != "cuda" and h.dtype in (torch.bfloat16, torch.float16):
+        # verl's kernel, like the op's Triton kernel on CUDA, accumulates the logits in float32;
+        # the op's CPU path rounds each chunk's logits to the inputs' 16-bit type (up to 1e-2
+        # off in a log-prob, over verl's own test tolerance of 1e-3). Widening first keeps
+        # verl's precision: products of 16-bit values are exact in float32.
+        h, weight = h.float(), weight.float()
     lp, ent = linear_token_logprob(h, weight, y, temperature=float(temperature), return_entropy=True)
     return lp.float(), ent.float()
 
