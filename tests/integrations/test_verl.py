@@ -8,10 +8,14 @@ The entry point reaches verl as an installed distribution would give it: a dist-
 whose entry_points.txt holds the `verl.plugins` entry of setup.py, on PYTHONPATH beside the
 work tree (installing the package itself would recompile the extension).
 
+A third process runs verl's own tests, ported into tests/integrations/verl_upstream, with the
+venv's pytest and the patch on.
+
 The venv is verl's one (tests/helpers/venvs.py), built once and cached; without the package
-registry the test is skipped with the reason. With the venv in place the file took 37 s on the
-2-core development machine (importing verl is 9-19 s of each of the two processes, depending on
-the machine's load).
+registry the test is skipped with the reason. With the venv in place the file took 77 s on the
+2-core development machine while other work ran beside it (importing verl is 9-19 s of each of
+the three processes, depending on the machine's load; verl's tests 25-40 s, most of it
+torch.compile).
 """
 
 from __future__ import annotations
