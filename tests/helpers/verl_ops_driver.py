@@ -156,6 +156,14 @@ for tau in (1.0, 0.7):
         (gb,) = torch.autograd.grad(ref.sum(), logits)
         close(f"logprobs_from_logits tau={tau} inplace={inplace}", ours, ref)
         close(f"logprobs_from_logits grad tau={tau} inplace={inplace}", ga, gb)
+# labels in another shape with one id per logits row, as verl's own test passes them
+close("logprobs_from_logits labels [1, N]", verl_F.logprobs_from_logits(logits, labels[None, :]),
+      originals["logprobs_from_logits"](logits, labels))
+try:
+    verl_F.logprobs_from_logits(logits, labels[:-1])
+    check("logprobs_from_logits refuses N-1 labels", False, "no error")
+except ValueError as e:
+    check("logprobs_from_logits refuses N-1 labels", f"{N - 1} labels for {N} rows" in str(e), e)
 for name in ("entropy_from_logits", "entropy_from_logits_with_chunking"):
     ours = getattr(verl_F, name)(logits)
     (ga,) = torch.autograd.grad(ours.sum(), logits)
