@@ -293,7 +293,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     other than "none" and a vocabulary split over a process group."""
     from reasonrl_fast.ops import linear_token_logprob
 
-    if reduction != "none":
+    if not isinstance(reduction, str) or reduction.lower() != "none":  # verl lower-cases it
         raise NotImplementedError(f"reasonrl_fast's linear_cross_entropy supports reduction='none' "
                                   f"only, got {reduction!r}; unset {PATCH_ENV} to use verl's kernel")
     if dist_process_group is not None:

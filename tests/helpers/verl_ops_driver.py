@@ -190,6 +190,8 @@ for tau in (1.0, 0.6):
     lp_f, ent_f = exp_F.FusedLinearForPPO()(hidden, weight, ids, tau)
     close(f"FusedLinearForPPO (patched) tau={tau}", torch.cat([lp_f.reshape(-1), ent_f.reshape(-1)]),
           torch.cat([lp_ref.reshape(-1), ent_ref.reshape(-1)]))
+lp_upper, _ = lce.linear_cross_entropy(hidden, weight, ids, 1.0, "NONE")  # verl lower-cases it
+close("linear_cross_entropy reduction='NONE'", lp_upper, lce.linear_cross_entropy(hidden, weight, ids, 1.0, "none")[0])
 try:
     lce.linear_cross_entropy(hidden, weight, ids, 1.0, "sum")
     check("linear_cross_entropy refuses reduction='sum'", False, "no error")

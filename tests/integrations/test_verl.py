@@ -97,7 +97,8 @@ def test_env_var_patches_at_verl_import(verl_python, plugin_site):
                             "transformer_impl.logprobs_from_logits is ours", "linear_cross_entropy is ours",
                             "undo restores verl's functions", "logprobs_from_logits grad tau=0.7 inplace=True",
                             "FusedLinearForPPO (patched) tau=0.6", "logprobs_from_logits labels [1, N]",
-                            "logprobs_from_logits refuses N-1 labels"])
+                            "logprobs_from_logits refuses N-1 labels",
+                            "linear_cross_entropy reduction='NONE'"])
     print(f"verl patched: {result['seconds']}")
 
 
