@@ -1,6 +1,10 @@
 """`reasonrl_fast.merge` on the session's shared run: FSDP2 shards of a FlowRL checkpoint into a
 Hugging Face directory that AutoModelForCausalLM loads, with the Z-head beside it."""
 
+import os
+import shutil
+
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -9,6 +13,7 @@ from reasonrl_fast.merge import load_model_tensors, merge
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.ops import ZHead
+from reasonrl_fast.trainer import checkpoint as ckpt
 
 
 def test_merge_round_trip(trained_run, tmp_path):
@@ -30,3 +35,21 @@ def test_merge_round_trip(trained_run, tmp_path):
     assert load_tokenizer(str(merged))(text)["input_ids"] == char_tokenizer()(text)["input_ids"]
     ids = tok("12+34=", return_tensors="pt")["input_ids"]
     assert model(ids).logits.shape[-1] == len(tok)
+
+
+def test_a_real_checkpoint_is_checked_by_content(trained_run, tmp_path):
+    """The save recorded a checksum per file; a byte changed inside a shard's tensor data (the
+    size stays, torch would read it) is named by merge instead of being merged."""
+    state = ckpt.read_state(str(trained_run.checkpoint))
+    assert sorted(state["checksums"]) == sorted(state["files"])
+    assert ckpt.defects(str(trained_run.checkpoint)) == []
+    copy = tmp_path / "checkpoint-2"
+    shutil.copytree(trained_run.checkpoint, copy)
+    shard = max((p for p in copy.iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
+    with open(shard, "r+b") as f:
+        f.seek(shard.stat().st_size // 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x01]))
+    with pytest.raises(ckpt.CheckpointError, match=rf"{shard.name} \(damaged"):
+        merge(str(copy), str(tmp_path / "merged"))
