@@ -146,12 +146,12 @@ def _make_head(original: type, entropy: bool) -> type:
                     res = linear_token_logprob(h, w, targets, temperature / logit_scale,
                                                ignore_index=_SKIP, bias=b,
                                                return_entropy=want_entropy)
+                    mean = (_mean_logits(h, w, b, logit_scale / temperature)
+                            if "mean_logits" in outputs else None)
             except _REFUSED as e:
                 err = e
             else:
                 lp, ent = res if want_entropy else (res, None)
-                mean = (_mean_logits(h, w, b, logit_scale / temperature)
-                        if "mean_logits" in outputs else None)
                 # TRL keeps its statistics in float32 whatever the compute dtype
                 return lp.float(), (None if ent is None else ent.float()), None, mean, None
             return _trl_after_refusal(original.apply, args, {}, err)
@@ -174,8 +174,8 @@ def _make_logits_fns(trl_sls: Callable, trl_entropy: Callable, trl_both: Callabl
         if logits.dtype in (torch.float32, torch.float64):  # the ops return these dtypes
             return logits.dtype
         if logits.dtype in (torch.float16, torch.bfloat16):
-            _warn_once("half", f"{logits.dtype} logits outside TRL's Triton kernel: TRL "
-                               f"returns torch's own {logits.dtype} log_softmax, bit for bit")
+            _warn_once("half", "float16/bfloat16 logits outside TRL's Triton kernel: TRL "
+                               "returns torch's own log_softmax in that precision, bit for bit")
         return None
 
     def targets(index: torch.Tensor, row_mask: Optional[torch.Tensor]) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Runs inside the TRL venv (tests/helpers/venvs.py): checks reasonrl_fast.integrations.trl
-against TRL's own functions on fixed inputs, then trains a tiny GRPO model for a few steps with
+against TRL's own functions on fixed inputs (values, dtypes, errors, and the calls handed to
+TRL's own code with their one-time warnings), then trains a tiny GRPO model for a few steps with
 the patch applied, counting the calls that reach torch.ops.reasonrl_fast.
 
 Prints one JSON object after the line "@@result@@"; the test asserts on it (this script asserts
@@ -8,6 +9,7 @@ nothing, so that every number reaches the test's failure message)."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -58,8 +60,8 @@ def err(a, b) -> float:
 
 
 def head_case(dtype, logit_scale, gen, autocast=False):
-    """TRL's fused head vs the patched one on the same inputs: outputs and gradients (with
-    `autocast`: fp32 inputs, both computing under CPU bf16 autocast)."""
+    """TRL's fused head vs the patched one on the same inputs: outputs (mean_logits included)
+    and gradients (with `autocast`: fp32 inputs, both computing under CPU bf16 autocast)."""
     N, H, V = 37, 24, 101
     h0 = torch.randn(N, H, generator=gen).to(dtype)
     w0 = (torch.randn(V, H, generator=gen) / H**0.5 * 3).to(dtype)
@@ -71,21 +73,25 @@ def head_case(dtype, logit_scale, gen, autocast=False):
         h, w, b = (t.clone().requires_grad_() for t in (h0, w0, b0))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             lp, ent, *rest = fn.apply(h, w, b, y, 0.7, 32, None, logit_scale,
-                                      ("log_probs", "entropy"))
+                                      ("log_probs", "entropy", "mean_logits"))
         ((lp * gl).sum() + (ent * ge).sum()).backward()
         res.append((lp, ent, h.grad, w.grad, b.grad, rest))
-    (lp0, e0, *g0, _), (lp1, e1, *g1, rest) = res
+    (lp0, e0, *g0, rest0), (lp1, e1, *g1, rest) = res
     # exact values for these (rounded) inputs: how far each side is from them
     z = (h0.double() @ w0.double().T + b0.double()) * logit_scale / 0.7
     if autocast:  # the exact values for the bf16-rounded inputs both sides compute with
         z = (h0.bfloat16().double() @ w0.bfloat16().double().T + b0.bfloat16().double())
         z = z * logit_scale / 0.7
     ref = z.log_softmax(-1).gather(-1, y[:, None])[:, 0]
-    return {"lp": err(lp0, lp1), "entropy": err(e0, e1), "dtype": str(lp1.dtype),
+    mean_ref = z.mean(-1)
+    return {"lp": err(lp0, lp1), "entropy": err(e0, e1), "mean": err(rest0[1], rest[1]),
+            "mean_exact_trl": err(rest0[1], mean_ref), "mean_exact_ours": err(rest[1], mean_ref),
+            "dtypes": [str(t.dtype) for t in (lp1, e1, rest[1])],
+            "mean_requires_grad": rest[1].requires_grad,
             "lp_exact_trl": err(lp0, ref), "lp_exact_ours": err(lp1, ref),
             "grad": max(err(a, c) / max(a.double().abs().max().item(), 1e-12)
                         for a, c in zip(g0, g1)),
-            "rest_none": all(r is None for r in rest)}
+            "rest_none": rest[0] is None and rest[2] is None}
 
 
 def logits_cases(handle, gen):
@@ -102,9 +108,14 @@ def logits_cases(handle, gen):
         "sls_mask": err(sls[0](z, idx, 1.3, mask), sls[1](z, idx, 1.3, mask)),
         "sls_topk": err(sls[0](z, idxk), sls[1](z, idxk)),
         "entropy": err(ent[0](z), ent[1](z)),
-        "sls_bf16": err(sls[0](z.bfloat16(), idx), sls[1](z.bfloat16(), idx)),
-        "entropy_bf16": err(ent[0](z.bfloat16()), ent[1](z.bfloat16())),
     }
+    # half precision: TRL's own function answers (its result is torch's, bit for bit)
+    for name, f, args in (("sls", sls, (idx,)), ("sls_topk", sls, (idxk,)), ("entropy", ent, ())):
+        for dt in (torch.bfloat16, torch.float16, torch.float64):
+            a, b = f[0](z.to(dt), *args), f[1](z.to(dt), *args)
+            key = f"{name}_{str(dt).split('.')[-1]}"
+            out[key] = err(a, b)
+            out[key + "_same_dtype"] = a.dtype == b.dtype == dt
     a, b = both[0](z, idx, True, 0.9, mask), both[1](z, idx, True, 0.9, mask)
     out["both_lp"], out["both_entropy"] = err(a[0], b[0]), err(a[1], b[1])
     # gradient of selective_log_softmax through the logits, masked rows included
@@ -148,24 +159,68 @@ def model_case(tok):
             "masked_zero": bool((outs[1].log_probs[:, :4] == 0).all())}
 
 
-def refusals(tok):
+def handbacks(tok, warnings):
+    """Calls the ops cannot answer as TRL does go to TRL's own head: the same outputs, bit for
+    bit, and one warning per kind however many calls."""
     out = {}
     model = tiny_model(tok, 2)
     model.config.final_logit_softcapping = 30.0
-    try:
-        trl_utils.add_fused_lm_head(model)
-        out["softcap"] = ""
-    except ValueError as e:
-        out["softcap"] = str(e)
-    h, w, y = torch.randn(3, 8), torch.randn(11, 8), torch.tensor([1, 2, 3])
-    for key, args in (("is_top1", (None, 1.0, ("log_probs", "is_top1"))),
-                      ("scale", (None, 0.0, ("log_probs",))),
-                      ("head_softcap", (50.0, 1.0, ("log_probs",)))):
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    ids = torch.randint(3, len(tok), (2, 9), generator=torch.Generator().manual_seed(4))
+    outs = []
+    for fn in (trl_original_head, patched_head):
+        saved = trl_utils._ChunkedLogProbFunction
+        trl_utils._ChunkedLogProbFunction = fn
         try:
-            patched_head.apply(h, w, None, y, 1.0, 32, *args)
-            out[key] = ""
-        except ValueError as e:
-            out[key] = str(e)
+            outs.append(model(input_ids=ids, labels=ids, fused_lm_head=True))
+        finally:
+            trl_utils._ChunkedLogProbFunction = saved
+    out["softcap_model"] = err(outs[0].log_probs, outs[1].log_probs) + err(outs[0].entropy,
+                                                                           outs[1].entropy)
+    gen = torch.Generator().manual_seed(6)
+    h, w = torch.randn(5, 8, generator=gen), torch.randn(11, 8, generator=gen)
+    y = torch.tensor([1, 2, 3, 10, 0])
+    for key, args in (("is_top1", (None, 1.0, ("log_probs", "is_top1"))),
+                      ("log_sum_sq", (None, 1.0, ("log_probs", "log_sum_sq_probs"))),
+                      ("defaults", ()),
+                      ("scale0", (None, 0.0, ("log_probs",))),
+                      ("softcap", (50.0, 1.0, ("log_probs", "entropy")))):
+        before = len(warnings)
+        a = trl_original_head.apply(h, w, None, y, 0.8, 32, *args)
+        b = patched_head.apply(h, w, None, y, 0.8, 32, *args)
+        b2 = patched_head.apply(h, w, None, y, 0.8, 32, *args)
+        same = all((x is None and v is None) or (x is not None and v is not None
+                                                 and torch.equal(x, v) and torch.equal(v, v2))
+                   for x, v, v2 in zip(a, b, b2))
+        out[key] = {"same": same, "new_warnings": warnings[before:]}
+    return out
+
+
+def errors():
+    """Bad input: the patched functions raise what TRL's raise (the same exception type)."""
+    sls = (trl_utils_original["selective_log_softmax"], trl_utils.selective_log_softmax)
+    both = (trl_utils_original["selective_log_softmax_and_entropy"],
+            trl_utils.selective_log_softmax_and_entropy)
+    z, idx = torch.randn(2, 3, 7), torch.randint(0, 7, (2, 3))
+    cases = {
+        "id_out_of_range": (sls, (z, torch.full((2, 3), 7))),
+        "id_negative": (sls, (z, torch.full((2, 3), -1))),
+        "temperature_0": (sls, (z, idx, 0.0)),
+        "shape_mismatch": (sls, (z, idx[:1])),
+        "both_temperature_0": (both, (z, idx, True, 0.0)),
+        "both_out_of_range": (both, (z, torch.full((2, 3), 9))),
+        "int_logits": (sls, (z.long(), idx)),
+    }
+    out = {}
+    for name, (fns, args) in cases.items():
+        raised = []
+        for f in fns:
+            try:
+                f(*args)
+                raised.append(None)
+            except Exception as e:  # the type is what is compared
+                raised.append(type(e).__name__)
+        out[name] = raised
     return out
 
 
@@ -207,9 +262,14 @@ def grpo_run(tok, steps):
 
 
 def main() -> None:
-    global patched_head, trl_original_head
+    global patched_head, trl_original_head, trl_utils_original
     result = {}
     original = bindings()
+    trl_utils_original = {n: getattr(trl_utils, n) for n in NAMES[2:]}
+    warnings: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("reasonrl_fast.integrations.trl").addHandler(handler)
     tok = char_tokenizer()
     h1 = rf_trl.patch()
     result["same_handle"] = rf_trl.patch() is h1
@@ -230,7 +290,8 @@ def main() -> None:
     result["head_autocast"] = head_case(torch.float32, 1.0, gen, autocast=True)
     result["logits"] = logits_cases(h1, gen)
     result["model"] = model_case(tok)
-    result["refusals"] = refusals(tok)
+    result["handbacks"] = handbacks(tok, warnings)
+    result["errors"] = errors()
     result["grpo"] = grpo_run(tok, int(sys.argv[1]))
     h1.undo()
     h1.undo()  # a second undo does nothing
@@ -242,6 +303,7 @@ def main() -> None:
         result["entropy_false_keeps"] = trl_utils.entropy_from_logits is h1.replacements[
             "entropy_from_logits"][0]
     result["restored_after_with"] = bindings() == original and not h2.active
+    result["warnings"] = warnings
     print("@@result@@\n" + json.dumps(result))
 
 
