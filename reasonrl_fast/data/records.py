@@ -117,7 +117,7 @@ def _jsonl_rows(path: str):
                                     f"fields, got {type(r).__name__}")
                 yield lineno, r
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start}); "
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason}); "
                         f"records files are jsonl or .parquet") from None
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e.strerror})") from None

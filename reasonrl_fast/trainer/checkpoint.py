@@ -103,8 +103,8 @@ def finalize(tmp: str, state: dict, tokenizer, hf_config, keep: int) -> str:
 
 def checksums(root: str, rels: list[str] | None = None) -> dict[str, tuple[int, str]]:
     """(size, CRC-32 as 8 hex digits) of every file under `root`, or of `rels` (relative paths),
-    read in parallel threads (zlib.crc32 releases the GIL on large buffers; about 3 GB/s a
-    core). A CRC catches damage (a flipped or zeroed block, a file overwritten in place); the
+    read in parallel threads (zlib.crc32 releases the GIL on large buffers; 1.7 GiB/s on a busy
+    2-core machine, benchmarks/RESULTS.md §11). A CRC catches damage (a flipped or zeroed block, a file overwritten in place); the
     trust checks, not the checksum, keep out other users' files."""
     if rels is None:
         rels = [os.path.relpath(os.path.join(d, n), root) for d, _, files in os.walk(root) for n in files]
@@ -194,7 +194,10 @@ def defects(path: str, warn=print) -> list[str]:
             warn(f"note: {path} has no checksums (written by an older version of the trainer): "
                  f"its files are checked by size only")
         return []
-    got = checksums(path, sorted(files))
+    try:
+        got = checksums(path, sorted(files))
+    except OSError as e:  # removed or made unreadable since its size was checked
+        return [f"{os.path.relpath(e.filename or path, path)} (unreadable: {e.strerror})"]
     return [f"{rel} (damaged: CRC-32 {got[rel][1]}, written {want.get(rel)})"
             for rel in sorted(files) if got[rel][1] != want.get(rel)]
 

@@ -507,7 +507,7 @@ def _load_yaml(path: str) -> DictConfig:
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{where}: not a text file ({e.reason} at byte {e.start})") from None
+        raise ConfigError(f"{where}: not a UTF-8 text file ({e.reason})") from None
     except OSError as e:
         if e.errno is None:  # OmegaConf's "Invalid loaded object type: int" for a lone scalar
             raise ConfigError(f"{where}: {_NOT_SECTIONS}, got {str(e).rsplit(': ', 1)[-1]}") from None
