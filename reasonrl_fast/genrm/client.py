@@ -6,6 +6,8 @@ One background thread runs an asyncio loop with one reused HTTP session. `submit
 problem gives `step=None`, which the caller treats as "no penalty"). Requests go to the replica
 with the fewest outstanding requests; a replica that keeps failing rests for a while; each
 attempt has a time limit that really ends it, and retries are bounded with jittered backoff.
+A reply is read up to a size cap and parsed defensively: one broken replica costs its requests
+their verdicts, never the driver's memory or its thread.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from reasonrl_fast.genrm.prompt import TEMPLATES, parse_verdict, render
 from reasonrl_fast.rewards.pool import quantile
 
 log = logging.getLogger(__name__)
+
+MAX_REPLY_BYTES = 4 << 20
+"""Default cap on one reply's body: a verdict is a few kilobytes; a reply over this is a fault."""
 
 
 def normalize_address(address: str) -> str:
@@ -97,7 +102,7 @@ class GenRMClient:
                  template: str = "fapo", timeout_s: float = 30.0, max_retries: int = 3,
                  max_tokens: int = 1024, temperature: float = 0.0, max_concurrency: int = 64,
                  fail_threshold: int = 3, cooldown_s: float = 10.0, backoff_base_s: float = 0.2,
-                 backoff_max_s: float = 5.0):
+                 backoff_max_s: float = 5.0, max_reply_bytes: int = MAX_REPLY_BYTES):
         if isinstance(addresses, str):
             addresses = [addresses]
         if not addresses:
@@ -109,7 +114,8 @@ class GenRMClient:
                                 ("fail_threshold", fail_threshold, fail_threshold >= 1),
                                 ("cooldown_s", cooldown_s, cooldown_s >= 0),
                                 ("backoff_base_s", backoff_base_s, backoff_base_s >= 0),
-                                ("backoff_max_s", backoff_max_s, backoff_max_s >= 0)]:
+                                ("backoff_max_s", backoff_max_s, backoff_max_s >= 0),
+                                ("max_reply_bytes", max_reply_bytes, max_reply_bytes >= 1)]:
             if not ok:
                 raise ValueError(f"GenRMClient: {name}={value!r} is out of range")
         if template not in TEMPLATES:
@@ -122,6 +128,7 @@ class GenRMClient:
         self._fail_threshold, self._cooldown_s = fail_threshold, cooldown_s
         self._backoff_base_s, self._backoff_max_s = backoff_base_s, backoff_max_s
         self._max_concurrency = max_concurrency
+        self._max_reply_bytes = int(max_reply_bytes)
         self._rr = 0  # round-robin pointer among replicas tied on outstanding requests
         self._model_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -261,7 +268,6 @@ class GenRMClient:
         except asyncio.CancelledError:  # close(): the caller still gets a verdict, not an exception
             error = "closed"
         except Exception as e:  # fail-open: a client bug must not take the training step down
-            log.exception("GenRMClient: unexpected error")
             error = f"client error: {type(e).__name__}: {e}"
         finally:
             self._tasks.discard(task)
@@ -270,6 +276,12 @@ class GenRMClient:
             self._latencies.append(latency)
             self._failures += step is None
             self._unparseable += error == "unparseable"
+            first = step is None and error != "closed" and failure_kind(error) not in self._kinds
+            if step is None:
+                self._kinds[failure_kind(error)] = self._kinds.get(failure_kind(error), 0) + 1
+        if first:  # one line per kind between two metrics() calls, not one per request
+            log.warning("GenRM request failed: %s (the step's further failures of this kind are only "
+                        "counted in genrm/failures)", error[:300])
         return Verdict(step, error=error, attempts=attempts, latency_s=latency)
 
     async def _model_name(self) -> tuple[str, str]:
@@ -349,20 +361,44 @@ class GenRMClient:
                     raise _Final(f"refused: {resp.status}")
                 if resp.status >= 400:
                     raise _Final(f"http {resp.status}")
-                raw = await resp.read()
+                raw = await self._read_capped(resp)
         except asyncio.TimeoutError:
             raise _Retryable("timeout") from None
         except aiohttp.ClientError as e:
             raise _Retryable(f"connection: {type(e).__name__}") from None
         try:
             data = json.loads(raw)
+        except RecursionError:
+            raise _Retryable("non-json reply: nested too deeply") from None
         except ValueError:
             raise _Retryable("non-json reply") from None
         return extract(data)
 
+    async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The reply's body, or _Retryable once it passes max_reply_bytes (declared or read):
+        what one faulty replica sends must not fill the driver's memory."""
+        cap = self._max_reply_bytes
+        too_large = _Retryable(f"reply over {cap} bytes")
+        if resp.content_length is not None and resp.content_length > cap:
+            raise too_large
+        chunks, size = [], 0
+        while chunk := await resp.content.read(min(1 << 16, cap + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > cap:
+                raise too_large
+        return b"".join(chunks)
+
     def _reset_counters(self) -> None:
         self._requests = self._failures = self._unparseable = self._retries = 0
         self._latencies: list[float] = []
+        self._kinds: dict[str, int] = {}  # failures by kind since the last metrics() call
+
+
+def failure_kind(error: str) -> str:
+    """A Verdict error without its variable detail: 'client error: KeyError: 3' -> 'client error:
+    KeyError'; the client's other errors are their own kind ('timeout', 'http 503', ...)."""
+    return ":".join(error.split(":")[:2]) if error.startswith("client error:") else error
 
 
 def _content(data: Any) -> str:

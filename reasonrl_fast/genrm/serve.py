@@ -2,6 +2,7 @@
 
     python -m reasonrl_fast.genrm.serve --backend rule:addition|hf:PATH [--host 127.0.0.1]
         [--port 8000] [--max-batch 64] [--api-key KEY] [--served-model-name NAME] [--device auto]
+        [--max-in-flight 64] [--idle-timeout-s 15] [--body-timeout-s 15] [--completion-timeout-s 300]
 
 Backends:
 - `rule:addition`: the exact judge of the embedded addition task (no model): it reads the request
@@ -16,6 +17,13 @@ http://HOST:PORT/v1`, to stdout (a parent that started it with `--port 0` reads 
 and then sends its stdout to stderr. SIGTERM and SIGINT stop it. `launch()` (genrm/launch.py)
 starts one as a subprocess. `stop` strings cut the answer after generation; generation itself does
 not end at them.
+
+No client can hold the server (`Limits`): a connection that sends no complete request headers
+within the idle timeout is closed, a body that does not arrive within the body timeout is answered
+408, a declared body over the cap 413 before it is read, a request over the in-flight cap 503 with
+`Retry-After`, and a completion over its time limit 504. The rule judge runs in a worker thread
+and parses in linear time, so the event loop (and `/health`) keeps answering while it works.
+A host other than loopback needs an API key, or `--allow-open-without-key`.
 """
 
 from __future__ import annotations
@@ -23,12 +31,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import ipaddress
 import json
 import os
+import resource
 import signal
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,15 +51,43 @@ from reasonrl_fast.genrm.prompt import parse_request, parse_verdict
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a GenRM request is a problem and a solution: far below this
 _ROLES = ("system", "developer", "user", "assistant", "tool")
+# After an answer sent before the body was read (413, 503, 408), aiohttp reads and drops the rest
+# for this long so that the client sees the answer rather than a reset; then the socket closes.
+_LINGER_S = 2.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may hold of the server; every wait on a client has an end."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    """Largest request body; a larger declared Content-Length is refused before it is read."""
+    max_in_flight: int = 64
+    """Chat completions being read, judged or generated at once; more are answered 503 at once
+    (with Retry-After), which bounds the memory the bodies and their parsing take."""
+    idle_timeout_s: float = 15.0
+    """A connection without complete request headers this long after it opened (or after its
+    last answer) is closed: this also ends a client that sends its headers slowly."""
+    body_timeout_s: float = 15.0
+    """Reading one request body; a body not all there by then is answered 408."""
+    completion_timeout_s: float = 300.0
+    """One completion (judging or generating); over it the request is answered 504."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_in_flight", "idle_timeout_s", "body_timeout_s",
+                     "completion_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
 
 
 class RequestError(Exception):
     """A request the server refuses; answered in the OpenAI error format."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str = "invalid_value", kind: str = "invalid_request_error") -> None:
+                 code: str = "invalid_value", kind: str = "invalid_request_error", close: bool = False) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.code, self.kind = message, param, status, code, kind
+        self.close = close  # the body was not (all) read: the connection cannot carry another request
 
 
 @dataclass
@@ -93,7 +132,10 @@ def judge_addition(text: str) -> tuple[str, int, int]:
         raise RequestError("messages: the last user message is not a GenRM request (expected the 'fapo' or "
                            "'compact' rendering of genrm.prompt.render)", "messages")
     problem, _, steps = req
-    ab = parse_problem(problem)
+    try:
+        ab = parse_problem(problem)
+    except ValueError as e:
+        raise RequestError(f"messages: the problem cannot be judged: {e}", "messages") from None
     if ab is None:
         raise RequestError(f"messages: the problem is not an addition 'a+b=': {problem[:80]!r}", "messages")
     a, b = ab
@@ -117,24 +159,34 @@ def judge_addition(text: str) -> tuple[str, int, int]:
 
 
 class RuleBackend:
-    """`rule:addition`: exact verdicts, characters counted as tokens."""
+    """`rule:addition`: exact verdicts, characters counted as tokens. Judging runs in a worker
+    thread: a request of several megabytes must not stop the event loop while it is read."""
 
     default_name = "rule:addition"
 
     def __init__(self) -> None:
-        self.checked = 0
+        self.executor = ThreadPoolExecutor(2, thread_name_prefix="genrm-judge")
 
     async def complete(self, messages: list[dict[str, str]], sampling: Sampling) -> Completion:
-        answer, verdict, n = judge_addition(last_user_text(messages))
-        # With no steps there is no index to name: parse_verdict reads any box as None then.
-        assert n == 0 or parse_verdict(answer, n) == verdict, (answer, verdict)
+        text = last_user_text(messages)
         prompt_tokens = sum(len(m["content"]) for m in messages)
-        if sampling.max_tokens is not None and len(answer) > sampling.max_tokens:
-            return Completion(answer[: sampling.max_tokens], "length", prompt_tokens, sampling.max_tokens)
-        return Completion(answer, "stop", prompt_tokens, len(answer))
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, _rule_completion, text, sampling.max_tokens, prompt_tokens)
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _rule_completion(text: str, max_tokens: int | None, prompt_tokens: int) -> Completion:
+    answer, verdict, n = judge_addition(text)
+    # With no steps there is no index to name: parse_verdict reads any box as None then.
+    assert n == 0 or parse_verdict(answer, n) == verdict, (answer, verdict)
+    if max_tokens is not None and len(answer) > max_tokens:
+        return Completion(answer[:max_tokens], "length", prompt_tokens, max_tokens)
+    return Completion(answer, "stop", prompt_tokens, len(answer))
 
 
 # ---------------------------------------------------------------- request validation
@@ -225,13 +277,31 @@ def parse_chat(body: Any, served_name: str) -> tuple[list[dict[str, str]], Sampl
 # ---------------------------------------------------------------- the HTTP application
 
 
-def error_response(e: RequestError) -> web.Response:
+def error_response(e: RequestError, headers: dict[str, str] | None = None,
+                   close: bool = False) -> web.Response:
     body = {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}}
-    return web.json_response(body, status=e.status)
+    resp = web.json_response(body, status=e.status, headers=headers)
+    if close:
+        resp.force_close()
+    return resp
 
 
-def make_app(backend: Backend, served_name: str, api_key: str | None, backend_spec: str) -> web.Application:
-    state = {"completions": 0}
+def parse_json(raw: bytes) -> Any:
+    """The request body's JSON, or a 400 naming what is wrong with it (the json module's own
+    errors: bad syntax or encoding, nesting past the recursion limit, an integer of more than
+    4300 digits)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise RequestError("the request body is not valid JSON: it is nested too deeply", "body",
+                           code="json_too_deep") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, the integer digit limit
+        raise RequestError(f"the request body is not valid JSON: {e}", "body") from None
+
+
+def make_app(backend: Backend, served_name: str, api_key: str | None, backend_spec: str,
+             limits: Limits = Limits()) -> web.Application:
+    state = {"completions": 0, "in_flight": 0, "busy": 0}
     want = f"Bearer {api_key}".encode() if api_key else None
 
     @web.middleware
@@ -245,25 +315,58 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
         try:
             return await handler(request)
         except RequestError as e:
-            return error_response(e)
+            return error_response(e, close=e.close)
         except web.HTTPException as e:  # 404, 405, 413 from aiohttp itself, in the OpenAI form
             if not v1 or e.status < 400:
                 raise
-            message = (f"the request body is larger than {MAX_BODY_BYTES} bytes" if e.status == 413
+            message = (f"the request body is larger than {limits.max_body_bytes} bytes" if e.status == 413
                        else f"{e.reason}: {request.method} {request.path}")
-            return error_response(RequestError(message, None, e.status, str(e.status), type(e).__name__))
+            return error_response(RequestError(message, None, e.status, str(e.status), type(e).__name__),
+                                  close=True)
+        except Exception as e:  # noqa: BLE001 - a bug answers 500 in the API's format; the server goes on
+            print(f"[genrm] {request.method} {request.path} failed: {type(e).__name__}: {e}", file=sys.stderr,
+                  flush=True)
+            return error_response(RequestError(f"internal error: {type(e).__name__}", None, 500, "internal_error",
+                                               "InternalServerError"), close=True)
+
+    async def read_body(request: web.Request) -> bytes:
+        declared = request.content_length
+        if declared is not None and declared > limits.max_body_bytes:  # refused before a byte is read
+            raise RequestError(f"the request body is larger than {limits.max_body_bytes} bytes "
+                               f"(Content-Length: {declared})", None, 413, "413", "HTTPRequestEntityTooLarge",
+                               close=True)
+        try:
+            async with asyncio.timeout(limits.body_timeout_s):
+                return await request.read()  # over client_max_size: HTTPRequestEntityTooLarge (413)
+        except TimeoutError:
+            raise RequestError(f"the request body did not arrive within {limits.body_timeout_s:g} s", None, 408,
+                               "request_timeout", "RequestTimeoutError", close=True) from None
+        except ConnectionError:  # the client went away mid-body: an answer nobody reads, and no log
+            raise RequestError("the connection closed before the body arrived", None, 400, "connection_lost",
+                               "BadRequestError", close=True) from None
 
     async def chat(request: web.Request) -> web.Response:
-        raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge (413)
+        if state["in_flight"] >= limits.max_in_flight:
+            state["busy"] += 1
+            return error_response(RequestError(f"the server is busy ({limits.max_in_flight} requests in flight): "
+                                               "retry later", None, 503, "server_busy", "ServiceUnavailableError"),
+                                  headers={"Retry-After": "1"})
+        state["in_flight"] += 1
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RequestError(f"the request body is not valid JSON: {e}", "body") from None
-        messages, sampling, stops = parse_chat(body, served_name)
+            return await complete(request)
+        finally:
+            state["in_flight"] -= 1
+
+    async def complete(request: web.Request) -> web.Response:
+        messages, sampling, stops = parse_chat(parse_json(await read_body(request)), served_name)
         try:
-            c = await backend.complete(messages, sampling)
+            async with asyncio.timeout(limits.completion_timeout_s):
+                c = await backend.complete(messages, sampling)
         except RequestError:
             raise
+        except TimeoutError:
+            raise RequestError(f"the completion took longer than {limits.completion_timeout_s:g} s", None, 504,
+                               "timeout", "GatewayTimeoutError") from None
         except Exception as e:  # noqa: BLE001 - one failed generation answers 500, the server goes on
             print(f"[genrm] generation failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             raise RequestError(f"generation failed: {type(e).__name__}: {e}", None, 500,
@@ -288,10 +391,11 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "backend": backend_spec, "model": served_name,
-                                  "completions": state["completions"], **backend.stats()})
+                                  "completions": state["completions"], "in_flight": state["in_flight"],
+                                  "busy_refused": state["busy"], **backend.stats()})
 
     created = int(time.time())
-    app = web.Application(middlewares=[guard], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[guard], client_max_size=limits.max_body_bytes)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
@@ -314,14 +418,41 @@ def make_backend(spec: str, device: str, max_batch: int) -> Backend:
     raise ValueError(f"--backend {spec!r}: expected 'rule:addition' or 'hf:PATH'")
 
 
+def raise_fd_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (many systems start at
+    1024, which a thousand idle sockets use up); returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name other than localhost, or "" (every interface)
+        return False
+
+
 async def serve(backend: Backend, spec: str, host: str, port: int, served_name: str,
-                api_key: str | None) -> None:
+                api_key: str | None, limits: Limits = Limits()) -> None:
     """Serve until SIGTERM or SIGINT."""
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    runner = web.AppRunner(make_app(backend, served_name, api_key, spec), access_log=None)
+    # aiohttp's keep-alive timer also runs from the moment a connection opens and closes it while
+    # no complete request has arrived: it is the header timeout too.
+    runner = web.AppRunner(make_app(backend, served_name, api_key, spec, limits), access_log=None,
+                           keepalive_timeout=limits.idle_timeout_s, lingering_time=_LINGER_S)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, backlog=1024)
@@ -343,26 +474,52 @@ async def serve(backend: Backend, spec: str, host: str, port: int, served_name: 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m reasonrl_fast.genrm.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = Limits()
     p.add_argument("--backend", required=True, help="rule:addition or hf:PATH (a local model directory)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=8000, help="0 takes a free port")
     p.add_argument("--max-batch", type=int, default=64, help="hf: most requests in one generate call")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
                    help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})")
+    p.add_argument("--allow-open-without-key", action="store_true",
+                   help="serve a host other than loopback without an API key (a network you trust)")
     p.add_argument("--served-model-name", default=None, help="the model name clients send")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="hf: where the model runs")
+    p.add_argument("--max-in-flight", type=int, default=None,
+                   help=f"completions at once, more get 503 (default: the larger of {d.max_in_flight} and --max-batch)")
+    p.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
+                   help="close a connection without complete request headers this long")
+    p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
+                   help="answer 408 to a request body not all there this long after its headers")
+    p.add_argument("--completion-timeout-s", type=float, default=d.completion_timeout_s,
+                   help="answer 504 to a completion that takes longer")
     a = p.parse_args(argv)
     if not 0 <= a.port <= 65535:
         p.error(f"--port {a.port}: expected 0..65535")
     if a.max_batch < 1:
         p.error(f"--max-batch {a.max_batch}: expected >= 1")
+    for flag in ("max_in_flight", "idle_timeout_s", "body_timeout_s", "completion_timeout_s"):
+        v = getattr(a, flag)
+        if v is not None and not v > 0:
+            p.error(f"--{flag.replace('_', '-')} {v}: expected > 0")
+    limits = Limits(max_in_flight=a.max_in_flight or max(d.max_in_flight, a.max_batch),
+                    idle_timeout_s=a.idle_timeout_s, body_timeout_s=a.body_timeout_s,
+                    completion_timeout_s=a.completion_timeout_s)
+    if not is_loopback(a.host) and not a.api_key:
+        if not a.allow_open_without_key:
+            p.exit(2, f"genrm.serve: error: --host {a.host} is reachable from other machines and no API key is "
+                      f"set: give --api-key (or ${API_KEY_ENV}), or --allow-open-without-key on a network "
+                      f"you trust\n")
+        print(f"genrm.serve: warning: serving {a.host} without an API key (--allow-open-without-key): anyone "
+              f"who reaches this port can use it", file=sys.stderr, flush=True)
+    raise_fd_limit()
     try:
         backend = make_backend(a.backend, a.device, a.max_batch)
     except (ValueError, FileNotFoundError, ImportError) as e:
         p.exit(2, f"genrm.serve: error: {e}\n")
     name = a.served_model_name or backend.default_name
     try:
-        asyncio.run(serve(backend, a.backend, a.host, a.port, name, a.api_key))
+        asyncio.run(serve(backend, a.backend, a.host, a.port, name, a.api_key, limits))
     except OSError as e:  # the port is taken, the host cannot be bound
         p.exit(1, f"genrm.serve: error: cannot listen on {a.host}:{a.port}: {e}\n")
 
