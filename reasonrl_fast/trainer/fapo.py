@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 from reasonrl_fast.data.addition import flawed_step
 from reasonrl_fast.data.genrm import request_fields
-from reasonrl_fast.genrm.client import GenRMClient, Verdict
+from reasonrl_fast.genrm.client import GenRMClient, Verdict, failure_kind
+from reasonrl_fast.trainer.config import ConfigError
 
 
 def template_for(cfg) -> str:
@@ -31,6 +33,9 @@ class Judge:
     def __init__(self, cfg, log=print):
         g = cfg.fapo.genrm
         self.server = None
+        if not 0 <= g.warn_failure_rate <= 1 or g.max_reply_bytes < 1:  # before a server starts
+            raise ConfigError(f"fapo.genrm.warn_failure_rate={g.warn_failure_rate!r} must be in [0, 1] and "
+                              f"fapo.genrm.max_reply_bytes={g.max_reply_bytes!r} >= 1")
         addresses = list(g.addresses)
         if not addresses:
             from reasonrl_fast.genrm.launch import launch
@@ -44,10 +49,11 @@ class Judge:
             self.client = GenRMClient(addresses, model=g.model, api_key=g.api_key, template=template_for(cfg),
                                       timeout_s=g.timeout_s, max_retries=g.max_retries, max_tokens=g.max_tokens,
                                       temperature=g.temperature, max_concurrency=g.max_concurrency,
-                                      cooldown_s=g.cooldown_s)
+                                      cooldown_s=g.cooldown_s, max_reply_bytes=g.max_reply_bytes)
         except BaseException:
             self.close()
             raise
+        self._log, self._warn_rate = log, g.warn_failure_rate
         self._pending: dict[int, object] = {}
         self._truth: dict[int, int] = {}  # the step checker's index, where the task has one
         self._first_submit = 0.0
@@ -74,7 +80,7 @@ class Judge:
             try:
                 verdicts[i] = f.result(timeout=max(0.0, deadline - time.perf_counter()))
             except Exception as e:  # noqa: BLE001 - fail open: no verdict, no penalty
-                verdicts[i] = Verdict(step=None, flawed=False, error=f"no verdict: {e!r}", attempts=0,
+                verdicts[i] = Verdict(step=None, error=f"no verdict: {e!r}", attempts=0,
                                       latency_s=time.perf_counter() - self._first_submit)
         now = time.perf_counter()
         sent = len(verdicts)
@@ -86,7 +92,20 @@ class Judge:
                    "time/genrm_wait_s": now - t,
                    **self._agreement(verdicts)}
         self._pending, self._truth = {}, {}
+        self._warn_failures(verdicts)
         return verdicts, metrics
+
+    def _warn_failures(self, verdicts: dict[int, Verdict]) -> None:
+        """One console line when too many of the step's verdicts failed: those responses got no
+        penalty, so FAPO ran as plain GRPO on them, a run its user would want to stop."""
+        failed = [v.error for v in verdicts.values() if v.step is None]
+        if not verdicts or len(failed) / len(verdicts) <= self._warn_rate:
+            return
+        kinds = Counter(failure_kind(e) for e in failed).most_common(3)
+        self._log(f"[fapo] warning: {len(failed)} of {len(verdicts)} GenRM verdicts failed this step "
+                  f"({', '.join(f'{k}: {n}' for k, n in kinds)}); those responses get no FAPO penalty "
+                  f"(plain GRPO). Check the GenRM server (warns above fapo.genrm.warn_failure_rate="
+                  f"{self._warn_rate:g})")
 
     def _agreement(self, verdicts: dict[int, Verdict]) -> dict:
         """How the GenRM's usable verdicts compare with the step checker (embedded task only):
