@@ -170,7 +170,7 @@ def test_hostile_programs_score_zero_plain_mode_unprivileged():
 
 _WRITE_EVERYWHERE = """
 import os, sys
-marker = sys.argv[1] if len(sys.argv) > 1 else "MARKER"
+marker = "MARKER"
 wrote, files, mb = [], 0, 0
 todo = ["/"]
 while todo:
