@@ -79,7 +79,7 @@ class HFBackend:
         return self.tok(last_user_text(messages))["input_ids"]
 
     async def complete(self, messages: list[dict[str, str]], sampling: Sampling) -> Completion:
-        ids = self.encode(messages)
+        ids = await asyncio.to_thread(self.encode, messages)  # megabytes of text: not on the event loop
         if not ids:
             raise RequestError("messages: the prompt is empty once tokenized", "messages")
         room = self.max_pos - len(ids) if self.max_pos else None

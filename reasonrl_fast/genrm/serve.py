@@ -322,7 +322,7 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
             message = (f"the request body is larger than {limits.max_body_bytes} bytes" if e.status == 413
                        else f"{e.reason}: {request.method} {request.path}")
             return error_response(RequestError(message, None, e.status, str(e.status), type(e).__name__),
-                                  close=True)
+                                  close=e.status == 413)
         except Exception as e:  # noqa: BLE001 - a bug answers 500 in the API's format; the server goes on
             print(f"[genrm] {request.method} {request.path} failed: {type(e).__name__}: {e}", file=sys.stderr,
                   flush=True)
