@@ -1,6 +1,8 @@
 """Runs inside the TRL venv: the same tiny GRPO run (tests/helpers/trl_child.py's Qwen2, same
 seed, same data) twice, once with TRL's own code and once with reasonrl_fast.integrations.trl
-patched in, and prints both runs' logged metrics.
+patched in, and prints both runs' logged metrics; in fp32, the same for short SFT and KTO runs,
+whose fused heads ask for more: `is_top1` (SFT's token accuracy; the ops do not compute it, TRL's
+head does) and `mean_logits` (KTO's logits/* metrics; computed beside the ops).
 
     python trl_grpo_parity.py fp32|bf16 STEPS
 
@@ -24,7 +26,7 @@ import tempfile
 
 import torch
 from datasets import Dataset
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer, KTOConfig, KTOTrainer, SFTConfig, SFTTrainer
 
 from reasonrl_fast.integrations import trl as rf_trl
 from reasonrl_fast.models.tiny import char_tokenizer
@@ -44,6 +46,30 @@ def grpo(model_dir: str, out_dir: str, tok, steps: int, bf16: bool) -> list[dict
                       dataloader_num_workers=0)
     trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_digits, args=args,
                           train_dataset=data, processing_class=tok)
+    trainer.train()
+    return [r for r in trainer.state.log_history if "loss" in r]
+
+
+def sft(model_dir: str, out_dir: str, tok, steps: int, bf16: bool) -> list[dict]:
+    data = Dataset.from_dict({"text": [f"{a}+{b}={a + b}" for a in range(6) for b in range(4)]})
+    args = SFTConfig(output_dir=out_dir, per_device_train_batch_size=4, max_steps=steps,
+                     learning_rate=0.05, optim="sgd", max_length=16, report_to=[], bf16=bf16,
+                     use_cpu=True, logging_steps=1, save_strategy="no", seed=0,
+                     dataloader_num_workers=0)
+    trainer = SFTTrainer(model=model_dir, args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+    return [r for r in trainer.state.log_history if "loss" in r]
+
+
+def kto(model_dir: str, out_dir: str, tok, steps: int, bf16: bool) -> list[dict]:
+    pairs = [(f"{a}+{b}=", str(a + b), str(a * b + 1)) for a in range(4) for b in range(3)]
+    data = Dataset.from_dict({"prompt": [p for p, _, _ in pairs] * 2,
+                              "completion": [g for _, g, _ in pairs] + [w for _, _, w in pairs],
+                              "label": [True] * len(pairs) + [False] * len(pairs)})
+    args = KTOConfig(output_dir=out_dir, per_device_train_batch_size=4, max_steps=steps,
+                     learning_rate=0.05, optim="sgd", report_to=[], bf16=bf16, use_cpu=True,
+                     logging_steps=1, save_strategy="no", seed=0, dataloader_num_workers=0)
+    trainer = KTOTrainer(model=model_dir, args=args, train_dataset=data, processing_class=tok)
     trainer.train()
     return [r for r in trainer.state.log_history if "loss" in r]
 
@@ -90,6 +116,13 @@ def main() -> None:
         with rf_trl.patch(), counter:
             result["patched"] = grpo(f"{tmp}/model", f"{tmp}/patched", tok, steps, bf16)
         result["calls"] = dict(counter.calls)
+        result["grpo_warnings"] = list(warnings)
+        for name, run in () if bf16 else (("sft", sft), ("kto", kto)):
+            result[f"{name}_trl"] = run(f"{tmp}/model", f"{tmp}/{name}_trl", tok, 2, bf16)
+            counter = OpCounter()
+            with rf_trl.patch(), counter:
+                result[f"{name}_patched"] = run(f"{tmp}/model", f"{tmp}/{name}_p", tok, 2, bf16)
+            result[f"{name}_calls"] = dict(counter.calls)
         if bf16:
             result["plain_error"] = plain_error(f"{tmp}/model")
     result["warnings"] = warnings

@@ -273,11 +273,12 @@ def parity(trl_python) -> dict:
     return {m: answer(f"trl_grpo_parity {m}", *res[m]) for m in modes}
 
 
-def _compare(r: dict, tolerance) -> dict:
+def _compare(r: dict, tolerance, run: str = "", steps: int = STEPS) -> dict:
     """{step/metric: (TRL's, patched)} for every metric outside its tolerance."""
     bad = {}
-    assert len(r["trl"]) == len(r["patched"]) == STEPS, r
-    for step, (a, b) in enumerate(zip(r["trl"], r["patched"]), 1):
+    trl, patched = r[f"{run}trl"], r[f"{run}patched"]
+    assert len(trl) == len(patched) == steps, r
+    for step, (a, b) in enumerate(zip(trl, patched), 1):
         assert set(a) == set(b), ("the patched trainer logs other metrics", sorted(a), sorted(b))
         for key, x in a.items():
             if key in TIMING or not isinstance(x, (int, float)):
@@ -290,8 +291,21 @@ def _compare(r: dict, tolerance) -> dict:
 def test_patched_grpo_logs_what_trl_logs_fp32(parity):
     r = parity["fp32"]
     assert r["calls"].get("linear_token_logprob", 0) >= 2 * STEPS, r["calls"]
-    assert r["warnings"] == [], r["warnings"]
+    assert r["grpo_warnings"] == [], r["grpo_warnings"]
     assert not _compare(r, lambda key, x: FP32 * (1 + abs(x))), r
+
+
+def test_patched_sft_and_kto_log_what_trl_logs(parity):
+    """SFT asks the fused head for is_top1 (its mean_token_accuracy): TRL's own head answers,
+    with one warning, and the run is TRL's. KTO asks for mean_logits (its logits/* metrics):
+    the ops answer, mean_logits beside them."""
+    r = parity["fp32"]
+    for run in ("sft_", "kto_"):
+        assert not _compare(r, lambda key, x: FP32 * (1 + abs(x)), run, steps=2), (run, r)
+    assert "mean_token_accuracy" in r["sft_trl"][0] and "logits/chosen" in r["kto_trl"][0], r
+    assert r["sft_calls"] == {}, r["sft_calls"]
+    assert r["kto_calls"].get("linear_token_logprob_backward", 0) >= 2, r["kto_calls"]
+    assert [w for w in r["warnings"] if "is_top1" in w] == r["warnings"][-1:], r["warnings"]
 
 
 def test_patched_grpo_logs_what_trl_logs_bf16(parity):
