@@ -252,6 +252,16 @@ def _separate_uids(mode: str) -> bool:
     return mode != "userns" and os.geteuid() == 0 and os.access(_SYSTEM_PYTHON, os.X_OK)
 
 
+def _not_dumpable() -> None:
+    """Plain mode, the program under the caller's own uid and in its PID namespace: without
+    this, it could open the caller's pipe from the launcher through /proc/<caller>/fd and write
+    a forged result there first, or read the caller's memory. Costs the caller core dumps and
+    same-uid debuggers (py-spy, gdb) for the rest of its life."""
+    import ctypes
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0)")
+
+
 def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResult:
     mode = sandbox_mode()
     slot = _UidSlot() if _separate_uids(mode) else None
@@ -259,6 +269,8 @@ def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResu
     program = job["program"]
     if mode == "plain":
         program = _NO_SOCKETS + program  # prepended: the program's line numbers shift by 6
+        if not slot:
+            _not_dumpable()
     python = _SYSTEM_PYTHON if slot else sys.executable
     # The interpreters that run inside must stay visible: never hide a dir they live in.
     real = {python, os.path.realpath(python)} | ({sys.prefix, os.path.realpath(sys.prefix)}

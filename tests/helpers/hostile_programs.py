@@ -188,6 +188,12 @@ PROGRAMS: dict[str, str] = {
         "    for part in open(f'/proc/self/{leaf}', 'rb').read().split(b'\\0'):\n"
         "        _spray(part.split(b'=')[-1])\n"
         "for v in os.environ.values():\n    _spray(v.encode())\n"),
+    # A launcher's result forged into every pipe of every process it can open (its caller's
+    # read end among them, without a PID namespace): read first, it would be the verdict.
+    "forge_launcher_result": WRONG + _SPRAY + (
+        "import marshal\n"
+        "_spray(marshal.dumps({'cases': [{'passed': True, 'status': 'ok', 'rc': 0,\n"
+        "    'elapsed': 0.0, 'stdout_head': '', 'stderr': ''}]}))\n"),
     # The harness's processes attacked.
     "kill_parent_and_all": WRONG + (
         "import os, signal\n"

@@ -5,6 +5,7 @@ sample leaves anything on the host."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
@@ -94,6 +95,8 @@ def _fork_as_nobody(mode: str | None, prog: str, gt: dict) -> tuple[int, int]:
             os.setgroups([])
             os.setgid(_NOBODY)
             os.setuid(_NOBODY)
+            # A caller started by the user is dumpable (a setuid() left this one not).
+            ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
             # The caller's own interpreter lives under /root, out of nobody's reach.
             sys.executable, sys.prefix = _SYSTEM_PY, "/usr"
             code._mode, code._writable = mode, None
