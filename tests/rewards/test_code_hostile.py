@@ -45,10 +45,10 @@ def _humaneval_jobs() -> list[tuple[str, str, dict, float]]:
     return jobs
 
 
-def _all_jobs(with_humaneval: bool = True) -> list[tuple[str, str, dict, float]]:
+def _all_jobs() -> list[tuple[str, str, dict, float]]:
     jobs = [("right", hp.RIGHT, hp.TASK, 1.0), ("wrong", hp.WRONG, hp.TASK, 0.0)]
     jobs += [(name, prog, hp.TASK, 0.0) for name, prog in hp.PROGRAMS.items()]
-    return jobs + (_humaneval_jobs() if with_humaneval else [])
+    return jobs + _humaneval_jobs()
 
 
 def _check(scores: dict, jobs) -> None:
@@ -78,7 +78,7 @@ def test_hostile_programs_score_zero_plain_mode_as_root(monkeypatch):
     # Safety first: without namespaces a program running as root could reach every process
     # of this machine; here it must run as a sandbox uid.
     assert code._separate_uids("plain")
-    jobs = _all_jobs(with_humaneval=False)
+    jobs = _all_jobs()
     _check(_score_here(jobs), jobs)
 
 
@@ -165,7 +165,7 @@ def test_hostile_programs_score_zero_userns_mode_unprivileged():
 @_needs_nobody
 def test_hostile_programs_score_zero_plain_mode_unprivileged():
     # One at a time: without a PID namespace a program can kill any caller of its uid.
-    jobs = _all_jobs(with_humaneval=False)
+    jobs = _all_jobs()
     _check(_score_as_nobody("plain", jobs), jobs)
 
 
