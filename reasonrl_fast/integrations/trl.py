@@ -40,8 +40,9 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -72,19 +73,18 @@ def _warn_once(key: str, message: str) -> None:
                     "calls (this warning is shown once)", message)
 
 
-def _trl_after_refusal(trl_fn: Callable, args: tuple, kwargs: dict, err: Exception) -> Any:
+def _trl_after_refusal(name: str, trl_fn: Callable, args: tuple, err: Exception) -> Any:
     """TRL's result for an input the ops refused: TRL raises its own error for input it refuses
     too (called outside the `except` block, so that error is not chained to ours)."""
-    out = trl_fn(*args, **kwargs)
-    _warn_once(f"refused:{trl_fn.__name__}",
-               f"{trl_fn.__name__}: the ops refused an input TRL accepts ({err})")
+    out = trl_fn(*args)
+    _warn_once(f"refused:{name}", f"{name}: the ops refused an input TRL accepts ({err})")
     return out
 
 
 # ----------------------------------------------------------------------- the fused LM head
 
-def _head_handback(temperature: float, softcap: Optional[float], logit_scale: float,
-                   outputs: tuple) -> Optional[tuple[str, str]]:
+def _head_handback(temperature: float, softcap: float | None, logit_scale: float,
+                   outputs: tuple) -> tuple[str, str] | None:
     """(kind, why) when TRL's own head must compute this call, else None."""
     if softcap is not None:
         return "softcap", f"final_logit_softcapping={softcap}: the ops have no soft-capping"
@@ -99,7 +99,7 @@ def _head_handback(temperature: float, softcap: Optional[float], logit_scale: fl
     return None
 
 
-def _mean_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+def _mean_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  scale: float) -> torch.Tensor:
     """mean_v(h·W_v + b_v) * scale = (h·mean(W) + mean(b)) * scale, in float32 (TRL sums its
     float32 copies of the tiles' logits), for the inputs already cast to the compute dtype."""
@@ -121,9 +121,9 @@ def _make_head(original: type, entropy: bool) -> type:
         trl_original = original
 
         @staticmethod
-        def apply(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+        def apply(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   targets: torch.Tensor, temperature: float, chunk_size: int,
-                  final_logit_softcapping: Optional[float] = None, logit_scale: float = 1.0,
+                  final_logit_softcapping: float | None = None, logit_scale: float = 1.0,
                   outputs: tuple[str, ...] = _OPTIONAL):
             args = (hidden, weight, bias, targets, temperature, chunk_size,
                     final_logit_softcapping, logit_scale, outputs)
@@ -154,7 +154,7 @@ def _make_head(original: type, entropy: bool) -> type:
                 lp, ent = res if want_entropy else (res, None)
                 # TRL keeps its statistics in float32 whatever the compute dtype
                 return lp.float(), (None if ent is None else ent.float()), None, mean, None
-            return _trl_after_refusal(original.apply, args, {}, err)
+            return _trl_after_refusal("ChunkedLogProbFunction", original.apply, args, err)
 
     return ChunkedLogProbFunction
 
@@ -167,7 +167,7 @@ def _make_logits_fns(trl_sls: Callable, trl_entropy: Callable, trl_both: Callabl
     selective_log_softmax_and_entropy. `trl_kernel(logits, index=None, row_mask=None)` is
     whether TRL itself would run its Triton kernel on the call (float32 outputs)."""
 
-    def out_dtype(logits: torch.Tensor, index=None, row_mask=None) -> Optional[torch.dtype]:
+    def out_dtype(logits: torch.Tensor, index=None, row_mask=None) -> torch.dtype | None:
         """The dtype TRL returns, when the ops reproduce TRL's numbers; None: TRL computes."""
         if trl_kernel(logits, index, row_mask):
             return torch.float32
@@ -178,12 +178,12 @@ def _make_logits_fns(trl_sls: Callable, trl_entropy: Callable, trl_both: Callabl
                                "returns torch's own log_softmax in that precision, bit for bit")
         return None
 
-    def targets(index: torch.Tensor, row_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def targets(index: torch.Tensor, row_mask: torch.Tensor | None) -> torch.Tensor:
         return index if row_mask is None else index.masked_fill(row_mask == 0, _SKIP)
 
     def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor,
                               temperature: float = 1.0,
-                              row_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                              row_mask: torch.Tensor | None = None) -> torch.Tensor:
         """TRL's selective_log_softmax (index [...] or [..., K]) with token_logprob."""
         args = (logits, index, temperature, row_mask)
         k_ids = index.ndim == logits.ndim and index.shape[:-1] == logits.shape[:-1]
@@ -200,7 +200,7 @@ def _make_logits_fns(trl_sls: Callable, trl_entropy: Callable, trl_both: Callabl
             return token_logprob(z, targets(index, row_mask), temperature, _SKIP).to(dtype)
         except _REFUSED as e:
             err = e
-        return _trl_after_refusal(trl_sls, args, {}, err)
+        return _trl_after_refusal("selective_log_softmax", trl_sls, args, err)
 
     def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Tensor:
         """TRL's entropy_from_logits with token_logprob (one pass, no chunking needed)."""
@@ -212,11 +212,11 @@ def _make_logits_fns(trl_sls: Callable, trl_entropy: Callable, trl_both: Callabl
             return token_logprob(logits, ids, return_entropy=True)[1].to(dtype)
         except _REFUSED as e:
             err = e
-        return _trl_after_refusal(trl_entropy, (logits, chunk_size), {}, err)
+        return _trl_after_refusal("entropy_from_logits", trl_entropy, (logits, chunk_size), err)
 
     def selective_log_softmax_and_entropy(
         logits: torch.Tensor, index: torch.Tensor, entropy_requires_grad: bool = True,
-        temperature: float = 1.0, row_mask: Optional[torch.Tensor] = None,
+        temperature: float = 1.0, row_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """TRL's selective_log_softmax_and_entropy: both from one token_logprob pass."""
         args = (logits, index, entropy_requires_grad, temperature, row_mask)
@@ -234,7 +234,7 @@ def _make_logits_fns(trl_sls: Callable, trl_entropy: Callable, trl_both: Callabl
         else:
             lp, ent = lp.to(dtype), ent.to(dtype)
             return lp, ent if entropy_requires_grad else ent.detach()
-        return _trl_after_refusal(trl_both, args, {}, err)
+        return _trl_after_refusal("selective_log_softmax_and_entropy", trl_both, args, err)
 
     return {"selective_log_softmax": selective_log_softmax,
             "entropy_from_logits": entropy_from_logits,
@@ -281,14 +281,14 @@ class Handle:
         if _ACTIVE is self:
             _ACTIVE = None
 
-    def __enter__(self) -> "Handle":
+    def __enter__(self) -> Handle:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.undo()
 
 
-_ACTIVE: Optional[Handle] = None
+_ACTIVE: Handle | None = None
 
 
 def patch(*, entropy: bool = True) -> Handle:

@@ -43,6 +43,18 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class WarningLog(logging.Handler):
+    """The messages logged by reasonrl_fast.integrations.trl from now on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+        logging.getLogger("reasonrl_fast.integrations.trl").addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def bindings() -> dict[str, int]:
     """id of every attribute, in every loaded trl module, that holds one of NAMES' objects."""
     out = {}
@@ -266,10 +278,7 @@ def main() -> None:
     result = {}
     original = bindings()
     trl_utils_original = {n: getattr(trl_utils, n) for n in NAMES[2:]}
-    warnings: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("reasonrl_fast.integrations.trl").addHandler(handler)
+    warnings = WarningLog().messages
     tok = char_tokenizer()
     h1 = rf_trl.patch()
     result["same_handle"] = rf_trl.patch() is h1

@@ -20,7 +20,6 @@ Prints one JSON object after the line "@@result@@" (this script asserts nothing)
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import tempfile
 
@@ -30,7 +29,7 @@ from trl import GRPOConfig, GRPOTrainer, KTOConfig, KTOTrainer, SFTConfig, SFTTr
 
 from reasonrl_fast.integrations import trl as rf_trl
 from reasonrl_fast.models.tiny import char_tokenizer
-from tests.helpers.trl_child import OpCounter, tiny_model
+from tests.helpers.trl_child import OpCounter, WarningLog, tiny_model
 
 
 def reward_digits(completions, **kwargs):
@@ -103,10 +102,7 @@ def main() -> None:
     mode, steps = sys.argv[1], int(sys.argv[2])
     bf16 = mode == "bf16"
     tok = char_tokenizer()
-    warnings: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("reasonrl_fast.integrations.trl").addHandler(handler)
+    warnings = WarningLog().messages
     result: dict = {"mode": mode}
     with tempfile.TemporaryDirectory() as tmp:
         tiny_model(tok, 0).save_pretrained(f"{tmp}/model")
