@@ -1,11 +1,13 @@
 """The launcher that runs inside the sandbox (see code.py for the layers and who sets them up).
 
 Started as a script (`python3 -I -S _sandbox.py`), standard library only. It reads one job
-(a marshal-encoded dict: json would cost 13 ms of imports here) on stdin, runs each case of the
-program with its limits, and writes one marshal-encoded result on stdout. In the namespaced modes it is pid 1 of a fresh PID namespace: it mounts the private
-tmpfs dirs, writes the program into its own tmpfs, and after each case kills every other
-process of the namespace (kill(-1)), so a program that setsid()s or daemonises cannot outlive
-its case. In the plain mode it is a child subreaper and kills what it adopts.
+(a marshal-encoded dict from its caller: json would cost 13 ms of imports here) on stdin, runs
+each case of the program with its limits, and writes one marshal-encoded result on stdout. In
+the namespaced modes it is pid 1 of a fresh PID namespace: it makes every mount read-only,
+mounts the private tmpfs dirs, writes the program into its own tmpfs, and after each case kills
+every other process of the namespace (kill(-1)), so a program that setsid()s or daemonises
+cannot outlive its case. In the plain mode it is a child subreaper and kills what it adopts.
+HumanEval-style tests: _run_checked, with the worker and checker scripts below.
 """
 
 import ctypes

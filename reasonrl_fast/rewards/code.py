@@ -1,48 +1,69 @@
-"""Code rewards (docs/math.md §Code rewards): run a model-written Python program against tests
-in a sandbox.
+"""Code rewards (docs/rewards.md §Code): run a model-written Python program against tests in a
+sandbox.
 
 `code_score(response, ground_truth)` takes the program from the response (`extract_program`),
 runs it with `run_tests` and returns {"score", "acc"}. Ground truth is either stdin/stdout cases
 `{"inputs": [...], "outputs": [...]}` (score = fraction passed) or HumanEval style
-`{"test": src, "entry_point": "f"}` (the program, then the test source, then `check(f)`, in one
-interpreter; score 1/0). A case's stdout matches when it equals the expected output line by
-line after trailing whitespace is stripped from each line and trailing blank lines are dropped
-(leading and inner whitespace count); it must also exit with status 0.
+`{"test": src, "entry_point": "f"}` (the test source, then `check(f)`; score 1/0). A case's
+stdout matches when it equals the expected output line by line after trailing whitespace is
+stripped from each line and trailing blank lines are dropped (leading and inner whitespace
+count); it must also exit with status 0.
+
+HumanEval-style tests never run in the program's interpreter (a program can rewrite its own
+builtins, exec, exit paths and frames, and return objects equal to anything). Two processes:
+the worker runs the program and answers calls `f(*args)` with the result as plain data (tagged
+JSON: numbers, strings, lists, tuples, sets, dicts, bytes; any other object is an error); the
+checker runs the test source, where every name the tests take from the program is a stand-in
+that sends the call to the worker, and alone writes the verdict, on a pipe only it holds. The
+test source reaches the checker as an already-unlinked file; the program never sees it. The
+checker runs as a uid of its own (whenever the caller is root), or, sharing the program's uid,
+makes itself non-dumpable before the program starts (no /proc/<checker>/fd, mem or environ).
+The tests reach the program only by calling it: a non-callable global the tests read from the
+program is not supported, and a helper they borrow from it (HumanEval/32's `poly`) is the
+program's, as it is in HumanEval itself.
 
 The sandbox, layer by layer (`sandbox_mode()` says which mode this machine gets; detected once):
-1. A fresh working directory holding only the program (and the tests). Namespaced modes: inside
-   the sandbox's own tmpfs, gone with the namespace; plain mode: a temporary directory removed
-   afterwards, also on timeout.
-2. rlimits on the program: CPU seconds (the case's time limit + 1), address space (memory_mb),
-   processes (RLIMIT_NPROC), file size, open files, no core dumps.
+1. A fresh working directory holding only the program. Namespaced modes: inside the sandbox's
+   own tmpfs, gone with the namespace; plain mode: a temporary directory removed afterwards.
+2. rlimits on the program and the checker: CPU seconds (the case's time limit + 1), address
+   space (memory_mb), processes (RLIMIT_NPROC), file size (16 MB), open files, no core dumps;
+   no_new_privs (a setuid binary gains nothing).
 3. A scrubbed environment (PATH, LANG, HOME=workdir, one-thread BLAS settings; nothing from the
    caller), `python -I`, stdin the case's input (HumanEval: empty), stdout capped (over the cap
    the case is killed: "output_limit"), stderr keeps its tail.
 4. Time: each case gets a fair share of what is left of `timeout_s` (left / cases left), but
    at least timeout_s / 4 (cases that run out of time count as failed, status "timeout"); the
    caller kills the whole sandbox at `timeout_s` + a grace period, whatever happens inside.
-5. [root] A PID namespace (`unshare --pid --fork --kill-child --mount-proc`): the launcher is
+5. [ns] A PID namespace (`unshare --pid --fork --kill-child --mount-proc`): the launcher is
    its pid 1, kills every other process in it after each case (kill(-1)), and when it dies the
    kernel kills everything left, setsid() or not. /proc shows only the sandbox's processes.
-6. [root] A network namespace (`unshare --net`): only a loopback that is down, no route out.
+   The launcher is non-dumpable: nothing in the sandbox reads its memory (tests, outputs).
+6. [ns] A network namespace (`unshare --net`): only a loopback that is down, no route out.
    IPC and UTS namespaces too (SysV shared memory of the host is out of reach).
-7. [root] A mount namespace: private tmpfs on /tmp, /var/tmp and /dev/shm (size-capped) and
-   empty read-only tmpfs over /home, /root, /work, /mnt, /media, /srv, /opt and the caller's
-   repository directory, so data sets and checkpoints there cannot be read.
-8. [root] The program runs as an unprivileged uid/gid with no supplementary groups: it cannot
-   write outside its directory, read other processes' /proc/*/environ, or signal anyone. The uid
-   is taken from a range by a lock file per slot, so two sandboxes running at once never share
-   one (RLIMIT_NPROC counts per uid: one fork bomb must not starve another sandbox). The program
-   runs with /usr/bin/python3 (the caller's interpreter may be unreadable to that uid).
+7. [ns] A mount namespace: every mount read-only (mount_setattr, Linux >= 5.12), then a
+   private tmpfs over /tmp (64 MB, 4096 inodes) and over every other world-writable directory
+   found by walking the file system once per caller process (`world_writable_dirs()`: /var/tmp,
+   /dev/shm, /run/lock, ...; 8 MB and 256 inodes each), and empty read-only tmpfs over /home,
+   /root, /work, /mnt, /media, /srv, /opt and the caller's repository directory. Nothing a
+   program writes outlives its sandbox, and what it writes is capped.
+8. [root caller] The program and the checker run as two unprivileged uids/gids with no
+   supplementary groups: they cannot write outside their directory, read or signal each other
+   or anyone else. The uids are taken from a range by a lock file per slot, so two sandboxes
+   running at once never share one (RLIMIT_NPROC counts per uid). They run with
+   /usr/bin/python3 (the caller's interpreter may be unreadable to those uids).
 9. [all] `setpriv --pdeathsig KILL` (or prctl in the plain mode): if the caller is killed, even
    with SIGKILL, the launcher dies, and with it (5) the namespace.
-Modes: "root" has every layer. "userns" (not root, unprivileged user namespaces allowed) has
-5-7 but not 8: the program runs as the caller's own uid, so it can write the caller's files
-outside the hidden dirs, and RLIMIT_NPROC is shared with the caller's processes. "plain" (no
-unshare) has 1-4 and 9; processes are killed by process group plus a child-subreaper sweep (a
-daemon that escapes both can survive), sockets are refused by an audit hook in the program's
-interpreter (a program using ctypes or another executable can still reach the network), and the
-program can read and write whatever the caller can.
+Modes: "root" (the caller is root) has every layer. "userns" (not root, unprivileged user
+namespaces allowed) has 5-7 but not 8: the program runs as the caller's uid, mapped to 0 in
+the namespace but with every capability dropped (bounding set, SECBIT_NOROOT), and RLIMIT_NPROC
+is shared with the caller's processes. "plain" (no unshare) has 1-4 and 9, and 8 when the
+caller is root; processes are killed by process group plus a child-subreaper sweep (a daemon
+that escapes both can survive), sockets are refused by an audit hook in the program's
+interpreter (a program using ctypes or another executable can still reach the network), files
+it writes to world-writable directories stay, and, not root, the program can read and write
+whatever the caller can (the caller's files, the scorer's source among them: this mode cannot
+stop a program from changing later rewards that way); the caller makes itself non-dumpable so
+that at least its memory and pipes are out of the program's reach.
 Not covered anywhere: a total memory cap over all the sandbox's processes (needs a cgroup; each
 process has `memory_mb` of address space and RLIMIT_NPROC bounds their number), and CPU share.
 """
