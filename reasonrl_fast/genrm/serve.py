@@ -2,7 +2,8 @@
 
     python -m reasonrl_fast.genrm.serve --backend rule:addition|hf:PATH [--host 127.0.0.1]
         [--port 8000] [--max-batch 64] [--api-key KEY] [--served-model-name NAME] [--device auto]
-        [--max-in-flight 64] [--idle-timeout-s 15] [--body-timeout-s 15] [--completion-timeout-s 300]
+        [--max-in-flight 64] [--max-queued 1024] [--queue-timeout-s 10] [--idle-timeout-s 15]
+        [--body-timeout-s 15] [--completion-timeout-s 300]
 
 Backends:
 - `rule:addition`: the exact judge of the embedded addition task (no model): it reads the request
@@ -20,7 +21,8 @@ not end at them.
 
 No client can hold the server (`Limits`): a connection that sends no complete request headers
 within the idle timeout is closed, a body that does not arrive within the body timeout is answered
-408, a declared body over the cap 413 before it is read, a request over the in-flight cap 503 with
+408, a declared body over the cap 413 before it is read, a request that finds every in-flight slot
+taken waits (its body unread) and past the queue's length or time limit gets 503 with
 `Retry-After`, and a completion over its time limit 504. The rule judge runs in a worker thread
 and parses in linear time, so the event loop (and `/health`) keeps answering while it works.
 A host other than loopback needs an API key, or `--allow-open-without-key`.
@@ -52,7 +54,8 @@ from reasonrl_fast.genrm.prompt import parse_request, parse_verdict
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a GenRM request is a problem and a solution: far below this
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 # After an answer sent before the body was read (413, 503, 408), aiohttp reads and drops the rest
-# for this long so that the client sees the answer rather than a reset; then the socket closes.
+# for this long (or the body timeout, if shorter) so that the client sees the answer rather than
+# a reset; then the socket closes.
 _LINGER_S = 2.0
 
 
@@ -63,8 +66,12 @@ class Limits:
     max_body_bytes: int = MAX_BODY_BYTES
     """Largest request body; a larger declared Content-Length is refused before it is read."""
     max_in_flight: int = 64
-    """Chat completions being read, judged or generated at once; more are answered 503 at once
-    (with Retry-After), which bounds the memory the bodies and their parsing take."""
+    """Chat completions being read, judged or generated at once, which bounds the memory the
+    bodies and their parsing take; more wait for a slot, their bodies unread."""
+    max_queued: int = 1024
+    """Requests waiting for a slot; one more is answered 503 (with Retry-After) at once."""
+    queue_timeout_s: float = 10.0
+    """Longest wait for a slot; then 503 (with Retry-After)."""
     idle_timeout_s: float = 15.0
     """A connection without complete request headers this long after it opened (or after its
     last answer) is closed: this also ends a client that sends its headers slowly."""
@@ -74,10 +81,12 @@ class Limits:
     """One completion (judging or generating); over it the request is answered 504."""
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_in_flight", "idle_timeout_s", "body_timeout_s",
+        for name in ("max_body_bytes", "max_in_flight", "queue_timeout_s", "idle_timeout_s", "body_timeout_s",
                      "completion_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
+        if self.max_queued < 0:
+            raise ValueError(f"max_queued={self.max_queued!r}: must be >= 0")
 
 
 class RequestError(Exception):
@@ -301,7 +310,8 @@ def parse_json(raw: bytes) -> Any:
 
 def make_app(backend: Backend, served_name: str, api_key: str | None, backend_spec: str,
              limits: Limits = Limits()) -> web.Application:
-    state = {"completions": 0, "in_flight": 0, "busy": 0}
+    state = {"completions": 0, "in_flight": 0, "queued": 0, "busy": 0}
+    slots = asyncio.Semaphore(limits.max_in_flight)  # first come, first served
     want = f"Bearer {api_key}".encode() if api_key else None
 
     @web.middleware
@@ -345,17 +355,29 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
             raise RequestError("the connection closed before the body arrived", None, 400, "connection_lost",
                                "BadRequestError", close=True) from None
 
+    def busy(why: str) -> web.Response:
+        state["busy"] += 1
+        return error_response(RequestError(f"the server is busy ({why}): retry later", None, 503, "server_busy",
+                                           "ServiceUnavailableError"), headers={"Retry-After": "1"})
+
     async def chat(request: web.Request) -> web.Response:
-        if state["in_flight"] >= limits.max_in_flight:
-            state["busy"] += 1
-            return error_response(RequestError(f"the server is busy ({limits.max_in_flight} requests in flight): "
-                                               "retry later", None, 503, "server_busy", "ServiceUnavailableError"),
-                                  headers={"Retry-After": "1"})
+        # A slot is taken before the body is read: what waits holds a socket, not a body.
+        if slots.locked() and state["queued"] >= limits.max_queued:
+            return busy(f"{limits.max_in_flight} requests in flight and {state['queued']} waiting")
+        state["queued"] += 1
+        try:
+            async with asyncio.timeout(limits.queue_timeout_s):
+                await slots.acquire()
+        except TimeoutError:
+            return busy(f"no free slot within {limits.queue_timeout_s:g} s")
+        finally:
+            state["queued"] -= 1
         state["in_flight"] += 1
         try:
             return await complete(request)
         finally:
             state["in_flight"] -= 1
+            slots.release()
 
     async def complete(request: web.Request) -> web.Response:
         messages, sampling, stops = parse_chat(parse_json(await read_body(request)), served_name)
@@ -392,7 +414,7 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "backend": backend_spec, "model": served_name,
                                   "completions": state["completions"], "in_flight": state["in_flight"],
-                                  "busy_refused": state["busy"], **backend.stats()})
+                                  "queued": state["queued"], "busy_refused": state["busy"], **backend.stats()})
 
     created = int(time.time())
     app = web.Application(middlewares=[guard], client_max_size=limits.max_body_bytes)
@@ -452,7 +474,8 @@ async def serve(backend: Backend, spec: str, host: str, port: int, served_name: 
     # aiohttp's keep-alive timer also runs from the moment a connection opens and closes it while
     # no complete request has arrived: it is the header timeout too.
     runner = web.AppRunner(make_app(backend, served_name, api_key, spec, limits), access_log=None,
-                           keepalive_timeout=limits.idle_timeout_s, lingering_time=_LINGER_S)
+                           keepalive_timeout=limits.idle_timeout_s,
+                           lingering_time=min(_LINGER_S, limits.body_timeout_s))
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, backlog=1024)
@@ -487,6 +510,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="hf: where the model runs")
     p.add_argument("--max-in-flight", type=int, default=None,
                    help=f"completions at once, more get 503 (default: the larger of {d.max_in_flight} and --max-batch)")
+    p.add_argument("--max-queued", type=int, default=d.max_queued,
+                   help="completions waiting for a slot; one more gets 503 at once")
+    p.add_argument("--queue-timeout-s", type=float, default=d.queue_timeout_s,
+                   help="answer 503 to a completion that waited this long for a slot")
     p.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
                    help="close a connection without complete request headers this long")
     p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
@@ -498,13 +525,15 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--port {a.port}: expected 0..65535")
     if a.max_batch < 1:
         p.error(f"--max-batch {a.max_batch}: expected >= 1")
-    for flag in ("max_in_flight", "idle_timeout_s", "body_timeout_s", "completion_timeout_s"):
+    for flag in ("max_in_flight", "queue_timeout_s", "idle_timeout_s", "body_timeout_s", "completion_timeout_s"):
         v = getattr(a, flag)
         if v is not None and not v > 0:
             p.error(f"--{flag.replace('_', '-')} {v}: expected > 0")
-    limits = Limits(max_in_flight=a.max_in_flight or max(d.max_in_flight, a.max_batch),
-                    idle_timeout_s=a.idle_timeout_s, body_timeout_s=a.body_timeout_s,
-                    completion_timeout_s=a.completion_timeout_s)
+    if a.max_queued < 0:
+        p.error(f"--max-queued {a.max_queued}: expected >= 0")
+    limits = Limits(max_in_flight=a.max_in_flight or max(d.max_in_flight, a.max_batch), max_queued=a.max_queued,
+                    queue_timeout_s=a.queue_timeout_s, idle_timeout_s=a.idle_timeout_s,
+                    body_timeout_s=a.body_timeout_s, completion_timeout_s=a.completion_timeout_s)
     if not is_loopback(a.host) and not a.api_key:
         if not a.allow_open_without_key:
             p.exit(2, f"genrm.serve: error: --host {a.host} is reachable from other machines and no API key is "

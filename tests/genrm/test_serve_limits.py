@@ -222,23 +222,48 @@ def test_slow_body_is_408_and_a_silent_connection_is_closed(small):
         assert "Traceback" not in f.read()
 
 
-def test_requests_over_the_in_flight_cap_are_503_with_retry_after(small):
-    held = [open_request(small.port, 1000, b"{") for _ in range(4)]  # every slot, until 408
-    try:
-        deadline = time.monotonic() + 5
-        while health(small.port)["in_flight"] < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        status, headers, r = post(small.port, body(compact(12, 34)))
-        assert status == 503 and is_openai_error(r) and r["error"]["code"] == "server_busy", r
-        assert headers.get("Retry-After") == "1"
-        assert health(small.port)["busy_refused"] >= 1
-        for s in held:
-            assert read_reply(s, 5)[0] == 408
-    finally:
-        for s in held:
-            s.close()
-    status, _, r = post(small.port, body(compact(12, 34)))  # the slots are free again
-    assert status == 200 and r["choices"][0]["message"]["content"].endswith("\\boxed{-1}")
+def test_requests_over_the_in_flight_cap_wait_then_get_503_with_retry_after():
+    """2 slots, 1 place in the queue: with both slots held by bodies that do not come, one request
+    waits (its body unread) and is served when a slot frees; past the queue's length a request is
+    503 at once, past its time limit 503 too, both with Retry-After."""
+    with launch("rule:addition", extra_args=["--max-in-flight", "2", "--max-queued", "1", "--queue-timeout-s", "1",
+                                             "--body-timeout-s", "30"]) as server:
+        port = server.port
+        held = [open_request(port, 1000, b"{") for _ in range(2)]
+        try:
+            deadline = time.monotonic() + 5
+            while health(port)["in_flight"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+            async def run():
+                loop = asyncio.get_running_loop()
+                waiting = loop.run_in_executor(None, post, port, body(compact(12, 34)))
+                while health(port)["queued"] < 1:
+                    await asyncio.sleep(0.01)
+                t = time.monotonic()
+                refused = await loop.run_in_executor(None, post, port, body(compact(12, 34)))
+                at_once = time.monotonic() - t
+                await asyncio.sleep(0.2)
+                held.pop().close()  # a slot frees: the waiting request is served
+                return await waiting, refused, at_once
+
+            (w_status, _, w), (r_status, r_headers, r), at_once = asyncio.run(run())
+            assert w_status == 200 and w["choices"][0]["message"]["content"].endswith("\\boxed{-1}"), w
+            assert r_status == 503 and is_openai_error(r) and r["error"]["code"] == "server_busy", r
+            assert r_headers.get("Retry-After") == "1" and "waiting" in r["error"]["message"] and at_once < 0.5
+
+            deadline = time.monotonic() + 5  # the last holder and a new one take both slots again
+            held.append(open_request(port, 1000, b"{"))
+            while health(port)["in_flight"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            t = time.monotonic()
+            status, headers, r = post(port, body(compact(12, 34)))
+            assert status == 503 and "within 1 s" in r["error"]["message"] and headers.get("Retry-After") == "1"
+            assert 0.9 < time.monotonic() - t < 2.0
+            assert health(port)["busy_refused"] == 2
+        finally:
+            for s in held:
+                s.close()
 
 
 # ---------------------------------------------------------------- an open bind
@@ -324,12 +349,13 @@ async def slow_clients(port: int, n: int, stop: asyncio.Event) -> int:
 
 def test_slow_clients_do_not_lock_out_normal_ones():
     """160 connections that never finish their bodies, against a server that may hold 128 file
-    descriptors and serve 4 requests at once, beside 20 verdicts asked through GenRMClient: the
-    slow ones get 503 or 408 and are closed, and every normal request is served within a bound.
+    descriptors and serve 4 requests at once (a wait for a slot ends after 0.5 s), beside 20
+    verdicts asked through GenRMClient (which retries a 503): the slow ones get 503 or 408 and are
+    closed, and every normal request is served within a bound.
     (Without the timeouts, the slow connections held every descriptor and no new client was served.)"""
     log = tempfile.TemporaryFile()
-    proc, port = start_with_fd_limit(128, 128, ["--max-in-flight", "4", "--body-timeout-s", "0.5",
-                                           "--idle-timeout-s", "1"], log)
+    proc, port = start_with_fd_limit(128, 128, ["--max-in-flight", "4", "--queue-timeout-s", "0.5",
+                                                "--body-timeout-s", "0.5", "--idle-timeout-s", "1"], log)
     client = GenRMClient([f"127.0.0.1:{port}"], model="rule:addition", template="compact", timeout_s=5,
                          max_retries=10, backoff_base_s=0.1, backoff_max_s=0.4, fail_threshold=100,
                          max_concurrency=8)
