@@ -19,8 +19,9 @@ Ported from the TRL repository (huggingface/trl):
   fused LM head: `apply(hidden, weight, bias, targets, temperature, chunk_size,
   final_logit_softcapping, logit_scale, outputs)`, five outputs) and its Triton
   `selective_log_softmax_and_entropy`;
-- tests/test_utils.py: `TestEntropyFromLogits` and `TestSelectiveLogSoftmax` (the signatures of
-  `entropy_from_logits` and `selective_log_softmax` are the same in 1.16).
+- tests/test_utils.py: `TestEntropyFromLogits` and `TestSelectiveLogSoftmax`, from the newest
+  version at hand (TRL's main branch at 1.10.0.dev0; no 1.16 tag was available). The signatures
+  of `entropy_from_logits` and `selective_log_softmax` these tests call are the same in 1.16.
 
 Every assertion is TRL's. What changed, each marked `# port:` below:
 - TRL's tests/testing_utils.py is not installed: `TrlTestCase` and `require_torch_accelerator`
