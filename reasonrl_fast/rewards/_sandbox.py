@@ -29,11 +29,15 @@ _SECBIT_NOROOT_LOCKED = 0x3  # uid 0 gains no capabilities at execve, for good
 _SYS_MOUNT_SETATTR, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, 0x8000, 0x1
 _STDERR_KEEP = 16384  # bytes of a case's stderr kept (the tail)
 _FRAME_CAP = 16 << 20  # bytes of one answer from the program to the checker
+# What an answer may hold (exact types: no subclass, so no __eq__ of the program's own).
+_PLAIN = ("(type(None), bool, int, float, complex, str, bytes, list, tuple, set, frozenset, "
+          "dict)")
 
 # HumanEval-style tests run in two interpreters. The program's (the worker, below) only
 # computes: it runs solution.py, then answers calls `name(*args, **kwargs)` from the checker
-# with the result as plain data (tagged JSON: tuples, sets, dicts with any keys, bytes, complex
-# survive; any other object is an error). The checker (further below) runs the tests with a
+# with the result as plain data (marshal of the exact builtin types in _PLAIN, which the
+# checker checks again after loading; any other object is an error; json would cost both
+# interpreters 8 ms of imports). The checker (further below) runs the tests with a
 # stand-in for every name they take from the program and alone writes the verdict, on a pipe
 # only it holds. Whatever the program does to its own interpreter (builtins, exec, exit paths,
 # frames, objects that equal anything) changes nothing but the answers it gives; it never sees
@@ -41,8 +45,9 @@ _FRAME_CAP = 16 << 20  # bytes of one answer from the program to the checker
 # itself non-dumpable, so /proc gives it neither the checker's fds nor its memory.
 _WORKER = r"""
 def _serve():
-    import json, marshal, os, sys, traceback
+    import marshal, os, sys, traceback
     req, resp = int(sys.argv[1]), int(sys.argv[2])
+    plain_types = PLAIN
 
     def send(data):
         data = len(data).to_bytes(4, "big") + data
@@ -58,23 +63,18 @@ def _serve():
             out += chunk
         return out
 
-    def enc(v):
+    def plain(v):
         t = type(v)
-        if v is None or t in (bool, int, float, str):
-            return v
-        if t is list:
-            return [enc(x) for x in v]
-        if t is tuple:
-            return {"t": [enc(x) for x in v]}
+        if t not in plain_types:
+            raise TypeError(f"the answer holds a {t.__name__}, which is not plain data")
         if t is dict:
-            return {"d": [[enc(k), enc(x)] for k, x in v.items()]}
-        if t in (set, frozenset):
-            return {"s" if t is set else "f": [enc(x) for x in v]}
-        if t is bytes:
-            return {"b": v.hex()}
-        if t is complex:
-            return {"c": [v.real, v.imag]}
-        raise TypeError(f"the answer holds a {t.__name__}, which is not plain data")
+            for k, x in v.items():
+                plain(k)
+                plain(x)
+        elif t in (list, tuple, set, frozenset):
+            for x in v:
+                plain(x)
+        return v
 
     g = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
@@ -92,22 +92,19 @@ def _serve():
         try:
             if name not in g:
                 raise NameError(f"name {name!r} is not defined")
-            out = {"v": enc(g[name](*args, **kwargs))}
+            data = marshal.dumps(("v", plain(g[name](*args, **kwargs))))
         except BaseException as e:
-            out = {"e": type(e).__name__, "m": str(e)[:1000]}
-        try:
-            data = json.dumps(out).encode()
-        except BaseException as e:
-            data = json.dumps({"e": type(e).__name__, "m": str(e)[:1000]}).encode()
+            data = marshal.dumps(("e", type(e).__name__, str(e)[:1000]))
         sys.stdout.flush()
         send(data)
 _serve()
-"""
+""".replace("PLAIN", _PLAIN)
 
 _CHECKER = r"""
 def _check():
-    import builtins, json, marshal, os, sys
+    import builtins, marshal, os, sys
     req, resp, verdict, alone = (int(a) for a in sys.argv[1:5])
+    plain_types = PLAIN
     if alone:  # the program will share our uid: no /proc/<us>/fd, mem, environ for it
         import ctypes
         if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
@@ -136,25 +133,18 @@ def _check():
             raise RuntimeError(f"the program's answer is over {CAP} bytes")
         return recv(n)
 
-    def dec(x):
-        if isinstance(x, list):
-            return [dec(i) for i in x]
-        if isinstance(x, dict):
-            (tag, v), = x.items()
-            if tag == "c":
-                re_, im = v
-                if not all(type(p) in (int, float) for p in (re_, im)):
-                    raise TypeError("complex parts")
-                return complex(re_, im)
-            if tag == "b":
-                return bytes.fromhex(v)
-            if not isinstance(v, list):
-                raise TypeError(tag)
-            if tag == "d":
-                return {dec(k): dec(i) for k, i in v}
-            kind = {"t": tuple, "s": set, "f": frozenset}[tag]
-            return kind(dec(i) for i in v)
-        return x
+    def plain(v):
+        t = type(v)
+        if t not in plain_types:
+            raise TypeError(t.__name__)
+        if t is dict:
+            for k, x in v.items():
+                plain(k)
+                plain(x)
+        elif t in (list, tuple, set, frozenset):
+            for x in v:
+                plain(x)
+        return v
 
     def stand_in(name):
         def call(*args, **kwargs):
@@ -166,15 +156,16 @@ def _check():
             while payload:
                 payload = payload[os.write(req, payload):]
             try:
-                reply = json.loads(frame())
-                if "e" in reply:
-                    kind = getattr(builtins, str(reply["e"]), None)
-                    if not (isinstance(kind, type) and issubclass(kind, Exception)):
-                        kind = RuntimeError
-                    err = kind(str(reply.get("m", ""))[:1000])
-                else:
-                    return dec(reply["v"])
-            except (ValueError, TypeError, KeyError, AttributeError, RecursionError,
+                reply = plain(marshal.loads(frame()))
+                if type(reply) is not tuple or reply[0] not in ("v", "e"):
+                    raise TypeError("reply")
+                if reply[0] == "v":
+                    return reply[1]
+                kind = getattr(builtins, str(reply[1]), None)
+                if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                    kind = RuntimeError
+                err = kind(str(reply[2])[:1000])
+            except (ValueError, EOFError, TypeError, IndexError, RecursionError,
                     MemoryError) as e:
                 raise RuntimeError(f"{name}(): the program's answer is not plain data") from e
             raise err
@@ -193,7 +184,7 @@ def _check():
         os._exit(3)  # a test failed (any other exception: exit 1, an error)
     os.write(verdict, b"pass\n")
 _check()
-""".replace("CAP", str(_FRAME_CAP))
+""".replace("CAP", str(_FRAME_CAP)).replace("PLAIN", _PLAIN)
 _VERDICT_PASS = b"ready\npass\n"
 
 

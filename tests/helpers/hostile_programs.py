@@ -194,6 +194,20 @@ PROGRAMS: dict[str, str] = {
         "import marshal\n"
         "_spray(marshal.dumps({'cases': [{'passed': True, 'status': 'ok', 'rc': 0,\n"
         "    'elapsed': 0.0, 'stdout_head': '', 'stderr': ''}]}))\n"),
+    # The harness's protocol taken over from inside: the program answers the calls itself,
+    # with objects that are not plain data (a code object, a verdict-like tuple).
+    "protocol_forgery": WRONG + (
+        "import marshal, os, sys\n"
+        "req, resp = (int(a) for a in sys.argv[1:3])\n"
+        "def _send(b):\n    os.write(resp, len(b).to_bytes(4, 'big') + b)\n"
+        "_send(b'loaded')\n"
+        "answers = [compile('5', 's', 'eval'), ('v',), ('pass',), ...]\n"
+        "for k in range(64):\n"
+        "    n = int.from_bytes(os.read(req, 4), 'big')\n"
+        "    if not n:\n        break\n"
+        "    os.read(req, n)\n"
+        "    _send(marshal.dumps(('v', answers[k % len(answers)])))\n"
+        "os._exit(0)\n"),
     # The harness's processes attacked.
     "kill_parent_and_all": WRONG + (
         "import os, signal\n"
