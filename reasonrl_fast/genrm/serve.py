@@ -58,6 +58,11 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 # a reset; then the socket closes.
 _LINGER_S = 2.0
 
+# aiohttp keeps an idle keep-alive connection's last request and answer until its next request:
+# after a request or answer this large the connection closes, so that many idle clients of
+# megabyte requests do not hold gigabytes (200 held 1.7 GB).
+_KEEP_ALIVE_MAX_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -76,7 +81,8 @@ class Limits:
     """A connection without complete request headers this long after it opened (or after its
     last answer) is closed: this also ends a client that sends its headers slowly."""
     body_timeout_s: float = 15.0
-    """Reading one request body; a body not all there by then is answered 408."""
+    """Reading one request body (a body not all there by then is answered 408), and sending one
+    answer (a client that has not taken it all by then is disconnected)."""
     completion_timeout_s: float = 300.0
     """One completion (judging or generating); over it the request is answered 504."""
 
@@ -374,13 +380,24 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
             state["queued"] -= 1
         state["in_flight"] += 1
         try:
-            return await complete(request)
+            resp = await complete(request)
+            # The answer is sent inside the slot too (else answers nobody reads yet pile up in
+            # memory), and within the body time limit: a client that does not read is cut off.
+            try:
+                async with asyncio.timeout(limits.body_timeout_s):
+                    await resp.prepare(request)
+                    await resp.write_eof()
+            except TimeoutError:
+                if request.transport is not None:
+                    request.transport.abort()
+            return resp
         finally:
             state["in_flight"] -= 1
             slots.release()
 
     async def complete(request: web.Request) -> web.Response:
-        messages, sampling, stops = parse_chat(parse_json(await read_body(request)), served_name)
+        raw = await read_body(request)
+        messages, sampling, stops = parse_chat(parse_json(raw), served_name)
         try:
             async with asyncio.timeout(limits.completion_timeout_s):
                 c = await backend.complete(messages, sampling)
@@ -398,7 +415,7 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
         if cuts:
             text, finish = text[: min(cuts)], "stop"
         state["completions"] += 1
-        return web.json_response({
+        resp = web.json_response({
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": served_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -406,6 +423,9 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
             "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
                       "total_tokens": c.prompt_tokens + c.completion_tokens},
         })
+        if len(raw) + len(resp.body) > _KEEP_ALIVE_MAX_BYTES:
+            resp.force_close()
+        return resp
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
