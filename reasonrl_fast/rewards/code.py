@@ -236,11 +236,16 @@ def _nproc_limit(slot: _UidSlot | None) -> int:
 
 
 def run_tests(program: str, tests: str | list[dict], timeout_s: float = 10.0, *,
-              memory_mb: int = 1024) -> CodeResult:
-    """Run `program` against `tests` in the sandbox. `tests` is Python source run after the
-    program in the same interpreter (one test: passed when it exits with 0 having run to the
-    end), or a list of {"input": stdin, "output": expected stdout} cases. `timeout_s` bounds
-    the whole call. Never raises on what the program or tests do."""
+              memory_mb: int = 1024, program_names: tuple[str, ...] = ()) -> CodeResult:
+    """Run `program` against `tests` in the sandbox. `tests` is Python source (one test:
+    passed when it runs to the end), run in its own interpreter where each name it uses that
+    is not a builtin calls the program's function of that name (module docstring); names in
+    `program_names` (an entry point called like a builtin, `sorted`) are the program's too.
+    Or a list of {"input": stdin, "output": expected stdout} cases. `timeout_s` bounds the
+    whole call. Never raises on what the program or tests do."""
+    if not (isinstance(program_names, tuple)
+            and all(isinstance(n, str) and n.isidentifier() for n in program_names)):
+        raise ValueError(f"program_names must be a tuple of identifiers, got {program_names!r}")
     if not isinstance(program, str):
         raise TypeError(f"program must be str, got {type(program).__name__}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or \
@@ -248,7 +253,8 @@ def run_tests(program: str, tests: str | list[dict], timeout_s: float = 10.0, *,
         raise ValueError(f"timeout_s must be a positive finite number, got {timeout_s!r}")
     if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 64:
         raise ValueError(f"memory_mb must be an int >= 64, got {memory_mb!r}")
-    job: dict = {"program": program, "tests": None, "inputs": [], "outputs": []}
+    job: dict = {"program": program, "tests": None, "inputs": [], "outputs": [],
+                 "program_names": ",".join(program_names)}
     if isinstance(tests, str):
         job["tests"] = tests
         total = 1
@@ -409,7 +415,8 @@ def code_score(response: str, ground_truth: str | dict, extra_info=None,
         if not isinstance(test, str) or not isinstance(entry, str) or not entry.isidentifier():
             raise ValueError("code ground truth: HumanEval style needs str 'test' and an "
                              f"identifier 'entry_point', got entry_point={entry!r}")
-        result = run_tests(program, f"{test}\n\ncheck({entry})\n", timeout_s)
+        result = run_tests(program, f"{test}\n\ncheck({entry})\n", timeout_s,
+                           program_names=(entry,))
         return {"score": float(result.passed == result.total), "acc": result.status == "ok"}
     if "inputs" in gt and "outputs" in gt:
         if "fn_name" in gt:

@@ -297,3 +297,26 @@ def test_write_limits_inside_the_sandbox():
     """)
     r = run_tests(prog, [{"input": "", "output": "capped"}], timeout_s=20)
     assert r.status == "ok", r
+
+
+def test_entry_point_named_like_a_builtin():
+    # The tests call the program's `sorted`, not the builtin one a stand-in would miss.
+    task = {"test": "def check(candidate):\n    assert candidate([3, 1, 2]) == [1, 2, 3]\n",
+            "entry_point": "sorted"}
+    assert code_score("def sorted(x):\n    return x\n", task) == {"score": 0.0, "acc": False}
+    right = "import builtins\ndef sorted(x):\n    return builtins.sorted(x)\n"
+    assert code_score(right, task) == {"score": 1.0, "acc": True}
+    with pytest.raises(ValueError, match="program_names"):
+        run_tests(right, "pass", program_names=("sorted()",))
+
+
+def test_answers_keep_their_types():
+    # Tuples stay tuples, sets sets, dict keys of any type, floats exact, bytes, complex, None.
+    value = ("(1, 2), {1, 2}, frozenset({3}), {(1, 'a'): [1.5, None]}, b'\\x00', 2j, "
+             "0.1 + 0.2, 10 ** 30, True")
+    tests = f"assert f() == ({value}) and type(f()[0]) is tuple and f()[-1] is True\n"
+    assert run_tests(f"def f():\n    return ({value})\n", tests).status == "ok"
+    r = run_tests("def f():\n    return [[1, 2]]\n", "assert f() == [(1, 2)]\n")
+    assert r.status == "failed", r
+    r = run_tests("class A:\n    pass\ndef f():\n    return A()\n", "f()\n")
+    assert r.status == "error" and "not plain data" in r.stderr_tail, r
