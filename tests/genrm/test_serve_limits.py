@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 
+import aiohttp
 import pytest
 
 from reasonrl_fast.data.addition import addition_steps, make_prompt
@@ -264,6 +265,35 @@ def test_requests_over_the_in_flight_cap_wait_then_get_503_with_retry_after():
         finally:
             for s in held:
                 s.close()
+
+
+def test_memory_is_bounded_by_the_in_flight_cap():
+    """40 concurrent 4 MB requests (each answer echoes its 4 MB step) through a server that judges
+    4 at a time: its peak memory stays near 4 requests' worth (a dozen MB each), where without
+    the cap all 40 were read and judged at once and each idle connection kept its last request
+    and answer (200 such requests: 87 MB -> 1.0 GB)."""
+    big = body("12+34=46|" + "x" * 3_900_000 + "|")
+    with launch("rule:addition", extra_args=["--max-in-flight", "4", "--queue-timeout-s", "60"]) as server:
+        def peak_mb() -> float:
+            with open(f"/proc/{server.pid}/status") as f:
+                return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) / 1024
+
+        before = peak_mb()
+
+        async def run():
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                             timeout=aiohttp.ClientTimeout(total=60)) as s:
+                async def one():
+                    async with s.post(server.url + "/chat/completions", data=big) as r:
+                        await r.read()
+                        return r.status
+                return await asyncio.gather(*(one() for _ in range(40)))
+
+        statuses = asyncio.run(run())
+        grown = peak_mb() - before
+    print(f"\n40 concurrent 4 MB requests, 4 in flight: server peak grew {grown:.0f} MB")
+    assert statuses == [200] * 40
+    assert grown < 160, grown
 
 
 # ---------------------------------------------------------------- an open bind
