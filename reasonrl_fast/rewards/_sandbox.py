@@ -317,9 +317,14 @@ def _spawn(job: dict, argv: list, uid, cwd: str, stdin: int, pass_fds: tuple, li
 def _unlinked_file(work: str, name: str, data: bytes) -> int:
     """An open read-only fd on `data` whose path is gone before any program starts."""
     path = os.path.join(work, name)
-    with open(path, "wb") as f:
+    try:  # a previous case's program may have left a link here for us to write through
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    wfd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(wfd, "wb") as f:
         f.write(data)
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     os.unlink(path)
     return fd
 
