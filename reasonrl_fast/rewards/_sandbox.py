@@ -512,7 +512,8 @@ def main() -> None:
     for i, case in enumerate(cases):
         left = deadline - time.monotonic()
         if left <= 0.01:
-            results.append({"passed": False, "status": "timeout", "stderr": "not run: no time left"})
+            results.append({"passed": False, "status": "timeout",
+                            "stderr": "not run: no time left"})
             continue
         # A fair share of what is left (a fast case leaves more time to the ones after it), but
         # at least a quarter of the whole: a uniformly slow program still passes the cases
