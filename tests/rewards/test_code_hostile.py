@@ -84,9 +84,10 @@ def test_hostile_programs_score_zero_plain_mode_as_root(monkeypatch):
 
 # ---------------------------------------------------------------- as an unprivileged caller
 
-def _fork_as_nobody(mode: str | None, prog: str, gt: dict) -> tuple[int, int]:
+def _fork_as_nobody(mode: str | None, prog: str, gt) -> tuple[int, int]:
     """A child of this process that becomes uid 65534, scores one program (`mode` None probes
-    the mode an unprivileged caller gets) and writes the result on a pipe: (pid, read fd)."""
+    the mode an unprivileged caller gets; `gt` a ground truth, or a str: the tests of
+    run_tests) and writes the result on a pipe: (pid, read fd)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: no pytest machinery, only os._exit
@@ -100,7 +101,12 @@ def _fork_as_nobody(mode: str | None, prog: str, gt: dict) -> tuple[int, int]:
             # The caller's own interpreter lives under /root, out of nobody's reach.
             sys.executable, sys.prefix = _SYSTEM_PY, "/usr"
             code._mode, code._writable = mode, None
-            out = {"mode": code.sandbox_mode(), "score": code_score(prog, gt, timeout_s=5)}
+            if isinstance(gt, str):
+                r = run_tests(prog, gt, timeout_s=20)
+                score = {"status": r.status, "stderr": r.stderr_tail}
+            else:
+                score = code_score(prog, gt, timeout_s=5)
+            out = {"mode": code.sandbox_mode(), "score": score}
             os.write(w, json.dumps(out).encode())
         finally:
             os._exit(0)
@@ -254,6 +260,23 @@ def test_a_sample_leaves_nothing_on_the_host():
         assert wrote >= 2 and "/tmp" in inside, r
         assert files <= code._TMP_INODES + (wrote - 1) * code._OTHER_INODES, r
         assert mb <= code._TMP_MB + (wrote - 1) * code._OTHER_MB, r
+    finally:
+        for path in _host_leftovers(marker):
+            os.unlink(path)
+
+
+@_needs_nobody
+def test_a_sample_leaves_nothing_on_the_host_userns_mode_unprivileged():
+    marker = "reasonrl-left-" + uuid.uuid4().hex
+    prog = _WRITE_EVERYWHERE.replace('"MARKER"', repr(marker))
+    try:
+        got = _score_as_nobody(None, [("write", prog, "pass", 1.0)])["write"]
+        if "wrote" not in got.get("stderr", ""):
+            pytest.skip(f"no unprivileged user namespaces here: {got}")
+        inside = got["stderr"].split("wrote", 1)[1].split()[5:]
+        assert "/tmp" in inside, got
+        assert not _host_leftovers(marker)
+        assert not [d for d in inside if os.path.exists(os.path.join(d, marker))]
     finally:
         for path in _host_leftovers(marker):
             os.unlink(path)
