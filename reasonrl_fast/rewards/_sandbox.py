@@ -464,8 +464,9 @@ def _run_checked(job: dict, work: str, limit_s: float) -> dict:
         for f in (p.stdout, p.stderr):
             bufs[os.dup(f.fileno())] = bytearray()
             f.close()
+    # The checker's stdout and stderr, then (if it started) the worker's: only the program's
+    # stdout counts against the output cap; the verdict pipe is read beside them.
     fds = list(bufs)
-    # worker stdout (capped), then the stderr of each; the verdict pipe is read last.
     out_fd = fds[2] if len(fds) == 4 else -1
     bufs[verdict_r] = verdict
     wake = _pidfd(checker.pid)
