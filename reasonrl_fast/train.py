@@ -8,7 +8,6 @@ and exit status 2, before any model or Ray starts where it can be known that ear
 from __future__ import annotations
 
 from reasonrl_fast import cli
-from reasonrl_fast.errors import UserError
 from reasonrl_fast.trainer.config import load_config
 
 
@@ -26,13 +25,9 @@ def _main(argv: list[str]) -> dict:
     check_files(cfg.data.train_files, "data.train_files")
     check_files(cfg.data.val_files, "data.val_files")
     make_run_dir(cfg.trainer.output_dir)
-    from reasonrl_fast.genrm.launch import GenRMStartError
     from reasonrl_fast.trainer.loop import run
 
-    try:
-        return run(cfg)
-    except GenRMStartError as e:  # a GenRM server that cannot start: the message says why
-        raise UserError(str(e)) from None
+    return run(cfg)
 
 
 if __name__ == "__main__":

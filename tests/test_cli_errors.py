@@ -133,3 +133,33 @@ def test_merge_and_eval_name_the_damaged_file(tmp_path):
     p = run_cli("reasonrl_fast.eval", f"model.path={path}", f"eval.output_dir={tmp_path / 'eval'}")
     assert_one_line(p, "checkpoint-2", "__0_0.distcp (damaged")
     assert not (tmp_path / "eval").exists()
+
+
+def test_user_errors_share_one_base_and_print_one_line(capsys):
+    from reasonrl_fast import cli
+    from reasonrl_fast.data.records import DataError
+    from reasonrl_fast.errors import UserError
+    from reasonrl_fast.eval.run import EvalError
+    from reasonrl_fast.genrm.launch import GenRMStartError
+    from reasonrl_fast.plot import PlotError
+    from reasonrl_fast.trainer.checkpoint import CheckpointError
+    from reasonrl_fast.trainer.cluster import ClusterError
+    from reasonrl_fast.trainer.config import ConfigError
+
+    for cls in (ConfigError, DataError, CheckpointError, EvalError, PlotError, ClusterError,
+                GenRMStartError):
+        assert issubclass(cls, UserError), cls
+
+        def fail(argv, cls=cls):
+            raise cls("the cluster has 1 node\nwhere 2 were asked for")
+
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(fail, [])
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err == "error: the cluster has 1 node where 2 were asked for\n"
+
+    def bug(argv):
+        raise KeyError("a bug keeps its traceback")
+
+    with pytest.raises(KeyError):
+        cli.main(bug, [])

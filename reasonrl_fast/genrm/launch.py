@@ -23,12 +23,13 @@ import time
 import urllib.request
 from typing import Sequence
 
+from reasonrl_fast.errors import UserError
 from reasonrl_fast.genrm import API_KEY_ENV
 
 _PR_SET_PDEATHSIG = 1
 
 
-class GenRMStartError(RuntimeError):
+class GenRMStartError(UserError, RuntimeError):
     """The server did not come up: bad backend, taken port, crash; the message holds its log's end."""
 
 _LISTENING = re.compile(rb"GenRM server listening on http://(\S+):(\d+)/v1\n")

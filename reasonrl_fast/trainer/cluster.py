@@ -13,6 +13,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from transformers import AutoConfig
 
+from reasonrl_fast.errors import UserError
 from reasonrl_fast.trainer import reaper
 from reasonrl_fast.trainer.worker import Worker
 
@@ -24,7 +25,7 @@ PLACEMENT_TIMEOUT_S = 300.0
 """How long the workers' placement group may wait for resources (autoscaling clusters)."""
 
 
-class ClusterError(RuntimeError):
+class ClusterError(UserError, RuntimeError):
     """The Ray cluster cannot run this configuration: unreachable, too few nodes or resources."""
 
 
