@@ -12,9 +12,9 @@ sizes to sweep, the providers to compare and how to build one call) and hands th
 - peak memory: what one call allocates above what existed before it (its inputs included in
   "before"). CUDA: max_memory_allocated after reset_peak_memory_stats, minus memory_allocated
   before the call. CPU: the growth of the process' peak resident set (VmHWM, reset through
-  /proc/self/clear_refs just before the call). Memory the C allocator kept from an earlier
-  call is reused without growing the resident set, so allocations under its mmap threshold (up
-  to 32 MB) can read 0. With `isolate`, each provider runs in a fresh subprocess, so no
+  /proc/self/clear_refs just before the call), after garbage is collected and the C
+  allocator's free pages are handed back (malloc_trim), so memory it kept from an earlier call
+  and reuses still counts. With `isolate`, each provider runs in a fresh subprocess, so no
   allocator cache or compiled code of another provider is in the count.
 - a provider whose package is missing (ImportError) is recorded as "not installed", one that
   fails (out of memory, a kernel error) as "failed: ...": the sweep goes on.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import datetime
 import gc
 import importlib.util
@@ -144,6 +145,7 @@ def _peak_memory_mb(fn: Callable[[], Any], device: str) -> Optional[float]:
         fn()
         sync(device)
         return (torch.cuda.max_memory_allocated() - base) / MB
+    _malloc_trim()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets the peak resident set (VmHWM) to the current one
@@ -152,6 +154,17 @@ def _peak_memory_mb(fn: Callable[[], Any], device: str) -> Optional[float]:
         return None
     fn()
     return (_proc_status_kb("VmHWM") - before) * 1024 / MB
+
+
+def _malloc_trim() -> None:
+    """Hand the C allocator's free pages back to the system (glibc), so that what the call
+    allocates faults in fresh pages and shows in the resident set. Pages it kept from earlier
+    calls would be reused unseen: a 64 MB tensor read 0 MB once anything in the process had
+    raised the allocator's mmap threshold above its size."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def copy_bandwidth(device: str, nbytes: Optional[int] = None, reps: int = 10) -> float:

@@ -89,6 +89,23 @@ def test_peak_memory_frees_old_garbage_first_and_collects_none_during_the_call()
     assert gc.isenabled()
 
 
+@pytest.mark.proc
+def test_peak_memory_counts_memory_the_allocator_reuses():
+    # In a child: with glibc's mmap threshold raised, a freed 128 MB block below a live one
+    # stays in the heap, where the 64 MB tensor then lands on pages that are already resident
+    # unless the harness trims first.
+    code = ("import ctypes, sys; sys.path.insert(0, 'benchmarks'); import harness, torch\n"
+            "libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p\n"
+            "libc.mallopt(-3, 512 << 20)  # M_MMAP_THRESHOLD\n"
+            "x = torch.ones(128 * 2**20 // 4); pin = libc.malloc(1 << 16); del x; held = []\n"
+            "print(harness.peak_memory_mb(lambda: held.append(torch.ones(64 * 2**20 // 4)), 'cpu'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, check=True).stdout
+    if out.strip() == "None":
+        pytest.skip("no /proc/self/clear_refs")
+    assert 50 < float(out) < 200, out
+
+
 def test_rates_are_positive():
     assert harness.copy_bandwidth("cpu", nbytes=1 << 20, reps=2) > 0
     assert harness.matmul_rate("cpu", torch.float32, n=64, reps=2) > 0
