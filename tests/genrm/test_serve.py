@@ -241,7 +241,7 @@ def hf(tiny_dir):
         yield server
 
 
-def test_hf_batches_concurrent_requests_like_single_ones(hf):
+def test_hf_batches_concurrent_requests_like_single_ones(hf, tiny_dir):
     rng = random.Random(torch.initial_seed())
     prompts = [compact(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(16)]
     bodies = [chat(p, model="tiny-genrm", temperature=0, max_tokens=12) for p in prompts]
@@ -254,12 +254,31 @@ def test_hf_batches_concurrent_requests_like_single_ones(hf):
     for body, (_, r) in zip(bodies, together):
         status, alone = call(hf.url + "/chat/completions", body)
         assert status == 200
-        assert alone["choices"][0]["message"] == r["choices"][0]["message"]  # greedy: the batch changes nothing
+        a, b = alone["choices"][0]["message"]["content"], r["choices"][0]["message"]["content"]
+        # greedy: the batch changes nothing, except where the model's two best next tokens are
+        # within float32 rounding of each other (a batch of 16 runs other matmul kernels)
+        if a != b:
+            at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            assert _top2_gap(tiny_dir, body["messages"][0]["content"] + a[:at]) < 1e-4, (a, b)
         u, finish = r["usage"], r["choices"][0]["finish_reason"]
         assert 1 <= u["completion_tokens"] <= 12 and u["prompt_tokens"] == len(body["messages"][0]["content"])
         assert finish in ("stop", "length") and (finish == "stop") != (u["completion_tokens"] == 12)
     # a random 97-token model rarely samples its EOS within 12 tokens
     assert any(r["choices"][0]["finish_reason"] == "length" for _, r in together)
+
+
+def _top2_gap(path: str, text: str) -> float:
+    """The gap between the tiny model's two largest next-token logits after `text`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from reasonrl_fast.models.loading import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
+    ids = load_tokenizer(path)(text)["input_ids"]
+    with torch.inference_mode():
+        top = model(torch.tensor([ids])).logits[0, -1].topk(2).values
+    return float(top[0] - top[1])
 
 
 def test_hf_max_tokens_clamped_to_the_context(hf):
