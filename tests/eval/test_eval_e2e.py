@@ -87,4 +87,4 @@ def test_eval_checkpoint_and_merged_agree_with_training(trained_run, run_eval, t
     (broken / "rng_rank1.safetensors").unlink()
     p = run_eval([f"model.path={broken}", f"eval.output_dir={tmp_path / 'eval_c'}"], check=False)
     assert p.returncode != 0 and "Traceback" not in p.stderr
-    assert "not a complete checkpoint" in p.stderr and "rng_rank1.safetensors" in p.stderr
+    assert "not a complete, undamaged checkpoint" in p.stderr and "rng_rank1.safetensors" in p.stderr
