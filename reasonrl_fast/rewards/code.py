@@ -70,6 +70,7 @@ process has `memory_mb` of address space and RLIMIT_NPROC bounds their number), 
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import json
 import marshal
@@ -130,11 +131,13 @@ def world_writable_dirs() -> tuple[str, ...]:
     global _writable
     if _writable is None:
         skip = _SCAN_SKIP | set(_HIDE) | {_REPO_DIR}
-        found, todo, seen = [], ["/"], 0
+        # breadth first: the usual world-writable directories sit near the root, so a large
+        # data tree cannot use up the budget before they are reached
+        found, todo, seen = [], collections.deque(["/"]), 0
         while todo and seen < _SCAN_MAX_DIRS:
             seen += 1
             try:
-                entries = list(os.scandir(todo.pop()))
+                entries = list(os.scandir(todo.popleft()))
             except OSError:
                 continue
             for e in entries:
