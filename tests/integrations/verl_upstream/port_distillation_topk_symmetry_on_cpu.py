@@ -17,7 +17,7 @@
 # kernel cannot run on CPU tensors; with REASONRL_FAST_VERL_PATCH=1 that name is reasonrl_fast's
 # replacement, which does, so the engine's real call runs through it. The assertions are verl's.
 
-"""Regression guard for verl#6293.
+"""Regression guard: distillation outputs in both padding modes.
 
 The use_remove_padding=False branch of
 FSDPEngineWithLMHead.prepare_model_outputs previously lacked the
@@ -93,7 +93,7 @@ def _make_logits_processor(keys):
 @pytest.mark.parametrize("distillation_only", [False, True])
 def test_distillation_outputs_emitted_in_both_padding_modes(use_remove_padding, distillation_only):
     """distillation_use_topk=True must populate distillation outputs into
-    model_output regardless of use_remove_padding. See verl#6293.
+    model_output regardless of use_remove_padding.
 
     When distillation_only=True, log_probs must be omitted (supervised top-k path)."""
     bsz = 2

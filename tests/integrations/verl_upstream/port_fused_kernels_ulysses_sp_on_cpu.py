@@ -17,7 +17,7 @@
 # names; run with REASONRL_FAST_VERL_PATCH=1 it checks that the patch leaves those names where
 # verl's model adapters (and mock.patch) look them up.
 
-"""Regression test for issue #6068 (use_fused_kernels=True + ulysses_sp>1).
+"""Regression test for use_fused_kernels=True with ulysses_sp>1.
 
 Under Ulysses sequence parallelism, the fused-kernel forward functions in
 `verl/models/transformers/*.py` were computing
@@ -26,7 +26,7 @@ already SP-sliced the input. `torch.roll` wraps around the local-shard
 boundary rather than the global sequence, so the last position on every SP
 rank ended up predicting the wrong label. This biased ~1 position per rank
 per micro-batch and manifested as a slow training-quality regression at
-SP > 1 (issue #6068).
+SP > 1.
 
 The fix plumbs the engine's pre-rolled `input_ids_rmpad_rolled` into the fused
 forwards via a new `shift_labels` kwarg, mirroring what the veomni engine
