@@ -32,6 +32,24 @@ _FRAME_CAP = 16 << 20  # bytes of one answer from the program to the checker
 # What an answer may hold (exact types: no subclass, so no __eq__ of the program's own).
 _PLAIN = ("(type(None), bool, int, float, complex, str, bytes, list, tuple, set, frozenset, "
           "dict)")
+# The check both interpreters run on an answer (the worker before sending it, the checker again
+# after loading it), pasted into each script below.
+_PLAIN_CHECK = """\
+    plain_types = PLAIN
+
+    def plain(v):
+        t = type(v)
+        if t not in plain_types:
+            raise TypeError(f"the answer holds a {t.__name__}, which is not plain data")
+        if t is dict:
+            for k, x in v.items():
+                plain(k)
+                plain(x)
+        elif t in (list, tuple, set, frozenset):
+            for x in v:
+                plain(x)
+        return v
+"""
 
 # HumanEval-style tests run in two interpreters. The program's (the worker, below) only
 # computes: it runs solution.py, then answers calls `name(*args, **kwargs)` from the checker
@@ -47,7 +65,6 @@ _WORKER = r"""
 def _serve():
     import marshal, os, sys, traceback
     req, resp = int(sys.argv[1]), int(sys.argv[2])
-    plain_types = PLAIN
 
     def send(data):
         data = len(data).to_bytes(4, "big") + data
@@ -63,18 +80,7 @@ def _serve():
             out += chunk
         return out
 
-    def plain(v):
-        t = type(v)
-        if t not in plain_types:
-            raise TypeError(f"the answer holds a {t.__name__}, which is not plain data")
-        if t is dict:
-            for k, x in v.items():
-                plain(k)
-                plain(x)
-        elif t in (list, tuple, set, frozenset):
-            for x in v:
-                plain(x)
-        return v
+PLAIN_CHECK
 
     g = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
@@ -98,14 +104,13 @@ def _serve():
         sys.stdout.flush()
         send(data)
 _serve()
-""".replace("PLAIN", _PLAIN)
+""".replace("PLAIN_CHECK", _PLAIN_CHECK).replace("PLAIN", _PLAIN)
 
 _CHECKER = r"""
 def _check():
     import builtins, marshal, os, sys
     req, resp, verdict, alone = (int(a) for a in sys.argv[1:5])
     theirs = set(filter(None, sys.argv[5].split(",")))  # the program's even if builtins
-    plain_types = PLAIN
     if alone:  # the program will share our uid: no /proc/<us>/fd, mem, environ for it
         import ctypes
         if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
@@ -134,18 +139,7 @@ def _check():
             raise RuntimeError(f"the program's answer is over {CAP} bytes")
         return recv(n)
 
-    def plain(v):
-        t = type(v)
-        if t not in plain_types:
-            raise TypeError(t.__name__)
-        if t is dict:
-            for k, x in v.items():
-                plain(k)
-                plain(x)
-        elif t in (list, tuple, set, frozenset):
-            for x in v:
-                plain(x)
-        return v
+PLAIN_CHECK
 
     def stand_in(name):
         def call(*args, **kwargs):
@@ -185,7 +179,7 @@ def _check():
         os._exit(3)  # a test failed (any other exception: exit 1, an error)
     os.write(verdict, b"pass\n")
 _check()
-""".replace("CAP", str(_FRAME_CAP)).replace("PLAIN", _PLAIN)
+""".replace("CAP", str(_FRAME_CAP)).replace("PLAIN_CHECK", _PLAIN_CHECK).replace("PLAIN", _PLAIN)
 _VERDICT_PASS = b"ready\npass\n"
 
 
