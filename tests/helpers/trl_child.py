@@ -151,13 +151,8 @@ def tiny_model(tok, seed):
     return Qwen2ForCausalLM(cfg)
 
 
-def model_case(tok):
-    """A model's fused forward (add_fused_lm_head), TRL's head vs the patched head."""
-    model = tiny_model(tok, 1)
-    trl_utils.add_fused_lm_head(model, temperature=0.9, outputs=("log_probs", "entropy"))
-    ids = torch.randint(3, len(tok), (2, 12), generator=torch.Generator().manual_seed(3))
-    labels = ids.clone()
-    labels[:, :5] = -100
+def under_each_head(model, ids, labels) -> list:
+    """The model's fused forward with TRL's head, then with the patched head."""
     outs = []
     for fn in (trl_original_head, patched_head):
         saved = trl_utils._ChunkedLogProbFunction
@@ -166,6 +161,17 @@ def model_case(tok):
             outs.append(model(input_ids=ids, labels=labels, fused_lm_head=True))
         finally:
             trl_utils._ChunkedLogProbFunction = saved
+    return outs
+
+
+def model_case(tok):
+    """A model's fused forward (add_fused_lm_head), TRL's head vs the patched head."""
+    model = tiny_model(tok, 1)
+    trl_utils.add_fused_lm_head(model, temperature=0.9, outputs=("log_probs", "entropy"))
+    ids = torch.randint(3, len(tok), (2, 12), generator=torch.Generator().manual_seed(3))
+    labels = ids.clone()
+    labels[:, :5] = -100
+    outs = under_each_head(model, ids, labels)
     return {"lp": err(outs[0].log_probs, outs[1].log_probs),
             "entropy": err(outs[0].entropy, outs[1].entropy),
             "masked_zero": bool((outs[1].log_probs[:, :4] == 0).all())}
@@ -179,14 +185,7 @@ def handbacks(tok, warnings):
     model.config.final_logit_softcapping = 30.0
     trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     ids = torch.randint(3, len(tok), (2, 9), generator=torch.Generator().manual_seed(4))
-    outs = []
-    for fn in (trl_original_head, patched_head):
-        saved = trl_utils._ChunkedLogProbFunction
-        trl_utils._ChunkedLogProbFunction = fn
-        try:
-            outs.append(model(input_ids=ids, labels=ids, fused_lm_head=True))
-        finally:
-            trl_utils._ChunkedLogProbFunction = saved
+    outs = under_each_head(model, ids, ids)
     out["softcap_model"] = err(outs[0].log_probs, outs[1].log_probs) + err(outs[0].entropy,
                                                                            outs[1].entropy)
     gen = torch.Generator().manual_seed(6)
