@@ -1,7 +1,7 @@
 """The launcher that runs inside the sandbox (see code.py for the layers and who sets them up).
 
 Started as a script (`python3 -I -S _sandbox.py`), standard library only. It reads one job
-(a marshal-encoded dict from its caller: json would cost 13 ms of imports here) on stdin, runs
+(a marshal-encoded dict from its caller: json would cost its imports, RESULTS §4) on stdin, runs
 each case of the program with its limits, and writes one marshal-encoded result on stdout. In
 the namespaced modes it is pid 1 of a fresh PID namespace: it makes every mount read-only,
 mounts the private tmpfs dirs, writes the program into its own tmpfs, and after each case kills
@@ -55,7 +55,7 @@ _PLAIN_CHECK = """\
 # computes: it runs solution.py, then answers calls `name(*args, **kwargs)` from the checker
 # with the result as plain data (marshal of the exact builtin types in _PLAIN, which the
 # checker checks again after loading; any other object is an error; json would cost both
-# interpreters 8 ms of imports). The checker (further below) runs the tests with a
+# interpreters its imports, RESULTS §4). The checker (further below) runs the tests with a
 # stand-in for every name they take from the program and alone writes the verdict, on a pipe
 # only it holds. Whatever the program does to its own interpreter (builtins, exec, exit paths,
 # frames, objects that equal anything) changes nothing but the answers it gives; it never sees

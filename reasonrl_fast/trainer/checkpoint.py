@@ -103,9 +103,9 @@ def finalize(tmp: str, state: dict, tokenizer, hf_config, keep: int) -> str:
 
 def checksums(root: str, rels: list[str] | None = None) -> dict[str, tuple[int, str]]:
     """(size, CRC-32 as 8 hex digits) of every file under `root`, or of `rels` (relative paths),
-    read in parallel threads (zlib.crc32 releases the GIL on large buffers; 1.7 GiB/s on a busy
-    2-core machine, benchmarks/RESULTS.md §11). A CRC catches damage (a flipped or zeroed block, a file overwritten in place); the
-    trust checks, not the checksum, keep out other users' files."""
+    read in parallel threads (zlib.crc32 releases the GIL on large buffers; its cost on a save:
+    benchmarks/RESULTS.md §11). A CRC catches damage (a flipped or zeroed block, a file
+    overwritten in place); the trust checks, not the checksum, keep out other users' files."""
     if rels is None:
         rels = [os.path.relpath(os.path.join(d, n), root) for d, _, files in os.walk(root) for n in files]
     with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1, len(rels)))) as pool:
