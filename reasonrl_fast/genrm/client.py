@@ -29,7 +29,7 @@ import aiohttp
 
 from reasonrl_fast.genrm import API_KEY_ENV
 from reasonrl_fast.genrm.prompt import TEMPLATES, parse_verdict, render
-from reasonrl_fast.rewards.pool import quantile
+from reasonrl_fast.util import quantile
 
 log = logging.getLogger(__name__)
 

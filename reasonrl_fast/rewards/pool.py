@@ -21,6 +21,7 @@ from collections import deque
 from multiprocessing.connection import Connection, wait
 
 from reasonrl_fast.rewards.score import load_reward_fn
+from reasonrl_fast.util import quantile
 
 Sample = tuple  # (data_source, solution_str, ground_truth, extra_info)
 FAILED = {"score": 0.0, "acc": False}
@@ -140,14 +141,6 @@ class RewardPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def quantile(xs: list[float], q: float) -> float:
-    """Nearest-rank quantile (0 for an empty step)."""
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return s[max(0, math.ceil(q * len(s)) - 1)]
 
 
 class _Proc:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import math
 import os
+
 import warnings
+
+from reasonrl_fast.util import read_metrics
 
 
 class MetricsLogger:
@@ -36,7 +39,7 @@ class MetricsLogger:
     def _truncate_after(self, step: int) -> None:
         if not os.path.exists(self.path):
             return
-        rows = read_rows(self.path)
+        rows = read_metrics(self.path)
         with open(self.path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows if r["step"] <= step)
 
@@ -64,21 +67,3 @@ class MetricsLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
-
-
-def read_rows(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl. A cut-off last line (the process died mid-write) is dropped
-    with a warning; a bad line anywhere else means the file is damaged, and is an error."""
-    with open(path) as f:
-        lines = f.read().split("\n")
-    rows = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except ValueError as e:
-            if any(rest.strip() for rest in lines[i + 1:]):
-                raise ValueError(f"{path}, line {i + 1}: not valid JSON ({e}); the file is damaged") from None
-            warnings.warn(f"{path}, line {i + 1}: dropping a cut-off last line", stacklevel=2)
-    return rows

@@ -19,7 +19,8 @@ from transformers import AutoConfig
 from reasonrl_fast.data.addition import flawed_step
 from reasonrl_fast.data.records import prompt_ids
 from reasonrl_fast.models.loading import load_tokenizer
-from reasonrl_fast.rewards.pool import RewardPool, quantile
+from reasonrl_fast.rewards.pool import RewardPool
+from reasonrl_fast.util import quantile
 from reasonrl_fast.rewards.score import load_reward_fn
 from reasonrl_fast.trainer import checkpoint as ckpt
 from reasonrl_fast.trainer.algos import advantages, fapo_rewards, overlong_penalty

@@ -13,7 +13,8 @@ import pytest
 
 from tests.helpers.ckpt import config, fake_checkpoint
 from reasonrl_fast.trainer import checkpoint as ckpt
-from reasonrl_fast.trainer.logger import MetricsLogger, read_rows
+from reasonrl_fast.trainer.logger import MetricsLogger
+from reasonrl_fast.util import read_metrics as read_rows
 
 
 def _names(d):
