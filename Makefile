@@ -31,7 +31,7 @@ test-slow: install
 	$(PYTEST) -m slow --durations=0
 
 # The main job: the embedded default run (a tiny model learns 2-digit addition with FlowRL on
-# Ray + FSDP2, CPU; about 3.5 minutes on 2 cores). Extra settings: make train ARGS="algo=grpo".
+# Ray + FSDP2, CPU; minutes on 2 cores, RESULTS.md §3). Extra settings: make train ARGS="algo=grpo".
 train: install
 	$(PYTHON) -m reasonrl_fast.train $(ARGS)
 
