@@ -12,7 +12,6 @@ trainer computes it. Forward only: rewards carry no gradient.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -51,10 +50,7 @@ def cases(device: str, quick: bool) -> list[Case]:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.add_common_args(p)
-    args = p.parse_args(argv)
-    return harness.main_for(__file__, cases, "group-advantage", "group_advantage", args)
+    return harness.op_script_main(__file__, __doc__, cases, "group-advantage", "group_advantage", argv)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ for dh and dW); % matmul is that rate over the matmul rate measured in the same 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -101,7 +100,7 @@ def _maker(dtype: torch.dtype, entropy: bool):
 def cases(device: str, quick: bool) -> list[Case]:
     """The cases of this op on `device` (one size each with quick)."""
     cuda = device.startswith("cuda")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = harness.default_dtype(device)
     if cuda:
         sizes = [{"N": 16384, "H": 4096, "V": 131072}, {"N": 16384, "H": 3584, "V": 152064}]
     else:
@@ -121,10 +120,7 @@ def cases(device: str, quick: bool) -> list[Case]:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.add_common_args(p)
-    args = p.parse_args(argv)
-    return harness.main_for(__file__, cases, "linear-token-logprob", "linear_token_logprob", args)
+    return harness.op_script_main(__file__, __doc__, cases, "linear-token-logprob", "linear_token_logprob", argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ the [B, T, H] hidden states once and writing their gradient once.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -48,7 +47,7 @@ def _maker(dtype: torch.dtype):
 def cases(device: str, quick: bool) -> list[Case]:
     """The cases of this op on `device` (one size with quick)."""
     cuda = device.startswith("cuda")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = harness.default_dtype(device)
     if cuda:
         sizes = [{"B": 64, "T": 2048, "H": h} for h in (896, 3584)]
     else:
@@ -60,10 +59,7 @@ def cases(device: str, quick: bool) -> list[Case]:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.add_common_args(p)
-    args = p.parse_args(argv)
-    return harness.main_for(__file__, cases, "masked-mean", "masked_mean", args)
+    return harness.op_script_main(__file__, __doc__, cases, "masked-mean", "masked_mean", argv)
 
 
 if __name__ == "__main__":

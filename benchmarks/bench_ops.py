@@ -41,8 +41,7 @@ def main(argv=None) -> list[dict]:
     torch.manual_seed(0)
     reps = a.reps or (3 if a.quick else 7)
     info = harness.env_info(a.device)
-    rates = harness.measure_rates(a.device, torch.bfloat16 if a.device.startswith("cuda") else torch.float32,
-                                   quick=a.quick)
+    rates = harness.measure_rates(a.device, harness.default_dtype(a.device), quick=a.quick)
     print(f"# {harness.machine_line(info)}  {info['date_utc']}\n# {harness.rates_line(rates)}", flush=True)
     rows = []
     for script in SCRIPTS:

@@ -14,7 +14,6 @@ and writing the log-probs' gradient.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -67,10 +66,7 @@ def cases(device: str, quick: bool) -> list[Case]:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.add_common_args(p)
-    args = p.parse_args(argv)
-    return harness.main_for(__file__, cases, "tb-loss", "tb_loss", args)
+    return harness.op_script_main(__file__, __doc__, cases, "tb-loss", "tb_loss", argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ entropy), run where flash-attn is installed.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -98,7 +97,7 @@ def _maker(dtype: torch.dtype, kind: str):
 def cases(device: str, quick: bool) -> list[Case]:
     """The cases of this op on `device` (one size each with quick)."""
     cuda = device.startswith("cuda")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = harness.default_dtype(device)
     if cuda:
         sizes = [{"N": 16384, "V": 152064}] if quick else [{"N": n, "V": 152064} for n in (4096, 8192, 16384)]
     else:
@@ -122,10 +121,7 @@ def cases(device: str, quick: bool) -> list[Case]:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.add_common_args(p)
-    args = p.parse_args(argv)
-    return harness.main_for(__file__, cases, "token-logprob", "token_logprob", args)
+    return harness.op_script_main(__file__, __doc__, cases, "token-logprob", "token_logprob", argv)
 
 
 if __name__ == "__main__":

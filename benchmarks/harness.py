@@ -496,6 +496,12 @@ def plot(rows: list[dict], path: str, title: str = "") -> Optional[str]:
     return path
 
 
+def default_dtype(device: str) -> torch.dtype:
+    """The dtype the op benchmarks run in: bfloat16 on CUDA (as a trainer does), float32 on CPU
+    (where bfloat16 matmuls are emulated)."""
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
 # --- the common command line of the per-op scripts -----------------------------------------------
 
 def add_common_args(p) -> None:
@@ -511,9 +517,15 @@ def add_common_args(p) -> None:
     p.add_argument("--png", metavar="F", help="plot time against size into this PNG")
 
 
-def main_for(script: str, cases_fn: Callable[[str, bool], list[Case]], marker: str, heading: str,
-             args, matmul_dtype: Optional[torch.dtype] = None) -> list[dict]:
-    """What every per-op script's main does with its parsed common arguments."""
+def op_script_main(script: str, doc: str, cases_fn: Callable[[str, bool], list[Case]], marker: str,
+                   heading: str, argv: Optional[list[str]] = None,
+                   matmul_dtype: Optional[torch.dtype] = None) -> list[dict]:
+    """Every per-op script's main: parse the common command line (the script's docstring `doc`
+    is its --help), run the cases, print the table, and --write it into RESULTS.md between the
+    script's `marker`s under `heading` (--json, --png likewise)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser)
+    args = parser.parse_args(argv)
     device = args.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"{os.path.basename(script)}: --device {device} but torch "
@@ -525,7 +537,7 @@ def main_for(script: str, cases_fn: Callable[[str, bool], list[Case]], marker: s
             c.providers = [p for p in c.providers if p in keep]
     reps = args.reps or (3 if args.quick else (20 if device.startswith("cuda") else 7))
     info = env_info(device)
-    mdt = matmul_dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    mdt = matmul_dtype or default_dtype(device)
     rates = measure_rates(device, mdt, quick=args.quick)
     print(f"# {machine_line(info)}  {info['date_utc']}\n# {rates_line(rates)}", flush=True)
     if args.json:  # rows go out case by case: a run killed later still leaves what it measured
