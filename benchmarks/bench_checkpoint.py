@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
-from reasonrl_fast.trainer import checkpoint as ckpt  # noqa: E402
+from reasonrl_fast.runtime import checkpoint as ckpt  # noqa: E402
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
@@ -41,7 +41,7 @@ def default_run_state() -> dict:
     """The default run's model (tiny Qwen2 + Z-head) and AdamW state after one step."""
     from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
     from reasonrl_fast.ops import ZHead
-    from reasonrl_fast.trainer.config import load_config
+    from reasonrl_fast.config import load_config
 
     cfg = load_config(None, [])
     tok = char_tokenizer()

@@ -47,7 +47,7 @@ def run_one(variant: str, hidden: int, vocab: int, tokens: int, response: int, r
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from reasonrl_fast.trainer.algos import grpo_loss
+    from reasonrl_fast.algos.grpo import grpo_loss
     from reasonrl_fast.trainer.policy import Actor, make_batch
 
     torch.set_num_threads(1)

@@ -23,9 +23,9 @@ import aiohttp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from reasonrl_fast.data.addition import addition_steps, make_prompt  # noqa: E402
+from reasonrl_fast.tasks.addition import addition_steps, make_prompt  # noqa: E402
 from reasonrl_fast.genrm.launch import launch  # noqa: E402
-from reasonrl_fast.genrm.prompt import parse_verdict, render  # noqa: E402
+from reasonrl_fast.protocol import parse_verdict, render  # noqa: E402
 
 MARKER = "genrm-server"
 

@@ -28,6 +28,7 @@ sys.path.insert(0, ROOT)
 
 from reasonrl_fast.rewards.pool import RewardPool  # noqa: E402
 from reasonrl_fast.rewards.score import default_compute_score  # noqa: E402
+from reasonrl_fast.util import read_metrics  # noqa: E402
 
 
 def math_samples(n: int, seed: int = 0) -> list[tuple]:
@@ -78,7 +79,7 @@ def pooled(samples, workers: int = 2, timeout_s: float = 30.0) -> tuple[float, l
 
 
 def addition_step(seed: int) -> list[tuple]:
-    from reasonrl_fast.data.addition import sft_example, synthetic_split
+    from reasonrl_fast.tasks.addition import sft_example, synthetic_split
 
     rng = random.Random(seed)
     items = synthetic_split(16, 2, seed)
@@ -113,7 +114,7 @@ def hung_step() -> list[dict]:
                "optim.mini_batch_prompts=4", "rollout.n=2", "rollout.max_new_tokens=12",
                f"sft.cache_dir={tmp}/sft"]
         subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
-        return [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if x.strip()]
+        return read_metrics(out)
 
 
 def write_section(path: str, body: str, marker: str = "rewards-cpu") -> None:

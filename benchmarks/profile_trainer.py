@@ -38,7 +38,7 @@ def driver(steps: int, layout: str) -> None:
     from bench_vs_trl import LAYOUTS, ours_overrides
     from vs_trl_task import write_model, write_prompts
 
-    from reasonrl_fast.trainer.config import load_config
+    from reasonrl_fast.config import load_config
     from reasonrl_fast.trainer.loop import run
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,8 +78,8 @@ def _rank(rank: int, world: int, threads: int, port: int, model: str, prompts: s
     from vs_trl_task import sum_reward
 
     from reasonrl_fast.trainer import worker as worker_mod
-    from reasonrl_fast.trainer.algos import advantages
-    from reasonrl_fast.trainer.config import load_config
+    from reasonrl_fast.algos import advantages
+    from reasonrl_fast.config import load_config
     from bench_vs_trl import ours_overrides
 
     cfg = load_config(None, ours_overrides(model, prompts, out_dir, world, threads, steps))

@@ -7,3 +7,8 @@ class UserError(Exception):
     """Bad input or a refused action; the message names what is wrong and, where it helps, what
     to do. Subclasses keep their older bases too (ValueError, RuntimeError), so code that
     catches those still catches them."""
+
+
+class ConfigError(UserError, ValueError):
+    """A bad configuration: unknown key, wrong type, or an invalid value (the message names the
+    key)."""

@@ -8,7 +8,7 @@ and exit status 2, before any model or Ray starts where it can be known that ear
 from __future__ import annotations
 
 from reasonrl_fast import cli
-from reasonrl_fast.trainer.config import load_config
+from reasonrl_fast.config import load_config
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -19,11 +19,14 @@ def _main(argv: list[str]) -> dict:
     path = argv[0] if argv and "=" not in argv[0] else None
     cfg = load_config(path, argv[1:] if path else argv)
     from reasonrl_fast.data.records import check_files
-    from reasonrl_fast.trainer.checkpoint import make_run_dir
+    from reasonrl_fast.rewards.score import load_reward_fn
+    from reasonrl_fast.runtime.checkpoint import make_run_dir
 
-    # the data files and the run directory now, not after the trainer's imports and warm start
+    # the data files, the reward function and the run directory now, not after the trainer's
+    # imports and warm start
     check_files(cfg.data.train_files, "data.train_files")
     check_files(cfg.data.val_files, "data.val_files")
+    load_reward_fn(cfg.data.reward_fn)
     make_run_dir(cfg.trainer.output_dir)
     from reasonrl_fast.trainer.loop import run
 

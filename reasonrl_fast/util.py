@@ -1,11 +1,14 @@
 """Small helpers several wings share, one home each: the nearest-rank quantile of the latency
-metrics, and reading a run's metrics.jsonl (the trainer's resume, plot, benchmarks, tests)."""
+metrics, reading a run's metrics.jsonl (the trainer's resume, plot, benchmarks, tests), the split
+rule of the trainer's shares, and the last \\boxed{} of a text (how answers and GenRM verdicts are
+written)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import warnings
 
 
@@ -39,3 +42,47 @@ def read_metrics(path: str) -> list[dict]:
                 raise ValueError(f"{path}, line {i + 1}: not valid JSON ({e}); the file is damaged") from None
             warnings.warn(f"{path}, line {i + 1}: dropping a cut-off last line", stacklevel=2)
     return rows
+
+
+def shares(count: int, parts: int) -> list[range]:
+    """The one split rule of the trainer: `count` items (prompts) in `parts` contiguous shares whose
+    sizes differ by at most one, the earlier shares taking the extra ones. Used for the workers'
+    shares of a step and for each worker's mini-batches."""
+    base, extra = divmod(count, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = base + (i < extra)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+
+_BOX_OPENERS = ("\\boxed{", "\\fbox{")
+# What matters when matching braces: a backslash pair (so \{ and \} are literal braces, as in
+# \left\{ ... \right.), or a brace. Iterating over these matches skips the text between them.
+_BRACE_TOKENS = re.compile(r"\\.|[{}]", re.DOTALL)
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} or \\fbox{...} (nested braces allowed); None when there is
+    none or it is unclosed. Linear time: one rfind per opener, one scan to the closing brace."""
+    if not isinstance(text, str):
+        return None
+    start = -1
+    for opener in _BOX_OPENERS:
+        at = text.rfind(opener)
+        if at >= 0 and at + len(opener) > start:
+            start = at + len(opener)
+    if start < 0:
+        return None
+    depth = 1
+    for token in _BRACE_TOKENS.finditer(text, start):
+        brace = token.group()
+        if brace == "{":
+            depth += 1
+        elif brace == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:token.start()]
+    return None

@@ -142,9 +142,9 @@ def test_user_errors_share_one_base_and_print_one_line(capsys):
     from reasonrl_fast.eval.run import EvalError
     from reasonrl_fast.genrm.launch import GenRMStartError
     from reasonrl_fast.plot import PlotError
-    from reasonrl_fast.trainer.checkpoint import CheckpointError
-    from reasonrl_fast.trainer.cluster import ClusterError
-    from reasonrl_fast.trainer.config import ConfigError
+    from reasonrl_fast.runtime.checkpoint import CheckpointError
+    from reasonrl_fast.runtime.ray_cluster import ClusterError
+    from reasonrl_fast.config import ConfigError
 
     for cls in (ConfigError, DataError, CheckpointError, EvalError, PlotError, ClusterError,
                 GenRMStartError):
@@ -163,3 +163,35 @@ def test_user_errors_share_one_base_and_print_one_line(capsys):
 
     with pytest.raises(KeyError):
         cli.main(bug, [])
+
+
+# Every `python -m` command, each given one bad argument: one line naming it, exit status 2.
+EVERY_CLI = [
+    ("train", lambda t: ["reasonrl_fast.train", "algo=dapo", f"trainer.output_dir={t / 'run'}"],
+     ["algo='dapo'", "flowrl", "grpo", "fapo"]),
+    ("train task", lambda t: ["reasonrl_fast.train", "data.task=sudoku", f"trainer.output_dir={t / 'run'}"],
+     ["data.task='sudoku'", "addition", "code", "genrm"]),
+    ("train reward_fn", lambda t: ["reasonrl_fast.train", "data.reward_fn=no_such_module_xyz:score",
+                                   f"trainer.output_dir={t / 'run'}"],
+     ["data.reward_fn=", "cannot import 'no_such_module_xyz'"]),
+    ("eval", lambda t: ["reasonrl_fast.eval", "eval.n=0", f"eval.output_dir={t / 'eval'}"], ["eval.n=0"]),
+    ("eval reward_fn", lambda t: ["reasonrl_fast.eval", f"model.path={t}", "data.reward_fn=no_such_module_xyz:score",
+                                  f"eval.output_dir={t / 'eval'}"],
+     ["data.reward_fn=", "cannot import 'no_such_module_xyz'"]),
+    ("eval model", lambda t: ["reasonrl_fast.eval", f"model.path={t / 'nowhere'}", f"eval.output_dir={t / 'eval'}"],
+     ["model.path=", "nowhere", "no such directory"]),
+    ("merge", lambda t: ["reasonrl_fast.merge", t / "run" / "checkpoint-7", t / "merged"], ["checkpoint-7"]),
+    ("prepare", lambda t: ["reasonrl_fast.data.prepare", "gsm8k", "--input", t / "none.jsonl", "--output",
+                           t / "out.jsonl"], ["none.jsonl", "no such file"]),
+    ("plot", lambda t: ["reasonrl_fast.plot", t / "no_run", "--output", t / "p.png"], ["no_run"]),
+    ("genrm.serve", lambda t: ["reasonrl_fast.genrm.serve", "--backend", "rule:sudoku", "--port", "0"],
+     ["rule:sudoku", "rule:addition"]),
+]
+
+
+@pytest.mark.proc
+@pytest.mark.parametrize("case,make,says", EVERY_CLI, ids=[c[0] for c in EVERY_CLI])
+def test_every_command_answers_a_bad_argument_in_one_line(tmp_path, case, make, says):
+    module, *args = make(tmp_path)
+    assert_one_line(run_cli(module, *args), *says)
+    assert not any((tmp_path / d).exists() for d in ("run", "eval", "merged", "out.jsonl", "p.png"))

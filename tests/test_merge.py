@@ -9,11 +9,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from reasonrl_fast.merge import load_model_tensors, merge
+from reasonrl_fast.runtime.merge import load_model_tensors, merge
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.ops import ZHead
-from reasonrl_fast.trainer import checkpoint as ckpt
+from reasonrl_fast.runtime import checkpoint as ckpt
 
 
 def test_merge_round_trip(trained_run, tmp_path):

@@ -1,2 +1,2 @@
 """Data: records in verl's RL schema or flat (records.py), the prepare command for public sets
-(prepare.py), the shipped smoke math set, and the embedded tasks (addition.py, code.py)."""
+(prepare.py) and the shipped smoke math set. The embedded tasks are in reasonrl_fast/tasks/."""

@@ -9,11 +9,11 @@ import argparse
 import gzip
 import json
 import os
-import re
 from importlib import resources
 from typing import Any, Callable
 
-from reasonrl_fast.data.records import _read_jsonl, default_ability
+from reasonrl_fast import cli
+from reasonrl_fast.data.records import DataError, _read_jsonl, default_ability
 
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 CODE_INSTRUCTION = ("Complete the following Python function. Reply with the whole function, its "
@@ -28,12 +28,12 @@ _ID_KEYS = ("id", "unique_id", "task_id", "problem_id")
 def read_rows(path: str) -> list[tuple[int, dict]]:
     """(row, record) of a parquet, jsonl(.gz) or JSON-list file."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"--input {path}: no such file")
+        raise DataError(f"--input {path}: no such file")
     if path.endswith(".parquet"):
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+            raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
         return list(enumerate(pq.read_table(path).to_pylist(), 1))
     if path.endswith(".gz"):
         with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -42,7 +42,7 @@ def read_rows(path: str) -> list[tuple[int, dict]]:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+            raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
         return list(enumerate(data, 1))
     return _read_jsonl(path)
 
@@ -157,12 +157,12 @@ _LAYOUTS: dict[str, tuple[Callable, tuple[str, ...]]] = {
 
 def _check_layout(name: str, path: str, rows: list[tuple[int, dict]], needs: tuple[str, ...]) -> None:
     if not rows:
-        raise ValueError(f"{path}: the file is empty (no records)")
+        raise DataError(f"{path}: the file is empty (no records)")
     columns = sorted({k for _, r in rows[:100] for k in r})
     lower = {c.lower() for c in columns}
     missing = [g for g in needs if not any(k in lower for k in g.split("|"))]
     if missing:
-        raise ValueError(f"{path}: does not look like {name}: it needs the columns "
+        raise DataError(f"{path}: does not look like {name}: it needs the columns "
                          f"{' and '.join('/'.join(g.split('|')) for g in needs)}; missing "
                          f"{', '.join('/'.join(g.split('|')) for g in missing)}; the file has {columns}")
 
@@ -173,7 +173,7 @@ def prepare(name: str, input: str | None, output: str, instruction: str | None =
     """Convert `input` (the public release of `name`, on disk) into `output` in the verl schema;
     returns the counts {"read", "written", "dropped": {reason: n}}."""
     if name not in NAMES:
-        raise ValueError(f"unknown dataset {name!r}; one of {', '.join(NAMES)}")
+        raise DataError(f"unknown dataset {name!r}; one of {', '.join(NAMES)}")
     source, default_split = NAMES[name]
     split = split or default_split
     if name == "jsonl":
@@ -193,7 +193,7 @@ def prepare(name: str, input: str | None, output: str, instruction: str | None =
         if name == "smoke":
             input = input or smoke_path()
         if not input:
-            raise ValueError(f"{name}: --input is required (a local parquet or jsonl file; nothing is downloaded)")
+            raise DataError(f"{name}: --input is required (a local parquet or jsonl file; nothing is downloaded)")
         rows = read_rows(input)
     _check_layout(name, input, rows, needs)
 
@@ -216,7 +216,7 @@ def prepare(name: str, input: str | None, output: str, instruction: str | None =
                     "extra_info": {"split": split, "index": len(out),
                                    **{k: str(v) for k, v in extra.items() if k not in ("split", "index")}}})
     if not out:
-        raise ValueError(f"{input}: no record left to write (dropped: {dropped})")
+        raise DataError(f"{input}: no record left to write (dropped: {dropped})")
     write_records(out, output)
     return {"read": len(rows), "written": len(out), "dropped": dropped}
 
@@ -241,17 +241,21 @@ def write_records(rows: list[dict], output: str) -> None:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         return
     if not output.endswith(".parquet"):
-        raise ValueError(f"--output {output}: expected a .parquet or .jsonl file name")
+        raise DataError(f"--output {output}: expected a .parquet or .jsonl file name")
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ImportError(f"{output}: writing parquet needs pyarrow (pip install pyarrow), "
+        raise DataError(f"{output}: writing parquet needs pyarrow (pip install pyarrow), "
                           f"or name a .jsonl output") from None
     pq.write_table(pa.Table.from_pylist(rows), output)
 
 
 def main(argv: list[str] | None = None) -> dict:
+    return cli.main(_main, argv)
+
+
+def _main(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(prog="python -m reasonrl_fast.data.prepare", description=__doc__.split("\n\n")[0])
     p.add_argument("name", choices=list(NAMES))
     p.add_argument("--input", help="the release's parquet/jsonl file (not needed for humaneval and smoke)")
@@ -264,11 +268,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--answer-key", default="answer", help="jsonl: the answer's field")
     p.add_argument("--data-source", default="math", help="jsonl: the data_source written (selects the scorer)")
     a = p.parse_args(argv)
-    try:
-        counts = prepare(a.name, a.input, a.output, a.instruction, a.split, a.limit,
-                         a.prompt_key, a.answer_key, a.data_source)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        p.exit(2, f"error: {e}\n")
+    counts = prepare(a.name, a.input, a.output, a.instruction, a.split, a.limit,
+                     a.prompt_key, a.answer_key, a.data_source)
     dropped = ", ".join(f"{n} {why}" for why, n in counts["dropped"].items()) or "none"
     print(f"{a.name}: read {counts['read']}, wrote {counts['written']} to {a.output}; dropped: {dropped}")
     return counts

@@ -6,8 +6,7 @@ Samples `eval.n` responses per prompt and reports mean@n, se@n, pass@k, maj@n pe
 from __future__ import annotations
 
 from reasonrl_fast import cli
-from reasonrl_fast.errors import UserError
-from reasonrl_fast.trainer.config import load_config
+from reasonrl_fast.config import load_config
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -17,15 +16,9 @@ def main(argv: list[str] | None = None) -> dict:
 def _main(argv: list[str]) -> dict:
     path = argv[0] if argv and "=" not in argv[0] else None
     cfg = load_config(path, argv[1:] if path else argv)
-    from reasonrl_fast.eval.generate import EvalWorkerError
     from reasonrl_fast.eval.run import run
-    from reasonrl_fast.trainer.cluster import ClusterError
 
-    try:
-        return run(cfg)
-    # an unreachable cluster, a worker that died, a missing model file: the message says why
-    except (FileNotFoundError, ClusterError, EvalWorkerError) as e:
-        raise UserError(str(e)) from None
+    return run(cfg)
 
 
 if __name__ == "__main__":

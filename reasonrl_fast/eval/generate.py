@@ -13,11 +13,7 @@ import torch
 
 from reasonrl_fast.models.loading import load_model, load_tokenizer
 from reasonrl_fast.rollout import make_rollout
-from reasonrl_fast.trainer.cluster import start_ray, stop_ray
-
-
-class EvalWorkerError(RuntimeError):
-    """A generation actor died or raised; the message names it."""
+from reasonrl_fast.runtime.ray_cluster import WorkerError, start_ray, stop_ray
 
 
 class Generator:
@@ -86,9 +82,9 @@ def generate_all(cfg, model_path: str, prompts: list[list[int]], log=print) -> l
             try:
                 out += ray.get(ref)
             except ray.exceptions.RayActorError as err:
-                raise EvalWorkerError(f"eval worker {b % count} died: {_why(err)}") from err
+                raise WorkerError(f"eval worker {b % count} died: {_why(err)}") from err
             except ray.exceptions.RayTaskError as err:
-                raise EvalWorkerError(f"eval worker {b % count} failed on batch {b}: "
+                raise WorkerError(f"eval worker {b % count} failed on batch {b}: "
                                       f"{getattr(err, 'cause', err)!r}") from err
         log(f"[eval] generated {len(out)} responses in {time.perf_counter() - t0:.1f}s")
         return out

@@ -12,17 +12,18 @@ import shutil
 import tempfile
 import time
 
+from reasonrl_fast.config import check_sandbox_timeout
 from reasonrl_fast.data.records import filter_long, load_records, prompt_ids
-from reasonrl_fast.errors import UserError
+from reasonrl_fast.errors import ConfigError, UserError
 from reasonrl_fast.eval.metrics import PromptResult, maj_at_n, summarize
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.math import extract_boxed, math_equal
 from reasonrl_fast.rewards.pool import RewardPool
 from reasonrl_fast.rewards.score import load_reward_fn, scorer_for
-from reasonrl_fast.trainer import checkpoint as ckpt
-from reasonrl_fast.trainer.config import ConfigError, check_sandbox_timeout
-from reasonrl_fast.trainer.data import load_datasets  # the embedded task's splits
+from reasonrl_fast.runtime import checkpoint as ckpt
+from reasonrl_fast.runtime.datasets import load_datasets  # the embedded task's splits
+from reasonrl_fast.runtime.merge import check_checkpoint, merge
 
 
 class EvalError(UserError, ValueError):
@@ -48,8 +49,6 @@ def resolved_model(cfg, log=print):
     if not os.path.exists(os.path.join(path, ckpt.STATE)):
         yield path
         return
-    from reasonrl_fast.merge import check_checkpoint, merge
-
     check_checkpoint(path, cfg.trainer.trust_checkpoint, "trainer.trust_checkpoint=true", f"model.path={path!r}")
 
     tmp = tempfile.mkdtemp(prefix="reasonrl_eval_")
@@ -131,10 +130,7 @@ def run(cfg, log=print) -> dict:
     `eval.output_dir`/summary.json, with every sample in samples.jsonl)."""
     t0 = time.time()
     e = cfg.eval
-    try:  # a bad spec fails before anything slow
-        load_reward_fn(cfg.data.reward_fn)
-    except (ValueError, ImportError, AttributeError, FileNotFoundError) as err:  # each names data.reward_fn
-        raise ConfigError(str(err)) from None
+    load_reward_fn(cfg.data.reward_fn)  # a bad spec fails before anything slow
     with resolved_model(cfg, log) as model_dir:
         tok = load_tokenizer(model_dir)
         records = load_eval_set(cfg, tok)

@@ -1,5 +1,4 @@
-"""The generative reward model (GenRM) of FAPO: the prompt and verdict format (prompt.py), an
-OpenAI-compatible server (serve.py) and an asynchronous client that survives faults (client.py)."""
-
-API_KEY_ENV = "REASONRL_FAST_GENRM_API_KEY"
-"""Where the server and the client read the API key when none is given (it stays out of `ps`)."""
+"""The generative reward model (GenRM) of FAPO: an OpenAI-compatible server (serve.py, with the
+rule judge of a task or a Hugging Face model as backend), its launcher (launch.py) and an
+asynchronous client that survives faults (client.py). The wire format they share is
+reasonrl_fast/protocol.py."""

@@ -18,47 +18,20 @@ import json
 import logging
 import os
 import random
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
-from urllib.parse import urlsplit
 
 import aiohttp
 
-from reasonrl_fast.genrm import API_KEY_ENV
-from reasonrl_fast.genrm.prompt import TEMPLATES, parse_verdict, render
+from reasonrl_fast.protocol import API_KEY_ENV, TEMPLATES, normalize_address, parse_verdict, render
 from reasonrl_fast.util import quantile
 
 log = logging.getLogger(__name__)
 
 MAX_REPLY_BYTES = 4 << 20
 """Default cap on one reply's body: a verdict is a few kilobytes; a reply over this is a fault."""
-
-
-def normalize_address(address: str) -> str:
-    """An OpenAI base URL: 'host:port' -> 'http://host:port/v1', 'http://host:port' -> '.../v1',
-    '.../v1' kept (https allowed, a trailing '/' dropped); anything else is a ValueError."""
-    if not isinstance(address, str) or not address.strip():
-        raise ValueError(f"GenRM address {address!r}: expected 'host:port' or 'http(s)://host:port[/v1]'")
-    a = address.strip().rstrip("/")
-    if "://" not in a:
-        if not re.fullmatch(r"[A-Za-z0-9.\-]+:\d{1,5}|\[[0-9A-Fa-f:]+\]:\d{1,5}", a):
-            raise ValueError(f"GenRM address {address!r}: a bare address must be 'host:port'")
-        a = "http://" + a
-    try:
-        u = urlsplit(a)
-        u.port  # noqa: B018  (raises ValueError for a port out of range)
-    except ValueError as e:
-        raise ValueError(f"GenRM address {address!r}: {e}") from None
-    if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
-        raise ValueError(f"GenRM address {address!r}: expected 'host:port' or 'http(s)://host:port[/v1]'")
-    if u.path in ("", "/"):
-        return f"{u.scheme}://{u.netloc}/v1"
-    if not u.path.endswith("/v1"):
-        raise ValueError(f"GenRM address {address!r}: the path must be empty or end in /v1 (got {u.path!r})")
-    return f"{u.scheme}://{u.netloc}{u.path}"
 
 
 @dataclass(frozen=True)

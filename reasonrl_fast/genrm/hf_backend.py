@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from reasonrl_fast.genrm.serve import Completion, RequestError, Sampling, last_user_text
+from reasonrl_fast.protocol import Completion, RequestError, Sampling, last_user_text
 
 DEFAULT_MAX_TOKENS = 1024  # when neither the request nor the model's context length bounds it
 # Below this temperature sampling is greedy decoding (as vLLM does): dividing logits by a tiny

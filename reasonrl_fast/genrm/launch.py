@@ -24,7 +24,7 @@ import urllib.request
 from typing import Sequence
 
 from reasonrl_fast.errors import UserError
-from reasonrl_fast.genrm import API_KEY_ENV
+from reasonrl_fast.protocol import API_KEY_ENV
 
 _PR_SET_PDEATHSIG = 1
 

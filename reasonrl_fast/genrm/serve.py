@@ -6,8 +6,8 @@
         [--body-timeout-s 15] [--completion-timeout-s 300]
 
 Backends:
-- `rule:addition`: the exact judge of the embedded addition task (no model): it reads the request
-  written by `genrm.prompt.render` (either template), checks the steps against the right column
+- `rule:addition`: the exact judge of the embedded addition task (no model, tasks/addition.py): it
+  reads the request written by `protocol.render` (either template), checks the steps against the right column
   work and answers like a model would, a line per step checked and then `\\boxed{k}`. Its token
   counts are characters.
 - `hf:PATH`: a local Hugging Face causal LM; concurrent requests are batched into one `generate`
@@ -43,13 +43,22 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 
-from reasonrl_fast.data.addition import column_steps, first_wrong_step, parse_problem
-from reasonrl_fast.genrm import API_KEY_ENV
-from reasonrl_fast.genrm.prompt import parse_request, parse_verdict
+from reasonrl_fast import cli
+from reasonrl_fast.errors import UserError
+from reasonrl_fast.protocol import (
+    API_KEY_ENV,
+    Backend,
+    Completion,
+    RequestError,
+    Sampling,
+    last_user_text,
+    parse_verdict,
+)
+from reasonrl_fast.tasks import TASKS
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a GenRM request is a problem and a solution: far below this
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -95,98 +104,25 @@ class Limits:
             raise ValueError(f"max_queued={self.max_queued!r}: must be >= 0")
 
 
-class RequestError(Exception):
-    """A request the server refuses; answered in the OpenAI error format."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str = "invalid_value", kind: str = "invalid_request_error", close: bool = False) -> None:
-        super().__init__(message)
-        self.message, self.param, self.status, self.code, self.kind = message, param, status, code, kind
-        self.close = close  # the body was not (all) read: the connection cannot carry another request
-
-
-@dataclass
-class Sampling:
-    max_tokens: int | None
-    temperature: float
-    top_p: float
-    seed: int | None
-
-
-@dataclass
-class Completion:
-    text: str
-    finish_reason: str  # "stop" | "length"
-    prompt_tokens: int
-    completion_tokens: int
-
-
-class Backend(Protocol):
-    default_name: str
-
-    async def complete(self, messages: list[dict[str, str]], sampling: Sampling) -> Completion: ...
-
-    def stats(self) -> dict[str, Any]: ...
-
-
-def last_user_text(messages: list[dict[str, str]]) -> str:
-    for m in reversed(messages):
-        if m["role"] == "user":
-            return m["content"]
-    raise RequestError("messages: no message has role 'user'", "messages")
-
-
-# ---------------------------------------------------------------- the rule judge
-
-
-def judge_addition(text: str) -> tuple[str, int, int]:
-    """(answer, verdict, number of steps) for a GenRM request about the addition task. The answer
-    reasons a line per step up to the verdict, then boxes it."""
-    req = parse_request(text)
-    if req is None:
-        raise RequestError("messages: the last user message is not a GenRM request (expected the 'fapo' or "
-                           "'compact' rendering of genrm.prompt.render)", "messages")
-    problem, _, steps = req
-    try:
-        ab = parse_problem(problem)
-    except ValueError as e:
-        raise RequestError(f"messages: the problem cannot be judged: {e}", "messages") from None
-    if ab is None:
-        raise RequestError(f"messages: the problem is not an addition 'a+b=': {problem[:80]!r}", "messages")
-    a, b = ab
-    steps = [s.strip() for s in steps]
-    verdict = first_wrong_step(a, b, steps)
-    right = column_steps(a, b, max(len(str(a)), len(str(b))))
-    lines = [] if steps else ["No steps are written."]
-    for i, step in enumerate(steps[: (verdict + 1) if verdict >= 0 else len(steps)]):
-        if i != verdict:
-            lines.append(f"Step {i}: {step} is right.")
-        elif i >= len(right):
-            lines.append(f"Step {i}: {step} is wrong: the sum was already complete.")
-        elif step != right[i]:
-            lines.append(f"Step {i}: {step} is wrong: it should be {right[i]}.")
-        else:  # right as written, but the work stops here with columns left
-            lines.append(f"Step {i}: {step} is the last step, but {right[i + 1]} is missing after it.")
-    if verdict == -1:
-        lines.append(f"All {len(steps)} steps are right.")
-    answer = "\n".join(lines + [f"\\boxed{{{verdict}}}"])
-    return answer, verdict, len(steps)
-
-
 class RuleBackend:
-    """`rule:addition`: exact verdicts, characters counted as tokens. Judging runs in a worker
-    thread: a request of several megabytes must not stop the event loop while it is read."""
+    """`rule:TASK`: the exact verdicts of an embedded task's rule judge (tasks/), characters
+    counted as tokens. Judging runs in a worker thread: a request of several megabytes must not
+    stop the event loop while it is read."""
 
-    default_name = "rule:addition"
-
-    def __init__(self) -> None:
+    def __init__(self, task: str = "addition") -> None:
+        judge = getattr(TASKS.get(task), "rule_judge", None)
+        if judge is None:
+            known = [f"rule:{name}" for name, t in TASKS.items() if t.rule_judge is not None]
+            raise ValueError(f"no task {task!r} with a rule judge: the rule judges are {', '.join(known)}")
+        self.default_name, self.judge = f"rule:{task}", judge
         self.executor = ThreadPoolExecutor(2, thread_name_prefix="genrm-judge")
 
     async def complete(self, messages: list[dict[str, str]], sampling: Sampling) -> Completion:
         text = last_user_text(messages)
         prompt_tokens = sum(len(m["content"]) for m in messages)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, _rule_completion, text, sampling.max_tokens, prompt_tokens)
+        return await loop.run_in_executor(self.executor, _rule_completion, self.judge, text, sampling.max_tokens,
+                                          prompt_tokens)
 
     def stats(self) -> dict[str, Any]:
         return {}
@@ -195,8 +131,8 @@ class RuleBackend:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _rule_completion(text: str, max_tokens: int | None, prompt_tokens: int) -> Completion:
-    answer, verdict, n = judge_addition(text)
+def _rule_completion(judge, text: str, max_tokens: int | None, prompt_tokens: int) -> Completion:
+    answer, verdict, n = judge(text)
     # With no steps there is no index to name: parse_verdict reads any box as None then.
     assert n == 0 or parse_verdict(answer, n) == verdict, (answer, verdict)
     if max_tokens is not None and len(answer) > max_tokens:
@@ -448,9 +384,7 @@ def make_backend(spec: str, device: str, max_batch: int) -> Backend:
     """The backend a `--backend` spec names; ValueError or FileNotFoundError with the reason."""
     kind, _, arg = spec.partition(":")
     if kind == "rule":
-        if arg != "addition":
-            raise ValueError(f"--backend {spec!r}: the only rule judge is 'rule:addition'")
-        return RuleBackend()
+        return RuleBackend(arg)
     if kind == "hf":
         if not arg:
             raise ValueError("--backend hf:PATH needs the model directory after 'hf:'")
@@ -514,7 +448,16 @@ async def serve(backend: Backend, spec: str, host: str, port: int, served_name: 
             close()
 
 
+class ServeError(UserError):
+    """The server cannot start as asked (a bad backend, an open bind without a key, a port it
+    cannot listen on); the message says why."""
+
+
 def main(argv: list[str] | None = None) -> None:
+    return cli.main(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m reasonrl_fast.genrm.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     d = Limits()
@@ -556,26 +499,22 @@ def main(argv: list[str] | None = None) -> None:
                     body_timeout_s=a.body_timeout_s, completion_timeout_s=a.completion_timeout_s)
     if not is_loopback(a.host) and not a.api_key:
         if not a.allow_open_without_key:
-            p.exit(2, f"genrm.serve: error: --host {a.host} is reachable from other machines and no API key is "
-                      f"set: give --api-key (or ${API_KEY_ENV}), or --allow-open-without-key on a network "
-                      f"you trust\n")
+            raise ServeError(f"--host {a.host} is reachable from other machines and no API key is set: "
+                             f"give --api-key (or ${API_KEY_ENV}), or --allow-open-without-key on a network "
+                             f"you trust")
         print(f"genrm.serve: warning: serving {a.host} without an API key (--allow-open-without-key): anyone "
               f"who reaches this port can use it", file=sys.stderr, flush=True)
     raise_fd_limit()
     try:
         backend = make_backend(a.backend, a.device, a.max_batch)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        p.exit(2, f"genrm.serve: error: {e}\n")
+    except (ValueError, FileNotFoundError, ImportError) as e:  # each names the backend or its model
+        raise ServeError(f"--backend {a.backend}: {e}") from None
     name = a.served_model_name or backend.default_name
     try:
         asyncio.run(serve(backend, a.backend, a.host, a.port, name, a.api_key, limits))
     except OSError as e:  # the port is taken, the host cannot be bound
-        p.exit(1, f"genrm.serve: error: cannot listen on {a.host}:{a.port}: {e}\n")
+        raise ServeError(f"cannot listen on {a.host}:{a.port}: {e}") from None
 
 
 if __name__ == "__main__":
-    # Run the imported module's main, not this __main__ copy's: hf_backend imports
-    # reasonrl_fast.genrm.serve, and its RequestError must be the class the handlers catch.
-    from reasonrl_fast.genrm.serve import main as _main
-
-    _main()
+    main()

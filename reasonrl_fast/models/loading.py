@@ -8,6 +8,12 @@ import os
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from reasonrl_fast.errors import UserError
+
+
+class ModelPathError(UserError, FileNotFoundError):
+    """A model path that is not a local Hugging Face model directory; the message names it."""
+
 
 def check_model_dir(path: str, what: str | None = None) -> None:
     """Models load from local directories only. Without this, a missing directory reaches the
@@ -15,10 +21,10 @@ def check_model_dir(path: str, what: str | None = None) -> None:
     `what` names the setting in the message (default `model.path=PATH`)."""
     what = what or f"model.path={path!r}"
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"{what}: no such directory (a local Hugging Face model directory is "
+        raise ModelPathError(f"{what}: no such directory (a local Hugging Face model directory is "
                                 f"expected; nothing is downloaded)")
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"{what}: the directory has no config.json (a local Hugging Face model "
+        raise ModelPathError(f"{what}: the directory has no config.json (a local Hugging Face model "
                                 f"directory is expected; nothing is downloaded)")
 
 

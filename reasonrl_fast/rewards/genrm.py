@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reasonrl_fast.genrm.prompt import parse_verdict
+from reasonrl_fast.protocol import parse_verdict
 
 
 def genrm_reward(verdict: int | None, truth: int, n_steps: int) -> float:

@@ -16,40 +16,9 @@ import time
 from fractions import Fraction
 from typing import Any
 
+from reasonrl_fast.util import extract_boxed
+
 __all__ = ["extract_boxed", "math_equal", "math_score", "compute_score", "dapo_score"]
-
-# ---------------------------------------------------------------------------------------------
-# The boxed answer
-
-_BOX_OPENERS = ("\\boxed{", "\\fbox{")
-# What matters when matching braces: a backslash pair (so \{ and \} are literal braces, as in
-# \left\{ ... \right.), or a brace. Iterating over these matches skips the text between them.
-_BRACE_TOKENS = re.compile(r"\\.|[{}]", re.DOTALL)
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} or \\fbox{...} (nested braces allowed); None when there is
-    none or it is unclosed. Linear time: one rfind per opener, one scan to the closing brace."""
-    if not isinstance(text, str):
-        return None
-    start = -1
-    for opener in _BOX_OPENERS:
-        at = text.rfind(opener)
-        if at >= 0 and at + len(opener) > start:
-            start = at + len(opener)
-    if start < 0:
-        return None
-    depth = 1
-    for token in _BRACE_TOKENS.finditer(text, start):
-        brace = token.group()
-        if brace == "{":
-            depth += 1
-        elif brace == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:token.start()]
-    return None
-
 
 # ---------------------------------------------------------------------------------------------
 # Equality

@@ -17,6 +17,8 @@ import math
 import os
 from typing import Any, Callable
 
+from reasonrl_fast.errors import ConfigError
+
 # Sources whose ground truth is a JSON test specification (docs/math.md §Data records): stdin/stdout
 # cases or a HumanEval-style test. Compared in lower case; a source that starts with one of these
 # counts too ("livecodebench_v5", "humaneval_plus").
@@ -58,29 +60,38 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: Any
     return math_rewards.compute_score(solution_str, ground_truth, extra_info)
 
 
+class RewardFnError(ConfigError):
+    """`data.reward_fn` names no function that can be loaded; the message says why."""
+
+
 def load_reward_fn(spec: str) -> Callable:
     """'' -> default_compute_score; 'package.module:function' or 'path/to/file.py:function' ->
-    that function. Each way it can fail names `data.reward_fn`."""
+    that function. Each way it can fail is a RewardFnError naming `data.reward_fn`."""
     if not spec:
         return default_compute_score
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
-        raise ValueError(f"data.reward_fn={spec!r}: expected `module:function` or "
-                         f"`path/to/file.py:function`")
-    if where.endswith(".py"):
-        if not os.path.isfile(where):
-            raise FileNotFoundError(f"data.reward_fn={spec!r}: no such file {where!r}")
-        loader = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
-        module = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(module)
-    else:
-        try:
+        raise RewardFnError(f"data.reward_fn={spec!r}: expected `module:function` or "
+                            f"`path/to/file.py:function`")
+    try:
+        if where.endswith(".py"):
+            if not os.path.isfile(where):
+                raise RewardFnError(f"data.reward_fn={spec!r}: no such file {where!r}")
+            loader = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
             module = importlib.import_module(where)
-        except ModuleNotFoundError as e:
-            raise ModuleNotFoundError(f"data.reward_fn={spec!r}: cannot import {where!r} ({e})") from None
+    except RewardFnError:
+        raise
+    except ModuleNotFoundError as e:
+        raise RewardFnError(f"data.reward_fn={spec!r}: cannot import {where!r} ({e})") from None
+    except Exception as e:  # noqa: BLE001 - the user's module failed while it was imported
+        raise RewardFnError(f"data.reward_fn={spec!r}: importing {where!r} failed "
+                            f"({type(e).__name__}: {e})") from e
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise AttributeError(f"data.reward_fn={spec!r}: {where!r} has no function {name!r}")
+        raise RewardFnError(f"data.reward_fn={spec!r}: {where!r} has no function {name!r}")
     return fn
 
 

@@ -1,7 +1,7 @@
 """The thin GRPO / FlowRL / FAPO trainer: `python -m reasonrl_fast.train` (see docs/trainer.md).
 
-config.py (dataclasses + OmegaConf), data.py (datasets, sampler), sft.py (cached warm start),
-algos.py (losses, reward shaping), fapo.py (the GenRM judge in the loop), policy.py (LM + Z-head,
-batch layout), fsdp.py, worker.py (Ray actor), cluster.py (placement), checkpoint.py, logger.py,
-reaper.py, loop.py (the training loop). Below it: data/ (tasks), models/, rollout/, rewards/,
-genrm/."""
+loop.py (the training loop, top to bottom), cluster.py (the workers on Ray), worker.py (one
+rank: FSDP2 shard, optimiser, rollout engine, the step's samples), policy.py (LM + Z-head, batch
+layout, mini-batches), fsdp.py, sft.py (the embedded model's cached warm start), fapo.py (the
+GenRM judge in the loop), logger.py. It stands on runtime/ (Ray, checkpoints, datasets), algos/,
+tasks/, rollout/, rewards/, models/ and config.py."""

@@ -1,178 +1,26 @@
-"""Ray side: start or join a cluster, place `nnodes x workers_per_node` worker actors through a
-placement group, wire them into one torch.distributed group, and fan calls out to them."""
+"""The trainer's workers on Ray: `nnodes x workers_per_node` worker actors placed through a
+placement group, wired into one torch.distributed group; calls fan out to all of them. Each
+worker keeps the samples it generated for the step (`shares` is the one split rule), so the
+driver sends back only their advantages."""
 
 from __future__ import annotations
 
-import os
-import socket
-import time
-import warnings
-
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from transformers import AutoConfig
 
-from reasonrl_fast.errors import UserError
-from reasonrl_fast.trainer import reaper
+from reasonrl_fast.runtime import ray_cluster as rt
+from reasonrl_fast.runtime.ray_cluster import (
+    ClusterError,
+    as_completed,
+    gather,
+    place_workers,
+    start_ray,
+    stop_ray,
+)
 from reasonrl_fast.trainer.worker import Worker
-
-
-RAY_CONNECT_TIMEOUT_S = 30.0
-"""How long to wait for an existing cluster's GCS port to accept a TCP connection (Ray itself
-would retry for ever)."""
-PLACEMENT_TIMEOUT_S = 300.0
-"""How long the workers' placement group may wait for resources (autoscaling clusters)."""
-
-
-class ClusterError(UserError, RuntimeError):
-    """The Ray cluster cannot run this configuration: unreachable, too few nodes or resources."""
-
-
-def start_ray(cfg) -> bool:
-    """Join `trainer.ray_address` / $RAY_ADDRESS, else start a local instance (no dashboard,
-    every service on 127.0.0.1, ended with the driver). Returns True when we called ray.init
-    (and so must shut it down)."""
-    if ray.is_initialized():
-        return False
-    key = "trainer.ray_address" if cfg.trainer.ray_address else "RAY_ADDRESS"
-    address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS", "")
-    # Workers import reasonrl_fast from the same place as the driver.
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
-                        "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(cfg.trainer.cpus_per_worker)}}
-    if address:
-        wait_for_gcs(address, key, RAY_CONNECT_TIMEOUT_S)
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
-        return True
-    world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
-    import torch
-
-    _loopback_only()
-    global _watchdog
-    _watchdog = reaper.start()
-    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env,
-             num_cpus=max(os.cpu_count() or 1, world * cfg.trainer.cpus_per_worker),
-             num_gpus=torch.cuda.device_count(), log_to_driver=True)
-    if ray.util.get_node_ip_address() != "127.0.0.1":
-        warnings.warn(f"the local Ray instance runs on {ray.util.get_node_ip_address()}, not 127.0.0.1: "
-                      f"its services may listen on other interfaces", stacklevel=2)
-    return True
-
-
-def stop_ray(owned: bool) -> None:
-    """Undo `start_ray`: shut Ray down when `owned` (its return value), and let the local
-    instance's watchdog go without killing anything (a clean stop)."""
-    global _watchdog
-    if owned:
-        ray.shutdown()
-    if _watchdog is not None:
-        _watchdog.stdin.close()
-        _watchdog = None
-
-
-_watchdog = None  # the local instance's reaper (see reaper.py): it ends Ray's processes if we die
-
-
-def _loopback_only() -> None:
-    """Make the local instance listen on 127.0.0.1 only. `_node_ip_address="127.0.0.1"` alone is
-    not enough: ray.init swaps a loopback address for the machine's external one unless Ray's
-    "cluster mode" is off, and then its gRPC servers (GCS, raylet, object manager, core workers)
-    bind every interface and the runtime-env agent the external address. With cluster mode off
-    (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the switch Ray uses on macOS and Windows) the node
-    address stays loopback and every server binds it. Ray's processes read the variable when
-    they import ray; this process already did, so its constant is set too."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    from ray._private import ray_constants
-
-    ray_constants.ENABLE_RAY_CLUSTER = False
-
-
-def wait_for_gcs(address: str, key: str, timeout_s: float) -> None:
-    """Wait until `address` ("host:port" or "ray://host:port") accepts a TCP connection, at most
-    `timeout_s`, then fail naming it. Other forms ("auto") are left to Ray."""
-    host, sep, port = address.split("://", 1)[-1].rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        return
-    host = host.strip("[]")  # [::1]:6379
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection((host, int(port)), timeout=max(0.1, min(5.0, deadline - time.monotonic()))).close()
-            return
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                raise ClusterError(
-                    f"{key}={address!r}: no Ray cluster answers there (nothing accepted a connection to "
-                    f"{host}:{port} within {timeout_s:g}s: {e}). Start one with `ray start --head`, or "
-                    f"leave {key} empty to run a local instance") from None
-            time.sleep(0.5)
-
-
-def place_workers(t, bundle: dict, local: bool):
-    """A ready placement group of `nnodes x workers_per_node` bundles, or an error that says what
-    the cluster lacks (instead of a bare timeout)."""
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    if t.nnodes > len(alive):
-        hint = (" (a local instance is one node: join a multi-node cluster with trainer.ray_address "
-                "or RAY_ADDRESS)" if local else "")
-        raise ClusterError(f"trainer.nnodes={t.nnodes}, but the Ray cluster has {len(alive)} alive "
-                           f"node(s){hint}")
-    world = t.nnodes * t.workers_per_node
-    # nnodes > 1 with one worker per node: one bundle per node (STRICT_SPREAD).
-    strategy = "PACK" if t.nnodes == 1 else ("STRICT_SPREAD" if t.workers_per_node == 1 else "SPREAD")
-    pg = placement_group([dict(bundle) for _ in range(world)], strategy=strategy)
-    try:
-        ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
-    except ray.exceptions.GetTimeoutError:
-        remove_placement_group(pg)
-        raise ClusterError(unplaceable(world, bundle, strategy, alive)) from None
-    return pg
-
-
-def unplaceable(world: int, bundle: dict, strategy: str, nodes: list[dict]) -> str:
-    need = {k: v * world for k, v in bundle.items()}
-    total: dict[str, float] = {}
-    for n in nodes:
-        for k in need:
-            total[k] = total.get(k, 0) + n.get("Resources", {}).get(k, 0)
-    missing = {k: need[k] - total[k] for k in need if need[k] > total[k]}
-    per_node = {n.get("NodeManagerAddress", "?"): {k: n.get("Resources", {}).get(k, 0) for k in need}
-                for n in nodes}
-    why = (f"missing {missing} in the whole cluster" if missing else
-           f"the cluster has enough in total, but not spread over the nodes as {strategy} needs")
-    return (f"the {world} workers (trainer.nnodes x trainer.workers_per_node, {bundle} each, {strategy}) "
-            f"could not be placed within {PLACEMENT_TIMEOUT_S:g}s: they need {need}; {why} "
-            f"(per node: {per_node}; other jobs may hold some of it)")
-
-
-class WorkerError(RuntimeError):
-    """A worker rank died or raised; the message names the rank."""
-
-
-def as_completed(refs: list, what: str):
-    """(rank, result) of one call per rank, in the order they finish, failing as soon as any
-    rank fails. A plain ray.get on the list would wait for rank 0 first, and rank 0 may be
-    blocked in a collective with the dead rank until the collective timeout runs out."""
-    rank_of = {ref: r for r, ref in enumerate(refs)}
-    pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        r = rank_of[ready[0]]
-        try:
-            yield r, ray.get(ready[0])
-        except ray.exceptions.RayActorError as e:
-            raise WorkerError(f"worker rank {r} died during {what}: {str(e).splitlines()[0]}") from e
-        except ray.exceptions.RayTaskError as e:
-            raise WorkerError(f"worker rank {r} failed during {what}: {getattr(e, 'cause', e)!r}") from e
-
-
-def gather(refs: list, what: str) -> list:
-    """ray.get of one call per rank, in rank order (see `as_completed`)."""
-    out: list = [None] * len(refs)
-    for r, value in as_completed(refs, what):
-        out[r] = value
-    return out
+from reasonrl_fast.util import shares
 
 
 class Cluster:
@@ -183,7 +31,7 @@ class Cluster:
         gpu = bool(ray.cluster_resources().get("GPU", 0))
         bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": t.cpus_per_worker}
         try:
-            self.pg = place_workers(t, bundle, local=_watchdog is not None)
+            self.pg = place_workers(t, bundle, local=rt.is_local())
         except ClusterError:
             stop_ray(self.owns_ray)
             raise
@@ -197,36 +45,38 @@ class Cluster:
         self.setup_info = gather([w.setup.remote(addr, port) for w in self.workers], "setup")[0]
         self.hf_config = AutoConfig.from_pretrained(model_path)
         self.world = world
+        self._kept: list[range] | None = None  # each worker's samples of the step's rollout
 
     def call(self, method: str, *args):
         return gather([getattr(w, method).remote(*args) for w in self.workers], method)
 
-    def _split(self, xs: list) -> list[list]:
-        k = -(-len(xs) // self.world)
-        return [xs[i * k:(i + 1) * k] for i in range(self.world)]
-
     def generate(self, prompts: list[list[int]], n: int, temperature: float, seed: int) -> list[list[int]]:
-        """n samples per prompt (prompt-major), prompts split evenly over the workers."""
+        """n samples per prompt (prompt-major), the prompts shared out by `shares`."""
         out: list[list[int]] = []
         for _, responses in sorted(self.generate_stream(prompts, n, temperature, seed), key=lambda s: s[0]):
             out += responses
         return out
 
-    def generate_stream(self, prompts: list[list[int]], n: int, temperature: float, seed: int):
-        """Like `generate`, but yields (index of the shard's first sample, its responses) as each
-        worker finishes, so the driver can score one shard while the others still generate."""
-        shards = self._split(prompts)
-        starts = [sum(len(s) for s in shards[:i]) * n for i in range(len(shards))]
-        refs = [w.generate.remote(s, n, temperature, seed * 1000 + i)
-                for i, (w, s) in enumerate(zip(self.workers, shards))]
-        for r, responses in as_completed(refs, "generate"):
-            yield starts[r], responses
+    def generate_stream(self, prompts: list[list[int]], n: int, temperature: float, seed: int, keep: bool = False):
+        """Like `generate`, but yields (index of the share's first sample, its responses) as each
+        worker finishes, so the driver can score one share while the others still generate.
+        `keep`: the step's training samples; each worker keeps its share for `train_step`."""
+        split = shares(len(prompts), self.world)
+        refs = [w.generate.remote([prompts[i] for i in r], n, temperature, seed * 1000 + rank, keep)
+                for rank, (w, r) in enumerate(zip(self.workers, split))]
+        if keep:
+            self._kept = [range(r.start * n, r.stop * n) for r in split]
+        for rank, responses in as_completed(refs, "generate"):
+            yield split[rank].start * n, responses
 
-    def train_step(self, prompts, responses, adv, step: int) -> dict:
-        """Each worker trains on the samples it generated (same split as `generate`)."""
-        ps, rs, advs = self._split(prompts), self._split(responses), self._split(adv)
-        outs = gather([w.train_step.remote(p, r, a, step)
-                       for w, p, r, a in zip(self.workers, ps, rs, advs)], "train_step")
+    def train_step(self, adv: list[float], step: int) -> dict:
+        """Each worker trains on the samples it kept from the last `generate_stream(keep=True)`;
+        it is sent only their advantages (`adv`: one per sample of the step, in order)."""
+        kept, self._kept = self._kept, None
+        if kept is None or kept[-1].stop != len(adv):
+            raise ValueError(f"train_step: {len(adv)} advantages do not match the kept rollout")
+        outs = gather([w.train_step.remote(adv[r.start:r.stop], step) for w, r in zip(self.workers, kept)],
+                      "train_step")
         merged = {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
         merged["memory/peak_gb"] = max(o["memory/peak_gb"] for o in outs)
         merged["train/skipped_updates"] = outs[0]["train/skipped_updates"]

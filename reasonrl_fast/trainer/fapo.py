@@ -15,27 +15,22 @@ import os
 import time
 from collections import Counter
 
-from reasonrl_fast.data.addition import flawed_step
-from reasonrl_fast.data.genrm import request_fields
 from reasonrl_fast.genrm.client import GenRMClient, Verdict, failure_kind
-from reasonrl_fast.trainer.config import ConfigError
+from reasonrl_fast.tasks import genrm_request, get_task, task_of
 
 
 def template_for(cfg) -> str:
     g = cfg.fapo.genrm
     if g.template != "auto":
         return g.template
-    embedded = not cfg.model.path and not cfg.data.train_files and cfg.data.task == "addition"
-    return "compact" if embedded else "fapo"
+    embedded = not cfg.model.path and not cfg.data.train_files
+    return get_task(cfg.data.task).genrm_template if embedded else "fapo"
 
 
 class Judge:
     def __init__(self, cfg, log=print):
         g = cfg.fapo.genrm
         self.server = None
-        if not 0 <= g.warn_failure_rate <= 1 or g.max_reply_bytes < 1:  # before a server starts
-            raise ConfigError(f"fapo.genrm.warn_failure_rate={g.warn_failure_rate!r} must be in [0, 1] and "
-                              f"fapo.genrm.max_reply_bytes={g.max_reply_bytes!r} >= 1")
         addresses = list(g.addresses)
         if not addresses:
             from reasonrl_fast.genrm.launch import launch
@@ -65,9 +60,10 @@ class Judge:
         """Ask about sample `index` (a correct training response)."""
         if not self._pending:
             self._first_submit = time.perf_counter()
-        self._pending[index] = self.client.submit(*request_fields(item, response))
-        if item.get("data_source") == "addition":
-            self._truth[index] = flawed_step(item["prompt"], response)
+        self._pending[index] = self.client.submit(*genrm_request(item, response))
+        task = task_of(item)
+        if task is not None and task.step_checker is not None:
+            self._truth[index] = task.step_checker(item["prompt"], response)
 
     def collect(self) -> tuple[dict[int, Verdict], dict]:
         """The step's verdicts by sample index, and its fapo/genrm metrics. `time/genrm_s` runs

@@ -16,19 +16,19 @@ import time
 import torch
 from transformers import AutoConfig
 
-from reasonrl_fast.data.addition import flawed_step
+from reasonrl_fast.algos import advantages, get_algo, overlong_penalty
+from reasonrl_fast.config import to_yaml
 from reasonrl_fast.data.records import prompt_ids
+from reasonrl_fast.models.lm_head import check_model
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.rewards.pool import RewardPool
-from reasonrl_fast.util import quantile
 from reasonrl_fast.rewards.score import load_reward_fn
-from reasonrl_fast.trainer import checkpoint as ckpt
-from reasonrl_fast.trainer.algos import advantages, fapo_rewards, overlong_penalty
-from reasonrl_fast.trainer.config import to_yaml
-from reasonrl_fast.trainer.data import Sampler, load_datasets
-from reasonrl_fast.trainer.lm_head import check_model
+from reasonrl_fast.runtime import checkpoint as ckpt
+from reasonrl_fast.runtime.datasets import Sampler, load_datasets
+from reasonrl_fast.tasks import TASKS
 from reasonrl_fast.trainer.logger import MetricsLogger
 from reasonrl_fast.trainer.sft import warm_start
+from reasonrl_fast.util import quantile
 
 
 def run(cfg, log=print) -> dict:
@@ -58,8 +58,8 @@ def _run(cfg, log) -> dict:
     from reasonrl_fast.trainer.cluster import Cluster  # imports ray
 
     # FAPO's judge first: a GenRM that cannot start fails the run before the cluster starts.
-    judge = None
-    if cfg.algo == "fapo":
+    algo, judge = get_algo(cfg.algo), None
+    if algo.uses_genrm:
         from reasonrl_fast.trainer.fapo import Judge
 
         judge = Judge(cfg, log)
@@ -98,29 +98,27 @@ def _run(cfg, log) -> dict:
             # worker's share arrives it is scored in the reward pool (a sample that fails or runs
             # out of time scores 0 and is counted) and, for FAPO, its correct responses go to the
             # GenRM while the other workers still generate
-            roll = rollout_and_score(cluster, pool, tok, items, n, cfg.rollout.temperature, step, judge)
+            roll = rollout_and_score(cluster, pool, tok, items, n, cfg.rollout.temperature, step, judge, keep=True)
             responses, acc = roll["responses"], roll["acc"]
-            if judge is not None:  # FAPO: +1 right, -1 wrong, 1 - penalty for a flagged right one
+            flagged, genrm_metrics = None, {}
+            if judge is not None:  # the GenRM's flags on right answers (FAPO)
                 verdicts, genrm_metrics = judge.collect()
                 flagged = [i in verdicts and verdicts[i].flawed for i in range(len(acc))]
-                base = fapo_rewards(acc, flagged, cfg.fapo.penalty)
-            else:
-                base, genrm_metrics = torch.tensor(roll["scores"]), {}
+            base = algo.rewards(cfg, roll["scores"], acc, flagged)
             lengths = torch.tensor([len(r) for r in responses])
             rewards = base + overlong_penalty(
                 lengths, cfg.rollout.max_new_tokens, cfg.grpo.overlong_buffer, cfg.grpo.overlong_factor)
 
             # 3. group advantage (the group is the prompt)
             group_ids = torch.arange(len(items)).repeat_interleave(n)
-            norm = cfg.grpo.norm_by_std if cfg.algo in ("grpo", "fapo") else True
-            adv = advantages(rewards, group_ids, norm_by_std=norm)
+            adv = advantages(rewards, group_ids, norm_by_std=algo.norm_by_std(cfg))
 
-            # 4-6. old/ref log-probs, mini-batch updates, weight sync (on the workers)
-            rep_prompts = [p for p in roll["prompts"] for _ in range(n)]
-            w = cluster.train_step(rep_prompts, responses, adv.tolist(), step)
+            # 4-6. old/ref log-probs, mini-batch updates, weight sync, on the workers, each on the
+            # samples it kept: they are sent only the advantages
+            w = cluster.train_step(adv.tolist(), step)
 
             t_step = time.perf_counter() - t0
-            tokens = sum(len(p) for p in rep_prompts) + int(lengths.sum())
+            tokens = n * sum(len(p) for p in roll["prompts"]) + int(lengths.sum())
             row = {
                 "step": step,
                 "reward/mean": float(rewards.mean()),
@@ -169,9 +167,10 @@ def score_responses(pool: RewardPool, items: list[dict], texts: list[str], n: in
 
 
 def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int, temperature: float,
-                      seed: int, judge=None) -> dict:
+                      seed: int, judge=None, keep: bool = False) -> dict:
     """Generate `n` responses per item and score each worker's share as soon as it arrives
-    (for FAPO, also submit its correct responses to the judge). Returns the prompts' ids, the
+    (for FAPO, also submit its correct responses to the judge); `keep`: the workers keep their
+    samples for the step's update. Returns the prompts' ids, the
     responses (ids and text), scores (non-finite as 0), acc flags, reward/* metrics, and
     time/rollout_s (until the last share arrived) and time/reward_s (the driver's scoring)."""
     t0 = time.perf_counter()
@@ -183,7 +182,7 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
     latencies: list[float] = []
     counts = {"reward/timeouts": 0, "reward/errors": 0}
     t_rollout = t_reward = 0.0
-    for start, shard in cluster.generate_stream(prompts, n, temperature, seed):
+    for start, shard in cluster.generate_stream(prompts, n, temperature, seed, keep=keep):
         t = time.perf_counter()
         t_rollout = t - t0
         idx = range(start, start + len(shard))
@@ -206,34 +205,18 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
 
 def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
     """mean@val_n accuracy (from each scorer's `acc`) on the validation prompts at
-    rollout.val_temperature; on the embedded addition task, the share of its correct
-    responses whose steps are wrong (val/flawed_positive_ratio, by the step checker); on GenRM
-    records, the accuracy on flawless and on flawed solutions apart."""
+    rollout.val_temperature, and each task's own metrics on its records (the addition task's
+    val/flawed_positive_ratio, the GenRM task's accuracy on flawless and flawed solutions)."""
     t = time.perf_counter()
     k = cfg.rollout.val_n
     roll = rollout_and_score(cluster, pool, tok, val_set, k, cfg.rollout.val_temperature, 10**6 + step)
     acc = roll["acc"]
     row = {"val/accuracy": sum(acc) / len(acc)}
-    right = [(val_set[i // k], roll["texts"][i]) for i in range(len(acc))
-             if acc[i] and val_set[i // k].get("data_source") == "addition"]
-    if any(it.get("data_source") == "addition" for it in val_set):
-        flawed = sum(flawed_step(it["prompt"], text) != -1 for it, text in right)
-        row["val/flawed_positive_ratio"] = flawed / len(right) if right else 0.0
-    row.update(genrm_class_accuracy([val_set[i // k] for i in range(len(acc))], acc))
+    items = [val_set[i // k] for i in range(len(acc))]
+    for task in TASKS.values():  # each embedded task's metrics on its own records
+        row.update(task.val_metrics(items, roll["texts"], acc))
     row["time/val_s"] = time.perf_counter() - t
     return row
-
-
-def genrm_class_accuracy(items: list[dict], acc: list[bool]) -> dict:
-    """Step-index accuracy of GenRM judgments by class: val/accuracy_no_error on solutions whose
-    truth is -1, val/accuracy_flawed on the others (empty when no item is a GenRM record)."""
-    out = {}
-    for name, flawed in (("val/accuracy_no_error", False), ("val/accuracy_flawed", True)):
-        hits = [a for it, a in zip(items, acc)
-                if it.get("ability") == "genrm" and (str(it["answer"]) != "-1") == flawed]
-        if hits:
-            out[name] = sum(hits) / len(hits)
-    return out
 
 
 def finite_rewards(rewards: list[float]) -> tuple[list[float], int]:

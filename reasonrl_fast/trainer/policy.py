@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from reasonrl_fast.models.lm_head import head_blocker
 from reasonrl_fast.ops import ZHead, linear_token_logprob, token_logprob
-from reasonrl_fast.trainer.lm_head import head_blocker
+from reasonrl_fast.util import shares
 
 
 class Actor(nn.Module):
@@ -104,3 +105,19 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
 
 def slice_batch(batch: dict, idx) -> dict:
     return {k: (v[idx] if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def mini_batches(cfg, prompts: int) -> list[slice]:
+    """A worker's mini-batches over its `prompts` prompts (each with rollout.n samples, prompt-major):
+    ceil(prompts_per_step / mini_batch_prompts) contiguous slices of samples, split by the same
+    rule as the workers' shares (config checks that none is empty)."""
+    mb = min(cfg.optim.mini_batch_prompts, cfg.data.prompts_per_step)
+    n, count = cfg.rollout.n, -(-cfg.data.prompts_per_step // mb)
+    return [slice(r.start * n, r.stop * n) for r in shares(prompts, count)]
+
+
+def tokens_per_forward(cfg, world: int) -> int:
+    """Upper bound on the response positions one policy forward sees: the largest mini-batch of the
+    largest worker's share (prompts x samples) times the longest response."""
+    most = len(shares(cfg.data.prompts_per_step, world)[0])
+    return max(1, max(s.stop - s.start for s in mini_batches(cfg, most))) * cfg.rollout.max_new_tokens

@@ -1,5 +1,5 @@
-"""Supervised warm start of the embedded tiny model on demonstrations of the built-in task (noisy
-column additions; for data.task=genrm, right verdicts on such solutions), cached under
+"""Supervised warm start of the embedded tiny model on demonstrations of the built-in task (its
+`demonstration`: noisy column additions; for data.task=genrm, right verdicts on such solutions), cached under
 `sft.cache_dir/<hash of everything that shapes it>` so a second run (or a test) reuses it and a
 changed config never picks up a stale one."""
 
@@ -14,11 +14,10 @@ import time
 
 import torch
 
-from reasonrl_fast.data.addition import sample_operands, sft_example
-from reasonrl_fast.data.genrm import demonstration
+from reasonrl_fast.config import config_hash
 from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
 from reasonrl_fast.ops import token_logprob
-from reasonrl_fast.trainer.config import config_hash
+from reasonrl_fast.tasks import get_task
 from reasonrl_fast.trainer.policy import make_batch
 
 SFT_VERSION = 4  # bump when the supervised recipe or the saved tokenizer changes
@@ -30,8 +29,7 @@ def sft_cache_path(cfg) -> str:
     model = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k != "fused_lm_head"}
     parts = [model, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.data.digits, cfg.data.carry_slip_prob,
              cfg.data.carry_frac, cfg.data.flaw_prob, cfg.trainer.seed, SFT_VERSION]
-    if cfg.data.task == "genrm":  # other demonstrations; the addition key stays as it was
-        parts.append("genrm")
+    parts += get_task(cfg.data.task).sft_key  # tasks with other demonstrations add to the key
     key = config_hash(*parts)
     return os.path.join(os.path.expanduser(cfg.sft.cache_dir), key)
 
@@ -62,19 +60,10 @@ def warm_start(cfg, log=print) -> str:
     return path
 
 
-def _example(rng: random.Random, d) -> tuple[str, str]:
-    """(prompt, response) of one demonstration of the task `d.task` (d: the data config): an
-    addition worked column by column (noisy: slips and flaws), or for the GenRM task the right
-    verdict on such a solution."""
-    if d.task == "genrm":
-        return demonstration(rng, d.digits, d.carry_frac, d.carry_slip_prob, d.flaw_prob)
-    a, b = sample_operands(rng, d.digits, d.carry_frac)
-    return f"{a}+{b}=", sft_example(a, b, d.digits, d.carry_slip_prob, rng, d.flaw_prob)
-
-
 def _train(model, tok, cfg, log):
     rng = random.Random(cfg.trainer.seed + 12345)
     d = cfg.data
+    demonstration = get_task(d.task).demonstration
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=0.0, betas=(0.9, 0.99))
     steps = cfg.sft.steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
@@ -83,7 +72,7 @@ def _train(model, tok, cfg, log):
     for step in range(steps):
         prompts, responses = [], []
         for _ in range(cfg.sft.batch_size):
-            prompt, response = _example(rng, d)
+            prompt, response = demonstration(rng, d)
             prompts.append(tok(prompt)["input_ids"])
             responses.append(tok(response)["input_ids"] + [tok.eos_token_id])
         batch = make_batch(prompts, responses, tok.pad_token_id, "cpu")

@@ -1,6 +1,7 @@
 """One FSDP rank as a Ray actor: it owns a shard of the policy (and of the frozen reference), an
 optimiser, and a rollout engine with a full copy of the weights. The driver (loop.py) tells it
-what to do; every method that touches sharded weights is called on all workers together."""
+what to do; every method that touches sharded weights is called on all workers together. It
+keeps the samples it generated for the step: the driver sends back only their advantages."""
 
 from __future__ import annotations
 
@@ -13,14 +14,27 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from reasonrl_fast.algos import get_algo
+from reasonrl_fast.models.lm_head import use_fused
 from reasonrl_fast.models.loading import load_model, load_tokenizer
 from reasonrl_fast.rollout import make_rollout
-from reasonrl_fast.trainer import algos
-from reasonrl_fast.trainer import checkpoint as ckpt
-from reasonrl_fast.trainer.fsdp import (full_tensor, init_distributed, iter_full, rendezvous_socket, replicate, shard,
-                                        sharding_mode)
-from reasonrl_fast.trainer.lm_head import tokens_per_forward, use_fused
-from reasonrl_fast.trainer.policy import Actor, make_batch, slice_batch
+from reasonrl_fast.runtime import checkpoint as ckpt
+from reasonrl_fast.trainer.fsdp import (
+    full_tensor,
+    init_distributed,
+    iter_full,
+    rendezvous_socket,
+    replicate,
+    shard,
+    sharding_mode,
+)
+from reasonrl_fast.trainer.policy import (
+    Actor,
+    make_batch,
+    mini_batches,
+    slice_batch,
+    tokens_per_forward,
+)
 
 
 class Worker:
@@ -48,19 +62,20 @@ class Worker:
         lm = load_model(self.model_path, dtype)
         self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id, self.device)
         bf16 = self.device.type == "cuda"
-        self.flowrl = cfg.algo == "flowrl"
+        self.algo = get_algo(cfg.algo)
+        self._samples: tuple[list, list] | None = None  # the step's (prompts, responses), kept
         # One decision for the run: the update, old and reference log-probs all take the same
         # path, so the ratio at the first update is exactly 1.
         fused, head_msg = use_fused(cfg.model.fused_lm_head, lm, self.device,
                                     tokens_per_forward(cfg, self.world))
-        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.flowrl else 0, fused=fused).to(self.device)
+        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.algo.zhead else 0, fused=fused).to(self.device)
         self.sharding = sharding_mode(cfg.trainer.sharding, self.device, self.world)
         if self.sharding == "fsdp":
             shard(self.actor, lm, mesh, bf16)
         # what the update's forward runs through: DDP averages the gradients when replicated
         self.train_model = replicate(self.actor, mesh, self.device) if self.sharding == "replicate" else self.actor
         self.ref = None
-        if self.flowrl or cfg.grpo.kl_coef > 0:  # frozen reference, held the same way
+        if self.algo.needs_ref(cfg):  # frozen reference, held the same way
             ref_lm = load_model(self.model_path, dtype)
             self.ref = Actor(ref_lm, fused=fused).to(self.device).eval()
             for p in self.ref.parameters():
@@ -85,53 +100,56 @@ class Worker:
 
     # ------------------------------------------------------------------ rollout
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, seed: int) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, seed: int,
+                 keep: bool = False) -> list[list[int]]:
+        """n responses per prompt (prompt-major); `keep`: these are the step's training samples,
+        which `train_step` then trains on."""
         r = self.cfg.rollout
-        return self.rollout.generate(prompts, n, temperature, r.top_p, r.max_new_tokens, seed)
+        responses = self.rollout.generate(prompts, n, temperature, r.top_p, r.max_new_tokens, seed) if prompts else []
+        if keep:
+            self._samples = ([p for p in prompts for _ in range(n)], responses)
+        return responses
 
     # ------------------------------------------------------------------ update
 
     @torch.no_grad()
-    def _logprobs(self, model, batch, mb_size):
-        out = []
-        for i in range(0, batch["input_ids"].shape[0], mb_size):
-            out.append(model(slice_batch(batch, slice(i, i + mb_size)), self.cfg.rollout.temperature)[0])
-        return torch.cat(out)
+    def _logprobs(self, model, batch, chunks):
+        return torch.cat([model(slice_batch(batch, idx), self.cfg.rollout.temperature)[0] for idx in chunks])
 
-    def train_step(self, prompts, responses, adv, step: int) -> dict:
-        """Old/ref log-probs, mini-batch updates, weight sync. `prompts`/`responses` are this rank's
-        samples (prompt-major groups of rollout.n), `adv` their group-normalised advantages."""
+    def train_step(self, adv, step: int) -> dict:
+        """Old/ref log-probs, mini-batch updates, weight sync on the samples this rank kept from the
+        step's rollout (prompt-major groups of rollout.n); `adv` are their group-normalised
+        advantages, in the same order."""
         cfg, t = self.cfg, {}
+        if self._samples is None:
+            raise RuntimeError("train_step without a kept rollout (generate(..., keep=True))")
+        prompts, responses = self._samples
+        self._samples = None
+        if len(adv) != len(responses):
+            raise ValueError(f"train_step: {len(adv)} advantages for {len(responses)} kept samples")
         self._seed(step, salt=1)  # Z-head dropout: reproducible per step
         batch = make_batch(prompts, responses, self.tok.pad_token_id, self.device)
         adv = torch.tensor(adv, dtype=torch.float32, device=self.device)
-        b = len(responses)
-        n_mb = max(1, cfg.data.prompts_per_step // min(cfg.optim.mini_batch_prompts, cfg.data.prompts_per_step))
-        mb = b // n_mb
+        chunks = mini_batches(cfg, len(responses) // cfg.rollout.n)
+        n_mb = len(chunks)
         t0 = time.perf_counter()
-        ref_lp = self._logprobs(self.ref, batch, mb) if self.ref is not None else None
+        ref_lp = self._logprobs(self.ref, batch, chunks) if self.ref is not None else None
         # Old log-probs only matter when the policy moves between mini-batches; with one
         # mini-batch the current log-probs (detached) are the old ones.
-        old_lp = self._logprobs(self.actor, batch, mb) if n_mb > 1 else None
+        old_lp = self._logprobs(self.actor, batch, chunks) if n_mb > 1 else None
         t["time/logprob_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         self.actor.train()
         stats: dict[str, list[float]] = {}
         skipped, norms = 0, []
-        for k in range(n_mb):
-            idx = slice(k * mb, (k + 1) * mb)
+        for idx in chunks:
             mbatch = slice_batch(batch, idx)
             mask = mbatch["response_mask"]
-            lp, ent, log_z = self.train_model(mbatch, cfg.rollout.temperature, entropy=True, log_z=self.flowrl)
+            lp, ent, log_z = self.train_model(mbatch, cfg.rollout.temperature, entropy=True, log_z=self.algo.zhead)
             old = old_lp[idx] if old_lp is not None else lp.detach()
             ref = ref_lp[idx] if ref_lp is not None else None
-            if self.flowrl:
-                f = cfg.flowrl
-                loss, st = algos.flowrl_loss(log_z, lp, ref, old, adv[idx], mask, f.beta, f.max_is_weight, f.is_clip_eps)
-            else:
-                g = cfg.grpo
-                loss, st = algos.grpo_loss(lp, old, adv[idx], mask, g.clip_low, g.clip_high, g.loss_agg, ref, g.kl_coef)
+            loss, st = self.algo.loss(cfg, lp, old, ref, adv[idx], mask, log_z)
             st["loss"] = float(loss.detach())
             st["entropy/mean"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
             self.opt.zero_grad(set_to_none=True)

@@ -116,7 +116,7 @@ def test_round_trip_through_verl_and_our_trainer(tmp_path, verl_python):
     """prepare writes parquet; verl 0.9.1's RLHFDataset (its own venv) and our `load_datasets`
     read the same prompts, rendered with the same chat template, and the same ground truths."""
     pytest.importorskip("pyarrow")
-    from reasonrl_fast.trainer.data import load_datasets
+    from reasonrl_fast.runtime.datasets import load_datasets
     from tests.helpers.verl_env import verl_dataset_rows
 
     start = time.monotonic()

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from reasonrl_fast.models.tiny import char_tokenizer
-from reasonrl_fast.trainer.config import load_config
-from reasonrl_fast.trainer.data import load_datasets
+from reasonrl_fast.config import load_config
+from reasonrl_fast.runtime.datasets import load_datasets
 from tests.helpers.train import ROOT, SHARED, SHARED_VAL, SHARED_VAL_N, TINY, read_metrics, repo_env
 
 VAL, VAL_N = SHARED_VAL, SHARED_VAL_N

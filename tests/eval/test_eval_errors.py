@@ -9,8 +9,8 @@ import pytest
 
 from reasonrl_fast.eval.run import EvalError, load_eval_set, resolved_model
 from reasonrl_fast.models.tiny import char_tokenizer
-from reasonrl_fast.trainer.checkpoint import CheckpointError
-from reasonrl_fast.trainer.config import ConfigError, load_config
+from reasonrl_fast.runtime.checkpoint import CheckpointError
+from reasonrl_fast.config import ConfigError, load_config
 
 
 def test_k_larger_than_n():

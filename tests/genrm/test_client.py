@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reasonrl_fast.data.addition import addition_steps, first_wrong_step, make_prompt, response_steps
-from reasonrl_fast.genrm.client import API_KEY_ENV, GenRMClient, Verdict, normalize_address
+from reasonrl_fast.tasks.addition import addition_steps, first_wrong_step, make_prompt, response_steps
+from reasonrl_fast.genrm.client import GenRMClient, Verdict
+from reasonrl_fast.protocol import API_KEY_ENV, normalize_address
 
 pytestmark = pytest.mark.proc  # real server processes on loopback
 

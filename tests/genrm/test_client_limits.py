@@ -14,7 +14,7 @@ import time
 import pytest
 from aiohttp import web
 
-from reasonrl_fast.data.addition import addition_steps, make_prompt
+from reasonrl_fast.tasks.addition import addition_steps, make_prompt
 from reasonrl_fast.genrm.client import MAX_REPLY_BYTES, GenRMClient, failure_kind
 
 pytestmark = pytest.mark.proc  # a real server on loopback

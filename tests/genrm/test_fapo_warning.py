@@ -9,9 +9,9 @@ import socket
 
 import pytest
 
-from reasonrl_fast.data.addition import addition_steps, make_prompt
+from reasonrl_fast.tasks.addition import addition_steps, make_prompt
 from reasonrl_fast.genrm.launch import launch
-from reasonrl_fast.trainer.config import ConfigError, load_config
+from reasonrl_fast.config import ConfigError, load_config
 from reasonrl_fast.trainer.fapo import Judge
 
 pytestmark = pytest.mark.proc  # a server process and real connections on loopback

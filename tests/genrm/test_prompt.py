@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from reasonrl_fast.data.addition import MAX_OPERAND_DIGITS, parse_problem
-from reasonrl_fast.genrm.prompt import TEMPLATES, parse_request, parse_verdict, render, split_steps
+from reasonrl_fast.tasks.addition import MAX_OPERAND_DIGITS, parse_problem
+from reasonrl_fast.protocol import TEMPLATES, parse_request, parse_verdict, render, split_steps
 
 
 @pytest.mark.parametrize("template", TEMPLATES)

@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 import torch
 
-from reasonrl_fast.data.addition import addition_steps, flawed_step, make_prompt, parse_problem, response_steps
+from reasonrl_fast.tasks.addition import addition_steps, flawed_step, make_prompt, parse_problem, response_steps
 from reasonrl_fast.genrm.launch import launch
-from reasonrl_fast.genrm.prompt import parse_verdict, render
+from reasonrl_fast.protocol import parse_verdict, render
 from tests.helpers.procs import alive
 
 pytestmark = pytest.mark.proc  # real server processes on loopback
@@ -221,7 +221,7 @@ def tiny_dir(tmp_path_factory) -> str:
     """A random tiny Qwen2 with the character tokenizer, saved as the trainer saves its warm start."""
     import torch
 
-    from reasonrl_fast.trainer.config import ModelConfig
+    from reasonrl_fast.config import ModelConfig
     from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
 
     path = str(tmp_path_factory.mktemp("genrm") / "tiny-genrm")
@@ -382,7 +382,7 @@ def test_child_dies_on_stop_on_kill_and_with_its_parent():
 
 def test_genrm_imports_neither_torch_nor_the_trainer():
     """The client side runs in the trainer's driver and the rule server must start fast."""
-    code = ("import sys, reasonrl_fast.genrm.serve, reasonrl_fast.genrm.launch, reasonrl_fast.genrm.prompt; "
+    code = ("import sys, reasonrl_fast.genrm.serve, reasonrl_fast.genrm.launch, reasonrl_fast.protocol; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('transformers', "
             "'reasonrl_fast.trainer'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,

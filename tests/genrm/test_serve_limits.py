@@ -21,10 +21,10 @@ import urllib.request
 import aiohttp
 import pytest
 
-from reasonrl_fast.data.addition import addition_steps, make_prompt
+from reasonrl_fast.tasks.addition import addition_steps, make_prompt
 from reasonrl_fast.genrm.client import GenRMClient
 from reasonrl_fast.genrm.launch import GenRMStartError, launch
-from reasonrl_fast.genrm.prompt import render
+from reasonrl_fast.protocol import render
 
 pytestmark = pytest.mark.proc  # real server processes on loopback
 
@@ -146,14 +146,14 @@ def test_judge_runs_off_the_event_loop_with_a_time_cap(monkeypatch):
 
     from reasonrl_fast.genrm import serve
 
-    real = serve.judge_addition
+    backend = serve.RuleBackend()
+    real = backend.judge
 
     def slow(text):
         time.sleep(1.5)
         return real(text)
 
-    monkeypatch.setattr(serve, "judge_addition", slow)
-    backend = serve.RuleBackend()
+    monkeypatch.setattr(backend, "judge", slow)
     app = serve.make_app(backend, "rule:addition", None, "rule:addition",
                          serve.Limits(completion_timeout_s=0.5))
 

@@ -7,8 +7,8 @@ import random
 
 import torch
 
-from reasonrl_fast.trainer import checkpoint as ckpt
-from reasonrl_fast.trainer.config import load_config
+from reasonrl_fast.runtime import checkpoint as ckpt
+from reasonrl_fast.config import load_config
 
 
 class Saver:

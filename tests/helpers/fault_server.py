@@ -25,8 +25,8 @@ from aiohttp import web
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from reasonrl_fast.data.addition import first_wrong_step, parse_problem  # noqa: E402
-from reasonrl_fast.genrm.prompt import parse_request  # noqa: E402
+from reasonrl_fast.tasks.addition import first_wrong_step, parse_problem  # noqa: E402
+from reasonrl_fast.protocol import parse_request  # noqa: E402
 
 MODES = ("ok", "delay", "slow", "http500", "nonjson", "nochoices", "nobox", "out_of_range", "flaky", "key")
 

@@ -5,18 +5,21 @@ import math
 import pytest
 import torch
 
-from reasonrl_fast.trainer import algos
+from reasonrl_fast.algos import advantages, overlong_penalty
+from reasonrl_fast.algos.fapo import fapo_rewards
+from reasonrl_fast.algos.flowrl import flowrl_loss
+from reasonrl_fast.algos.grpo import aggregate, grpo_loss, kl_k3
 
 
 def test_group_advantage_hand_case():
     # group 0: rewards 1, 0, 1 -> mean 2/3, unbiased std sqrt(1/3); group 1 (one response): 0
     r = torch.tensor([1.0, 0.0, 5.0, 1.0])
     g = torch.tensor([0, 0, 1, 0])
-    a = algos.advantages(r, g)
+    a = advantages(r, g)
     s = math.sqrt(1 / 3)
     exp = torch.tensor([(1 - 2 / 3) / (s + 1e-6), (0 - 2 / 3) / (s + 1e-6), 5.0, (1 - 2 / 3) / (s + 1e-6)])
     torch.testing.assert_close(a, exp)
-    torch.testing.assert_close(algos.advantages(r, g, norm_by_std=False),
+    torch.testing.assert_close(advantages(r, g, norm_by_std=False),
                                torch.tensor([1 / 3, -2 / 3, 5.0, 1 / 3]))
 
 
@@ -26,7 +29,7 @@ def test_grpo_clip_higher_token_mean():
     old = torch.zeros(2, 2)
     adv = torch.tensor([1.0, -1.0])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    loss, st = algos.grpo_loss(lp, old, adv, mask)
+    loss, st = grpo_loss(lp, old, adv, mask)
     e = math.exp
     # seq0 (A=1): min(e^.5, 1.28) = 1.28 ; min(e^-.5, 0.8) = e^-.5 (unclipped 0.6065 < 0.8)
     # seq1 (A=-1): min(-e^.5, -1.28) = -e^.5 ; masked token ignored
@@ -46,26 +49,26 @@ def test_grpo_clip_higher_token_mean():
 def test_aggregation_modes(mode, expected):
     x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])
     m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    assert algos.aggregate(x, m, mode).item() == pytest.approx(expected)
+    assert aggregate(x, m, mode).item() == pytest.approx(expected)
 
 
 def test_kl_k3_and_coef():
     lp = torch.tensor([[0.0, -1.0]])
     ref = torch.tensor([[-1.0, -1.0]])
-    k3 = algos.kl_k3(lp, ref)
+    k3 = kl_k3(lp, ref)
     torch.testing.assert_close(k3, torch.tensor([[math.exp(-1) + 1 - 1, 0.0]]))
     m = torch.ones(1, 2)
-    base, _ = algos.grpo_loss(lp, lp, torch.tensor([0.0]), m)
-    with_kl, st = algos.grpo_loss(lp, lp, torch.tensor([0.0]), m, ref_logprob=ref, kl_coef=0.5)
+    base, _ = grpo_loss(lp, lp, torch.tensor([0.0]), m)
+    with_kl, st = grpo_loss(lp, lp, torch.tensor([0.0]), m, ref_logprob=ref, kl_coef=0.5)
     assert with_kl.item() - base.item() == pytest.approx(0.5 * math.exp(-1) / 2, rel=1e-5)
     assert st["kl/mean"] == pytest.approx(math.exp(-1) / 2, rel=1e-5)
 
 
 def test_overlong_penalty():
     lengths = torch.tensor([10, 16, 18, 20])
-    p = algos.overlong_penalty(lengths, max_len=20, buffer=4, factor=1.0)
+    p = overlong_penalty(lengths, max_len=20, buffer=4, factor=1.0)
     torch.testing.assert_close(p, torch.tensor([0.0, 0.0, -0.5, -1.0]))
-    assert algos.overlong_penalty(lengths, 20, 0, 1.0).abs().sum() == 0
+    assert overlong_penalty(lengths, 20, 0, 1.0).abs().sum() == 0
 
 
 def test_flowrl_loss_matches_spec():
@@ -76,7 +79,7 @@ def test_flowrl_loss_matches_spec():
     ref, old = torch.randn(b, t), torch.randn(b, t)
     adv = torch.randn(b)
     m = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.float32)
-    loss, st = algos.flowrl_loss(log_z, lp, ref, old, adv, m, beta=15.0, max_is_weight=10.0)
+    loss, st = flowrl_loss(log_z, lp, ref, old, adv, m, beta=15.0, max_is_weight=10.0)
     n = m.sum(-1)
     delta = log_z + (lp * m).sum(-1) / (n + 1e-8) - 15 * adv - (ref * m).sum(-1) / (n + 1e-8)
     w = torch.clamp(torch.exp(((lp - old) * m).sum(-1)), max=10.0).detach()
@@ -91,8 +94,8 @@ def test_flowrl_loss_matches_spec():
 def test_fapo_rewards():
     acc = [True, True, False, False]
     flagged = [False, True, False, True]  # a wrong answer is never sent; a flag on one changes nothing
-    assert algos.fapo_rewards(acc, flagged, 1.0).tolist() == [1.0, 0.0, -1.0, -1.0]
-    assert algos.fapo_rewards(acc, flagged, 0.5).tolist() == [1.0, 0.5, -1.0, -1.0]
-    assert algos.fapo_rewards(acc, flagged, 0.0).tolist() == [1.0, 1.0, -1.0, -1.0]  # GRPO's +1/-1
+    assert fapo_rewards(acc, flagged, 1.0).tolist() == [1.0, 0.0, -1.0, -1.0]
+    assert fapo_rewards(acc, flagged, 0.5).tolist() == [1.0, 0.5, -1.0, -1.0]
+    assert fapo_rewards(acc, flagged, 0.0).tolist() == [1.0, 1.0, -1.0, -1.0]  # GRPO's +1/-1
     with pytest.raises(ValueError):
-        algos.fapo_rewards([True], [], 1.0)
+        fapo_rewards([True], [], 1.0)

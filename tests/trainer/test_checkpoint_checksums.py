@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from reasonrl_fast import merge
-from reasonrl_fast.trainer import checkpoint as ckpt
+from reasonrl_fast.runtime import merge
+from reasonrl_fast.runtime import checkpoint as ckpt
 from tests.helpers.ckpt import fake_checkpoint
 
 

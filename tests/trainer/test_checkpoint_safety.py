@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.ckpt import config, fake_checkpoint, scheduler
-from reasonrl_fast.trainer import checkpoint as ckpt
+from reasonrl_fast.runtime import checkpoint as ckpt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -51,7 +51,7 @@ def test_rng_states_round_trip_as_tensors_and_json(tmp_path):
 _WORKER = r"""
 import os, shutil, sys, torch, torch.distributed as dist
 from reasonrl_fast.trainer.worker import Worker
-from reasonrl_fast.trainer import checkpoint as ckpt
+from reasonrl_fast.runtime import checkpoint as ckpt
 path, marker, evil = sys.argv[1], sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method="file://" + path + "_store", rank=0, world_size=1)
 w = Worker.__new__(Worker)

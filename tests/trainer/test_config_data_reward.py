@@ -5,12 +5,13 @@ import random
 
 import pytest
 
-from reasonrl_fast.data.addition import addition_steps, sft_example
+from reasonrl_fast.tasks.addition import addition_steps, sft_example
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.math import math_score
-from reasonrl_fast.trainer.config import ConfigError, load_config
+from reasonrl_fast.config import ConfigError, load_config
 from reasonrl_fast.data.records import filter_long, load_records
-from reasonrl_fast.trainer.data import Sampler
+from reasonrl_fast.runtime.datasets import Sampler
+from reasonrl_fast.util import read_metrics
 
 
 def test_overrides_and_yaml(tmp_path):
@@ -119,12 +120,12 @@ def test_metrics_logger_progress_tensorboard_and_truncation(tmp_path):
     for s in (1, 2, 3):
         lg.log({"step": s, "reward/mean": 0.5, "grad_norm": float("nan"), "val/accuracy": 0.25, "time/step_s": 1.0})
     lg.close()
-    rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["grad_norm"] is None
     assert any(p.name.startswith("events.") for p in (tmp_path / "tensorboard").iterdir())
     # resuming from step 1 drops the rows a killed run logged after its checkpoint
     MetricsLogger(load_config(None, ["trainer.progress=false", "trainer.logger=none"]), str(tmp_path), 1, 3).close()
-    assert [json.loads(x)["step"] for x in open(tmp_path / "metrics.jsonl")] == [1]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
 
 
 @pytest.mark.parametrize("override,key", [
@@ -206,14 +207,18 @@ def test_reward_fn_specs(tmp_path):
     f = tmp_path / "my_reward.py"
     f.write_text("def score(response, answer):\n    return 0.25\n")
     assert load_reward_fn(f"{f}:score")("x", "y") == 0.25
-    with pytest.raises(ValueError, match=r"data\.reward_fn='my_rewards\.score': expected `module:function`"):
+    with pytest.raises(ConfigError, match=r"data\.reward_fn='my_rewards\.score': expected `module:function`"):
         load_reward_fn("my_rewards.score")
-    with pytest.raises(FileNotFoundError, match=r"data\.reward_fn=.*no such file"):
+    with pytest.raises(ConfigError, match=r"data\.reward_fn=.*no such file"):
         load_reward_fn(f"{tmp_path / 'missing.py'}:score")
-    with pytest.raises(AttributeError, match=r"data\.reward_fn=.*no function 'nope'"):
+    with pytest.raises(ConfigError, match=r"data\.reward_fn=.*no function 'nope'"):
         load_reward_fn(f"{f}:nope")
-    with pytest.raises(ModuleNotFoundError, match=r"data\.reward_fn=.*cannot import 'no_such_module_xyz'"):
+    with pytest.raises(ConfigError, match=r"data\.reward_fn=.*cannot import 'no_such_module_xyz'"):
         load_reward_fn("no_such_module_xyz:fn")
+    broken = tmp_path / "broken_reward.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ConfigError, match=r"data\.reward_fn=.*importing .* failed \(RuntimeError: boom\)"):
+        load_reward_fn(f"{broken}:score")
 
 
 def test_records_carry_data_source_and_verl_ground_truth(tmp_path):
@@ -232,7 +237,7 @@ def test_records_carry_data_source_and_verl_ground_truth(tmp_path):
 
 
 def test_code_task_cases_are_consistent():
-    from reasonrl_fast.data.code import code_split
+    from reasonrl_fast.tasks.code import code_split
 
     items = code_split(20, seed=1)
     assert {it["data_source"] for it in items} == {"code"}
@@ -259,7 +264,7 @@ def test_sandbox_limit_follows_the_reward_limit_and_only_code_checks_it(tmp_path
         load_config(None, [*both, "data.task=code"])
     assert load_config(None, [*both, "data.task=code", "data.reward_fn=pkg.mod:fn"])  # the user's scorer
 
-    from reasonrl_fast.trainer.data import load_datasets
+    from reasonrl_fast.runtime.datasets import load_datasets
 
     math_file, code_file = tmp_path / "math.jsonl", tmp_path / "code.jsonl"
     math_file.write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")

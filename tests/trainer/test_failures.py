@@ -45,7 +45,7 @@ def test_nan_rewards_train_and_the_run_dir_is_guarded(train, tmp_path):
 
 
 def test_dead_worker_is_named_at_once(ray_local):
-    from reasonrl_fast.trainer.cluster import WorkerError, gather
+    from reasonrl_fast.runtime.ray_cluster import WorkerError, gather
 
     class Rank:  # defined here so that Ray ships it by value (the test module is not importable there)
         def work(self, die: bool) -> int:

@@ -14,10 +14,9 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForC
 
 from tests.helpers.train import read_metrics
 from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
-from reasonrl_fast.trainer.config import ConfigError, load_config
-from reasonrl_fast.trainer.lm_head import (FUSED_CPU_MIN_ELEMENTS, check_model, head_blocker,
-                                           tokens_per_forward, use_fused)
-from reasonrl_fast.trainer.policy import Actor, make_batch
+from reasonrl_fast.config import ConfigError, load_config
+from reasonrl_fast.models.lm_head import FUSED_CPU_MIN_ELEMENTS, check_model, head_blocker, use_fused
+from reasonrl_fast.trainer.policy import Actor, make_batch, tokens_per_forward
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from reasonrl_fast.trainer.config import ConfigError, load_config
+from reasonrl_fast.config import ConfigError, load_config
 from reasonrl_fast.trainer.sft import sft_cache_path
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from reasonrl_fast.util import read_metrics
 from tests.helpers.train import ROOT, TINY
 from tests.helpers.procs import alive, children
 
@@ -119,7 +120,7 @@ def killed_local_run(tmp_path_factory):
             for proto, addr, port, pid in listening_sockets(pids):
                 seen.setdefault((proto, addr, port), _cmd(pid))
             if metrics.exists():
-                steps_seen = sum(1 for line in open(metrics) if line.strip())
+                steps_seen = len(read_metrics(metrics))
                 if steps_seen >= 2:  # trained a while with everything up: kill it mid-run
                     break
             time.sleep(0.3)
@@ -168,8 +169,8 @@ def _closed_port() -> int:
 
 
 def test_unreachable_ray_address_fails_naming_it(monkeypatch):
-    from reasonrl_fast.trainer import cluster
-    from reasonrl_fast.trainer.config import load_config
+    from reasonrl_fast.runtime import ray_cluster as cluster
+    from reasonrl_fast.config import load_config
 
     monkeypatch.setattr(cluster, "RAY_CONNECT_TIMEOUT_S", 1.0)
     port = _closed_port()
@@ -187,8 +188,8 @@ def test_more_nodes_than_the_cluster_has_fails_fast():
     """trainer.nnodes=2 on a local (one-node) instance: an error naming both numbers, long before
     the placement group's timeout."""
     code = (
-        "from reasonrl_fast.trainer.cluster import Cluster, ClusterError\n"
-        "from reasonrl_fast.trainer.config import load_config\n"
+        "from reasonrl_fast.runtime.ray_cluster import ClusterError\nfrom reasonrl_fast.trainer.cluster import Cluster\n"
+        "from reasonrl_fast.config import load_config\n"
         "try:\n"
         "    Cluster(load_config(None, ['trainer.nnodes=2', 'trainer.workers_per_node=1']), '/nonexistent')\n"
         "except ClusterError as e:\n"

@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from tests.helpers.ckpt import config, fake_checkpoint
-from reasonrl_fast.trainer import checkpoint as ckpt
+from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer.logger import MetricsLogger
 from reasonrl_fast.util import read_metrics as read_rows
 
@@ -81,7 +81,7 @@ def test_run_dir_lock(tmp_path):
         pass
     # a holder killed with SIGKILL releases it too (the kernel drops the flock)
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]);"
-                               "from reasonrl_fast.trainer.checkpoint import locked\n"
+                               "from reasonrl_fast.runtime.checkpoint import locked\n"
                                "with locked(sys.argv[2]):\n    print('held', flush=True); time.sleep(60)",
                                os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                str(tmp_path)], stdout=subprocess.PIPE, text=True)

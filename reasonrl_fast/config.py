@@ -1,7 +1,10 @@
-"""Trainer configuration: nested dataclasses, loaded from YAML and dotted `key=value` overrides.
+"""The run's settings, for the trainer and the eval command alike: one dataclass per section, each
+with its own range checks (`check`), loaded from YAML and dotted `key=value` overrides, then one
+cross-section `validate`.
 
 OmegaConf structured configs give us type checking for free: an unknown key or a value of the
-wrong type raises an error that names the key (we re-raise it as a short ConfigError).
+wrong type raises an error that names the key (we re-raise it as a short ConfigError). The
+choices of `algo` and `data.task` are the keys of the ALGOS and TASKS registries.
 """
 
 from __future__ import annotations
@@ -17,15 +20,50 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from reasonrl_fast.errors import UserError
+from reasonrl_fast.algos import ALGOS
+from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.models.lm_head import parse_setting
+from reasonrl_fast.protocol import normalize_address
+from reasonrl_fast.rewards.score import scorer_for
+from reasonrl_fast.tasks import TASKS, get_task
+
+__all__ = ["Config", "ConfigError", "load_config", "validate", "to_yaml", "config_hash"]
 
 
-class ConfigError(UserError, ValueError):
-    """A bad configuration: unknown key, wrong type, or an invalid value."""
+# ---------------------------------------------------------------- checks shared by the sections
+
+
+def _fail(key: str, value, what: str):
+    raise ConfigError(f"{key}={value!r}: {what}")
+
+
+class _Checks:
+    """Range checks a section runs on its own fields; `at` is the section's dotted name."""
+
+    def _one_of(self, at: str, name: str, choices) -> None:
+        if getattr(self, name) not in choices:
+            _fail(f"{at}{name}", getattr(self, name), f"must be one of {tuple(choices)}")
+
+    def _positive(self, at: str, *names: str) -> None:
+        for name in names:
+            if not getattr(self, name) > 0:
+                _fail(f"{at}{name}", getattr(self, name), "must be > 0")
+
+    def _not_negative(self, at: str, *names: str) -> None:
+        # 0 means "off" (or "keep all") for such counters; a negative value means nothing
+        for name in names:
+            if getattr(self, name) < 0:
+                _fail(f"{at}{name}", getattr(self, name), "must be >= 0")
+
+    def _probability(self, at: str, *names: str) -> None:
+        for name in names:
+            if not 0 <= getattr(self, name) <= 1:
+                _fail(f"{at}{name}", getattr(self, name), "must be in [0, 1]")
+
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(_Checks):
     path: str = ""
     """Local Hugging Face causal-LM directory. Empty: the embedded tiny Qwen2 model with a
     character-level tokenizer, warm-started by the supervised stage (see `sft`)."""
@@ -49,6 +87,10 @@ class ModelConfig:
     to gain, see docs/trainer.md). A head that is not a plain linear layer (a bias, soft-capped
     or scaled logits) keeps the unfused path; with true that is an error."""
 
+    def check(self, at: str = "model.") -> None:
+        self._one_of(at, "dtype", ("auto", "float32", "bfloat16"))
+        self.fused_lm_head = parse_setting(self.fused_lm_head)
+
 
 @dataclass
 class SFTConfig:
@@ -66,7 +108,7 @@ class SFTConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(_Checks):
     train_files: list[str] = field(default_factory=list)
     """jsonl/parquet files with fields `prompt` and `answer`. Empty: the built-in synthetic task."""
     val_files: list[str] = field(default_factory=list)
@@ -103,9 +145,16 @@ class DataConfig:
     each record's `data_source` (math answers, DAPO's scorer for math_dapo/aime*, code in the
     sandbox)."""
 
+    def check(self, at: str = "data.") -> None:
+        self._one_of(at, "task", TASKS)
+        self._positive(at, "prompts_per_step")
+        self._probability(at, "flaw_prob", "carry_slip_prob", "carry_frac")
+        if self.reward_fn and ":" not in self.reward_fn:
+            _fail(f"{at}reward_fn", self.reward_fn, "expected `module:function` or `path/to/file.py:function`")
+
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(_Checks):
     backend: str = "hf"
     """hf (Hugging Face generate, works everywhere) or vllm (colocated engine, GPU only)."""
     decoder: str = "auto"
@@ -128,9 +177,16 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     """vllm only: fraction of GPU memory for the engine."""
 
+    def check(self, at: str = "rollout.") -> None:
+        self._one_of(at, "backend", ("hf", "vllm"))
+        self._one_of(at, "decoder", ("auto", "model"))
+        self._positive(at, "n", "max_new_tokens", "temperature")
+        if not 0 < self.top_p <= 1:
+            _fail(f"{at}top_p", self.top_p, "must be in (0, 1]")
+
 
 @dataclass
-class RewardConfig:
+class RewardConfig(_Checks):
     num_workers: int = 2
     """Reward worker processes (or Ray actors) scoring a step's samples in parallel."""
     timeout_s: float = 30.0
@@ -144,9 +200,16 @@ class RewardConfig:
     slow program is reported by the sandbox, not killed with its worker. When set, it must be
     below timeout_s, which is checked only where code records are scored in the sandbox."""
 
+    def check(self, at: str = "reward.") -> None:
+        self._one_of(at, "backend", ("process", "ray"))
+        self._positive(at, "num_workers", "timeout_s")
+        if self.sandbox_timeout_s is None:  # derived; checked against the data in `validate`
+            self.sandbox_timeout_s = self.timeout_s / SANDBOX_SHARE
+        self._positive(at, "sandbox_timeout_s")
+
 
 @dataclass
-class GRPOConfig:
+class GRPOConfig(_Checks):
     clip_low: float = 0.2
     """epsilon_low of the clipped surrogate."""
     clip_high: float = 0.28
@@ -161,6 +224,9 @@ class GRPOConfig:
     """DAPO overlong penalty factor."""
     norm_by_std: bool = True
     """Divide advantages by the group std (False: Dr.GRPO)."""
+
+    def check(self, at: str = "grpo.") -> None:
+        self._one_of(at, "loss_agg", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
 
 
 @dataclass
@@ -178,7 +244,7 @@ class FlowRLConfig:
 
 
 @dataclass
-class GenRMConfig:
+class GenRMConfig(_Checks):
     """The GenRM service FAPO asks (an OpenAI-compatible chat endpoint, docs/fapo.md)."""
 
     addresses: list[str] = field(default_factory=list)
@@ -211,16 +277,34 @@ class GenRMConfig:
     """A step whose share of requests left without a verdict passes this gets a console warning
     (those responses get no FAPO penalty: the step is plain GRPO for them); 1 turns it off."""
 
+    def check(self, at: str = "fapo.genrm.") -> None:
+        self._one_of(at, "template", ("auto", "fapo", "compact"))
+        self._positive(at, "timeout_s", "max_tokens", "max_concurrency")
+        self._not_negative(at, "max_retries", "temperature", "cooldown_s")
+        if not 0 <= self.warn_failure_rate <= 1 or self.max_reply_bytes < 1:
+            raise ConfigError(f"{at}warn_failure_rate={self.warn_failure_rate!r} must be in [0, 1] and "
+                              f"{at}max_reply_bytes={self.max_reply_bytes!r} >= 1")
+        for a in self.addresses:
+            try:
+                normalize_address(a)
+            except ValueError as e:
+                raise ConfigError(f"{at}addresses: {e}") from None
+        if not self.addresses and not self.serve.startswith(("rule:", "hf:")):
+            _fail(f"{at}serve", self.serve, "expected rule:addition or hf:PATH")
+
 
 @dataclass
-class FAPOConfig:
+class FAPOConfig(_Checks):
     penalty: float = 1.0
     """lambda: a right answer the GenRM flags as flawed gets 1 - penalty (right +1, wrong -1)."""
     genrm: GenRMConfig = field(default_factory=GenRMConfig)
 
+    def check(self, at: str = "fapo.") -> None:
+        self.genrm.check(f"{at}genrm.")
+
 
 @dataclass
-class OptimConfig:
+class OptimConfig(_Checks):
     lr: float = 1e-4
     """Peak learning rate (AdamW)."""
     weight_decay: float = 0.0
@@ -235,9 +319,12 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     """AdamW betas."""
 
+    def check(self, at: str = "optim.") -> None:
+        self._positive(at, "mini_batch_prompts")
+
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(_Checks):
     steps: int = 150
     """RL steps."""
     output_dir: str = "runs/default"
@@ -287,9 +374,15 @@ class TrainerConfig:
     progress: bool = True
     """Console progress bar."""
 
+    def check(self, at: str = "trainer.") -> None:
+        self._one_of(at, "logger", ("tensorboard", "wandb", "none"))
+        self._one_of(at, "sharding", ("auto", "fsdp", "replicate"))
+        self._positive(at, "nnodes", "workers_per_node", "cpus_per_worker", "collective_timeout_s")
+        self._not_negative(at, "steps", "save_every", "keep_checkpoints", "val_every")
+
 
 @dataclass
-class EvalConfig:
+class EvalConfig(_Checks):
     """`python -m reasonrl_fast.eval` (docs/eval.md). The model is `model.path`; the response
     length is `rollout.max_new_tokens`, the engine `rollout.backend`, the prompt length limit
     `data.max_prompt_length`."""
@@ -312,9 +405,23 @@ class EvalConfig:
     prompts_per_batch: int = 32
     """Prompts per generate call (each sampled n times): bounds a worker's memory."""
 
+    def check(self, at: str = "eval.") -> None:
+        self._positive(at, "n", "temperature", "prompts_per_batch")
+        if not 0 < self.top_p <= 1:
+            _fail(f"{at}top_p", self.top_p, "must be in (0, 1]")
+        for k in self.k:
+            if k < 1:
+                raise ConfigError(f"{at}k={self.k}: each k must be >= 1")
+            if k > self.n:
+                raise ConfigError(f"{at}k={self.k}: pass@{k} needs at least {k} samples per prompt, "
+                                  f"but {at}n={self.n}")
+        for f in self.files:
+            if not f.strip():
+                raise ConfigError(f"{at}files={self.files}: an empty file name")
+
 
 @dataclass
-class Config:
+class Config(_Checks):
     algo: str = "flowrl"
     """flowrl, grpo, or fapo (GRPO with +1/-1 rewards and flawed positives lowered by a GenRM)."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -329,94 +436,29 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
-
-_CHOICES = {
-    "algo": ("flowrl", "grpo", "fapo"),
-    "fapo.genrm.template": ("auto", "fapo", "compact"),
-    "rollout.backend": ("hf", "vllm"),
-    "rollout.decoder": ("auto", "model"),
-    "data.task": ("addition", "code", "genrm"),
-    "reward.backend": ("process", "ray"),
-    "grpo.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
-    "trainer.logger": ("tensorboard", "wandb", "none"),
-    "model.dtype": ("auto", "float32", "bfloat16"),
-    "trainer.sharding": ("auto", "fsdp", "replicate"),
-}
-
-
-def _get(cfg: Config, dotted: str):
-    obj = cfg
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
+    def check(self) -> None:
+        """Every section's own checks (the cross-section rules are `validate`'s)."""
+        self._one_of("", "algo", ALGOS)
+        for section in (self.model, self.data, self.rollout, self.reward, self.grpo, self.fapo, self.optim,
+                        self.trainer, self.eval):
+            section.check()
 
 
 def validate(cfg: Config) -> Config:
-    for key, choices in _CHOICES.items():
-        if _get(cfg, key) not in choices:
-            raise ConfigError(f"{key}={_get(cfg, key)!r}: must be one of {choices}")
-    positive = ["data.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "trainer.nnodes",
-                "trainer.workers_per_node", "trainer.cpus_per_worker", "optim.mini_batch_prompts",
-                "rollout.temperature", "trainer.collective_timeout_s", "reward.num_workers",
-                "reward.timeout_s", "fapo.genrm.timeout_s",
-                "fapo.genrm.max_tokens", "fapo.genrm.max_concurrency"]
-    for key in positive:
-        if not _get(cfg, key) > 0:
-            raise ConfigError(f"{key}={_get(cfg, key)!r}: must be > 0")
-    # 0 means "off" (or "keep all") for the counters below; a negative value means nothing.
-    for key in ("trainer.steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.val_every",
-                "fapo.genrm.max_retries", "fapo.genrm.temperature", "fapo.genrm.cooldown_s"):
-        if _get(cfg, key) < 0:
-            raise ConfigError(f"{key}={_get(cfg, key)!r}: must be >= 0")
-    from reasonrl_fast.trainer.lm_head import parse_setting  # imports this module
-
-    cfg.model.fused_lm_head = parse_setting(cfg.model.fused_lm_head)
-    for key in ("data.flaw_prob", "data.carry_slip_prob", "data.carry_frac"):
-        if not 0 <= _get(cfg, key) <= 1:
-            raise ConfigError(f"{key}={_get(cfg, key)!r}: must be in [0, 1]")
-    if cfg.fapo.genrm.addresses:
-        from reasonrl_fast.genrm.client import normalize_address
-
-        for a in cfg.fapo.genrm.addresses:
-            try:
-                normalize_address(a)
-            except ValueError as e:
-                raise ConfigError(f"fapo.genrm.addresses: {e}") from None
-    elif not cfg.fapo.genrm.serve.startswith(("rule:", "hf:")):
-        raise ConfigError(f"fapo.genrm.serve={cfg.fapo.genrm.serve!r}: expected rule:addition or hf:PATH")
-    if not 0 < cfg.rollout.top_p <= 1:
-        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p!r}: must be in (0, 1]")
-    if cfg.data.reward_fn and ":" not in cfg.data.reward_fn:
-        raise ConfigError(f"data.reward_fn={cfg.data.reward_fn!r}: expected `module:function` "
-                          f"or `path/to/file.py:function`")
-    _resolve_sandbox_timeout(cfg)
+    """Each section's checks, then the rules that tie sections together."""
+    cfg.check()
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
-    if cfg.data.prompts_per_step % world:
-        raise ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple "
-                          f"of the number of workers ({world})")
-    per_worker = cfg.data.prompts_per_step // world
-    mb = min(cfg.optim.mini_batch_prompts, cfg.data.prompts_per_step)
-    if cfg.data.prompts_per_step % mb or mb % world:
-        raise ConfigError(f"optim.mini_batch_prompts={cfg.optim.mini_batch_prompts} must divide "
-                          f"data.prompts_per_step and be a multiple of the number of workers")
-    del per_worker
-    if cfg.data.task == "genrm" and not cfg.data.train_files:
-        _validate_genrm_task(cfg)
-    _validate_eval(cfg.eval)
+    p = cfg.data.prompts_per_step
+    n_mb = -(-p // min(cfg.optim.mini_batch_prompts, p))
+    if p // world < n_mb:  # the workers' shares and mini-batches differ by one prompt at most
+        raise ConfigError(f"data.prompts_per_step={p} over {world} workers in {n_mb} mini-batches "
+                          f"(optim.mini_batch_prompts={cfg.optim.mini_batch_prompts}) leaves a worker a "
+                          f"mini-batch without prompts: each needs at least one prompt per mini-batch")
+    if not cfg.data.train_files:  # the embedded task: its scorer's sandbox limit, its own limits
+        task = get_task(cfg.data.task)
+        check_sandbox_timeout(cfg, [task.source])
+        task.check_config(cfg)
     return cfg
-
-
-def _resolve_sandbox_timeout(cfg: Config) -> None:
-    """Fill in the derived sandbox limit; a set one is checked now if the embedded code task is
-    scored in the sandbox, and for record files once their data sources are known
-    (check_sandbox_timeout from trainer/data.py and the eval command)."""
-    r = cfg.reward
-    if r.sandbox_timeout_s is None:
-        r.sandbox_timeout_s = r.timeout_s / SANDBOX_SHARE
-    elif not r.sandbox_timeout_s > 0:
-        raise ConfigError(f"reward.sandbox_timeout_s={r.sandbox_timeout_s!r}: must be > 0")
-    if cfg.data.task == "code" and not cfg.data.train_files:
-        check_sandbox_timeout(cfg, ["code"])
 
 
 # The derived sandbox limit is this fraction of the pool's: the old fixed defaults (30 s, 10 s).
@@ -426,8 +468,6 @@ SANDBOX_SHARE = 3
 def check_sandbox_timeout(cfg: Config, data_sources) -> None:
     """ConfigError when reward.sandbox_timeout_s is not below reward.timeout_s and one of
     `data_sources` is scored in the sandbox (the default routing, a code source)."""
-    from reasonrl_fast.rewards.score import scorer_for
-
     r = cfg.reward
     if cfg.data.reward_fn or r.sandbox_timeout_s < r.timeout_s:
         return
@@ -437,39 +477,6 @@ def check_sandbox_timeout(cfg: Config, data_sources) -> None:
                           f"reward.timeout_s={r.timeout_s}: {code!r} records run in the code sandbox, "
                           f"which must report a slow program before the pool's limit kills its worker "
                           f"(leave reward.sandbox_timeout_s unset for a third of reward.timeout_s)")
-
-
-def _validate_genrm_task(cfg: Config) -> None:
-    """The embedded GenRM task's prompts and verdicts must fit: a longer prompt would be dropped
-    (biasing the judgments kept), a shorter response cut before its box."""
-    from reasonrl_fast.data.genrm import prompt_budget, verdict_budget
-
-    d = cfg.data.digits
-    need = {"data.max_prompt_length": prompt_budget(d), "rollout.max_new_tokens": verdict_budget(d)}
-    for key, n in need.items():
-        if _get(cfg, key) < n:
-            raise ConfigError(f"{key}={_get(cfg, key)}: data.task=genrm with data.digits={d} needs >= {n}")
-    total = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if not cfg.model.path and cfg.model.max_position_embeddings < total:
-        raise ConfigError(f"model.max_position_embeddings={cfg.model.max_position_embeddings}: below "
-                          f"data.max_prompt_length + rollout.max_new_tokens = {total}")
-
-
-def _validate_eval(e: EvalConfig) -> None:
-    for key in ("n", "temperature", "prompts_per_batch"):
-        if not getattr(e, key) > 0:
-            raise ConfigError(f"eval.{key}={getattr(e, key)!r}: must be > 0")
-    if not 0 < e.top_p <= 1:
-        raise ConfigError(f"eval.top_p={e.top_p!r}: must be in (0, 1]")
-    for k in e.k:
-        if k < 1:
-            raise ConfigError(f"eval.k={e.k}: each k must be >= 1")
-        if k > e.n:
-            raise ConfigError(f"eval.k={e.k}: pass@{k} needs at least {k} samples per prompt, "
-                              f"but eval.n={e.n}")
-    for f in e.files:
-        if not f.strip():
-            raise ConfigError(f"eval.files={e.files}: an empty file name")
 
 
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -6,12 +6,14 @@ import random
 
 import pytest
 
-from reasonrl_fast.data.addition import flawed_step
-from reasonrl_fast.data.genrm import (SOURCE, demonstration, genrm_split, judgment, prompt_budget,
-                                      request_fields, verdict_budget, verdict_demo)
+from reasonrl_fast.tasks.addition import flawed_step
+from reasonrl_fast.config import DataConfig
+from reasonrl_fast.tasks import genrm_request
+from reasonrl_fast.tasks.genrm import (SOURCE, demonstration, genrm_split, judgment, prompt_budget, verdict_budget,
+                                       verdict_demo)
 from reasonrl_fast.data.records import check_ground_truth, load_records
-from reasonrl_fast.genrm.prompt import render
-from reasonrl_fast.genrm.serve import judge_addition
+from reasonrl_fast.protocol import render
+from reasonrl_fast.tasks.addition import judge_addition
 from reasonrl_fast.rewards.score import default_compute_score
 
 
@@ -35,7 +37,7 @@ def test_split_is_balanced_and_consistent(digits):
         x = r["extra_info"]
         # the prompt is what FAPO's client renders about this solution on the embedded task
         item = {"prompt": x["problem"], "answer": x["answer"], "data_source": "addition"}
-        assert request_fields(item, ",".join(x["steps"]) + " \\boxed{0}") == (x["problem"], x["answer"], x["steps"])
+        assert genrm_request(item, ",".join(x["steps"]) + " \\boxed{0}") == (x["problem"], x["answer"], x["steps"])
         assert r["prompt"] == render("compact", x["problem"], x["answer"], x["steps"])
         # the truth is the step checker's, and the rule judge reading the prompt agrees
         assert int(r["answer"]) == flawed_step(x["problem"], ",".join(x["steps"]))
@@ -50,7 +52,7 @@ def test_split_is_balanced_and_consistent(digits):
 def test_demonstrations_are_right_verdicts_within_budget():
     rng, longest = random.Random(0), 0
     for _ in range(300):
-        prompt, demo = demonstration(rng, 3, 0.75, 0.5, 0.4)
+        prompt, demo = demonstration(rng, DataConfig(digits=3, carry_frac=0.75, carry_slip_prob=0.5, flaw_prob=0.4))
         steps = prompt.split("|")[1:-1]
         truth = judge_addition(prompt)[1]
         assert len(demo) + 1 <= verdict_budget(3)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import random
 
+from reasonrl_fast.tasks import addition
+from reasonrl_fast.tasks.base import Task
+
 # Short stdin/stdout problems (the prompt, then the function that answers an input line), so a
 # code run fits the tiny model's 256 positions. Scored in the sandbox like any code source.
 CODE_PROBLEMS = [
@@ -27,3 +30,12 @@ def code_split(n: int, seed: int, cases: int = 3) -> list[dict]:
         truth = {"inputs": [f"{a} {b}\n" for a, b in pairs], "outputs": [f"{fn(a, b)}\n" for a, b in pairs]}
         items.append({"prompt": f"{text}\n```python\n", "answer": json.dumps(truth), "data_source": "code"})
     return items
+
+
+def _split(d, n: int, seed: int) -> list[dict]:
+    return code_split(n, seed)
+
+
+# The tiny model has no code demonstrations: the code task starts from the addition warm start
+# (same demonstrations, same cache), which teaches it the tokenizer and to stop.
+TASK = Task(name="code", source="code", split=_split, demonstration=addition.demonstration)

@@ -6,6 +6,11 @@ from __future__ import annotations
 import random
 import re
 
+from reasonrl_fast.protocol import RequestError, parse_request
+from reasonrl_fast.tasks.base import Task
+
+SOURCE = "addition"
+
 # ---------------------------------------------------------------- synthetic task
 
 
@@ -59,7 +64,7 @@ def synthetic_split(n: int, digits: int, seed: int, carry_frac: float = 0.75) ->
     for _ in range(n):
         a, b = sample_operands(rng, digits, carry_frac)
         items.append({"prompt": make_prompt(a, b), "answer": str(a + b), "a": a, "b": b,
-                      "data_source": "addition"})
+                      "data_source": SOURCE})
     return items
 
 
@@ -154,3 +159,70 @@ def flawed_step(prompt: str, response: str) -> int:
     if ab is None:
         raise ValueError(f"not an addition prompt: {prompt[:80]!r}")
     return first_wrong_step(*ab, response_steps(response))
+
+
+# ---------------------------------------------------------------- the rule judge (genrm.serve's rule:addition)
+
+
+def judge_addition(text: str) -> tuple[str, int, int]:
+    """(answer, verdict, number of steps) for a GenRM request about the addition task. The answer
+    reasons a line per step up to the verdict, then boxes it."""
+    req = parse_request(text)
+    if req is None:
+        raise RequestError("messages: the last user message is not a GenRM request (expected the 'fapo' or "
+                           "'compact' rendering of protocol.render)", "messages")
+    problem, _, steps = req
+    try:
+        ab = parse_problem(problem)
+    except ValueError as e:
+        raise RequestError(f"messages: the problem cannot be judged: {e}", "messages") from None
+    if ab is None:
+        raise RequestError(f"messages: the problem is not an addition 'a+b=': {problem[:80]!r}", "messages")
+    a, b = ab
+    steps = [s.strip() for s in steps]
+    verdict = first_wrong_step(a, b, steps)
+    right = column_steps(a, b, max(len(str(a)), len(str(b))))
+    lines = [] if steps else ["No steps are written."]
+    for i, step in enumerate(steps[: (verdict + 1) if verdict >= 0 else len(steps)]):
+        if i != verdict:
+            lines.append(f"Step {i}: {step} is right.")
+        elif i >= len(right):
+            lines.append(f"Step {i}: {step} is wrong: the sum was already complete.")
+        elif step != right[i]:
+            lines.append(f"Step {i}: {step} is wrong: it should be {right[i]}.")
+        else:  # right as written, but the work stops here with columns left
+            lines.append(f"Step {i}: {step} is the last step, but {right[i + 1]} is missing after it.")
+    if verdict == -1:
+        lines.append(f"All {len(steps)} steps are right.")
+    answer = "\n".join(lines + [f"\\boxed{{{verdict}}}"])
+    return answer, verdict, len(steps)
+
+
+# ---------------------------------------------------------------- the task
+
+
+def _split(d, n: int, seed: int) -> list[dict]:
+    return synthetic_split(n, d.digits, seed, d.carry_frac)
+
+
+def demonstration(rng: random.Random, d) -> tuple[str, str]:
+    """(prompt, response) of one warm-start example: an addition worked column by column, noisy
+    as `d` (the data config) says (slips and flaws)."""
+    a, b = sample_operands(rng, d.digits, d.carry_frac)
+    return make_prompt(a, b), sft_example(a, b, d.digits, d.carry_slip_prob, rng, d.flaw_prob)
+
+
+def flawed_positive_ratio(items: list[dict], texts: list[str], acc: list[bool]) -> dict:
+    """val/flawed_positive_ratio: the share of right responses to addition records whose steps
+    are wrong (by the step checker); {} without addition records."""
+    mine = [i for i, it in enumerate(items) if it.get("data_source") == SOURCE]
+    if not mine:
+        return {}
+    right = [i for i in mine if acc[i]]
+    flawed = sum(flawed_step(items[i]["prompt"], texts[i]) != -1 for i in right)
+    return {"val/flawed_positive_ratio": flawed / len(right) if right else 0.0}
+
+
+TASK = Task(name="addition", source=SOURCE, split=_split, demonstration=demonstration,
+            step_checker=flawed_step, request_steps=response_steps, genrm_template="compact",
+            rule_judge=judge_addition, val_metrics=flawed_positive_ratio)

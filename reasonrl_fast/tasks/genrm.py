@@ -4,7 +4,7 @@ with the index of its earliest wrong step, or -1 (docs/math.md §FAPO rewards).
 Each record is built from one addition problem and one demonstration of the addition warm start
 (`sft_example`, with its slips and flaws): some solutions are right, some forget a carry (a wrong
 answer), some miswrite a column while the answer stays right (a flawed positive). The prompt is
-exactly what FAPO's client sends about that solution on the embedded task (`request_fields`
+exactly what FAPO's client sends about that solution on the embedded task (`tasks.genrm_request`
 rendered with the compact template), so a GenRM trained here can serve a FAPO run.
 """
 
@@ -12,33 +12,28 @@ from __future__ import annotations
 
 import random
 
-from reasonrl_fast.data.addition import (flawed_step, make_prompt, response_steps, sample_operands,
-                                        sft_example)
 from reasonrl_fast.data.records import problem_text
-from reasonrl_fast.genrm.prompt import render, split_steps
+from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.protocol import render
+from reasonrl_fast.tasks.addition import (
+    flawed_step,
+    make_prompt,
+    response_steps,
+    sample_operands,
+    sft_example,
+)
+from reasonrl_fast.tasks.base import Task
 
 SOURCE = "genrm_addition"
 TEMPLATE = "compact"  # the embedded model's rendering (the full FAPO instruction does not fit)
 MAX_TRIES = 200
 
 
-def request_fields(item: dict, response: str) -> tuple[str, str, list[str]]:
-    """(problem, reference answer, steps) of one GenRM request about `response` to `item`. The
-    embedded addition task's steps are its columns; any other response is split into paragraphs,
-    as FAPO does."""
-    if item.get("data_source") == "addition":
-        steps = response_steps(response)
-    else:  # a response without paragraphs is one step
-        steps = split_steps(response) or [response]
-    # the problem as written, not the chat-templated prompt the policy saw
-    return problem_text(item), str(item["answer"]), steps
-
-
 def judgment(a: int, b: int, digits: int, response: str) -> dict:
     """The GenRM record about `response` to a + b: the compact prompt, the true earliest wrong
     step as a string ("-1": none) and extra_info {problem, answer, steps}."""
     item = {"prompt": make_prompt(a, b), "answer": str(a + b), "data_source": "addition"}
-    problem, answer, steps = request_fields(item, response)
+    problem, answer, steps = problem_text(item), str(item["answer"]), response_steps(response)
     truth = flawed_step(problem, response)
     return {"prompt": render(TEMPLATE, problem, answer, steps), "answer": str(truth),
             "data_source": SOURCE, "ability": "genrm",
@@ -76,10 +71,9 @@ def verdict_demo(n_steps: int, truth: int) -> str:
     return ",".join(marks) + f" \\boxed{{{truth}}}"
 
 
-def demonstration(rng: random.Random, digits: int, carry_frac: float, slip_prob: float,
-                  flaw_prob: float) -> tuple[str, str]:
+def demonstration(rng: random.Random, d) -> tuple[str, str]:
     """(prompt, response) of one supervised example of the warm start."""
-    rec = sample_judgment(rng, digits, carry_frac, slip_prob, flaw_prob)
+    rec = sample_judgment(rng, d.digits, d.carry_frac, d.carry_slip_prob, d.flaw_prob)
     return rec["prompt"], verdict_demo(len(rec["extra_info"]["steps"]), int(rec["answer"]))
 
 
@@ -94,3 +88,38 @@ def verdict_budget(digits: int) -> int:
     """Tokens of the longest demonstrated verdict with its end token: 'ok,...,ok \\boxed{-1}'
     (3d - 1 + 11) or 'ok,...,bad \\boxed{k}' (3d + 10), and EOS."""
     return 3 * digits + 10 + 1
+
+
+def class_accuracy(items: list[dict], texts: list[str], acc: list[bool]) -> dict:
+    """Step-index accuracy of GenRM judgments by class: val/accuracy_no_error on solutions whose
+    truth is -1, val/accuracy_flawed on the others ({} when no item is a GenRM record)."""
+    out = {}
+    for name, flawed in (("val/accuracy_no_error", False), ("val/accuracy_flawed", True)):
+        hits = [a for it, a in zip(items, acc)
+                if it.get("ability") == "genrm" and (str(it["answer"]) != "-1") == flawed]
+        if hits:
+            out[name] = sum(hits) / len(hits)
+    return out
+
+
+def check_config(cfg) -> None:
+    """The embedded GenRM task's prompts and verdicts must fit: a longer prompt would be dropped
+    (biasing the judgments kept), a shorter response cut before its box."""
+    d = cfg.data.digits
+    need = {"data.max_prompt_length": (cfg.data.max_prompt_length, prompt_budget(d)),
+            "rollout.max_new_tokens": (cfg.rollout.max_new_tokens, verdict_budget(d))}
+    for key, (have, n) in need.items():
+        if have < n:
+            raise ConfigError(f"{key}={have}: data.task=genrm with data.digits={d} needs >= {n}")
+    total = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if not cfg.model.path and cfg.model.max_position_embeddings < total:
+        raise ConfigError(f"model.max_position_embeddings={cfg.model.max_position_embeddings}: below "
+                          f"data.max_prompt_length + rollout.max_new_tokens = {total}")
+
+
+def _split(d, n: int, seed: int) -> list[dict]:
+    return genrm_split(n, d.digits, seed, d.carry_frac, d.carry_slip_prob, d.flaw_prob)
+
+
+TASK = Task(name="genrm", source=SOURCE, split=_split, demonstration=demonstration, sft_key=("genrm",),
+            val_metrics=class_accuracy, check_config=check_config)

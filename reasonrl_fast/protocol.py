@@ -1,4 +1,6 @@
-"""What the GenRM is asked and how its answer is read (FAPO, docs/fapo.md).
+"""The GenRM wire format (FAPO, docs/fapo.md): what the GenRM is asked, how its answer is read,
+and the request/response types the server, its backends and the client share. It sits below
+data/, rewards/, tasks/ and genrm/, which all speak it, and holds no server or client code.
 
 The GenRM sees a problem, its reference answer and a solution split into steps numbered from 0,
 and answers with the index of the earliest wrong step inside \\boxed{}, or -1 when every step
@@ -13,8 +15,14 @@ from __future__ import annotations
 
 import bisect
 import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
-from reasonrl_fast.rewards.math import extract_boxed
+from reasonrl_fast.util import extract_boxed
+
+API_KEY_ENV = "REASONRL_FAST_GENRM_API_KEY"
+"""Where the server and the client read the API key when none is given (it stays out of `ps`)."""
 
 TEMPLATES = ("fapo", "compact")
 
@@ -130,3 +138,74 @@ def parse_verdict(text: str, n_steps: int) -> int | None:
         return None
     k = int(box)
     return k if k == -1 or 0 <= k < n_steps else None
+
+
+# ---------------------------------------------------------------- addresses
+
+
+def normalize_address(address: str) -> str:
+    """An OpenAI base URL: 'host:port' -> 'http://host:port/v1', 'http://host:port' -> '.../v1',
+    '.../v1' kept (https allowed, a trailing '/' dropped); anything else is a ValueError."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"GenRM address {address!r}: expected 'host:port' or 'http(s)://host:port[/v1]'")
+    a = address.strip().rstrip("/")
+    if "://" not in a:
+        if not re.fullmatch(r"[A-Za-z0-9.\-]+:\d{1,5}|\[[0-9A-Fa-f:]+\]:\d{1,5}", a):
+            raise ValueError(f"GenRM address {address!r}: a bare address must be 'host:port'")
+        a = "http://" + a
+    try:
+        u = urlsplit(a)
+        u.port  # noqa: B018  (raises ValueError for a port out of range)
+    except ValueError as e:
+        raise ValueError(f"GenRM address {address!r}: {e}") from None
+    if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+        raise ValueError(f"GenRM address {address!r}: expected 'host:port' or 'http(s)://host:port[/v1]'")
+    if u.path in ("", "/"):
+        return f"{u.scheme}://{u.netloc}/v1"
+    if not u.path.endswith("/v1"):
+        raise ValueError(f"GenRM address {address!r}: the path must be empty or end in /v1 (got {u.path!r})")
+    return f"{u.scheme}://{u.netloc}{u.path}"
+
+
+# ---------------------------------------------------------------- the chat completion types
+
+
+class RequestError(Exception):
+    """A request the server refuses; answered in the OpenAI error format."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str = "invalid_value", kind: str = "invalid_request_error", close: bool = False) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.code, self.kind = message, param, status, code, kind
+        self.close = close  # the body was not (all) read: the connection cannot carry another request
+
+
+@dataclass
+class Sampling:
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    seed: int | None
+
+
+@dataclass
+class Completion:
+    text: str
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Backend(Protocol):
+    default_name: str
+
+    async def complete(self, messages: list[dict[str, str]], sampling: Sampling) -> Completion: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+def last_user_text(messages: list[dict[str, str]]) -> str:
+    for m in reversed(messages):
+        if m["role"] == "user":
+            return m["content"]
+    raise RequestError("messages: no message has role 'user'", "messages")

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from reasonrl_fast.data.addition import (addition_steps, first_wrong_step, flawed_step, miswrite, parse_problem,
+from reasonrl_fast.tasks.addition import (addition_steps, first_wrong_step, flawed_step, miswrite, parse_problem,
                                          response_steps, sft_example)
 from reasonrl_fast.rewards.math import math_score
 

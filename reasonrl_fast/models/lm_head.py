@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from reasonrl_fast.trainer.config import ConfigError
+from reasonrl_fast.errors import ConfigError
 
 # CPU only: `auto` fuses when one forward's response tokens x vocabulary reach this (2^27, 512 MiB
 # of float32 logits). Measured with benchmarks/bench_fused_lm_head.py (the update's forward +
@@ -119,10 +119,3 @@ def check_model(setting: str, config) -> str | None:
     if blocker is None:
         return None
     return f"fused LM head off: {blocker} (logits from the model's own forward)"
-
-
-def tokens_per_forward(cfg, world: int) -> int:
-    """Upper bound on the response positions one policy forward sees: a worker's mini-batch
-    (prompts x samples) times the longest response."""
-    mb = min(cfg.optim.mini_batch_prompts, cfg.data.prompts_per_step)
-    return max(1, mb // world) * cfg.rollout.n * cfg.rollout.max_new_tokens

@@ -1,4 +1,4 @@
-"""Prompts for training and validation: the embedded tasks (reasonrl_fast/data/) or record files
+"""Prompts for training and validation: the embedded tasks (reasonrl_fast/tasks/) or record files
 (reasonrl_fast/data/records.py: the verl schema or flat `prompt`/`answer` rows), rendered once
 for the run's tokenizer, behind a small seeded sampler whose position is saved in checkpoints."""
 
@@ -7,11 +7,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from reasonrl_fast.data.addition import synthetic_split
-from reasonrl_fast.data.code import code_split
-from reasonrl_fast.data.genrm import genrm_split
+from reasonrl_fast.config import check_sandbox_timeout
 from reasonrl_fast.data.records import filter_long, load_records, render_prompt
-from reasonrl_fast.trainer.config import check_sandbox_timeout
+from reasonrl_fast.tasks import get_task
 
 # ---------------------------------------------------------------- datasets
 
@@ -44,11 +42,7 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
 
 def embedded_split(d, n: int, seed: int) -> list[dict]:
     """`n` records of the built-in task `d.task` (d: the data config)."""
-    if d.task == "code":
-        return code_split(n, seed)
-    if d.task == "genrm":
-        return genrm_split(n, d.digits, seed, d.carry_frac, d.carry_slip_prob, d.flaw_prob)
-    return synthetic_split(n, d.digits, seed, d.carry_frac)
+    return get_task(d.task).split(d, n, seed)
 
 
 def _rendered(items: list[dict], tokenizer) -> list[dict]:

@@ -1,0 +1,50 @@
+"""What every algorithm shares: the reward shaping and group advantage of docs/math.md, and the
+`Algo` interface the trainer calls. Pure functions of tensors; an algorithm reads its own config
+section (`cfg.grpo`, `cfg.flowrl`, `cfg.fapo`) and nothing of the trainer."""
+
+from __future__ import annotations
+
+import torch
+
+from reasonrl_fast.ops import group_advantage
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
+    """DAPO overlong shaping: min(-(L - (L_max - L_buf)) / L_buf * factor, 0) per response."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    over = lengths.float() - (max_len - buffer)
+    return torch.clamp(-over / buffer * factor, max=0.0)
+
+
+def advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True) -> torch.Tensor:
+    """Group-normalised advantage per response (GRPO's A and FlowRL's r-hat)."""
+    return group_advantage(rewards.float(), group_ids, eps=1e-6, norm_by_std=norm_by_std)
+
+
+class Algo:
+    """One RL algorithm: how a step's rewards are formed, how advantages are normalised, which
+    loss the update minimises and which extra parts the policy carries."""
+
+    name = ""
+    uses_genrm = False
+    """Right answers go to the GenRM judge, whose flags `rewards` receives (FAPO)."""
+    zhead = False
+    """The policy carries a Z-head (log Z of the prompt) that the loss trains (FlowRL)."""
+
+    def needs_ref(self, cfg) -> bool:
+        """Whether the update needs the frozen reference policy's log-probs."""
+        return cfg.grpo.kl_coef > 0
+
+    def rewards(self, cfg, scores: list[float], acc: list[bool], flagged: list[bool] | None) -> torch.Tensor:
+        """Each response's reward before shaping, from the scorers' scores and acc flags (and the
+        GenRM's flags, for an algorithm that uses it)."""
+        return torch.tensor(scores)
+
+    def norm_by_std(self, cfg) -> bool:
+        """Divide the group-centred rewards by the group's std."""
+        return True
+
+    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z) -> tuple[torch.Tensor, dict]:
+        """(loss, stats) of one mini-batch: log-probs [B, T], advantages [B], mask [B, T]."""
+        raise NotImplementedError

@@ -1,0 +1,58 @@
+"""GRPO with DAPO's clip-higher and loss aggregations (docs/math.md §GRPO and DAPO policy loss)."""
+
+from __future__ import annotations
+
+import torch
+
+from reasonrl_fast.algos.base import Algo
+
+
+def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """token-mean: over all tokens of the mini-batch; seq-mean-token-mean: per-sequence mean, then
+    mean over sequences; seq-mean-token-sum: per-sequence sum, then mean over sequences."""
+    m = mask.to(loss_tok.dtype)
+    if mode == "token-mean":
+        return (loss_tok * m).sum() / m.sum().clamp(min=1.0)
+    per_seq = (loss_tok * m).sum(-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = per_seq / m.sum(-1).clamp(min=1.0)
+    elif mode != "seq-mean-token-sum":
+        raise ValueError(f"unknown loss aggregation {mode!r}")
+    return per_seq.mean()
+
+
+def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(pi || pi_ref) per token: exp(ref - lp) - (ref - lp) - 1 (>= 0)."""
+    d = (ref_logprob - logprob).clamp(-20, 20)
+    return torch.exp(d) - d - 1
+
+
+def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg="token-mean",
+              ref_logprob=None, kl_coef=0.0):
+    """Clipped surrogate with clip-higher. logprob/old/mask [B, T], adv [B]. Returns (loss, stats)."""
+    ratio = torch.exp(logprob - old_logprob)
+    a = adv.unsqueeze(-1).to(logprob.dtype)
+    clipped_obj = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
+    surr = torch.minimum(ratio * a, clipped_obj)
+    loss_tok = -surr
+    if kl_coef and ref_logprob is not None:
+        loss_tok = loss_tok + kl_coef * kl_k3(logprob, ref_logprob)
+    loss = aggregate(loss_tok, mask, agg)
+    with torch.no_grad():
+        m = mask.float()
+        clipped = (clipped_obj < ratio * a).float()  # tokens where the clip is active (no gradient)
+        stats = {"grpo/clip_frac": float((clipped * m).sum() / m.sum().clamp(min=1))}
+        if ref_logprob is not None:
+            stats["kl/mean"] = float((kl_k3(logprob, ref_logprob) * m).sum() / m.sum().clamp(min=1))
+    return loss, stats
+
+
+class GRPO(Algo):
+    name = "grpo"
+
+    def norm_by_std(self, cfg) -> bool:
+        return cfg.grpo.norm_by_std
+
+    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z):
+        g = cfg.grpo
+        return grpo_loss(lp, old_lp, adv, mask, g.clip_low, g.clip_high, g.loss_agg, ref_lp, g.kl_coef)

@@ -1,0 +1,74 @@
+"""Merging a sharded trainer checkpoint into a Hugging Face model directory (safetensors, config,
+tokenizer) that loads with AutoModelForCausalLM, plus `proj_z.safetensors` (the FlowRL Z-head,
+keys `net.0.weight`, ...) beside it. One process, no GPU or process group. Used by the merge
+command and by eval on a checkpoint.
+
+A checkpoint directory is trusted input, like any PyTorch checkpoint: torch.distributed.checkpoint's
+`.metadata` is a pickle, and loading it can run code. A checkpoint that other users could have
+written to is refused unless trusted, and one with a missing or damaged file (its size or CRC-32
+differs from what the save recorded) is refused naming the file."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.api import CheckpointException
+
+from reasonrl_fast.errors import UserError
+from reasonrl_fast.runtime import checkpoint
+
+
+def load_model_tensors(ckpt: str) -> dict[str, torch.Tensor]:
+    """Every `model.*` tensor of the checkpoint, unsharded (DCP reshards on load). A file DCP
+    cannot read (in a checkpoint too old to have checksums) is a CheckpointError."""
+    try:
+        md = dcp.FileSystemReader(ckpt).read_metadata()
+        state = {}
+        for key, meta in md.state_dict_metadata.items():
+            if key.startswith("model.") and hasattr(meta, "size"):
+                state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        dcp.load(state, checkpoint_id=ckpt, no_dist=True)
+    # unpickling garbage fails in any way (IndexError, ...); DCP's own error is a BaseException
+    except (Exception, CheckpointException) as e:  # noqa: BLE001
+        raise checkpoint.unreadable(ckpt, e) from None
+    return {k[len("model."):]: v for k, v in state.items()}
+
+
+def check_checkpoint(ckpt: str, trust: bool, trust_hint: str = "--trust-checkpoint", name: str = "") -> None:
+    """CheckpointError unless `ckpt` is complete, undamaged and, without `trust`, written by no one
+    but us; the messages name it as `name` (default: the path) and the setting that overrides trust."""
+    bad = checkpoint.defects(ckpt, warn=lambda m: print(m, file=sys.stderr))
+    if bad:
+        raise checkpoint.CheckpointError(f"{name or ckpt} is not a complete, undamaged checkpoint; "
+                                         f"missing or damaged: {', '.join(bad)}")
+    if not trust:
+        checkpoint.check_trusted(ckpt, trust_hint)
+
+
+def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from reasonrl_fast.models.loading import load_tokenizer
+
+    hf = os.path.join(ckpt, "hf")
+    check_checkpoint(ckpt, trust)
+    tensors = load_model_tensors(ckpt)
+    lm_sd = {k[len("lm."):]: v for k, v in tensors.items() if k.startswith("lm.")}
+    z_sd = {k[len("proj_z."):]: v.contiguous() for k, v in tensors.items() if k.startswith("proj_z.")}
+    config = AutoConfig.from_pretrained(hf)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(lm_sd, strict=True, assign=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"output directory {out_dir}: cannot be created ({e.strerror}: {e.filename})") from None
+    model.save_pretrained(out_dir, safe_serialization=True)
+    load_tokenizer(hf).save_pretrained(out_dir)
+    if z_sd:
+        save_file(z_sd, os.path.join(out_dir, "proj_z.safetensors"))
+    return out_dir
