@@ -1,7 +1,7 @@
-// Input validation (and the backward's input preparation) shared by the CPU (csrc/*.cpp) and
-// CUDA (csrc/kernels/*.cu) kernels, so both devices reject the same inputs with the same
-// messages. Shape, dtype and device checks only; data checks (target ids in range) are the
-// kernels' own, since they need the data.
+// Input validation, the backward's input preparation and the backward's entry points, shared by
+// the CPU (csrc/*.cpp) and CUDA (csrc/kernels/*.cu) kernels, so both devices reject the same
+// inputs with the same messages. Shape, dtype and device checks only; data checks (target ids in
+// range) are the kernels' own, since they need the data.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -127,6 +128,39 @@ inline at::Tensor rows_view(const at::Tensor& logits) {
   return logits.stride(-1) == 1 || logits.size(-1) <= 1 ? logits : logits.contiguous();
 }
 
+// token_logprob's tensors as a device's forward kernel takes them: the logits as a rows_view, the
+// target ids as int64 (`target_arg` is the target as passed: its dtype matters to the range
+// check), and the outputs, allocated: log-prob, entropy (an empty placeholder without
+// compute_entropy) and lse, of the target's shape in the accumulation dtype.
+struct LogprobForwardTensors {
+  at::Tensor target_arg, logits, target, logprob, entropy, lse;
+};
+
+// A device's token_logprob forward: fills io's outputs. It runs on the logits' device (a CUDA one
+// sets its own device guard) and checks the target ids.
+using LogprobForwardInto = void (*)(const LogprobForwardTensors& io, double temperature,
+                                    int64_t ignore_index, bool compute_entropy);
+
+// The token_logprob op around a device's kernel: one definition for every device, so that both
+// check, view and allocate alike (the backward relies on the outputs' dtypes and placeholder).
+template <LogprobForwardInto forward_into>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_op(const at::Tensor& logits_in,
+                                                                const at::Tensor& target_in,
+                                                                double temperature,
+                                                                int64_t ignore_index,
+                                                                bool compute_entropy) {
+  check_token_logprob(logits_in, target_in, temperature);
+  const at::Tensor logits = rows_view(logits_in);
+  const at::Tensor target = target_as_long(target_in, ignore_index);
+  const auto opts = target.options().dtype(logprob_acc_dtype(logits));
+  const LogprobForwardTensors io{
+      target_in, logits, target, at::empty(target.sizes(), opts),
+      compute_entropy ? at::empty(target.sizes(), opts) : at::empty({0}, opts),
+      at::empty(target.sizes(), opts)};
+  forward_into(io, temperature, ignore_index, compute_entropy);
+  return {io.logprob, io.entropy, io.lse};
+}
+
 // token_logprob's backward inputs, checked (check_token_logprob_backward), contiguous and in the
 // accumulation dtype. grad_entropy and entropy stay undefined when no entropy gradient flows.
 // Target ids are not range-checked here: the kernels do that.
@@ -154,6 +188,43 @@ inline LogprobBackwardInputs prepare_logprob_backward(const at::Tensor& grad_log
           lse.contiguous(),
           has_ent ? entropy.contiguous() : at::Tensor(),
           has_ent};
+}
+
+// A device's token_logprob backward: writes the gradient of `logits` (a rows_view) into `out`,
+// which is either a fresh contiguous tensor of logits' shape or `logits` itself. It runs on
+// logits' device (a CUDA one sets its own device guard) and checks the target ids.
+using LogprobBackwardInto = void (*)(const LogprobBackwardInputs& in, const at::Tensor& logits,
+                                     const at::Tensor& out, double temperature,
+                                     int64_t ignore_index);
+
+// The two backward ops around a device's kernel, one definition for every device so that they
+// check, view and allocate alike: token_logprob_backward returns a fresh gradient...
+template <LogprobBackwardInto backward_into>
+at::Tensor token_logprob_backward_op(const at::Tensor& grad_lp,
+                                     const c10::optional<at::Tensor>& grad_ent,
+                                     const at::Tensor& logits_in, const at::Tensor& target,
+                                     const at::Tensor& lse, const at::Tensor& ent,
+                                     double temperature, int64_t ignore_index) {
+  const auto in = prepare_logprob_backward(grad_lp, grad_ent, logits_in, target, lse, ent,
+                                           temperature, ignore_index);
+  const at::Tensor logits = rows_view(logits_in);
+  at::Tensor out = at::empty_like(logits, at::MemoryFormat::Contiguous);
+  backward_into(in, logits, out, temperature, ignore_index);
+  return out;
+}
+
+// ...and token_logprob_backward_ writes it over the logits.
+template <LogprobBackwardInto backward_into>
+void token_logprob_backward_inplace_op(const at::Tensor& grad_lp,
+                                       const c10::optional<at::Tensor>& grad_ent,
+                                       const at::Tensor& logits, const at::Tensor& target,
+                                       const at::Tensor& lse, const at::Tensor& ent,
+                                       double temperature, int64_t ignore_index) {
+  const auto in = prepare_logprob_backward(grad_lp, grad_ent, logits, target, lse, ent,
+                                           temperature, ignore_index);
+  check_logits_writable(logits);
+  // Each element is read before it is overwritten, so reading and writing the same row is safe.
+  backward_into(in, logits, logits, temperature, ignore_index);
 }
 
 // The floating dtypes the kernels are instantiated for (at::isFloatingType also admits float8).

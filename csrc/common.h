@@ -11,6 +11,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "row_indexer.h"
+
 namespace reasonrl_fast {
 
 // Runtime dispatch for the hot loops: GCC emits one clone per ISA and picks the best at load
@@ -60,33 +62,6 @@ static inline float fast_exp(float x) {
 }
 
 static inline double fast_exp(double x) { return std::exp(x); }
-
-// Offsets of the rows of a tensor whose last dimension is contiguous but whose leading
-// dimensions may be strided (e.g. logits[:, :-1, :]), so that slicing never forces a copy
-// of the [N, V] logits.
-struct RowIndexer {
-  static constexpr int kMaxDims = 12;
-  int ndim = 0;
-  int64_t sizes[kMaxDims];
-  int64_t strides[kMaxDims];
-
-  explicit RowIndexer(const at::Tensor& t) {
-    ndim = static_cast<int>(t.dim()) - 1;
-    TORCH_CHECK(ndim < kMaxDims, "reasonrl_fast: at most ", kMaxDims, " leading dimensions");
-    for (int d = 0; d < ndim; ++d) {
-      sizes[d] = t.size(d);
-      strides[d] = t.stride(d);
-    }
-  }
-  int64_t offset(int64_t row) const {
-    int64_t off = 0;
-    for (int d = ndim - 1; d >= 0; --d) {
-      off += (row % sizes[d]) * strides[d];
-      row /= sizes[d];
-    }
-    return off;
-  }
-};
 
 // The accumulation type: float for every reduced-precision input, double for double.
 template <typename scalar_t>

@@ -116,23 +116,15 @@ void check_targets(const at::Tensor& target, const at::Tensor& ids, int64_t V,
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cpu(const at::Tensor& logits_in,
-                                                                 const at::Tensor& target_in,
-                                                                 double temperature,
-                                                                 int64_t ignore_index,
-                                                                 bool compute_entropy) {
-  check_token_logprob(logits_in, target_in, temperature);
-  const at::Tensor logits = rows_view(logits_in);
-  const at::Tensor target = target_as_long(target_in, ignore_index);
+// `io` comes from token_logprob_op (checks.h), which checked every argument but the ids.
+void forward_into(const LogprobForwardTensors& io, double temperature, int64_t ignore_index,
+                  bool compute_entropy) {
+  const at::Tensor &logits = io.logits, &target = io.target, &lp = io.logprob, &ent = io.entropy,
+                   &lse = io.lse;
   const int64_t V = logits.size(-1);
   const int64_t N = target.numel();
-  check_targets(target_in, target, V, ignore_index);
-
-  const auto opts = target.options().dtype(logprob_acc_dtype(logits));
-  at::Tensor lp = at::empty(target.sizes(), opts);
-  at::Tensor ent = compute_entropy ? at::empty(target.sizes(), opts) : at::empty({0}, opts);
-  at::Tensor lse = at::empty(target.sizes(), opts);
-  if (N == 0) return {lp, ent, lse};
+  check_targets(io.target_arg, target, V, ignore_index);
+  if (N == 0) return;
 
   const RowIndexer rows(logits);
   const int64_t* t = target.data_ptr<int64_t>();
@@ -158,7 +150,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cpu(const at::Tenso
       }
     });
   });
-  return {lp, ent, lse};
 }
 
 // `in` comes from prepare_logprob_backward (which checked every argument); out may be logits.
@@ -199,37 +190,12 @@ void backward_into(const LogprobBackwardInputs& in, const at::Tensor& logits, co
   });
 }
 
-at::Tensor token_logprob_backward_cpu(const at::Tensor& grad_lp,
-                                      const c10::optional<at::Tensor>& grad_ent,
-                                      const at::Tensor& logits_in, const at::Tensor& target,
-                                      const at::Tensor& lse, const at::Tensor& ent,
-                                      double temperature, int64_t ignore_index) {
-  const auto in = prepare_logprob_backward(grad_lp, grad_ent, logits_in, target, lse, ent,
-                                           temperature, ignore_index);
-  const at::Tensor logits = rows_view(logits_in);
-  at::Tensor out = at::empty_like(logits, at::MemoryFormat::Contiguous);
-  backward_into(in, logits, out, temperature, ignore_index);
-  return out;
-}
-
-void token_logprob_backward_inplace_cpu(const at::Tensor& grad_lp,
-                                        const c10::optional<at::Tensor>& grad_ent,
-                                        const at::Tensor& logits, const at::Tensor& target,
-                                        const at::Tensor& lse, const at::Tensor& ent,
-                                        double temperature, int64_t ignore_index) {
-  const auto in = prepare_logprob_backward(grad_lp, grad_ent, logits, target, lse, ent,
-                                           temperature, ignore_index);
-  check_logits_writable(logits);
-  // Each element is read before it is overwritten, so reading and writing the same row is safe.
-  backward_into(in, logits, logits, temperature, ignore_index);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(reasonrl_fast, CPU, m) {
-  m.impl("token_logprob", &token_logprob_cpu);
-  m.impl("token_logprob_backward", &token_logprob_backward_cpu);
-  m.impl("token_logprob_backward_", &token_logprob_backward_inplace_cpu);
+  m.impl("token_logprob", &token_logprob_op<forward_into>);
+  m.impl("token_logprob_backward", &token_logprob_backward_op<backward_into>);
+  m.impl("token_logprob_backward_", &token_logprob_backward_inplace_op<backward_into>);
 }
 
 }  // namespace reasonrl_fast

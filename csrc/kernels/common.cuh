@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "row_indexer.h"
+
 namespace reasonrl_fast {
 namespace cuda {
 
@@ -25,33 +27,6 @@ template <typename scalar_t>
 struct alignas(16) Vec16 {
   static constexpr int kSize = 16 / sizeof(scalar_t);
   scalar_t v[kSize];
-};
-
-// Offsets of the rows of a tensor whose last dimension is contiguous and whose leading
-// dimensions may be strided (e.g. logits[:, :-1, :]): no copy of the [N, V] logits.
-struct RowIdx {
-  static constexpr int kMaxDims = 12;
-  int ndim = 0;
-  int64_t sizes[kMaxDims];
-  int64_t strides[kMaxDims];
-
-  RowIdx() = default;
-  explicit RowIdx(const at::Tensor& t) {
-    ndim = static_cast<int>(t.dim()) - 1;
-    TORCH_CHECK(ndim < kMaxDims, "reasonrl_fast: at most ", kMaxDims, " leading dimensions");
-    for (int d = 0; d < ndim; ++d) {
-      sizes[d] = t.size(d);
-      strides[d] = t.stride(d);
-    }
-  }
-  __device__ __forceinline__ int64_t offset(int64_t row) const {
-    int64_t off = 0;
-    for (int d = ndim - 1; d >= 0; --d) {
-      off += (row % sizes[d]) * strides[d];
-      row /= sizes[d];
-    }
-    return off;
-  }
 };
 
 __device__ __forceinline__ float fexp(float x) { return __expf(x); }

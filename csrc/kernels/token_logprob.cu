@@ -98,11 +98,9 @@ struct Online {
   }
 };
 
+// Every lane of the warp ends with the merge of the warp's 32 triples.
 template <typename acc_t>
-__device__ __forceinline__ void block_merge(Online<acc_t>& st) {
-  __shared__ acc_t sm[kWarp], sS[kWarp], sE[kWarp];
-  __shared__ int sb[kWarp];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+__device__ __forceinline__ void warp_merge(Online<acc_t>& st) {
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o >>= 1) {
     const acc_t om = __shfl_xor_sync(0xffffffffu, st.m, o);
@@ -111,6 +109,14 @@ __device__ __forceinline__ void block_merge(Online<acc_t>& st) {
     const int ob = __shfl_xor_sync(0xffffffffu, st.bad, o);
     st.merge(om, oS, oE, ob);
   }
+}
+
+template <typename acc_t>
+__device__ __forceinline__ void block_merge(Online<acc_t>& st) {
+  __shared__ acc_t sm[kWarp], sS[kWarp], sE[kWarp];
+  __shared__ int sb[kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  warp_merge(st);
   __syncthreads();
   if (lane == 0) {
     sm[warp] = st.m;
@@ -123,14 +129,7 @@ __device__ __forceinline__ void block_merge(Online<acc_t>& st) {
     const int nwarps = blockDim.x / kWarp;
     st.init();
     if (lane < nwarps) st.merge(sm[lane], sS[lane], sE[lane], sb[lane]);
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o >>= 1) {
-      const acc_t om = __shfl_xor_sync(0xffffffffu, st.m, o);
-      const acc_t oS = __shfl_xor_sync(0xffffffffu, st.S, o);
-      const acc_t oE = __shfl_xor_sync(0xffffffffu, st.E, o);
-      const int ob = __shfl_xor_sync(0xffffffffu, st.bad, o);
-      st.merge(om, oS, oE, ob);
-    }
+    warp_merge(st);
   }
 }
 
@@ -163,7 +162,7 @@ constexpr int kUnroll = 4;
 
 template <typename scalar_t, typename acc_t, bool kEnt>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(const scalar_t* __restrict__ z, RowIdx rows, const int64_t* __restrict__ tgt,
+    forward_kernel(const scalar_t* __restrict__ z, RowIndexer rows, const int64_t* __restrict__ tgt,
                    int64_t N, int64_t V, acc_t inv_tau, int64_t ignore_index,
                    acc_t* __restrict__ lp, acc_t* __restrict__ ent, acc_t* __restrict__ lse) {
   using V16 = Vec16<scalar_t>;
@@ -250,7 +249,7 @@ __device__ __forceinline__ scalar_t grad_of(scalar_t zv, acc_t inv_tau, acc_t ls
 // thread; the target element is read into a register before any write.
 template <typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
-    backward_kernel(const scalar_t* z, RowIdx in_rows, scalar_t* out, RowIdx out_rows,
+    backward_kernel(const scalar_t* z, RowIndexer in_rows, scalar_t* out, RowIndexer out_rows,
                     const int64_t* __restrict__ tgt, int64_t N, int64_t V, acc_t inv_tau,
                     int64_t ignore_index, const acc_t* __restrict__ glp,
                     const acc_t* __restrict__ gent, const acc_t* __restrict__ lse_p,
@@ -309,23 +308,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cuda(const at::Tensor& logits_in,
-                                                                  const at::Tensor& target_in,
-                                                                  double temperature,
-                                                                  int64_t ignore_index,
-                                                                  bool compute_entropy) {
-  check_token_logprob(logits_in, target_in, temperature);
-  const c10::cuda::CUDAGuard guard(logits_in.device());
-  const at::Tensor logits = rows_view(logits_in);
-  const at::Tensor target = target_as_long(target_in, ignore_index);
+// `io` comes from token_logprob_op (checks.h), which checked every argument but the ids (the
+// kernel checks those).
+void forward_into(const LogprobForwardTensors& io, double temperature, int64_t ignore_index,
+                  bool compute_entropy) {
+  const c10::cuda::CUDAGuard guard(io.logits.device());
+  const at::Tensor &logits = io.logits, &target = io.target, &lp = io.logprob, &ent = io.entropy,
+                   &lse = io.lse;
   const int64_t V = logits.size(-1);
   const int64_t N = target.numel();
-  const auto opts = target.options().dtype(logprob_acc_dtype(logits));
-  at::Tensor lp = at::empty(target.sizes(), opts);
-  at::Tensor ent = compute_entropy ? at::empty(target.sizes(), opts) : at::empty({0}, opts);
-  at::Tensor lse = at::empty(target.sizes(), opts);
-  if (N == 0) return {lp, ent, lse};
-  const RowIdx rows(logits);
+  if (N == 0) return;
+  const RowIndexer rows(logits);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "token_logprob_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -339,19 +332,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> token_logprob_cuda(const at::Tens
     else launch(forward_kernel<scalar_t, acc_t, false>);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return {lp, ent, lse};
 }
 
 // `in` comes from prepare_logprob_backward (which checked every argument); out may be logits.
 void backward_into(const LogprobBackwardInputs& in, const at::Tensor& logits, const at::Tensor& out,
                    double temperature, int64_t ignore_index) {
+  const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t V = logits.size(-1);
   const int64_t N = in.target.numel();
   if (N == 0) return;
   const at::Tensor &target = in.target, &g_lp = in.grad_logprob, &g_ent = in.grad_entropy,
                    &lse = in.lse, &ent = in.entropy;
   const bool has_ent = in.has_entropy;
-  const RowIdx in_rows(logits), out_rows(out);
+  const RowIndexer in_rows(logits), out_rows(out);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "token_logprob_backward_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -364,39 +357,13 @@ void backward_into(const LogprobBackwardInputs& in, const at::Tensor& logits, co
   });
 }
 
-at::Tensor token_logprob_backward_cuda(const at::Tensor& grad_lp,
-                                       const c10::optional<at::Tensor>& grad_ent,
-                                       const at::Tensor& logits_in, const at::Tensor& target,
-                                       const at::Tensor& lse, const at::Tensor& ent,
-                                       double temperature, int64_t ignore_index) {
-  const auto in = prepare_logprob_backward(grad_lp, grad_ent, logits_in, target, lse, ent,
-                                           temperature, ignore_index);
-  const c10::cuda::CUDAGuard guard(logits_in.device());
-  const at::Tensor logits = rows_view(logits_in);
-  at::Tensor out = at::empty_like(logits, at::MemoryFormat::Contiguous);
-  backward_into(in, logits, out, temperature, ignore_index);
-  return out;
-}
-
-void token_logprob_backward_inplace_cuda(const at::Tensor& grad_lp,
-                                         const c10::optional<at::Tensor>& grad_ent,
-                                         const at::Tensor& logits, const at::Tensor& target,
-                                         const at::Tensor& lse, const at::Tensor& ent,
-                                         double temperature, int64_t ignore_index) {
-  const auto in = prepare_logprob_backward(grad_lp, grad_ent, logits, target, lse, ent,
-                                           temperature, ignore_index);
-  check_logits_writable(logits);
-  const c10::cuda::CUDAGuard guard(logits.device());
-  backward_into(in, logits, logits, temperature, ignore_index);
-}
-
 }  // namespace
 }  // namespace cuda
 
 TORCH_LIBRARY_IMPL(reasonrl_fast, CUDA, m) {
-  m.impl("token_logprob", &cuda::token_logprob_cuda);
-  m.impl("token_logprob_backward", &cuda::token_logprob_backward_cuda);
-  m.impl("token_logprob_backward_", &cuda::token_logprob_backward_inplace_cuda);
+  m.impl("token_logprob", &token_logprob_op<cuda::forward_into>);
+  m.impl("token_logprob_backward", &token_logprob_backward_op<cuda::backward_into>);
+  m.impl("token_logprob_backward_", &token_logprob_backward_inplace_op<cuda::backward_into>);
 }
 
 }  // namespace reasonrl_fast
