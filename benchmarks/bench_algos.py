@@ -25,6 +25,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # reasonrl_fast.plot, from this checkout
+
+from reasonrl_fast.util import read_metrics  # noqa: E402
 MARKER = "embedded-algos"
 
 
@@ -37,7 +39,7 @@ def run(algo: str, extra: list[str], tmp: str) -> dict:
     wall = time.time() - t
     if p.returncode:
         sys.exit(f"{algo} failed:\n{p.stderr[-3000:]}")
-    rows = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if x.strip()]
+    rows = read_metrics(out)
     vals = [r for r in rows if "val/accuracy" in r]
     steps = [r for r in rows if "time/step_s" in r][1:]  # the first step warms up
     med = lambda k: statistics.median(r[k] for r in steps) if k in steps[0] else float("nan")  # noqa: E731

@@ -8,16 +8,19 @@ of the step (Ray round trips, batching, advantages). The first step is left out 
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from reasonrl_fast.util import read_metrics  # noqa: E402
 
 PHASES = ["time/rollout_s", "time/reward_s", "time/logprob_s", "time/update_s", "time/sync_s"]
 
 
 def summarise(run_dir: str) -> str:
-    rows = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl")) if x.strip()]
+    rows = read_metrics(run_dir)
     steps = [r for r in rows if "time/step_s" in r][1:]
     vals = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
     if not steps:

@@ -28,8 +28,11 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(0, REPO)
 
 from vs_trl_task import write_model, write_prompts  # noqa: E402
+
+from reasonrl_fast.util import read_metrics  # noqa: E402
 
 LAYOUTS = {"2x1": (2, 1), "1x2": (1, 2)}  # workers x threads per worker
 PHASES = ["time/rollout_s", "time/reward_s", "time/logprob_s", "time/update_s", "time/sync_s"]
@@ -59,7 +62,7 @@ def run_ours(model: str, prompts: str, tmp: str, layout: str, steps: int) -> dic
     p = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
     if p.returncode:
         sys.exit(f"our trainer failed ({layout}):\n{p.stderr[-3000:]}")
-    rows = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if x.strip()]
+    rows = read_metrics(out)
     timed = [r for r in rows if r.get("step", 0) >= 3 and "time/step_s" in r]
     phases = {k: statistics.median(r[k] for r in timed) for k in PHASES + ["time/step_s"]}
     return {"step_s": statistics.median(r["time/step_s"] for r in timed), "phases": phases}

@@ -11,11 +11,11 @@ the steps that logged them."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from reasonrl_fast import cli
 from reasonrl_fast.errors import UserError
+from reasonrl_fast.util import read_metrics
 
 METRICS = ("reward/mean", "accuracy/mean", "val/accuracy", "val/flawed_positive_ratio", "entropy/mean",
            "response_length/mean", "time/step_s")
@@ -33,17 +33,13 @@ def read_run(run_dir: str) -> tuple[str, list[dict]]:
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise PlotError(f"{run_dir}: no metrics.jsonl (not a run directory, or a run that logged nothing yet)")
-    rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise PlotError(f"{path}:{lineno}: not valid JSON") from None
-            if isinstance(row, dict) and "step" in row:
-                rows.append(row)
+    try:
+        rows = read_metrics(path)
+    except ValueError as e:  # a damaged line (its message names the file and line)
+        raise PlotError(str(e)) from None
+    except OSError as e:
+        raise PlotError(f"{path}: cannot read it ({e.strerror or e})") from None
+    rows = [r for r in rows if isinstance(r, dict) and "step" in r]
     name = os.path.basename(os.path.normpath(run_dir))
     algo = _algo(os.path.join(run_dir, "config.yaml"))
     return (f"{name} ({algo})" if algo else name), rows

@@ -59,6 +59,20 @@ def test_plot_cli_errors(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+def test_a_damaged_metrics_line_is_a_plot_error_and_a_cut_off_last_line_is_dropped(tmp_path):
+    _run_dir(tmp_path / "a", "grpo", 3, with_val=False)
+    metrics = tmp_path / "a" / "metrics.jsonl"
+    good = metrics.read_text()
+    metrics.write_text(good + '{"step": 4, "reward/me')  # the writer died mid-line: still plotted
+    with pytest.warns(UserWarning, match="line 5: dropping a cut-off last line"):
+        assert "reward/mean" in plot([str(tmp_path / "a")], str(tmp_path / "cut.png"))
+    lines = good.splitlines()
+    metrics.write_text("\n".join([lines[0], "{oops", *lines[1:]]) + "\n")  # damaged mid-file
+    with pytest.raises(PlotError, match=r"metrics.jsonl, line 2: not valid JSON"):
+        plot([str(tmp_path / "a")], str(tmp_path / "bad.png"))
+    assert not (tmp_path / "bad.png").exists()
+
+
 @pytest.mark.proc
 def test_summary_table(tmp_path):
     _run_dir(tmp_path / "a", "flowrl", 6, with_val=True)

@@ -2,12 +2,13 @@
 with a tiny configuration (tiny model, two CPU workers, a few steps). The `train` and
 `trained_run` fixtures (tests/conftest.py) hand these to a test and put it in the `e2e` tier."""
 
-import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from reasonrl_fast.util import read_metrics  # noqa: F401  (the e2e tests take it from here)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,11 +33,6 @@ def run_train(args, tmp_path, timeout=300, env_extra=None, check=True):
     if check and p.returncode != 0:
         raise AssertionError(f"train failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
     return p
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 # The shared run: one trained tiny run for every test that needs *a* trained run rather than a
