@@ -39,13 +39,12 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from reasonrl_fast.integrations import _patch
 from reasonrl_fast.ops import linear_token_logprob, token_logprob
 
 log = logging.getLogger(__name__)
@@ -243,49 +242,15 @@ def _make_logits_fns(trl_sls: Callable, trl_entropy: Callable, trl_both: Callabl
 
 # ------------------------------------------------------------------------ patch and undo
 
-def _trl_modules() -> list[Any]:
-    return [m for n, m in list(sys.modules.items())
-            if m is not None and (n == "trl" or n.startswith("trl."))]
+class Handle(_patch.Handle):
+    """An applied patch: `undo()` (or leaving a `with` block) puts TRL's originals back, also in
+    trl modules imported after patch() (they copied the replacement). A second undo does
+    nothing. `replacements` maps each replaced name to (TRL's original, ours)."""
 
-
-def _swap(pairs: dict[int, tuple[Any, Any]]) -> int:
-    """In every loaded trl.* module, set each attribute that is `old` to `new` ({id(old): (old,
-    new)}); returns how many attributes changed."""
-    n = 0
-    for module in _trl_modules():
-        d = getattr(module, "__dict__", {})
-        for attr, value in list(d.items()):
-            hit = pairs.get(id(value))
-            if hit is not None and hit[0] is value:
-                setattr(module, attr, hit[1])
-                n += 1
-    return n
-
-
-@dataclass
-class Handle:
-    """An applied patch: `undo()` (or leaving a `with` block) puts TRL's originals back."""
-
-    entropy: bool
-    replacements: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name: (orig, ours)
-    active: bool = True
-
-    def undo(self) -> None:
-        """Restore the originals wherever a replacement is bound, including trl modules
-        imported after patch() (they copied the replacement). A second call does nothing."""
-        global _ACTIVE
-        if not self.active:
-            return
-        _swap({id(ours): (ours, orig) for orig, ours in self.replacements.values()})
-        self.active = False
-        if _ACTIVE is self:
-            _ACTIVE = None
-
-    def __enter__(self) -> Handle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.undo()
+    def __init__(self, entropy: bool, replacements: dict[str, tuple[Any, Any]]) -> None:
+        super().__init__("trl")
+        self.entropy = entropy
+        self.replacements = replacements
 
 
 _ACTIVE: Handle | None = None
@@ -306,7 +271,7 @@ def patch(*, entropy: bool = True) -> Handle:
             replaces or consults (a TRL version other than the 1.16 series).
     """
     global _ACTIVE
-    if _ACTIVE is not None:
+    if _ACTIVE is not None and _ACTIVE.active:
         if _ACTIVE.entropy == entropy:
             return _ACTIVE
         raise RuntimeError(f"reasonrl_fast.integrations.trl: already patched with "
@@ -342,6 +307,8 @@ def patch(*, entropy: bool = True) -> Handle:
     if entropy:
         for n in names[1:]:
             ours[n] = (trl_fns[n], fns[n])
-    _swap({id(orig): (orig, new) for orig, new in ours.values()})
-    _ACTIVE = Handle(entropy=entropy, replacements=ours)
+    handle = Handle(entropy, ours)
+    for orig, new in ours.values():
+        handle.replace(orig, new)
+    _ACTIVE = handle
     return _ACTIVE

@@ -22,11 +22,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+
+from reasonrl_fast.integrations import _patch
 
 ADV_ESTIMATOR = "reasonrl_fast_grpo"
 POLICY_LOSS = "flowrl"
@@ -342,50 +343,15 @@ _FUNCTIONS = (
 )
 
 
-class Handle:
-    """What patch() changed; `undo()` puts back every original object (idempotent)."""
+class Handle(_patch.Handle):
+    """What patch() changed; `undo()` puts back every original object, also in verl modules
+    imported while patched (idempotent; also on leaving a `with` block)."""
 
     def __init__(self) -> None:
-        self._changes: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, ours)
-        self._ours_to_original: dict[int, Any] = {}
-        self.active = True
-
-    def _set(self, owner: Any, name: str, ours: Any) -> None:
-        original = getattr(owner, name)
-        self._changes.append((owner, name, original, ours))
-        self._ours_to_original[id(ours)] = original
-        setattr(owner, name, ours)
-
-    def undo(self) -> None:
-        global _ACTIVE
-        if not self.active:
-            return
-        for owner, name, original, ours in reversed(self._changes):
-            if getattr(owner, name, None) is ours:
-                setattr(owner, name, original)
-        # modules imported while patched took our functions from the source module: put the
-        # originals there too
-        for mod in _verl_modules():
-            for name, value in list(vars(mod).items()):
-                original = self._ours_to_original.get(id(value))
-                if original is not None and _is_ours(value):
-                    setattr(mod, name, original)
-        self._changes.clear()
-        self.active = False
-        if _ACTIVE is self:
-            _ACTIVE = None
+        super().__init__("verl")
 
 
 _ACTIVE: Optional[Handle] = None
-_OURS = {id(fn) for _, _, fn in _FUNCTIONS}
-
-
-def _is_ours(value: Any) -> bool:
-    return id(value) in _OURS
-
-
-def _verl_modules() -> list:
-    return [m for n, m in list(sys.modules.items()) if m is not None and (n == "verl" or n.startswith("verl."))]
 
 
 def patch() -> Handle:
@@ -401,19 +367,11 @@ def patch() -> Handle:
     import importlib
 
     handle = Handle()
-    originals: dict[int, Any] = {}
     for module, name, ours in _FUNCTIONS:
-        mod = importlib.import_module(module)
-        originals[id(getattr(mod, name))] = ours
-        handle._set(mod, name, ours)
-    for mod in _verl_modules():
-        for name, value in list(vars(mod).items()):
-            ours = originals.get(id(value))
-            if ours is not None:
-                handle._set(mod, name, ours)
+        handle.replace(getattr(importlib.import_module(module), name), ours)
     from verl.utils.experimental import torch_functional as exp_F
 
     cls = exp_F.FusedLinearForPPO
-    handle._set(cls, "forward", _fused_linear_for_ppo_forward(cls.forward))
+    handle.set_attr(cls, "forward", _fused_linear_for_ppo_forward(cls.forward))
     _ACTIVE = handle
     return handle
