@@ -17,7 +17,7 @@ class Actor(nn.Module):
     """`lm` is a Hugging Face causal LM; `proj_z` (FlowRL) is attached before sharding so the
     same optimiser trains it and the TB loss reaches the backbone through log Z
     (docs/math.md §Z-head). `fused`: log-probs from the hidden states and the head weight,
-    without logits (only for a plain linear head, see trainer/lm_head.py)."""
+    without logits (only for a plain linear head, see models/lm_head.py)."""
 
     def __init__(self, lm: nn.Module, zhead_layers: int = 0, fused: bool = False):
         super().__init__()

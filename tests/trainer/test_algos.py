@@ -99,3 +99,55 @@ def test_fapo_rewards():
     assert fapo_rewards(acc, flagged, 0.0).tolist() == [1.0, 1.0, -1.0, -1.0]  # GRPO's +1/-1
     with pytest.raises(ValueError):
         fapo_rewards([True], [], 1.0)
+
+
+def test_the_one_split_rule_allows_uneven_shares():
+    from reasonrl_fast.util import shares
+
+    assert shares(16, 2) == [range(0, 8), range(8, 16)]
+    assert shares(5, 2) == [range(0, 3), range(3, 5)]
+    assert shares(5, 4) == [range(0, 2), range(2, 3), range(3, 4), range(4, 5)]
+    assert shares(1, 3) == [range(0, 1), range(1, 1), range(1, 1)]
+    for count in range(12):
+        for parts in range(1, 6):
+            got = shares(count, parts)
+            assert [i for r in got for i in r] == list(range(count))
+            assert max(map(len, got)) - min(map(len, got)) <= 1
+
+
+def test_mini_batches_of_a_share_and_the_largest_forward():
+    from reasonrl_fast.config import load_config
+    from reasonrl_fast.trainer.policy import mini_batches, tokens_per_forward
+
+    cfg = load_config(None, ["data.prompts_per_step=5", "optim.mini_batch_prompts=3", "rollout.n=4",
+                             "rollout.max_new_tokens=10"])
+    # ceil(5 / 3) = 2 mini-batches; worker 0 holds 3 prompts (12 samples), worker 1 holds 2
+    assert mini_batches(cfg, 3) == [slice(0, 8), slice(8, 12)]
+    assert mini_batches(cfg, 2) == [slice(0, 4), slice(4, 8)]
+    assert tokens_per_forward(cfg, 2) == 2 * 4 * 10
+    even = load_config(None, ["data.prompts_per_step=16", "optim.mini_batch_prompts=8", "rollout.n=8"])
+    assert mini_batches(even, 8) == [slice(0, 32), slice(32, 64)]  # as before: equal halves
+    assert tokens_per_forward(even, 2) == 4 * 8 * even.rollout.max_new_tokens
+
+
+def test_a_worker_without_a_prompt_in_a_mini_batch_is_refused():
+    from reasonrl_fast.config import ConfigError, load_config
+
+    load_config(None, ["data.prompts_per_step=3"])  # 2 workers: shares of 2 and 1, one mini-batch
+    with pytest.raises(ConfigError, match="each needs at least one prompt per mini-batch"):
+        load_config(None, ["data.prompts_per_step=4", "optim.mini_batch_prompts=1"])
+
+
+def test_registries_list_the_known_names():
+    from reasonrl_fast.algos import ALGOS, get_algo
+    from reasonrl_fast.tasks import TASKS, get_task, task_of
+
+    assert set(ALGOS) == {"grpo", "flowrl", "fapo"} and set(TASKS) == {"addition", "code", "genrm"}
+    with pytest.raises(ValueError, match="unknown algorithm 'dapo': known algorithms are flowrl, grpo, fapo"):
+        get_algo("dapo")
+    with pytest.raises(ValueError, match="unknown task 'sudoku': known tasks are addition, code, genrm"):
+        get_task("sudoku")
+    assert task_of({"data_source": "addition"}) is TASKS["addition"]
+    assert task_of({"data_source": "math"}) is None
+    # what each algorithm asks of the trainer
+    assert [(a.uses_genrm, a.zhead) for a in ALGOS.values()] == [(False, True), (False, False), (True, False)]

@@ -28,10 +28,12 @@ def test_flowrl_smoke(trained_run):
     assert "data parallel: fsdp" in trained_run.stdout
 
 
-def test_grpo_smoke_kl_minibatches_flaky_reward(train, tmp_path):
+def test_grpo_smoke_kl_uneven_minibatches_flaky_reward(train, tmp_path):
+    """5 prompts over 2 workers (shares of 3 and 2) in 2 mini-batches of unequal size: each worker
+    trains on the samples it kept, sent only their advantages."""
     out = tmp_path / "run"
     train(["algo=grpo", "trainer.steps=2", f"trainer.output_dir={out}", "grpo.kl_coef=0.1",
-               "optim.mini_batch_prompts=2", "grpo.overlong_buffer=4", "data.reward_fn=tests.helpers.faulty_rewards:raises_every_third"], tmp_path)
+               "data.prompts_per_step=5", "optim.mini_batch_prompts=3", "grpo.overlong_buffer=4", "data.reward_fn=tests.helpers.faulty_rewards:raises_every_third"], tmp_path)
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:
