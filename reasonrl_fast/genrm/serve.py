@@ -49,15 +49,8 @@ from aiohttp import web
 
 from reasonrl_fast import cli
 from reasonrl_fast.errors import UserError
-from reasonrl_fast.protocol import (
-    API_KEY_ENV,
-    Backend,
-    Completion,
-    RequestError,
-    Sampling,
-    last_user_text,
-    parse_verdict,
-)
+from reasonrl_fast.protocol import (API_KEY_ENV, Backend, Completion, RequestError, Sampling, last_user_text,
+                                    parse_verdict)
 from reasonrl_fast.tasks import TASKS
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a GenRM request is a problem and a solution: far below this

@@ -15,13 +15,7 @@ import random
 from reasonrl_fast.data.records import problem_text
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.protocol import render
-from reasonrl_fast.tasks.addition import (
-    flawed_step,
-    make_prompt,
-    response_steps,
-    sample_operands,
-    sft_example,
-)
+from reasonrl_fast.tasks.addition import flawed_step, make_prompt, response_steps, sample_operands, sft_example
 from reasonrl_fast.tasks.base import Task
 
 SOURCE = "genrm_addition"

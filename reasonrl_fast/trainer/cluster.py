@@ -11,14 +11,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from transformers import AutoConfig
 
 from reasonrl_fast.runtime import ray_cluster as rt
-from reasonrl_fast.runtime.ray_cluster import (
-    ClusterError,
-    as_completed,
-    gather,
-    place_workers,
-    start_ray,
-    stop_ray,
-)
+from reasonrl_fast.runtime.ray_cluster import ClusterError, as_completed, gather, place_workers, start_ray, stop_ray
 from reasonrl_fast.trainer.worker import Worker
 from reasonrl_fast.util import shares
 

@@ -28,13 +28,7 @@ class MetricsLogger:
             except ImportError:
                 warnings.warn("trainer.logger=wandb but wandb is not installed; TensorBoard only", stacklevel=2)
         if cfg.trainer.progress:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-            )
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                      TimeRemainingColumn(), TextColumn("{task.fields[info]}"))

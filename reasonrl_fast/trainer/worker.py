@@ -19,22 +19,9 @@ from reasonrl_fast.models.lm_head import use_fused
 from reasonrl_fast.models.loading import load_model, load_tokenizer
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
-from reasonrl_fast.trainer.fsdp import (
-    full_tensor,
-    init_distributed,
-    iter_full,
-    rendezvous_socket,
-    replicate,
-    shard,
-    sharding_mode,
-)
-from reasonrl_fast.trainer.policy import (
-    Actor,
-    make_batch,
-    mini_batches,
-    slice_batch,
-    tokens_per_forward,
-)
+from reasonrl_fast.trainer.fsdp import (full_tensor, init_distributed, iter_full, rendezvous_socket, replicate, shard,
+                                        sharding_mode)
+from reasonrl_fast.trainer.policy import Actor, make_batch, mini_batches, slice_batch, tokens_per_forward
 
 
 class Worker:
