@@ -64,7 +64,8 @@ def render(template: str, problem: str, answer: str, steps: list[str]) -> str:
 
 # The parsers below read text a client sent to the server, so they must stay linear in its length:
 # the patterns they replace (a lazy `(.*?)` per section, a backreference per step) rescanned the
-# rest of the text from every candidate start, and one 200 kB request held the server for 30 s.
+# rest of the text from every candidate start, and one 200 kB request held the server for
+# seconds on end (benchmarks/RESULTS.md §5).
 _SECTIONS = ("[Problem]\n", "\n\n[Reference answer]\n", "\n\n[Solution]\n")
 _CHECK = "\n\nCheck the steps"
 _OPEN = re.compile(r"<step_([0-9]++)>\n")  # possessive: a digit run is read once, never re-split

@@ -62,7 +62,7 @@ _LINGER_S = 2.0
 
 # aiohttp keeps an idle keep-alive connection's last request and answer until its next request:
 # after a request or answer this large the connection closes, so that many idle clients of
-# megabyte requests do not hold gigabytes (200 held 1.7 GB).
+# megabyte requests do not hold gigabytes (benchmarks/RESULTS.md §5).
 _KEEP_ALIVE_MAX_BYTES = 1 << 20
 
 

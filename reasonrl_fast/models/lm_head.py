@@ -14,13 +14,11 @@ from torch import nn
 from reasonrl_fast.errors import ConfigError
 
 # CPU only: `auto` fuses when one forward's response tokens x vocabulary reach this (2^27, 512 MiB
-# of float32 logits). Measured with benchmarks/bench_fused_lm_head.py (the update's forward +
-# backward, one thread, 2-core CPU, 2026-11-26): on CPU the fused op was never clearly faster,
-# 0.81-0.94x on hidden 256 x vocabulary 151,936 and 0.77-1.05x at the embedded size (hidden 128),
-# as it forms the logits twice (forward and backward). What it buys is memory: at 1,024 tokens x
-# 151,936 (156 M) the update's peak fell from 1,267 to 361 MiB for 12 % more time, at 4,096
-# tokens (622 M) from 5,039 to 512 MiB for 6 %; at 256 tokens (39 M) it saved nothing and cost
-# 19 %. The embedded default (2,048 x 99 = 0.2 M) stays unfused.
+# of float32 logits). Read off benchmarks/bench_fused_lm_head.py's measurements of the update's
+# forward + backward (benchmarks/RESULTS.md §7): on CPU the fused op was never clearly faster, as
+# it forms the logits twice (forward and backward). What it buys is memory, several times less
+# peak where the logits are large, for somewhat more time; where they are small it saves nothing
+# and costs time. The embedded default (2,048 x 99 = 0.2 M) stays unfused.
 FUSED_CPU_MIN_ELEMENTS = 1 << 27
 
 # Config attributes (of the model's config or its text config) that change the logits after

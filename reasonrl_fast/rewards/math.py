@@ -25,7 +25,7 @@ __all__ = ["extract_boxed", "math_equal", "math_score", "compute_score", "dapo_s
 
 # Longest answer math-verify is asked about. MATH-500's longest answer has 159 characters; a
 # "prediction" of thousands is not an answer, and parse time grows with length and nesting
-# (measured on this machine: 300 nested parentheses parse in 1.0 s, 1000 hit a 3 s limit).
+# (deeply nested parentheses reach a time limit: benchmarks/RESULTS.md §4).
 _MAX_ANSWER_CHARS = 500
 # math-verify's own limits (whole seconds: it uses signal.alarm), per parse and per comparison.
 _PARSE_TIMEOUT_S = 2

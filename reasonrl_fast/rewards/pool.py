@@ -69,9 +69,9 @@ class RewardPool:
             self.last_error = why
 
         # Samples go out in chunks, two per worker for a small step: each message wakes a
-        # worker (~90 us a write on 2 cores, measured), so one per sample made a 128-sample
-        # step cost 13 ms more than scoring in the driver. Each sample keeps its own clock: it
-        # starts when the previous one in its chunk answers.
+        # worker, so one per sample made a 128-sample step cost far more than scoring in the
+        # driver (benchmarks/RESULTS.md §4). Each sample keeps its own clock: it starts when the
+        # previous one in its chunk answers.
         size = max(1, min(_MAX_CHUNK, math.ceil(n / (2 * len(self._slots)))))
         while todo or busy:
             while todo and idle:

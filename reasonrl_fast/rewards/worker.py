@@ -31,7 +31,7 @@ class Scorer:
         else:
             self.fn = partial(default_compute_score, sandbox_timeout_s=config["sandbox_timeout_s"])
             # Import the scorers now, not inside the first sample's time limit: math-verify
-            # (sympy) alone takes ~1.2 s to import on this 2-core machine.
+            # (sympy) alone is slow to import (benchmarks/RESULTS.md §4).
             importlib.import_module("math_verify")
             importlib.import_module("reasonrl_fast.rewards.math")
             importlib.import_module("reasonrl_fast.rewards.code")

@@ -72,15 +72,16 @@ def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor) -> Callable:
     return step
 
 
-@torch.inference_mode()  # no autograd bookkeeping at all: 9 % faster than no_grad here
+# No autograd bookkeeping at all: faster than no_grad (benchmarks/RESULTS.md §9).
+@torch.inference_mode()
 def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top_p: float, max_new_tokens: int,
            eos_id: int, pad_id: int, lean: LeanDecoder | None = None) -> torch.Tensor:
     """Ancestral sampling from a Hugging Face causal LM with its KV cache: [B, <= max_new_tokens]
     new tokens for the left-padded `ids`, pad after a row's EOS, stopping once every row has
     ended. The same distribution as `generate(do_sample=True, temperature, top_p, top_k=0)`,
     without its per-token logits processors and stopping criteria: 32 rows x 16 tokens of a
-    0.8 M-parameter Qwen2 took 86-103 ms against generate's 103-110 ms (1 thread, 2-core CPU),
-    and 63-75 ms through `lean` (the same model run by a LeanDecoder). The tokens are an
+    0.8 M-parameter Qwen2 sample faster than with generate, and faster again through `lean` (the
+    same model run by a LeanDecoder; benchmarks/RESULTS.md §9). The tokens are an
     inference-mode tensor (no autograd)."""
     step = lean.stepper(ids, attn, max_new_tokens) if lean is not None else hf_stepper(model, ids, attn)
     logits = step(None)

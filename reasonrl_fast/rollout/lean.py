@@ -1,9 +1,9 @@
 """A lean decoder for Llama-family causal LMs (Llama, Qwen2, Qwen3, Mistral without a sliding
 window): the model's own weights run as a few tensor ops per layer over a preallocated KV cache,
 with q/k/v and gate/up each one matmul. At small sizes a Hugging Face forward is mostly
-per-module Python, mask building and cache bookkeeping: 32 rows x 16 new tokens of a
-0.8 M-parameter Qwen2 (1 thread, 2-core CPU, 2026-11-26) took 63-75 ms here against 87-96 ms
-through the model's forward.
+per-module Python, mask building and cache bookkeeping: sampling 32 rows x 16 new tokens of a
+0.8 M-parameter Qwen2 on CPU is faster here than through the model's forward
+(benchmarks/RESULTS.md §9).
 
 The math is the model's: RMSNorm in float32 cast back to the model's dtype, then its weight;
 rotary embedding from the model's own rotary module (so its scaling type applies), Qwen3's

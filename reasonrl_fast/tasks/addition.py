@@ -94,8 +94,7 @@ def _carry_into(a: int, b: int, digits: int, col: int) -> bool:
 # except as "there is a carry", so the answer stays right. Two flaws that later steps do read
 # were tried first and measured on the default GRPO run: a dropped carry digit ('7+5=2') and a
 # miswritten operand ('7+6=12'). The policy's flaws then caused its errors, and GRPO alone
-# removed them (flawed share of right answers 21 % -> 2 % and 31 % -> 2 % in 50 steps), leaving
-# FAPO nothing to do.
+# removed them (benchmarks/RESULTS.md §6), leaving FAPO nothing to do.
 
 
 def miswrite(total: int) -> str:
@@ -123,7 +122,7 @@ a string of more than 4300 digits, and the conversion's time grows with the squa
 
 # The first match must start where a run of digits starts: without the look-behind, a long run
 # not followed by '+' is tried again from each of its digits (time growing with the square of the
-# run: 40,000 digits took 10 s); possessive runs are read once.
+# run: benchmarks/RESULTS.md §5); possessive runs are read once.
 _PROBLEM = re.compile(r"(?<![0-9])([0-9]++)\+([0-9]++)=")
 
 

@@ -81,8 +81,9 @@ def sharding_mode(setting: str, device: torch.device, world: int) -> str:
         return "none"
     if setting == "auto":
         # On CPU the 0.8 M-parameter test model's update (32 sequences x 22 tokens, 2 gloo ranks x
-        # 1 thread) took 198-201 ms with per-layer FSDP2 against 103-127 ms replicated (DDP): each
-        # gather or reduce-scatter of a layer costs 3-7 ms there. On GPU, FSDP's memory saving decides.
+        # 1 thread) is slower with per-layer FSDP2 than replicated (DDP): each gather or
+        # reduce-scatter of a layer is a costly gloo collective there (benchmarks/RESULTS.md §9).
+        # On GPU, FSDP's memory saving decides.
         return "fsdp" if device.type == "cuda" else "replicate"
     return setting
 
@@ -149,8 +150,8 @@ def iter_full(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = 256 * 2
     """(name, full tensor) for sharded parameters, gathered a bucket of about `bucket_bytes` of
     full tensors at a time: one collective per bucket, and at most one bucket of full tensors
     alive beyond what the consumer keeps (a 7B model's sync never holds the whole model twice).
-    For the 50 parameters of benchmarks/vs_trl_task.py's model at 2 gloo ranks: 9 ms, against
-    67 ms for one `full_tensor` each."""
+    For the 50 parameters of benchmarks/vs_trl_task.py's model at 2 gloo ranks this is several
+    times faster than one `full_tensor` each (benchmarks/RESULTS.md §9)."""
     bucket, size = [], 0
     for name, p in named:
         bucket.append((name, p))

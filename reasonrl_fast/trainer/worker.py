@@ -76,8 +76,7 @@ class Worker:
         if z_params:
             groups.append({"params": z_params, "lr": o.lr * cfg.flowrl.zhead_lr_mult})
         # The fused kernel: one call over all of a group's shards. The default on CPU loops over
-        # the DTensor parameters op by op: 27.7 ms a step against 3.6 ms fused (the embedded
-        # tiny Qwen2 of benchmarks/vs_trl_task.py, 2 gloo ranks x 1 thread, 2026-11-26).
+        # the DTensor parameters op by op, several times slower a step (benchmarks/RESULTS.md §9).
         self.opt = torch.optim.AdamW(groups, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
                                      fused=self.device.type in ("cpu", "cuda"))
         warm = max(0, o.warmup_steps)
