@@ -312,6 +312,22 @@ inline TbLossTensors prepare_tb_loss(const at::Tensor& log_z, const at::Tensor& 
   return io;
 }
 
+// A device's tb_loss forward: fills io's loss, delta and is_weight for a batch of B > 0 (an empty
+// one never reaches it). It runs on the inputs' device (a CUDA one sets its own device guard).
+using TbLossInto = void (*)(const TbLossTensors& io, double beta, double min_w, double max_w);
+
+// The tb_loss op around a device's kernel, one definition for every device.
+template <TbLossInto tb_loss_into>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_op(
+    const at::Tensor& log_z, const at::Tensor& logprob, const at::Tensor& ref_logprob,
+    const at::Tensor& old_logprob, const at::Tensor& reward, const at::Tensor& mask, double beta,
+    double min_w, double max_w) {
+  check_tb_loss(log_z, logprob, ref_logprob, old_logprob, reward, mask, min_w, max_w);
+  const TbLossTensors io = prepare_tb_loss(log_z, logprob, ref_logprob, old_logprob, reward, mask);
+  if (io.logprob.size(0) > 0) tb_loss_into(io, beta, min_w, max_w);
+  return {io.loss, io.delta, io.weight};
+}
+
 // tb_loss_backward reads grad_loss (a scalar), delta and is_weight ([B], the forward's outputs)
 // and the mask [B, T]; the gradients come out in delta's dtype.
 inline void check_tb_loss_backward(const at::Tensor& grad_loss, const at::Tensor& delta,
@@ -355,6 +371,20 @@ inline TbLossBackwardTensors prepare_tb_loss_backward(const at::Tensor& grad_los
   auto prep = [&](const at::Tensor& t) { return t.to(dt).contiguous(); };
   return {prep(grad_loss).reshape({1}), delta.contiguous(), prep(w), prep(mask),
           at::empty({mask.size(0)}, delta.options()), at::empty(mask.sizes(), delta.options())};
+}
+
+// A device's tb_loss backward: fills io's gradients for a batch of B > 0, on the inputs' device.
+using TbLossBackwardInto = void (*)(const TbLossBackwardTensors& io);
+
+// The tb_loss_backward op around a device's kernel, one definition for every device.
+template <TbLossBackwardInto tb_loss_backward_into>
+std::tuple<at::Tensor, at::Tensor> tb_loss_backward_op(const at::Tensor& grad_loss,
+                                                       const at::Tensor& delta,
+                                                       const at::Tensor& w, const at::Tensor& mask) {
+  check_tb_loss_backward(grad_loss, delta, w, mask);
+  const TbLossBackwardTensors io = prepare_tb_loss_backward(grad_loss, delta, w, mask);
+  if (io.mask.size(0) > 0) tb_loss_backward_into(io);
+  return {io.grad_log_z, io.grad_logprob};
 }
 
 inline void check_masked_mean(const at::Tensor& x, const at::Tensor& mask) {

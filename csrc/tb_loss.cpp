@@ -51,17 +51,12 @@ double row_sum(const scalar_t* m, int64_t T) {
   return n;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_cpu(
-    const at::Tensor& log_z, const at::Tensor& logprob, const at::Tensor& ref_logprob,
-    const at::Tensor& old_logprob, const at::Tensor& reward, const at::Tensor& mask, double beta,
-    double min_w, double max_w) {
-  check_tb_loss(log_z, logprob, ref_logprob, old_logprob, reward, mask, min_w, max_w);
-  const int64_t B = logprob.size(0), T = logprob.size(1);
-  auto io = prepare_tb_loss(log_z, logprob, ref_logprob, old_logprob, reward, mask);
-  if (B == 0) return {io.loss, io.delta, io.weight};
+// `io` comes from tb_loss_op (checks.h): checked, converted, outputs allocated, B > 0.
+void tb_loss_into(const TbLossTensors& io, double beta, double min_w, double max_w) {
+  const int64_t B = io.logprob.size(0), T = io.logprob.size(1);
   const at::Tensor &lz = io.log_z, &lp = io.logprob, &ref = io.ref_logprob, &old = io.old_logprob,
-                   &rw = io.reward, &mk = io.mask;
-  at::Tensor &loss = io.loss, &delta = io.delta, &w = io.weight;
+                   &rw = io.reward, &mk = io.mask, &loss = io.loss, &delta = io.delta,
+                   &w = io.weight;
   const auto dt = lp.scalar_type();
   AT_DISPATCH_FLOATING_TYPES(dt, "tb_loss", [&] {
     const scalar_t *lz_p = lz.data_ptr<scalar_t>(), *lp_p = lp.data_ptr<scalar_t>(),
@@ -81,18 +76,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_cpu(
     for (int64_t b = 0; b < B; ++b) total += double(w_p[b]) * d_p[b] * d_p[b];
     loss.fill_(total / static_cast<double>(B));
   });
-  return {loss, delta, w};
 }
 
-std::tuple<at::Tensor, at::Tensor> tb_loss_backward_cpu(const at::Tensor& grad_loss,
-                                                        const at::Tensor& delta_in,
-                                                        const at::Tensor& w_in,
-                                                        const at::Tensor& mask_in) {
-  check_tb_loss_backward(grad_loss, delta_in, w_in, mask_in);
-  auto io = prepare_tb_loss_backward(grad_loss, delta_in, w_in, mask_in);
+// `io` comes from tb_loss_backward_op (checks.h): checked, converted, outputs allocated, B > 0.
+void tb_loss_backward_into(const TbLossBackwardTensors& io) {
   const int64_t B = io.mask.size(0), T = io.mask.size(1);
-  at::Tensor &g_lz = io.grad_log_z, &g_lp = io.grad_logprob;
-  if (B == 0) return {g_lz, g_lp};
+  const at::Tensor &g_lz = io.grad_log_z, &g_lp = io.grad_logprob;
   AT_DISPATCH_FLOATING_TYPES(io.delta.scalar_type(), "tb_loss_backward", [&] {
     const double g = io.grad_loss.item<double>();
     const scalar_t *d_p = io.delta.data_ptr<scalar_t>(), *w_p = io.weight.data_ptr<scalar_t>(),
@@ -110,14 +99,13 @@ std::tuple<at::Tensor, at::Tensor> tb_loss_backward_cpu(const at::Tensor& grad_l
       }
     });
   });
-  return {g_lz, g_lp};
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(reasonrl_fast, CPU, m) {
-  m.impl("tb_loss", &tb_loss_cpu);
-  m.impl("tb_loss_backward", &tb_loss_backward_cpu);
+  m.impl("tb_loss", &tb_loss_op<tb_loss_into>);
+  m.impl("tb_loss_backward", &tb_loss_backward_op<tb_loss_backward_into>);
 }
 
 }  // namespace reasonrl_fast

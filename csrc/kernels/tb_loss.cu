@@ -87,19 +87,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_cuda(
-    const at::Tensor& log_z, const at::Tensor& logprob, const at::Tensor& ref_logprob,
-    const at::Tensor& old_logprob, const at::Tensor& reward, const at::Tensor& mask, double beta,
-    double min_w, double max_w) {
-  check_tb_loss(log_z, logprob, ref_logprob, old_logprob, reward, mask, min_w, max_w);
-  const int64_t B = logprob.size(0), T = logprob.size(1);
-  const c10::cuda::CUDAGuard guard(logprob.device());
-
-  auto io = prepare_tb_loss(log_z, logprob, ref_logprob, old_logprob, reward, mask);
-  if (B == 0) return {io.loss, io.delta, io.weight};
+// `io` comes from tb_loss_op (checks.h): checked, converted, outputs allocated, B > 0.
+void tb_loss_into(const TbLossTensors& io, double beta, double min_w, double max_w) {
+  const c10::cuda::CUDAGuard guard(io.logprob.device());
+  const int64_t B = io.logprob.size(0), T = io.logprob.size(1);
   const at::Tensor &lz = io.log_z, &lp = io.logprob, &ref = io.ref_logprob, &old = io.old_logprob,
-                   &rw = io.reward, &mk = io.mask;
-  at::Tensor &loss = io.loss, &delta = io.delta, &w = io.weight;
+                   &rw = io.reward, &mk = io.mask, &loss = io.loss, &delta = io.delta,
+                   &w = io.weight;
   const auto dt = lp.scalar_type();
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(dt, "tb_loss_cuda", [&] {
@@ -113,19 +107,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tb_loss_cuda(
                                                        loss.data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return {loss, delta, w};
 }
 
-std::tuple<at::Tensor, at::Tensor> tb_loss_backward_cuda(const at::Tensor& grad_loss,
-                                                         const at::Tensor& delta_in,
-                                                         const at::Tensor& w_in,
-                                                         const at::Tensor& mask_in) {
-  check_tb_loss_backward(grad_loss, delta_in, w_in, mask_in);
-  const c10::cuda::CUDAGuard guard(delta_in.device());
-  auto io = prepare_tb_loss_backward(grad_loss, delta_in, w_in, mask_in);
+// `io` comes from tb_loss_backward_op (checks.h): checked, converted, outputs allocated, B > 0.
+void tb_loss_backward_into(const TbLossBackwardTensors& io) {
+  const c10::cuda::CUDAGuard guard(io.delta.device());
   const int64_t B = io.mask.size(0), T = io.mask.size(1);
-  at::Tensor &g_lz = io.grad_log_z, &g_lp = io.grad_logprob;
-  if (B == 0) return {g_lz, g_lp};
+  const at::Tensor &g_lz = io.grad_log_z, &g_lp = io.grad_logprob;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(io.delta.scalar_type(), "tb_loss_backward_cuda", [&] {
     tb_backward_kernel<scalar_t><<<grid_for(B), kThreads, 0, stream>>>(
@@ -134,15 +122,14 @@ std::tuple<at::Tensor, at::Tensor> tb_loss_backward_cuda(const at::Tensor& grad_
         g_lz.data_ptr<scalar_t>(), g_lp.data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return {g_lz, g_lp};
 }
 
 }  // namespace
 }  // namespace cuda
 
 TORCH_LIBRARY_IMPL(reasonrl_fast, CUDA, m) {
-  m.impl("tb_loss", &cuda::tb_loss_cuda);
-  m.impl("tb_loss_backward", &cuda::tb_loss_backward_cuda);
+  m.impl("tb_loss", &tb_loss_op<cuda::tb_loss_into>);
+  m.impl("tb_loss_backward", &tb_loss_backward_op<cuda::tb_loss_backward_into>);
 }
 
 }  // namespace reasonrl_fast
