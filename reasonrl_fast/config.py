@@ -135,9 +135,11 @@ class DataConfig(_Checks):
     """Shuffle the training prompts (each epoch, seeded)."""
     task: str = "addition"
     """Built-in task when `train_files` is empty: addition (math answers in \\boxed{}), code
-    (short stdin/stdout programming problems, scored in the sandbox) or genrm (judge an addition
+    (short stdin/stdout programming problems, scored in the sandbox), genrm (judge an addition
     solution: the index of its earliest wrong step, or -1, scored by the GenRM reward; its
-    solutions come from the addition demonstrations, with carry_slip_prob and flaw_prob)."""
+    solutions come from the addition demonstrations, with carry_slip_prob and flaw_prob) or
+    partition (a number of `digits` digits as the sum of two positive numbers: many right answers
+    per prompt, held-out validation numbers). The choices are the keys of tasks.TASKS."""
     reward_fn: str = ""
     """Reward function `package.module:function` or `path/to/file.py:function`, called as
     `fn(data_source, solution_str, ground_truth, extra_info)` (a two-argument

@@ -3,7 +3,8 @@
 Routing follows verl's `data_source` names, so a dataset prepared for it scores
 the same here: `math_dapo` and `aime*` use its DAPO scorer (±1, its own answer extraction),
 code sources run the program in the sandbox (code.py), `genrm*` sources score a GenRM's verdict
-on a solution's steps (genrm.py), and everything else is a math answer checked for mathematical
+on a solution's steps (genrm.py), `partition` sources a sum of digits (partition.py, the
+embedded task with many right answers), and everything else is a math answer checked for mathematical
 equality (math.py, 1/0). One dataset can mix them. A user's
 `data.reward_fn` replaces the routing for every sample.
 """
@@ -26,13 +27,17 @@ CODE_SOURCES = ("code", "humaneval", "mbpp", "livecodebench", "codecontests", "a
                 "codeforces", "leetcode", "primeintellect", "prime_code")
 DAPO_SOURCES = ("math_dapo", "math_dapo_reasoning")
 GENRM_PREFIX = "genrm"  # GenRM training records (docs/math.md §Data records): "genrm", "genrm_addition"
+PARTITION_SOURCES = ("partition",)
 
 
 def scorer_for(data_source: str) -> str:
-    """'code', 'dapo', 'genrm' or 'math': the scorer `default_compute_score` uses for this source."""
+    """'code', 'dapo', 'genrm', 'partition' or 'math': the scorer `default_compute_score` uses for
+    this source."""
     src = (data_source or "").lower()
     if src.startswith(CODE_SOURCES):
         return "code"
+    if src in PARTITION_SOURCES:
+        return "partition"
     if src.startswith(GENRM_PREFIX):
         return "genrm"
     if src in DAPO_SOURCES or src.startswith("aime"):
@@ -52,6 +57,10 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: Any
         from reasonrl_fast.rewards.genrm import genrm_score
 
         return genrm_score(solution_str, ground_truth, extra_info)
+    if kind == "partition":
+        from reasonrl_fast.rewards.partition import partition_score
+
+        return partition_score(solution_str, ground_truth, extra_info)
     from reasonrl_fast.rewards import math as math_rewards
 
     if kind == "dapo":

@@ -20,13 +20,13 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     if d.train_files:
         train = [r for p in d.train_files for r in load_records(p)]
     else:
-        train = embedded_split(d, d.train_size, seed + 1)
+        train = embedded_split(d, d.train_size, seed + 1, "train")
     if d.val_files:
         val = [r for p in d.val_files for r in load_records(p)]
     elif d.train_files:
         val = []
     else:
-        val = embedded_split(d, d.val_size, seed + 2)
+        val = embedded_split(d, d.val_size, seed + 2, "val")
     # the embedded code task was checked with the config; files once their sources are known
     # (a caller that scores nothing may pass a config without a reward section)
     if (d.train_files or d.val_files) and hasattr(cfg, "reward"):
@@ -40,9 +40,9 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     return train, val
 
 
-def embedded_split(d, n: int, seed: int) -> list[dict]:
-    """`n` records of the built-in task `d.task` (d: the data config)."""
-    return get_task(d.task).split(d, n, seed)
+def embedded_split(d, n: int, seed: int, part: str = "train") -> list[dict]:
+    """`n` records of the built-in task `d.task` (d: the data config) for `part` (train or val)."""
+    return get_task(d.task).split(d, n, seed, part)
 
 
 def _rendered(items: list[dict], tokenizer) -> list[dict]:

@@ -5,13 +5,14 @@ line here; config's `data.task` choices are these keys."""
 from __future__ import annotations
 
 from reasonrl_fast.data.records import problem_text
-from reasonrl_fast.tasks import addition, code, genrm
+from reasonrl_fast.tasks import addition, code, genrm, partition
 from reasonrl_fast.tasks.base import Task
 
 TASKS: dict[str, Task] = {
     "addition": addition.TASK,
     "code": code.TASK,
     "genrm": genrm.TASK,
+    "partition": partition.TASK,
 }
 
 _BY_SOURCE = {t.source: t for t in TASKS.values()}

@@ -200,7 +200,7 @@ def judge_addition(text: str) -> tuple[str, int, int]:
 # ---------------------------------------------------------------- the task
 
 
-def _split(d, n: int, seed: int) -> list[dict]:
+def _split(d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike
     return synthetic_split(n, d.digits, seed, d.carry_frac)
 
 

@@ -28,8 +28,9 @@ class Task:
     """The `data.task` value."""
     source: str
     """The `data_source` of its records (how a record file's rows find their task)."""
-    split: Callable[[object, int, int], list[dict]]
-    """split(d, n, seed): `n` records from a seeded generator."""
+    split: Callable[..., list[dict]]
+    """split(d, n, seed, part): `n` records from a seeded generator, for part "train" or "val" (a
+    task with held-out prompts draws them from different pools)."""
     demonstration: Callable[[random.Random, object], tuple[str, str]]
     """demonstration(rng, d): one (prompt, response) of the embedded model's warm start."""
     sft_key: tuple = ()

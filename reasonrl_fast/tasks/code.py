@@ -32,7 +32,7 @@ def code_split(n: int, seed: int, cases: int = 3) -> list[dict]:
     return items
 
 
-def _split(d, n: int, seed: int) -> list[dict]:
+def _split(d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike
     return code_split(n, seed)
 
 

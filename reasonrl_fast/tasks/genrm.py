@@ -111,7 +111,7 @@ def check_config(cfg) -> None:
                           f"data.max_prompt_length + rollout.max_new_tokens = {total}")
 
 
-def _split(d, n: int, seed: int) -> list[dict]:
+def _split(d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike
     return genrm_split(n, d.digits, seed, d.carry_frac, d.carry_slip_prob, d.flaw_prob)
 
 
