@@ -5,7 +5,12 @@
   fractions / sqrt(#prompts));
 - pass@k: the unbiased estimator 1 - C(n - c, k) / C(n, k) of "at least one of k samples is
   right", from n >= k samples of which c are right;
-- maj@n: whether the majority answer (answers grouped by mathematical equality) is right.
+- maj@n: whether the majority answer (answers grouped by mathematical equality) is right;
+- distinct@n: how many different right answers one prompt's n samples hold (answers compared as
+  written, spaces removed), averaged over prompts;
+- entropy@n: the entropy (nats) of the right answers' empirical distribution among one prompt's
+  samples, averaged over the prompts with at least one right sample: 0 when every right sample
+  gives the same answer, log m for m answers given equally often.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
+
+from reasonrl_fast.util import extract_boxed
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -75,6 +82,36 @@ def maj_at_n(answers: Sequence[Optional[str]], truth: str, equal: Callable[[str,
     return bool(equal(best[0], truth))
 
 
+def answer_key(text: str, whole: bool = False) -> Optional[str]:
+    """A sample's answer as the diversity metrics compare it: the last boxed answer (or, `whole`,
+    the response itself: code) with every space removed; None when there is none."""
+    a = text if whole else extract_boxed(text)
+    return None if a is None else "".join(a.split()) or None
+
+
+def right_answer_counts(answers: Sequence[Optional[str]], acc: Sequence[bool]) -> dict[str, int]:
+    """How often each right answer appears among one prompt's samples."""
+    counts: dict[str, int] = {}
+    for a, ok in zip(answers, acc, strict=True):
+        if ok and a is not None:
+            counts[a] = counts.get(a, 0) + 1
+    return counts
+
+
+def distinct_right(answers: Sequence[Optional[str]], acc: Sequence[bool]) -> int:
+    """distinct@n of one prompt: the number of different right answers."""
+    return len(right_answer_counts(answers, acc))
+
+
+def right_entropy(answers: Sequence[Optional[str]], acc: Sequence[bool]) -> Optional[float]:
+    """The entropy (nats) of one prompt's right answers; None without a right answer."""
+    counts = right_answer_counts(answers, acc)
+    total = sum(counts.values())
+    if not total:
+        return None
+    return max(0.0, -sum(c / total * math.log(c / total) for c in counts.values()))
+
+
 # ------------------------------------------------------------------------ aggregation
 
 
@@ -87,6 +124,8 @@ class PromptResult:
     lengths: list[int]
     maj: Optional[bool] = None
     """Whether the majority answer is right; None where it is not defined (code)."""
+    answers: Optional[list[Optional[str]]] = None
+    """Each sample's `answer_key` (for distinct@n and entropy@n); None: not reported."""
 
 
 def _prompt_metrics(r: PromptResult, n: int, ks: Sequence[int]) -> dict:
@@ -94,12 +133,16 @@ def _prompt_metrics(r: PromptResult, n: int, ks: Sequence[int]) -> dict:
     out = {f"mean@{n}": mean_at_n(r.acc)}
     for k in ks:
         out[f"pass@{k}"] = pass_at_k(len(r.acc), c, k)
+    if r.answers is not None:
+        out[f"distinct@{n}"] = distinct_right(r.answers, r.acc)
+        out[f"entropy@{n}"] = right_entropy(r.answers, r.acc)
     return out
 
 
 def summarize(results: Sequence[PromptResult], n: int, ks: Sequence[int]) -> dict:
     """{"per_source": {source: metrics}, "overall": macro average over sources, "overall_micro":
-    average over all prompts}. Metrics: mean@n, se@n, pass@k per k, maj@n (None when no prompt
+    average over all prompts}. Metrics: mean@n, se@n, pass@k per k, distinct@n and entropy@n
+    (None when no prompt of the group has answers or a right one), maj@n (None when no prompt
     of the group defines it), response_length/mean (tokens, over samples), prompts."""
     if not results:
         raise ValueError("summarize: no prompts")
@@ -128,6 +171,9 @@ def _group(rs: list[PromptResult], n: int, ks: Sequence[int]) -> dict:
     out: dict = {f"mean@{n}": sum(means) / len(means), f"se@{n}": standard_error(means)}
     for k in ks:
         out[f"pass@{k}"] = sum(p[f"pass@{k}"] for p in per) / len(per)
+    for key in (f"distinct@{n}", f"entropy@{n}"):
+        vals = [p[key] for p in per if p.get(key) is not None]
+        out[key] = sum(vals) / len(vals) if vals else None
     votes = [r.maj for r in rs if r.maj is not None]
     out[f"maj@{n}"] = sum(votes) / len(votes) if votes else None
     lengths = [x for r in rs for x in r.lengths]

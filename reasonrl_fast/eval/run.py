@@ -15,7 +15,7 @@ import time
 from reasonrl_fast.config import check_sandbox_timeout
 from reasonrl_fast.data.records import filter_long, load_records, prompt_ids
 from reasonrl_fast.errors import ConfigError, UserError
-from reasonrl_fast.eval.metrics import PromptResult, maj_at_n, summarize
+from reasonrl_fast.eval.metrics import PromptResult, answer_key, maj_at_n, summarize
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.math import extract_boxed, math_equal
@@ -114,8 +114,9 @@ def score_all(cfg, records: list[dict], texts: list[str]) -> tuple[list[dict], d
 
 
 def majority(record: dict, answers: list) -> bool | None:
-    """maj@n of one prompt: None for code sources (no answer to vote on)."""
-    if scorer_for(record["data_source"]) == "code":
+    """maj@n of one prompt: None where the source's scorer is not one answer's equality (code,
+    partition, GenRM: no answer to vote on)."""
+    if scorer_for(record["data_source"]) not in ("math", "dapo"):
         return None
     truth = record["answer"]
     truths = [str(t) for t in truth] if isinstance(truth, (list, tuple)) else [str(truth)]
@@ -152,7 +153,8 @@ def run(cfg, log=print) -> dict:
         answers = [None if code else extract_boxed(t) for t in texts[sl]]
         acc = [bool(s["acc"]) for s in scored[sl]]
         results.append(PromptResult(rec["data_source"], acc, [len(x) for x in responses[sl]],
-                                    None if code else majority(rec, answers)))
+                                    None if code else majority(rec, answers),
+                                    [answer_key(t, whole=code) for t in texts[sl]]))
         for j, (text, ans, s) in enumerate(zip(texts[sl], answers, scored[sl])):
             rows.append({"data_source": rec["data_source"], "prompt_index": i, "sample": j,
                          "prompt": rec["prompt"], "response": text, "answer": ans,
@@ -178,17 +180,19 @@ def run(cfg, log=print) -> dict:
 def table(summary: dict) -> str:
     """A small text table: one row per data source, then the macro and micro averages."""
     n, ks = summary["n"], summary["k"]
-    cols = ["prompts", f"mean@{n}", f"se@{n}", *[f"pass@{k}" for k in ks], f"maj@{n}", "length"]
+    cols = ["prompts", f"mean@{n}", f"se@{n}", *[f"pass@{k}" for k in ks], f"maj@{n}", f"distinct@{n}",
+            f"entropy@{n}", "length"]
     rows = [(s, m) for s, m in summary["per_source"].items()]
     rows += [("overall (macro)", summary["overall"]), ("overall (micro)", summary["overall_micro"])]
     width = max(len(s) for s, _ in rows)
 
     def cell(m: dict, c: str) -> str:
-        v = m["response_length/mean"] if c == "length" else m[c]
+        v = m["response_length/mean"] if c == "length" else m.get(c)
         if v is None:
             return "-"
         return str(v) if c == "prompts" else f"{v:.1f}" if c == "length" else f"{v:.4f}"
 
-    lines = [" ".join([" " * width] + [f"{c:>9}" for c in cols])]
-    lines += [" ".join([f"{s:<{width}}"] + [f"{cell(m, c):>9}" for c in cols]) for s, m in rows]
+    w = {c: max(9, len(c)) for c in cols}
+    lines = [" ".join([" " * width] + [f"{c:>{w[c]}}" for c in cols])]
+    lines += [" ".join([f"{s:<{width}}"] + [f"{cell(m, c):>{w[c]}}" for c in cols]) for s, m in rows]
     return "\n".join(lines)

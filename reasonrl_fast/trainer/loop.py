@@ -19,10 +19,11 @@ from transformers import AutoConfig
 from reasonrl_fast.algos import advantages, get_algo, overlong_penalty
 from reasonrl_fast.config import to_yaml
 from reasonrl_fast.data.records import prompt_ids
+from reasonrl_fast.eval.metrics import answer_key, distinct_right, pass_at_k, right_entropy
 from reasonrl_fast.models.lm_head import check_model
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.rewards.pool import RewardPool
-from reasonrl_fast.rewards.score import load_reward_fn
+from reasonrl_fast.rewards.score import load_reward_fn, scorer_for
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime.datasets import Sampler, load_datasets
 from reasonrl_fast.tasks import TASKS
@@ -213,10 +214,28 @@ def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
     acc = roll["acc"]
     row = {"val/accuracy": sum(acc) / len(acc)}
     items = [val_set[i // k] for i in range(len(acc))]
+    if k > 1:
+        row.update(diversity(val_set, roll["texts"], acc, k))
     for task in TASKS.values():  # each embedded task's metrics on its own records
         row.update(task.val_metrics(items, roll["texts"], acc))
     row["time/val_s"] = time.perf_counter() - t
     return row
+
+
+def diversity(records: list[dict], texts: list[str], acc: list[bool], k: int) -> dict:
+    """val/pass@k, val/distinct@k and val/entropy@k over the validation prompts' k samples each
+    (eval/metrics.py defines them; the entropy over prompts with a right sample)."""
+    passes, distinct, entropy = [], [], []
+    for i, rec in enumerate(records):
+        sl = slice(i * k, (i + 1) * k)
+        answers = [answer_key(t, whole=scorer_for(rec.get("data_source", "")) == "code") for t in texts[sl]]
+        passes.append(pass_at_k(k, sum(acc[sl]), k))
+        distinct.append(distinct_right(answers, acc[sl]))
+        h = right_entropy(answers, acc[sl])
+        if h is not None:
+            entropy.append(h)
+    return {f"val/pass@{k}": sum(passes) / len(passes), f"val/distinct@{k}": sum(distinct) / len(distinct),
+            f"val/entropy@{k}": sum(entropy) / len(entropy) if entropy else 0.0}
 
 
 def finite_rewards(rewards: list[float]) -> tuple[list[float], int]:

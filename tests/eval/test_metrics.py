@@ -89,3 +89,29 @@ def test_summarize_macro_vs_micro():
     assert macro["se@2"] == pytest.approx(math.sqrt(a["se@2"] ** 2) / 2)
     assert micro["se@2"] == pytest.approx(standard_error([1, 0.5, 0, 0]))
     assert macro["prompts"] == micro["prompts"] == 4
+
+
+def test_distinct_and_entropy_count_only_right_answers():
+    from reasonrl_fast.eval.metrics import answer_key, distinct_right, right_entropy
+
+    answers = ["9+4+1", "9+4+1", "5+5+4", None, "1+1+1", "9+4+1"]
+    acc = [True, True, True, False, False, True]
+    assert distinct_right(answers, acc) == 2
+    assert right_entropy(answers, acc) == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    assert right_entropy(["a", "a"], [True, True]) == 0.0 and distinct_right(["a"], [False]) == 0
+    assert right_entropy(["a", "b"], [False, False]) is None
+    assert right_entropy(list("abcd"), [True] * 4) == pytest.approx(math.log(4))
+    assert answer_key("so \\boxed{ 1 + 2 }") == "1+2" and answer_key("no box") is None
+    assert answer_key(" def f():\n  return 1 ", whole=True) == "deff():return1"
+
+
+def test_summarize_reports_diversity_where_answers_are_given():
+    rs = [PromptResult("partition", [True, True, False, True], [5] * 4, None, ["a", "b", "c", "a"]),
+          PromptResult("partition", [False] * 4, [5] * 4, None, ["a", "b", None, None]),
+          PromptResult("math", [True] * 4, [5] * 4, True)]
+    out = summarize(rs, 4, [1, 4])
+    part = out["per_source"]["partition"]
+    assert part["distinct@4"] == 1.0  # (2 + 0) / 2 prompts
+    h = -(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3))
+    assert part["entropy@4"] == pytest.approx(h)  # the prompt without a right answer has none
+    assert out["per_source"]["math"]["distinct@4"] is None and out["overall"]["distinct@4"] == 1.0

@@ -118,7 +118,33 @@ def test_resume_across_sharding(train, tmp_path):
     assert "checkpoint-2 (step 2)" in p.stdout and "data parallel: replicate" in p.stdout
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
 
-    from reasonrl_fast.merge import load_model_tensors
+    from reasonrl_fast.runtime.merge import load_model_tensors
 
     a, b = load_model_tensors(str(out / "checkpoint-2")), load_model_tensors(str(out / "checkpoint-3"))
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)  # step 3 trained
+
+
+def test_partition_task_logs_and_evaluates_diversity(train, tmp_path):
+    """The embedded task with many right answers, end to end: validation with 2 samples per prompt
+    logs pass@2, distinct@2 and entropy@2, and eval of the last checkpoint reports distinct@n."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers.train import ROOT, repo_env
+
+    out = tmp_path / "run"
+    task = ["data.task=partition", "rollout.max_new_tokens=29", "data.val_size=8"]
+    train(["algo=flowrl", "trainer.steps=2", f"trainer.output_dir={out}", "trainer.save_last=true",
+           "rollout.val_n=2", *task], tmp_path)
+    rows = read_metrics(out)
+    for r in (rows[0], rows[-1]):
+        assert 0 <= r["val/distinct@2"] <= 2 and 0 <= r["val/pass@2"] <= 1 and r["val/entropy@2"] >= 0, r
+    p = subprocess.run([sys.executable, "-m", "reasonrl_fast.eval", f"model.path={out / 'checkpoint-2'}", *task,
+                        "eval.n=4", f"eval.output_dir={tmp_path / 'eval'}", "trainer.workers_per_node=1"],
+                       cwd=ROOT, env=repo_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    part = summary["per_source"]["partition"]
+    assert part["prompts"] == 8 and 0 <= part["distinct@4"] <= 4 and part["maj@4"] is None
+    assert "distinct@4" in p.stdout and "entropy@4" in p.stdout
