@@ -27,6 +27,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # reasonrl_fast.plot, from this checkout
 
 from reasonrl_fast.util import read_metrics  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_md import publish  # noqa: E402
 MARKER = "embedded-algos"
 
 
@@ -85,13 +88,7 @@ def main() -> None:
             plot([os.path.join(tmp, algo) for algo in a.algos.split(",")], png)
             print(f"wrote {png}")
     body = table(rows, extra, f"{load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end")
-    print(body)
-    if a.write:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from results_md import write_section
-
-        write_section(a.write, body, MARKER)
-
+    publish(body, a.write, MARKER)
 
 if __name__ == "__main__":
     main()

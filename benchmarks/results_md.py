@@ -19,3 +19,10 @@ def write_section(path: str, body: str, marker: str) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(text)
+
+
+def publish(body: str, path: str | None, marker: str) -> None:
+    """Print a benchmark's table, and with `path` (its --write) put it between its markers there."""
+    print(body)
+    if path:
+        write_section(path, body, marker)
