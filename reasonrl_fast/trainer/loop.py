@@ -19,7 +19,7 @@ from transformers import AutoConfig
 from reasonrl_fast.algos import advantages, get_algo, overlong_penalty
 from reasonrl_fast.config import to_yaml
 from reasonrl_fast.data.records import prompt_ids
-from reasonrl_fast.eval.metrics import answer_key, distinct_right, pass_at_k, right_entropy
+from reasonrl_fast.eval.metrics import PromptResult, answer_key, summarize
 from reasonrl_fast.models.lm_head import check_model
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.rewards.pool import RewardPool
@@ -223,19 +223,18 @@ def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
 
 
 def diversity(records: list[dict], texts: list[str], acc: list[bool], k: int) -> dict:
-    """val/pass@k, val/distinct@k and val/entropy@k over the validation prompts' k samples each
-    (eval/metrics.py defines them; the entropy over prompts with a right sample)."""
-    passes, distinct, entropy = [], [], []
+    """val/pass@k, val/distinct@k and val/entropy@k over the validation prompts' k samples each:
+    eval's own summary (eval/metrics.py), averaged over all prompts (the entropy over those with
+    a right sample, 0 when none has one)."""
+    results = []
     for i, rec in enumerate(records):
         sl = slice(i * k, (i + 1) * k)
-        answers = [answer_key(t, whole=scorer_for(rec.get("data_source", "")) == "code") for t in texts[sl]]
-        passes.append(pass_at_k(k, sum(acc[sl]), k))
-        distinct.append(distinct_right(answers, acc[sl]))
-        h = right_entropy(answers, acc[sl])
-        if h is not None:
-            entropy.append(h)
-    return {f"val/pass@{k}": sum(passes) / len(passes), f"val/distinct@{k}": sum(distinct) / len(distinct),
-            f"val/entropy@{k}": sum(entropy) / len(entropy) if entropy else 0.0}
+        code = scorer_for(rec.get("data_source", "")) == "code"
+        results.append(PromptResult(rec.get("data_source", ""), acc[sl], [], None,
+                                    [answer_key(t, whole=code) for t in texts[sl]]))
+    m = summarize(results, k, [k])["overall_micro"]
+    return {f"val/pass@{k}": m[f"pass@{k}"], f"val/distinct@{k}": m[f"distinct@{k}"],
+            f"val/entropy@{k}": m[f"entropy@{k}"] or 0.0}
 
 
 def finite_rewards(rewards: list[float]) -> tuple[list[float], int]:

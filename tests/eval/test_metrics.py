@@ -115,3 +115,15 @@ def test_summarize_reports_diversity_where_answers_are_given():
     h = -(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3))
     assert part["entropy@4"] == pytest.approx(h)  # the prompt without a right answer has none
     assert out["per_source"]["math"]["distinct@4"] is None and out["overall"]["distinct@4"] == 1.0
+
+
+def test_validation_diversity_is_evals_summary():
+    from reasonrl_fast.trainer.loop import diversity
+
+    recs = [{"data_source": "partition"}, {"data_source": "partition"}]
+    texts = ["\\boxed{1+2}", "\\boxed{2+1}", "\\boxed{1 + 2}", "x", "\\boxed{1+1}", "\\boxed{9}"]
+    acc = [True, True, True, False, False, False]
+    h = -(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3))
+    assert diversity(recs, texts, acc, 3) == pytest.approx({"val/pass@3": 0.5, "val/distinct@3": 1.0,
+                                                            "val/entropy@3": h})
+    assert diversity(recs[:1], texts[3:], acc[3:], 3)["val/entropy@3"] == 0.0  # no right sample
