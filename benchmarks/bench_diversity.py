@@ -55,18 +55,12 @@ def evaluate(model: str, seed: int, n: int, out: str, extra: list[str]) -> dict:
     return {k: overall[k] for k in (f"mean@{n}", *[f"pass@{k}" for k in ks], f"distinct@{n}", f"entropy@{n}")}
 
 
-def build_warm_start(seed: int, extra: list[str]) -> None:
+def warm_start(seed: int, extra: list[str]) -> str:
+    """The seed's warm-started model (built once, then cached), outside the runs' wall time."""
     from reasonrl_fast.config import load_config
-    from reasonrl_fast.trainer.sft import warm_start
+    from reasonrl_fast.trainer.sft import warm_start as build
 
-    warm_start(load_config(None, [*TASK, *extra, f"trainer.seed={seed}"]), log=lambda _: None)
-
-
-def warm_start_path(seed: int, extra: list[str]) -> str:
-    from reasonrl_fast.config import load_config
-    from reasonrl_fast.trainer.sft import sft_cache_path
-
-    return sft_cache_path(load_config(None, [*TASK, *extra, f"trainer.seed={seed}"]))
+    return build(load_config(None, [*TASK, *extra, f"trainer.seed={seed}"]), log=lambda _: None)
 
 
 def mean_se(xs: list[float]) -> str:
@@ -121,7 +115,7 @@ def main() -> None:
     first, last, runs, walls = {}, {}, {}, {a_: [] for a_ in algos}
     with tempfile.TemporaryDirectory() as tmp:
         for s in seeds:
-            build_warm_start(s, extra)  # once per seed, outside the runs' wall time
+            first_model = warm_start(s, extra)
             for algo in algos:
                 out = runs[algo, s] = os.path.join(tmp, f"{algo}-{s}")
                 wall = sh([sys.executable, "-m", "reasonrl_fast.train", *TASK, f"algo={algo}", f"trainer.seed={s}",
@@ -131,7 +125,7 @@ def main() -> None:
                 ckpt = max((d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d[11:]))
                 last[algo, s] = evaluate(os.path.join(out, ckpt), s, a.n, os.path.join(tmp, f"eval-{algo}-{s}"), extra)
                 print(json.dumps({"algo": algo, "seed": s, "wall_s": round(wall), **last[algo, s]}), flush=True)
-            first[s] = evaluate(warm_start_path(s, extra), s, a.n, os.path.join(tmp, f"eval-first-{s}"), extra)
+            first[s] = evaluate(first_model, s, a.n, os.path.join(tmp, f"eval-first-{s}"), extra)
             print(json.dumps({"algo": "warm start", "seed": s, **first[s]}), flush=True)
         if a.write:
             png = os.path.join(os.path.dirname(os.path.abspath(a.write)), "partition_diversity.png")

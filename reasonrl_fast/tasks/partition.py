@@ -56,11 +56,13 @@ def columns(rng: random.Random, n: int) -> list[tuple[int, int]]:
     return out
 
 
-def work(cols: list[tuple[int, int]]) -> str:
-    """[(2, 3), (3, 4)] -> '5:2+3,7:3+4 \\boxed{23+34}' (the digit as the column's sum says)."""
+def work(cols: list[tuple[int, int]], digits: str | None = None) -> str:
+    """[(2, 3), (3, 4)] -> '5:2+3,7:3+4 \\boxed{23+34}'. Each column is labelled with its digit of
+    `digits` (the target), or by default with its own sum."""
+    labels = digits or [x + y for x, y in cols]
     a = "".join(str(x) for x, _ in cols)
     b = "".join(str(y) for _, y in cols)
-    return ",".join(f"{x + y}:{x}+{y}" for x, y in cols) + f" \\boxed{{{a}+{b}}}"
+    return ",".join(f"{d}:{x}+{y}" for d, (x, y) in zip(labels, cols, strict=True)) + f" \\boxed{{{a}+{b}}}"
 
 
 def demonstration(rng: random.Random, d) -> tuple[str, str]:
@@ -72,12 +74,9 @@ def demonstration(rng: random.Random, d) -> tuple[str, str]:
         x, y = cols[i]
         step = rng.choice((-1, 1))
         low = 1 if i == 0 else 0
-        y = y + step if low <= y + step <= 9 else y - step
-        text = work(cols[:i] + [(x, y)] + cols[i + 1:])
-        # the column writes the prompt's digit, not the slipped sum: the work looks right
-        text = text.replace(f"{x + y}:{x}+{y}", f"{x + cols[i][1]}:{x}+{y}", 1)
-        return make_prompt(n), text
-    return make_prompt(n), work(cols)
+        cols[i] = (x, y + step if low <= y + step <= 9 else y - step)
+    # the columns keep the target's digits as labels: a slipped column still looks right
+    return make_prompt(n), work(cols, str(n))
 
 
 def split(d, n: int, seed: int, part: str = "train") -> list[dict]:
@@ -107,4 +106,4 @@ def check_config(cfg) -> None:
 
 
 TASK = Task(name="partition", source=SOURCE, split=split, demonstration=demonstration,
-            sft_key=("partition", STYLES, SLIP_PROB), check_config=check_config)
+            sft_key=("partition", 2, STYLES, SLIP_PROB), check_config=check_config)  # 2: demonstration version
