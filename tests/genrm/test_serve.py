@@ -262,7 +262,10 @@ def test_hf_batches_concurrent_requests_like_single_ones(hf, tiny_dir):
             assert _top2_gap(tiny_dir, body["messages"][0]["content"] + a[:at]) < 1e-4, (a, b)
         u, finish = r["usage"], r["choices"][0]["finish_reason"]
         assert 1 <= u["completion_tokens"] <= 12 and u["prompt_tokens"] == len(body["messages"][0]["content"])
-        assert finish in ("stop", "length") and (finish == "stop") != (u["completion_tokens"] == 12)
+        # "length" only at the cap; "stop" below it or at it, when the 12th token is the EOS
+        # (counted, as OpenAI and vLLM count it)
+        assert finish in ("stop", "length")
+        assert finish == "stop" or u["completion_tokens"] == 12, (finish, u)
     # a random 97-token model rarely samples its EOS within 12 tokens
     assert any(r["choices"][0]["finish_reason"] == "length" for _, r in together)
 
