@@ -158,7 +158,8 @@ class DataConfig(_Checks):
 @dataclass
 class RolloutConfig(_Checks):
     backend: str = "hf"
-    """hf (Hugging Face generate, works everywhere) or vllm (colocated engine, GPU only)."""
+    """hf (a Hugging Face model sampled with its KV cache: any device, any model) or vllm (one
+    colocated vLLM engine per worker, vLLM >= 0.32 on GPU or CPU; docs/trainer.md §vLLM)."""
     decoder: str = "auto"
     """hf backend only. auto: Llama-family models (Llama, Qwen2, Qwen3, Mistral without a
     sliding window) are sampled by the lean decoder (rollout/lean.py: fused projections, a
@@ -176,15 +177,31 @@ class RolloutConfig(_Checks):
     """Temperature for validation samples (accuracy is mean@val_n at this temperature)."""
     val_n: int = 1
     """Samples per validation prompt."""
-    gpu_memory_utilization: float = 0.5
-    """vllm only: fraction of GPU memory for the engine."""
+    gpu_memory_utilization: Optional[float] = None
+    """vllm only: the fraction of the device's memory the engine may take, weights and KV cache
+    (vLLM's own option). On CPU vLLM reads it as the fraction of host memory for its KV cache.
+    Unset: 0.5 on a GPU (the trainer's shard and optimiser share it, the engine sleeps during the
+    update), 0.05 per engine on CPU (room for the trainer beside several engines)."""
+    sync_every: int = 1
+    """Load the policy's weights into the rollout engine every this many steps. 1: every sample
+    is drawn from the current policy. k > 1 leaves the engine up to k - 1 updates behind (a
+    deliberately stale, off-policy rollout; see rollout.correction)."""
+    correction: str = "none"
+    """Off-policy correction for the gap between the sampler's and the trainer's log-probs
+    (docs/math.md §Rollout correction): none, token_tis (a truncated importance weight per
+    token) or seq_tis (one per response)."""
+    is_cap: float = 2.0
+    """The truncation of the rollout importance weights: min(ratio, is_cap)."""
 
     def check(self, at: str = "rollout.") -> None:
         self._one_of(at, "backend", ("hf", "vllm"))
         self._one_of(at, "decoder", ("auto", "model"))
-        self._positive(at, "n", "max_new_tokens", "temperature")
+        self._one_of(at, "correction", ("none", "token_tis", "seq_tis"))
+        self._positive(at, "n", "max_new_tokens", "temperature", "sync_every", "is_cap")
         if not 0 < self.top_p <= 1:
             _fail(f"{at}top_p", self.top_p, "must be in (0, 1]")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            _fail(f"{at}gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
 
 
 @dataclass

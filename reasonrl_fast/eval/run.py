@@ -136,6 +136,12 @@ def run(cfg, log=print) -> dict:
         tok = load_tokenizer(model_dir)
         records = load_eval_set(cfg, tok)
         prompts = [prompt_ids(rec, tok) for rec in records]  # the chat template, as in training
+        if cfg.rollout.backend == "vllm":  # not installed, or cannot load this model: say so now
+            from transformers import AutoConfig
+
+            from reasonrl_fast.rollout.vllm import check_vllm
+
+            log(f"[eval] rollout: vLLM {check_vllm(AutoConfig.from_pretrained(model_dir).architectures)}")
         from reasonrl_fast.eval.generate import generate_all  # imports ray
 
         responses = generate_all(cfg, model_dir, prompts, log)

@@ -1,6 +1,29 @@
-"""Generation engines behind one interface (engines.py): `hf` (Hugging Face generate, everywhere)
-and `vllm` (a colocated engine, GPU). Used by the trainer's workers and the eval command."""
+"""Generation engines behind one interface (base.py): `hf` (a Hugging Face model sampled with its
+KV cache, hf.py: everywhere) and `vllm` (a colocated vLLM engine, vllm.py: GPU or CPU). Used by
+the trainer's workers and the eval command; both give each sample its own seed and report the
+sampler's log-prob of every token."""
 
-from reasonrl_fast.rollout.engines import HFRollout, RolloutEngine, VLLMRollout, make_rollout
+from __future__ import annotations
 
-__all__ = ["HFRollout", "RolloutEngine", "VLLMRollout", "make_rollout"]
+import torch
+
+from reasonrl_fast.rollout.base import RolloutEngine, Samples, sample_seed, sample_seeds
+from reasonrl_fast.rollout.hf import HFRollout
+
+__all__ = ["HFRollout", "RolloutEngine", "Samples", "make_rollout", "sample_seed", "sample_seeds"]
+
+
+def make_rollout(cfg, lm, model_path: str, pad_id: int, eos_id: int, device, log_path: str | None = None,
+                 log=print) -> RolloutEngine:
+    """The engine `cfg.rollout.backend` names: hf copies `lm`; vllm loads `model_path` itself in
+    the dtype the trainer computes in (its log to `log_path`)."""
+    r = cfg.rollout
+    if r.backend == "vllm":
+        from reasonrl_fast.rollout.vllm import VLLMRollout
+
+        # the dtype the trainer computes in: bf16 on a GPU (FSDP's mixed precision), else the weights'
+        cuda = torch.device(device).type == "cuda"
+        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" or cuda else torch.float32
+        return VLLMRollout(model_path, dtype, eos_id, cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed,
+                           device, r.gpu_memory_utilization, log_path, log)
+    return HFRollout(lm, pad_id, eos_id, device, r.decoder)

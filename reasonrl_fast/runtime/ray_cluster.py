@@ -152,6 +152,10 @@ def unplaceable(world: int, bundle: dict, strategy: str, nodes: list[dict]) -> s
 class WorkerError(RuntimeError):
     """A worker actor died or raised; the message names it (its rank) and the call."""
 
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
 
 def as_completed(refs: list, what: str):
     """(rank, result) of one call per rank, in the order they finish, failing as soon as any
@@ -165,9 +169,9 @@ def as_completed(refs: list, what: str):
         try:
             yield r, ray.get(ready[0])
         except ray.exceptions.RayActorError as e:
-            raise WorkerError(f"worker rank {r} died during {what}: {str(e).splitlines()[0]}") from e
+            raise WorkerError(f"worker rank {r} died during {what}: {str(e).splitlines()[0]}", rank=r) from e
         except ray.exceptions.RayTaskError as e:
-            raise WorkerError(f"worker rank {r} failed during {what}: {getattr(e, 'cause', e)!r}") from e
+            raise WorkerError(f"worker rank {r} failed during {what}: {getattr(e, 'cause', e)!r}", rank=r) from e
 
 
 def gather(refs: list, what: str) -> list:

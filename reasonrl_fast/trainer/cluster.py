@@ -5,19 +5,25 @@ driver sends back only their advantages."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from transformers import AutoConfig
 
+from reasonrl_fast.rollout import sample_seeds
+from reasonrl_fast.rollout.vllm import last_line
 from reasonrl_fast.runtime import ray_cluster as rt
-from reasonrl_fast.runtime.ray_cluster import ClusterError, as_completed, gather, place_workers, start_ray, stop_ray
-from reasonrl_fast.trainer.worker import Worker
+from reasonrl_fast.runtime.ray_cluster import (ClusterError, WorkerError, as_completed, gather, place_workers,
+                                               start_ray, stop_ray)
+from reasonrl_fast.trainer.worker import Worker, engine_log
 from reasonrl_fast.util import shares
 
 
 class Cluster:
     def __init__(self, cfg, model_path: str):
+        self.cfg = cfg
         self.owns_ray = start_ray(cfg)
         t = cfg.trainer
         world = t.nnodes * t.workers_per_node
@@ -35,32 +41,51 @@ class Cluster:
                            ).remote(cfg, i, world, model_path)
             for i in range(world)]
         addr, port = ray.get(self.workers[0].address.remote())
-        self.setup_info = gather([w.setup.remote(addr, port) for w in self.workers], "setup")[0]
+        with self._engine_notes():
+            self.setup_info = gather([w.setup.remote(addr, port) for w in self.workers], "setup")[0]
         self.hf_config = AutoConfig.from_pretrained(model_path)
         self.world = world
         self._kept: list[range] | None = None  # each worker's samples of the step's rollout
 
-    def call(self, method: str, *args):
-        return gather([getattr(w, method).remote(*args) for w in self.workers], method)
+    @contextmanager
+    def _engine_notes(self):
+        """A worker's failure, with its vLLM engine's last log line when it has one."""
+        try:
+            yield
+        except WorkerError as e:
+            path = engine_log(self.cfg, e.rank) if e.rank is not None else None
+            line = last_line(path) if path else ""
+            if not line:
+                raise
+            raise WorkerError(f"{e}; its vLLM engine's last log line ({path}): {line}", rank=e.rank) from e
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, seed: int) -> list[list[int]]:
+    def call(self, method: str, *args):
+        with self._engine_notes():
+            return gather([getattr(w, method).remote(*args) for w in self.workers], method)
+
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, stream: int) -> list[list[int]]:
         """n samples per prompt (prompt-major), the prompts shared out by `shares`."""
         out: list[list[int]] = []
-        for _, responses in sorted(self.generate_stream(prompts, n, temperature, seed), key=lambda s: s[0]):
+        for _, responses in sorted(self.generate_stream(prompts, n, temperature, stream), key=lambda s: s[0]):
             out += responses
         return out
 
-    def generate_stream(self, prompts: list[list[int]], n: int, temperature: float, seed: int, keep: bool = False):
+    def generate_stream(self, prompts: list[list[int]], n: int, temperature: float, stream: int, keep: bool = False):
         """Like `generate`, but yields (index of the share's first sample, its responses) as each
         worker finishes, so the driver can score one share while the others still generate.
-        `keep`: the step's training samples; each worker keeps its share for `train_step`."""
+        Sample i of the call is drawn with `sample_seed(trainer.seed, stream, i)`, whichever
+        worker draws it. `keep`: the step's training samples; each worker keeps its share for
+        `train_step`."""
         split = shares(len(prompts), self.world)
-        refs = [w.generate.remote([prompts[i] for i in r], n, temperature, seed * 1000 + rank, keep)
-                for rank, (w, r) in enumerate(zip(self.workers, split))]
+        seed = self.cfg.trainer.seed
+        refs = [w.generate.remote([prompts[i] for i in r], n, temperature,
+                                  sample_seeds(seed, stream, r.start * n, len(r) * n), keep)
+                for w, r in zip(self.workers, split)]
         if keep:
             self._kept = [range(r.start * n, r.stop * n) for r in split]
-        for rank, responses in as_completed(refs, "generate"):
-            yield split[rank].start * n, responses
+        with self._engine_notes():
+            for rank, responses in as_completed(refs, "generate"):
+                yield split[rank].start * n, responses
 
     def train_step(self, adv: list[float], step: int) -> dict:
         """Each worker trains on the samples it kept from the last `generate_stream(keep=True)`;
@@ -68,11 +93,18 @@ class Cluster:
         kept, self._kept = self._kept, None
         if kept is None or kept[-1].stop != len(adv):
             raise ValueError(f"train_step: {len(adv)} advantages do not match the kept rollout")
-        outs = gather([w.train_step.remote(adv[r.start:r.stop], step) for w, r in zip(self.workers, kept)],
-                      "train_step")
+        with self._engine_notes():
+            outs = gather([w.train_step.remote(adv[r.start:r.stop], step) for w, r in zip(self.workers, kept)],
+                          "train_step")
         merged = {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
         merged["memory/peak_gb"] = max(o["memory/peak_gb"] for o in outs)
         merged["train/skipped_updates"] = outs[0]["train/skipped_updates"]
+        # the rollout's token means pooled over the workers' tokens, its largest gap over all
+        tokens = [o.pop("rollout/tokens") for o in outs]
+        merged.pop("rollout/tokens")
+        for k in [k for k in merged if k.startswith("rollout/")]:
+            merged[k] = (max(o[k] for o in outs) if k.endswith("_max")
+                         else sum(o[k] * t for o, t in zip(outs, tokens)) / max(sum(tokens), 1.0))
         return merged
 
     def shutdown(self) -> None:

@@ -55,6 +55,12 @@ def _run(cfg, log) -> dict:
     load_reward_fn(cfg.data.reward_fn)  # a bad spec fails now, not after the cluster started
     if cfg.model.fused_lm_head == "true":  # on a head it cannot fuse: a ConfigError now too
         check_model(cfg.model.fused_lm_head, AutoConfig.from_pretrained(model_path))
+    if cfg.rollout.backend == "vllm":  # not installed, or cannot load this model: say so now
+        from reasonrl_fast.rollout.vllm import check_vllm
+
+        version = check_vllm(AutoConfig.from_pretrained(model_path).architectures)
+        log(f"rollout: vLLM {version}, one engine per worker, its log in "
+            f"{os.path.join(out_dir, 'rollout')}; weights synced every {cfg.rollout.sync_every} step(s)")
 
     from reasonrl_fast.trainer.cluster import Cluster  # imports ray
 
@@ -168,8 +174,9 @@ def score_responses(pool: RewardPool, items: list[dict], texts: list[str], n: in
 
 
 def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int, temperature: float,
-                      seed: int, judge=None, keep: bool = False) -> dict:
-    """Generate `n` responses per item and score each worker's share as soon as it arrives
+                      stream: int, judge=None, keep: bool = False) -> dict:
+    """Generate `n` responses per item (sample seeds from `stream`: the step, or a validation
+    pass) and score each worker's share as soon as it arrives
     (for FAPO, also submit its correct responses to the judge); `keep`: the workers keep their
     samples for the step's update. Returns the prompts' ids, the
     responses (ids and text), scores (non-finite as 0), acc flags, reward/* metrics, and
@@ -183,7 +190,7 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
     latencies: list[float] = []
     counts = {"reward/timeouts": 0, "reward/errors": 0}
     t_rollout = t_reward = 0.0
-    for start, shard in cluster.generate_stream(prompts, n, temperature, seed, keep=keep):
+    for start, shard in cluster.generate_stream(prompts, n, temperature, stream, keep=keep):
         t = time.perf_counter()
         t_rollout = t - t0
         idx = range(start, start + len(shard))

@@ -6,6 +6,7 @@ keeps the samples it generated for the step: the driver sends back only their ad
 from __future__ import annotations
 
 import math
+import os
 import resource
 import time
 
@@ -15,6 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from reasonrl_fast.algos import get_algo
+from reasonrl_fast.algos.correction import gap_sums, rollout_weights
 from reasonrl_fast.models.lm_head import use_fused
 from reasonrl_fast.models.loading import load_model, load_tokenizer
 from reasonrl_fast.rollout import make_rollout
@@ -47,10 +49,11 @@ class Worker:
         self.tok = load_tokenizer(self.model_path)
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         lm = load_model(self.model_path, dtype)
-        self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id, self.device)
+        self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id,
+                                    self.device, engine_log(cfg, self.rank), log=self._log)
         bf16 = self.device.type == "cuda"
         self.algo = get_algo(cfg.algo)
-        self._samples: tuple[list, list] | None = None  # the step's (prompts, responses), kept
+        self._samples: tuple[list, list, list] | None = None  # the step's (prompts, responses, log-probs)
         # One decision for the run: the update, old and reference log-probs all take the same
         # path, so the ratio at the first update is exactly 1.
         fused, head_msg = use_fused(cfg.model.fused_lm_head, lm, self.device,
@@ -86,15 +89,15 @@ class Worker:
 
     # ------------------------------------------------------------------ rollout
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, seed: int,
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, seeds: list[int],
                  keep: bool = False) -> list[list[int]]:
-        """n responses per prompt (prompt-major); `keep`: these are the step's training samples,
-        which `train_step` then trains on."""
+        """n responses per prompt (prompt-major), sample i drawn with seeds[i]; `keep`: these are
+        the step's training samples (with the sampler's log-probs), which `train_step` trains on."""
         r = self.cfg.rollout
-        responses = self.rollout.generate(prompts, n, temperature, r.top_p, r.max_new_tokens, seed) if prompts else []
+        out = self.rollout.generate(prompts, n, temperature, r.top_p, r.max_new_tokens, seeds)
         if keep:
-            self._samples = ([p for p in prompts for _ in range(n)], responses)
-        return responses
+            self._samples = ([p for p in prompts for _ in range(n)], out.tokens, out.logprobs)
+        return out.tokens
 
     # ------------------------------------------------------------------ update
 
@@ -109,12 +112,15 @@ class Worker:
         cfg, t = self.cfg, {}
         if self._samples is None:
             raise RuntimeError("train_step without a kept rollout (generate(..., keep=True))")
-        prompts, responses = self._samples
+        prompts, responses, rollout_lps = self._samples
         self._samples = None
         if len(adv) != len(responses):
             raise ValueError(f"train_step: {len(adv)} advantages for {len(responses)} kept samples")
+        self.rollout.sleep()  # the engine's memory is the update's until the next sync
         self._seed(step, salt=1)  # Z-head dropout: reproducible per step
         batch = make_batch(prompts, responses, self.tok.pad_token_id, self.device)
+        width = batch["targets"].shape[1]
+        rollout_lp = torch.tensor([lp + [0.0] * (width - len(lp)) for lp in rollout_lps], device=self.device)
         adv = torch.tensor(adv, dtype=torch.float32, device=self.device)
         chunks = mini_batches(cfg, len(responses) // cfg.rollout.n)
         n_mb = len(chunks)
@@ -128,6 +134,7 @@ class Worker:
         t0 = time.perf_counter()
         self.actor.train()
         stats: dict[str, list[float]] = {}
+        sums: dict[str, float] = {}  # the rollout's gap and correction, pooled over mini-batches
         skipped, norms = 0, []
         for idx in chunks:
             mbatch = slice_batch(batch, idx)
@@ -135,7 +142,12 @@ class Worker:
             lp, ent, log_z = self.train_model(mbatch, cfg.rollout.temperature, entropy=True, log_z=self.algo.zhead)
             old = old_lp[idx] if old_lp is not None else lp.detach()
             ref = ref_lp[idx] if ref_lp is not None else None
-            loss, st = self.algo.loss(cfg, lp, old, ref, adv[idx], mask, log_z)
+            gap = gap_sums(old, rollout_lp[idx], mask)
+            weight, wsums = rollout_weights(old, rollout_lp[idx], mask, cfg.rollout.correction, cfg.rollout.is_cap,
+                                            per_sequence=self.algo.per_sequence)
+            for k, v in [*gap.items(), *(("w_" + k, v) for k, v in wsums.items())]:
+                sums[k] = max(sums.get(k, 0.0), v) if k == "max" else sums.get(k, 0.0) + v
+            loss, st = self.algo.loss(cfg, lp, old, ref, adv[idx], mask, log_z, weight)
             st["loss"] = float(loss.detach())
             st["entropy/mean"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
             self.opt.zero_grad(set_to_none=True)
@@ -154,10 +166,14 @@ class Worker:
         t["time/update_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        self.sync_weights()
+        if step % cfg.rollout.sync_every == 0:
+            self.sync_weights()
+        else:
+            self.rollout.wake()  # the engine keeps the weights of the last sync
         t["time/sync_s"] = time.perf_counter() - t0
         out = {k: sum(v) / len(v) for k, v in stats.items()}
         out.update(t)
+        out.update(rollout_stats(sums))
         out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         out["train/skipped_updates"] = skipped
         out["lr"] = self.sched.get_last_lr()[0]
@@ -190,6 +206,10 @@ class Worker:
 
     # ------------------------------------------------------------------ misc
 
+    def _log(self, msg: str) -> None:
+        if self.rank == 0:
+            print(msg, flush=True)
+
     def _seed(self, step: int, salt: int) -> None:
         torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step * 1009 + self.rank * 17 + salt)
 
@@ -199,5 +219,27 @@ class Worker:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
 
     def shutdown(self) -> None:
+        rollout = getattr(self, "rollout", None)
+        if rollout is not None:
+            rollout.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def engine_log(cfg, rank: int) -> str | None:
+    """Where rank `rank`'s vLLM engine writes its log (None for the hf backend)."""
+    if cfg.rollout.backend != "vllm":
+        return None
+    return os.path.join(cfg.trainer.output_dir, "rollout", f"vllm-rank{rank}.log")
+
+
+def rollout_stats(sums: dict[str, float]) -> dict[str, float]:
+    """The step's rollout/* metrics from the pooled sums of algos/correction.py; `rollout/tokens`
+    lets the driver pool them over workers."""
+    n = max(sums.get("tokens", 0.0), 1.0)
+    out = {"rollout/logprob_diff_mean": sums.get("abs", 0.0) / n, "rollout/logprob_diff_max": sums.get("max", 0.0),
+           "rollout/kl_k3": sums.get("k3", 0.0) / n, "rollout/tokens": sums.get("tokens", 0.0)}
+    if "w_count" in sums:
+        c = max(sums["w_count"], 1.0)
+        out.update({"rollout/is_weight_mean": sums["w_weight"] / c, "rollout/is_clipped_frac": sums["w_clipped"] / c})
+    return out

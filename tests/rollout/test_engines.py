@@ -1,6 +1,7 @@
-"""rollout/engines.py `sample`: the HF rollout's own sampling loop over a Hugging Face causal LM
-and its KV cache, against `generate` (greedy, token for token, with left padding), against the
-exact next-token distribution (temperature, top-p), and its handling of EOS (a few seconds)."""
+"""rollout/hf.py `sample`: the HF rollout's own sampling loop over a Hugging Face causal LM and
+its KV cache, against `generate` (greedy, token for token, with left padding), against the exact
+next-token distribution (temperature, top-p), its handling of EOS, its per-row seeds and the
+log-probs it reports (a few seconds)."""
 
 import math
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from reasonrl_fast.rollout.engines import HFRollout, _keep_top_p, sample
+from reasonrl_fast.rollout import sample_seed, sample_seeds
+from reasonrl_fast.rollout.hf import HFRollout, _keep_top_p, gumbel_noise, sample
 
 V, PAD, EOS = 29, 0, 2
 
@@ -38,7 +40,7 @@ def test_greedy_equals_generate_with_left_padding():
 
     model = _model()
     ids, attn = _left_pad(_prompts(np.random.default_rng(torch.initial_seed() % 2**32), 7))
-    ours = sample(model, ids, attn, 0.0, 1.0, 12, eos_id=-1, pad_id=PAD)  # no EOS: all 12 tokens
+    ours = sample(model, ids, attn, 0.0, 1.0, 12, eos_id=-1, pad_id=PAD)[0]  # no EOS: all 12 tokens
     ref = model.generate(input_ids=ids, attention_mask=attn, do_sample=False, max_new_tokens=12, min_new_tokens=12,
                          pad_token_id=PAD, eos_token_id=None)[:, ids.shape[1]:]
     assert torch.equal(ours, ref)
@@ -48,7 +50,7 @@ def test_greedy_equals_generate_with_left_padding():
 def test_first_token_follows_the_distribution(temperature, top_p):
     model = _model(1)
     ids, attn = _left_pad([[5, 9, 11]] * 20_000)
-    toks = sample(model, ids, attn, temperature, top_p, 1, eos_id=EOS, pad_id=PAD)[:, 0]
+    toks = sample(model, ids, attn, temperature, top_p, 1, eos_id=EOS, pad_id=PAD, seeds=torch.arange(len(ids)))[0][:, 0]
     logits = model(input_ids=ids[:1]).logits[0, -1] / temperature
     p = _keep_top_p(logits[None], top_p)[0].softmax(-1) if top_p < 1 else logits.softmax(-1)
     freq = torch.bincount(toks, minlength=V).double() / len(toks)
@@ -89,7 +91,7 @@ class _Scripted(torch.nn.Module):
 def test_rows_end_at_eos_then_pad():
     model = _Scripted([0, 2, None])
     ids, attn = _left_pad([[7, 3], [4], [9, 9, 9]])
-    out = sample(model, ids, attn, 0.0, 1.0, 6, eos_id=EOS, pad_id=PAD)
+    out = sample(model, ids, attn, 0.0, 1.0, 6, eos_id=EOS, pad_id=PAD)[0]
     assert out.tolist() == [[EOS, PAD, PAD, PAD, PAD, PAD], [5, 5, EOS, PAD, PAD, PAD], [5] * 6]
     assert model.calls == 6  # the prefill and 5 decoding steps: the 6th token needs no forward
 
@@ -97,12 +99,68 @@ def test_rows_end_at_eos_then_pad():
 def test_stops_once_every_row_has_ended():
     model = _Scripted([1, 0, 1])
     ids, attn = _left_pad([[7], [4], [9]])
-    out = sample(model, ids, attn, 1.0, 1.0, 50, eos_id=EOS, pad_id=PAD)
+    out = sample(model, ids, attn, 1.0, 1.0, 50, eos_id=EOS, pad_id=PAD)[0]
     assert out.tolist() == [[5, EOS], [EOS, PAD], [5, EOS]] and model.calls == 2
 
 
 def test_engine_cuts_after_eos_and_is_reproducible():
     engine = HFRollout(_model(2), PAD, EOS, torch.device("cpu"))
-    res = engine.generate([[7, 3], [4]], 3, 1.0, 1.0, 20, seed=3)
-    assert len(res) == 6 and all(len(r) <= 20 and (EOS not in r or r.index(EOS) == len(r) - 1) for r in res)
-    assert res == engine.generate([[7, 3], [4]], 3, 1.0, 1.0, 20, seed=3)
+    res = engine.generate([[7, 3], [4]], 3, 1.0, 1.0, 20, seeds=list(range(6)))
+    assert len(res.tokens) == 6 and all(len(r) <= 20 and (EOS not in r or r.index(EOS) == len(r) - 1) for r in res.tokens)
+    assert [len(x) for x in res.logprobs] == [len(r) for r in res.tokens]
+    again = engine.generate([[7, 3], [4]], 3, 1.0, 1.0, 20, seeds=list(range(6)))
+    assert again.tokens == res.tokens and again.logprobs == res.logprobs
+    with pytest.raises(ValueError, match="5 seeds for 6 samples"):
+        engine.generate([[7, 3], [4]], 3, 1.0, 1.0, 20, seeds=list(range(5)))
+
+
+def test_a_rows_sample_depends_on_its_seed_only():
+    """The same seed gives the same response alone, in a batch of others, at another place in
+    the batch, and beside prompts of other lengths (other padding); other seeds give others."""
+    engine = HFRollout(_model(3), PAD, EOS, torch.device("cpu"))
+    seeds = sample_seeds(11, 4, 0, 6)
+    together = engine.generate([[7, 3], [4], [9, 9, 9, 9, 9]], 2, 1.0, 0.9, 16, seeds).tokens
+    alone = [engine.generate([p], 1, 1.0, 0.9, 16, [s]).tokens[0]
+             for p, s in zip([[7, 3], [7, 3], [4], [4], [9, 9, 9, 9, 9], [9, 9, 9, 9, 9]], seeds)]
+    assert together == alone
+    reversed_ = engine.generate([[9, 9, 9, 9, 9], [4], [7, 3]], 2, 1.0, 0.9, 16, seeds[4:] + seeds[2:4] + seeds[:2]).tokens
+    assert reversed_[4:] + reversed_[2:4] + reversed_[:2] == together
+    other = engine.generate([[7, 3], [4], [9, 9, 9, 9, 9]], 2, 1.0, 0.9, 16, sample_seeds(12, 4, 0, 6)).tokens
+    assert other != together
+
+
+def test_reported_logprobs_are_the_models_under_the_sampling_distribution():
+    """The sampler's log-prob of each token equals log_softmax(logits / T) of a fresh forward over
+    prompt + response (float64), with top-p renormalised over the nucleus."""
+    model = _model(4)
+    engine = HFRollout(model, PAD, EOS, torch.device("cpu"), decoder="model")
+    prompts = [[7, 3], [4, 5, 6]]
+    for temperature, top_p in [(1.0, 1.0), (0.7, 1.0), (1.2, 0.85)]:
+        res = engine.generate(prompts, 3, temperature, top_p, 10, sample_seeds(0, 1, 0, 6))
+        for i, (toks, lps) in enumerate(zip(res.tokens, res.logprobs)):
+            p = prompts[i // 3]
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([p + toks])).logits[0, len(p) - 1:-1] / temperature
+            if top_p < 1:
+                logits = _keep_top_p(logits, top_p)
+            want = logits.log_softmax(-1).gather(-1, torch.tensor(toks)[:, None])[:, 0]
+            torch.testing.assert_close(torch.tensor(lps, dtype=torch.float64), want, rtol=0, atol=1e-5)
+
+
+def test_gumbel_noise_is_a_pure_function_of_seed_position_and_token():
+    seeds = torch.tensor([0, 1, 2**62 + 5, sample_seed(3, 4, 5)])
+    g = gumbel_noise(seeds, 7, 50)
+    assert g.shape == (4, 50) and g.dtype == torch.float64 and torch.isfinite(g).all()
+    assert torch.equal(gumbel_noise(seeds[2:3], 7, 50), g[2:3])  # a row alone: the same noise
+    assert not torch.equal(gumbel_noise(seeds, 8, 50), g)  # the next position: other noise
+    big = gumbel_noise(torch.arange(4000), 0, 50).flatten()  # standard Gumbel: mean 0.5772, var pi^2/6
+    assert abs(float(big.mean()) - 0.5772) < 0.01 and abs(float(big.var()) - math.pi**2 / 6) < 0.03
+
+
+def test_sample_seeds_are_unrelated_and_fit_int64():
+    a = sample_seeds(0, 1, 0, 1000)
+    assert len(set(a)) == 1000 and all(0 <= s < 2**63 for s in a)
+    assert a[5:10] == sample_seeds(0, 1, 5, 5)  # a share's seeds do not depend on where it starts
+    assert not set(a) & set(sample_seeds(1, 1, 0, 1000)) and not set(a) & set(sample_seeds(0, 2, 0, 1000))
+
+

