@@ -1,5 +1,6 @@
 """The benchmark harness on CPU at tiny sizes, every per-op script's `--device cpu --quick`, and
-gpu_check.py's dry run on CPU (no build, no tests). The scripts run as concurrent subprocesses
+gpu_check.py's dry run on CPU (no build, no tests), and bench_rollout.py's figures, RESULTS.md
+section and process-tree memory on made-up runs (its real runs take minutes). The scripts run as concurrent subprocesses
 with one thread each: about 35 s on the 2-core development machine under load."""
 
 import gc
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import weakref
 
 import pytest
@@ -229,3 +231,84 @@ def test_a_step_past_its_limit_is_killed_and_one_past_the_budget_is_skipped(monk
     assert step["status"] == "failed (exit 3)" and gpu_check.test_summary(step["tail"]) == "1 failed, 2 passed in 0.1s"
     monkeypatch.setattr(gpu_check, "_DEADLINE", 0.0)
     assert gpu_check.run_step("late", hang, _env(), timeout=60)["status"] == "skipped: budget spent"
+
+
+# --- bench_rollout.py's parts (its runs need the vLLM venv and minutes: it is run by hand) -------
+
+def _rollout_runs():
+    import bench_rollout
+
+    rows = [{"step": 0, "val/accuracy": 0.5}]
+    for step, (t, length, sync, diff) in enumerate([(1.0, 10.0, 0.01, 1e-3), (2.0, 20.0, 0.05, 4e-3),
+                                                     (3.0, 30.0, 0.02, 2e-3)], 1):
+        rows.append({"step": step, "time/step_s": t, "time/rollout_s": t / 2, "response_length/mean": length,
+                     "time/sync_s": sync, "time/update_s": t / 4, "memory/peak_gb": step / 2,
+                     "rollout/logprob_diff_mean": diff})
+    rows[-1]["val/accuracy"] = 0.75
+    fig = bench_rollout.summarise(rows, samples_per_step=4, wall_s=12.0)
+    extra = {"prompts_per_step": 2, "n": 2, "tree_peak_gb": 1.0, "tree_rss_sum_gb": 2.0}
+    return fig, {"hf": [{**fig, **extra}], "vllm": [{**fig, **extra, "loop_steps_per_s": 1.0}]}
+
+
+def test_rollout_bench_figures_come_from_the_run_metrics():
+    import bench_rollout
+
+    fig, _ = _rollout_runs()
+    assert fig["steps"] == 3 and fig["loop_s"] == 6.0
+    assert fig["loop_steps_per_s"] == pytest.approx(0.5) and fig["process_steps_per_s"] == pytest.approx(0.25)
+    # response tokens (10 + 20 + 30) x 4 samples per step over the 3 s of rollout
+    assert fig["rollout_tokens_per_s"] == pytest.approx(240 / 3.0)
+    assert fig["sync_ms"] == pytest.approx(20.0) and fig["update_s"] == pytest.approx(0.5)
+    assert fig["worker_peak_gb"] == 1.5 and (fig["val_first"], fig["val_last"]) == (0.5, 0.75)
+    assert fig["logprob_diff"] == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match="no steps"):
+        bench_rollout.summarise([{"step": 0, "val/accuracy": 0.5}], 4, 1.0)
+
+
+def test_rollout_bench_writes_a_numbered_section_once_and_keeps_its_number(tmp_path, capsys):
+    import bench_rollout
+
+    _, runs = _rollout_runs()
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# R\n\n1. [A](#1-a)\n2. [B](#2-b)\n\n## 1. A\n\nx\n\n## 2. B\n\ny\n")
+    info = {"cpu": "CPU", "gpu": None, "torch": "2.x", "vllm": "0.y"}
+    body = bench_rollout.report(runs, info, ["trainer.steps=3"], 1, "load", str(path))
+    assert body.startswith("## 3. Rollout engines: hf against vLLM\n") and "no GPU" in body
+    assert "| hf | 0.500 | 0.500 | 0.250 | 12 | 80 | 20.0 | 0.500 | 1.50 | 1.00 | 2.00e-03 | 0.500 -> 0.750 |" in body
+    assert "made 2.00x hf's steps per second" in body  # vllm's 1.0 against hf's 0.5
+    text = path.read_text()
+    toc = "2. [B](#2-b)\n3. [Rollout engines: hf against vLLM](#3-rollout-engines-hf-against-vllm)\n"
+    assert toc in text and text.index(toc) < text.index("## 1. A")
+    path.write_text(text + "\n## 4. Later\n")  # a section added after it: a rewrite keeps number 3
+    bench_rollout.report(runs, info, [], 1, "load", str(path))
+    text = path.read_text()
+    assert text.count("<!-- rollout-backends:begin -->\n## 3. ") == 1 and text.count("3. [Rollout") == 1
+    assert "## 4. Later" in text and "x\n\n## 2. B\n\ny\n" in text
+
+
+def test_rollout_bench_tree_memory_counts_a_grandchild(tmp_path):
+    import bench_rollout
+
+    if not os.path.exists("/proc/self/smaps_rollup"):
+        pytest.skip("no /proc/self/smaps_rollup")
+    grandchild = "import time; b = b'x' * (200 << 20); open(r'%s', 'w').close(); time.sleep(30)" % (tmp_path / "up")
+    p = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"])
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "up").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with bench_rollout.TreePeak(p.pid, every=0.1) as tree:
+            time.sleep(0.5)
+    finally:
+        for pid in reversed(bench_rollout.descendants(p.pid)):
+            os.kill(pid, 9)
+        p.wait(timeout=30)
+    assert tree.most_procs == 2 and 190 << 10 < tree.pss_kb and tree.pss_kb <= tree.rss_kb
+
+
+def test_rollout_bench_rejects_settings_it_makes_itself():
+    for args, msg in [(["rollout.backend=vllm"], "sets rollout.backend itself"), (["--nope"], "--nope: not an option"),
+                      (["--python", "/nonexistent/python"], "not an executable file")]:
+        r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_rollout.py"), *args], cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
