@@ -1,7 +1,8 @@
-"""The benchmark harness on CPU at tiny sizes, every per-op script's `--device cpu --quick`, and
+"""The benchmark harness on CPU at tiny sizes, every per-op script's `--device cpu --quick`,
 gpu_check.py's dry run on CPU (no build, no tests), and bench_rollout.py's figures, RESULTS.md
-section and process-tree memory on made-up runs (its real runs take minutes). The scripts run as concurrent subprocesses
-with one thread each: about 35 s on the 2-core development machine under load."""
+section and process-tree memory on made-up runs (its real runs take minutes). The scripts run as
+concurrent subprocesses with one thread each: about 35 s on the 2-core development machine under
+load."""
 
 import gc
 import json
@@ -292,7 +293,8 @@ def test_rollout_bench_tree_memory_counts_a_grandchild(tmp_path):
     if not os.path.exists("/proc/self/smaps_rollup"):
         pytest.skip("no /proc/self/smaps_rollup")
     grandchild = "import time; b = b'x' * (200 << 20); open(r'%s', 'w').close(); time.sleep(30)" % (tmp_path / "up")
-    p = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"])
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
+    p = subprocess.Popen([sys.executable, "-c", parent])
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "up").exists() and time.monotonic() < deadline:
@@ -307,8 +309,9 @@ def test_rollout_bench_tree_memory_counts_a_grandchild(tmp_path):
 
 
 def test_rollout_bench_rejects_settings_it_makes_itself():
-    for args, msg in [(["rollout.backend=vllm"], "sets rollout.backend itself"), (["--nope"], "--nope: not an option"),
+    for args, msg in [(["rollout.backend=vllm"], "sets rollout.backend itself"),
+                      (["--nope"], "--nope: not an option"),
                       (["--python", "/nonexistent/python"], "not an executable file")]:
-        r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_rollout.py"), *args], cwd=ROOT, env=_env(),
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_rollout.py"), *args], cwd=ROOT,
+                           env=_env(), capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
