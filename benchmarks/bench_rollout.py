@@ -175,9 +175,9 @@ def run(python: str, env: dict, backend: str, extra: list[str], out: str, timeou
         cfg = yaml.safe_load(f)
     prompts, n = cfg["data"]["prompts_per_step"], cfg["rollout"]["n"]
     res = summarise(read_metrics(out), prompts * n, wall)
-    return {"backend": backend, "prompts_per_step": prompts, "n": n, **res, "tree_peak_gb": tree.pss_kb / 2**20, "tree_rss_sum_gb": tree.rss_kb / 2**20,
-            "tree_procs": tree.most_procs,
-            "sampler_cpu_s": tree.cpu_s}
+    return {"backend": backend, "prompts_per_step": prompts, "n": n, **res,
+            "tree_peak_gb": tree.pss_kb / 2**20, "tree_rss_sum_gb": tree.rss_kb / 2**20,
+            "tree_procs": tree.most_procs, "sampler_cpu_s": tree.cpu_s}
 
 
 def stop(p: subprocess.Popen) -> None:
