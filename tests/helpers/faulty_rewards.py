@@ -86,3 +86,13 @@ def always_right(response: str, answer: str) -> dict:
     """Every response is right (`acc`), so that each one goes to FAPO's GenRM even when the tiny
     test model cannot add yet."""
     return {"score": 1.0, "acc": True}
+
+
+def records_responses(response: str, answer: str) -> float:
+    """The math reward; every response it scores is appended, one JSON string a line, to
+    $REASONRL_RESPONSES (the seed tests compare the samples of whole runs)."""
+    import json
+
+    with open(os.environ["REASONRL_RESPONSES"], "a") as f:
+        f.write(json.dumps(response) + "\n")
+    return math_reward(response, answer)

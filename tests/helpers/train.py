@@ -26,9 +26,12 @@ def repo_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **extra}
 
 
-def run_train(args, tmp_path, timeout=300, env_extra=None, check=True):
+def run_train(args, tmp_path, timeout=300, env_extra=None, check=True, python=None, tiny=True):
+    """`python -m reasonrl_fast.train` with TINY settings (`tiny=False`: the embedded default's;
+    `python`: another interpreter, e.g. the vLLM venv's, running this checkout)."""
     env = repo_env(**(env_extra or {}))
-    cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
+    cmd = [str(python or sys.executable), "-m", "reasonrl_fast.train", *(TINY if tiny else ["trainer.progress=false"]),
+           f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"train failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")

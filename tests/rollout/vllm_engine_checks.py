@@ -1,0 +1,105 @@
+"""Checks of the vllm rollout engine that run inside the vLLM venv (tests/rollout/test_vllm.py
+starts this file there): `python vllm_engine_checks.py WORKDIR`. Each check raises on failure;
+the last line printed is "ok" when all passed.
+
+A tiny Qwen2 model (fp32) is built from a config in code and saved; the engine is the project's
+VLLMRollout over it on the CPU."""
+
+import math
+import os
+import sys
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from reasonrl_fast.rollout import sample_seeds
+from reasonrl_fast.rollout.vllm import VLLMRollout
+
+V, EOS = 61, 2
+
+
+def model(seed: int) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=V, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, eos_token_id=EOS, pad_token_id=0,
+                      tie_word_embeddings=False)
+    m = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # a peaked distribution, so that EOS and repeats occur
+        m.lm_head.weight.mul_(30)
+    return m
+
+
+def teacher_forced(m, prompt, tokens, temperature, top_p=1.0):
+    """log-probs of `tokens` after `prompt` under m at `temperature` (top-p renormalised)."""
+    with torch.no_grad():
+        logits = m(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].double() / temperature
+    if top_p < 1:
+        from reasonrl_fast.rollout.hf import _keep_top_p
+        logits = _keep_top_p(logits, top_p)
+    return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def main(work: str) -> None:
+    torch.set_num_threads(1)
+    first, second = model(0), model(1)
+    path = os.path.join(work, "tiny")
+    first.save_pretrained(path)
+    engine = VLLMRollout(path, torch.float32, EOS, max_model_len=96, seed=0, device=torch.device("cpu"),
+                         log_path=os.path.join(work, "vllm.log"))
+    prompts = [[5, 9, 11], [7], [3, 4, 5, 6, 7, 8]]
+    seeds = sample_seeds(0, 1, 0, 12)
+
+    # 1. shapes, EOS, and log-probs: the sampler's equal the model's under the sampling distribution
+    for temperature, top_p in [(1.0, 1.0), (0.7, 1.0), (1.0, 0.9)]:
+        out = engine.generate(prompts, 4, temperature, top_p, 24, seeds)
+        assert len(out.tokens) == 12 and [len(x) for x in out.logprobs] == [len(x) for x in out.tokens]
+        for i, (toks, lps) in enumerate(zip(out.tokens, out.logprobs)):
+            assert 1 <= len(toks) <= 24 and (len(toks) == 24 or toks[-1] == EOS) and EOS not in toks[:-1], toks
+            want = teacher_forced(first, prompts[i // 4], toks, temperature, top_p)
+            err = (torch.tensor(lps, dtype=torch.float64) - want).abs().max().item()
+            assert err < 1e-4, (temperature, top_p, i, err)
+    print("log-probs: the model's under the sampling distribution", flush=True)
+    assert any(t[-1] == EOS for t in out.tokens), "no response ended with EOS"
+
+    # 2. seeds: the same seeds give the same samples, other seeds others
+    a = engine.generate(prompts, 4, 1.0, 1.0, 24, seeds).tokens
+    assert engine.generate(prompts, 4, 1.0, 1.0, 24, seeds).tokens == a
+    assert engine.generate(prompts, 4, 1.0, 1.0, 24, sample_seeds(1, 1, 0, 12)).tokens != a
+    # a sample alone draws what it drew in the batch
+    assert engine.generate([prompts[1]], 1, 1.0, 1.0, 24, [seeds[5]]).tokens[0] == a[5]
+    print("seeds: reproducible, distinct, independent of the batch", flush=True)
+
+    # 3. weight sync: all-zero weights give every token log-prob -log V exactly
+    engine.load_weights((name, torch.zeros_like(p)) for name, p in first.named_parameters())
+    zero = engine.generate(prompts, 2, 1.0, 1.0, 8, seeds[:6])
+    flat = [lp for row in zero.logprobs for lp in row]
+    assert flat and all(abs(lp + math.log(V)) < 1e-5 for lp in flat), flat[:5]
+    # ... and the second model's weights give the second model's log-probs
+    engine.load_weights((name, p.detach().clone()) for name, p in second.named_parameters())
+    out = engine.generate(prompts, 4, 1.0, 1.0, 24, seeds)
+    for i, (toks, lps) in enumerate(zip(out.tokens, out.logprobs)):
+        err = (torch.tensor(lps, dtype=torch.float64) - teacher_forced(second, prompts[i // 4], toks, 1.0)).abs().max()
+        assert err < 1e-4, ("after sync", i, float(err))
+    # ... and back to the first: its samples again, seed for seed (no stale prefix cache)
+    engine.load_weights(first.named_parameters())
+    assert engine.generate(prompts, 4, 1.0, 1.0, 24, seeds).tokens == a
+    print("weight sync: the engine follows the loaded weights exactly", flush=True)
+
+    # 4. greedy: the model's argmax path, log-probs reported as 0
+    g = engine.generate(prompts, 1, 0.0, 1.0, 10, seeds[:3])
+    for p, toks, lps in zip(prompts, g.tokens, g.logprobs):
+        ids = list(p)
+        with torch.no_grad():
+            for _ in range(len(toks)):
+                ids.append(int(first(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+        assert ids[len(p):] == toks and set(lps) == {0.0}, (ids[len(p):], toks)
+    print("greedy: the model's argmax", flush=True)
+
+    engine.close()
+    log = open(os.path.join(work, "vllm.log")).read()
+    assert "reload" in log.lower(), log[-500:]  # vLLM's own log went to the file
+    print("ok", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
