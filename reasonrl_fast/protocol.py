@@ -26,6 +26,12 @@ API_KEY_ENV = "REASONRL_FAST_GENRM_API_KEY"
 
 TEMPLATES = ("fapo", "compact")
 
+LAST_USER_CHAT_TEMPLATE = "{{ (messages | selectattr('role', 'equalto', 'user') | list | last)['content'] }}"
+"""A chat template that renders what our server gives a model whose tokenizer has no chat template
+(the embedded one): the last user message's text as it is, with no role markers and no generation
+prompt. vLLM refuses chat requests for such a tokenizer (transformers has no default template),
+so `vllm serve --chat-template` takes this one to see the prompts our server and the trainer see."""
+
 _FAPO = """You are given a math problem, its reference answer, and a proposed solution split into \
 steps numbered from 0.
 

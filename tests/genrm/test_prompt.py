@@ -139,3 +139,23 @@ def test_operand_digit_cap():
     assert parse_problem("9" * n + "+1=") == (int("9" * n), 1)
     with pytest.raises(ValueError, match=f"{n + 1} digits"):
         parse_problem("1+" + "9" * (n + 1) + "=")
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "47+85=132|7+6=12|4+8+1=13|"}],
+    [{"role": "system", "content": "judge"}, {"role": "user", "content": "a b\n\n{{ x }} {% raw %}"}],
+    [{"role": "user", "content": "first"}, {"role": "assistant", "content": "reply"},
+     {"role": "user", "content": "second"}, {"role": "assistant", "content": "after"}],
+])
+def test_last_user_chat_template_renders_what_our_server_feeds_the_model(messages):
+    """The template `vllm serve --chat-template` takes renders, for a tokenizer without one, the text
+    our hf backend tokenizes (`last_user_text`): no role markers, no generation prompt, the
+    content verbatim (template syntax inside it stays text)."""
+    from reasonrl_fast.models.tiny import char_tokenizer
+    from reasonrl_fast.protocol import LAST_USER_CHAT_TEMPLATE, last_user_text
+
+    tok = char_tokenizer()
+    assert not getattr(tok, "chat_template", None)
+    text = tok.apply_chat_template(messages, chat_template=LAST_USER_CHAT_TEMPLATE, tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == last_user_text(messages)
