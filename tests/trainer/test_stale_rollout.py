@@ -20,5 +20,6 @@ def test_stale_rollout_shows_its_gap_and_still_learns_with_the_correction(train,
     assert quantile(stale, 0.5) > 100 * quantile(fresh, 0.5) and quantile(stale, 0.5) > 1e-3, quantile(stale, 0.5)
     assert all("rollout/is_weight_mean" in r and "rollout/is_clipped_frac" in r for r in rows)
     val = [r["val/accuracy"] for r in read_metrics(out) if "val/accuracy" in r]
-    assert val[-1] - val[0] >= 0.20, val
+    # learning: the last three validations (steps 100-150) against the warm start's
+    assert sum(val[-3:]) / 3 - val[0] >= 0.15, val
     print(json.dumps({"fresh": quantile(fresh, 0.5), "stale": quantile(stale, 0.5), "val": val}))

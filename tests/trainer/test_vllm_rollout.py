@@ -70,7 +70,8 @@ def test_embedded_default_learns_through_vllm(tmp_path, vllm_python):
     """`python -m reasonrl_fast.train rollout.backend=vllm`, the embedded default otherwise:
     at least 20 validation points gained, the median gap at most 0.01, nothing left running."""
     out = tmp_path / "run"
-    p = popen_train(vllm_python, [*VLLM, f"trainer.output_dir={out}", "trainer.progress=false"], tmp_path, tiny=False)
+    p = popen_train(vllm_python, ["rollout.backend=vllm", f"trainer.output_dir={out}", "trainer.progress=false"],
+                    tmp_path, tiny=False)
     watch = Watch(p)
     stdout, stderr = p.communicate(timeout=900)
     assert p.returncode == 0, stdout[-2000:] + stderr[-4000:]
