@@ -332,8 +332,13 @@ class GenRMClient:
                         log.warning("GenRM server %s refused the API key (HTTP %d): set api_key or %s",
                                     rep.base, resp.status, API_KEY_ENV)
                     raise _Final(f"refused: {resp.status}")
-                if resp.status >= 400:
-                    raise _Final(f"http {resp.status}")
+                if resp.status >= 400:  # the server's reason says what to fix (vLLM: "max_tokens=1024
+                    # cannot be greater than max_model_len=256"), which the status alone does not
+                    try:
+                        reason = _server_reason(await self._read_capped(resp, ERROR_BYTES))
+                    except (_Retryable, asyncio.TimeoutError, aiohttp.ClientError):
+                        reason = ""  # a body too long or too slow to be a message: the status answers
+                    raise _Final(f"http {resp.status}{reason}")
                 raw = await self._read_capped(resp)
         except asyncio.TimeoutError:
             raise _Retryable("timeout") from None
@@ -347,10 +352,10 @@ class GenRMClient:
             raise _Retryable("non-json reply") from None
         return extract(data)
 
-    async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
-        """The reply's body, or _Retryable once it passes max_reply_bytes (declared or read):
-        what one faulty replica sends must not fill the driver's memory."""
-        cap = self._max_reply_bytes
+    async def _read_capped(self, resp: aiohttp.ClientResponse, cap: int | None = None) -> bytes:
+        """The reply's body, or _Retryable once it passes `cap` (max_reply_bytes; declared or
+        read): what one faulty replica sends must not fill the driver's memory."""
+        cap = cap or self._max_reply_bytes
         too_large = _Retryable(f"reply over {cap} bytes")
         if resp.content_length is not None and resp.content_length > cap:
             raise too_large
@@ -370,8 +375,37 @@ class GenRMClient:
 
 def failure_kind(error: str) -> str:
     """A Verdict error without its variable detail: 'client error: KeyError: 3' -> 'client error:
-    KeyError'; the client's other errors are their own kind ('timeout', 'http 503', ...)."""
-    return ":".join(error.split(":")[:2]) if error.startswith("client error:") else error
+    KeyError', 'http 400: max_tokens=...' -> 'http 400'; the client's other errors are their own
+    kind ('timeout', 'http 503', ...)."""
+    if error.startswith("model list: "):
+        return "model list: " + failure_kind(error[len("model list: "):])
+    if error.startswith("client error:"):
+        return ":".join(error.split(":")[:2])
+    if error.startswith("http "):
+        return error.split(":", 1)[0]
+    return error
+
+
+ERROR_BYTES = 16 << 10
+"""The most of a refusal's body read for its reason: an error message is a line or two."""
+REASON_CHARS = 300
+
+
+def _server_reason(raw: bytes) -> str:
+    """': REASON' from an error body, or '' when it has none: the OpenAI form
+    {"error": {"message": ...}} (ours, vLLM's), or {"error": "..."}, {"message": ...},
+    {"detail": ...}; one line, at most REASON_CHARS characters (a reply is untrusted text)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return ""
+    reason = data.get("error", data.get("message", data.get("detail"))) if isinstance(data, dict) else None
+    if isinstance(reason, dict):
+        reason = reason.get("message")
+    if not isinstance(reason, str) or not reason.strip():
+        return ""
+    reason = " ".join(reason.split())
+    return ": " + (reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS] + "...")
 
 
 def _content(data: Any) -> str:

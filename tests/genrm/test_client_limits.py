@@ -24,6 +24,20 @@ STATS = web.AppKey("stats", dict)
 FAST = dict(backoff_base_s=0.01, backoff_max_s=0.02, model="m", template="compact")
 
 
+# vLLM's own refusal of a max_tokens over its --max-model-len, as vLLM 0.32 words it
+VLLM_400 = ("max_tokens=1024 cannot be greater than max_model_len=256. Please request fewer output tokens. "
+            "(parameter=max_tokens, value=1024)")
+REFUSALS = {
+    "refuse_openai": {"error": {"message": VLLM_400, "type": "BadRequestError", "param": "max_tokens", "code": 400}},
+    "refuse_string": {"error": "bad\nrequest\t here"},     # vLLM's 401 shape: a string; whitespace folds
+    "refuse_detail": {"detail": "Not Found"},               # FastAPI's
+    "refuse_long": {"error": {"message": "x" * 5000}},      # an untrusted reason is cut
+    "refuse_huge": {"error": {"message": "y" * (1 << 20)}},  # a body over the error read cap
+    "refuse_html": b"<html>nginx</html>",
+    "refuse_odd": {"error": {"message": 5}},
+}
+
+
 def reply(content: str, pad: int = 0) -> bytes:
     """A chat completion whose JSON is padded with `pad` spaces (still valid, still a verdict)."""
     return json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}).encode() \
@@ -55,6 +69,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return web.Response(body=b"[" * 100_000 + b"]" * 100_000, content_type="application/json")
     if mode == "http503":
         return web.Response(status=503, text="busy")
+    if mode.startswith("refuse"):  # a 400 whose body is the reason in one shape or another
+        body = REFUSALS[mode]
+        return web.Response(status=400, body=body if isinstance(body, bytes) else json.dumps(body).encode(),
+                            content_type="application/json")
     return web.Response(body=reply("\\boxed{-1}"), content_type="application/json")
 
 
@@ -154,3 +172,30 @@ def test_failure_kind():
     assert failure_kind("client error: KeyError: 'choices'") == "client error: KeyError"
     assert failure_kind("timeout") == "timeout" and failure_kind("http 503") == "http 503"
     assert failure_kind("model list: refused: 401") == "model list: refused: 401"
+    assert failure_kind("http 404: The model `gpt-4` does not exist.") == "http 404"
+    assert failure_kind("model list: http 404: no route") == "model list: http 404"
+
+
+@pytest.mark.parametrize("mode, error", [
+    ("refuse_openai", f"http 400: {VLLM_400}"),
+    ("refuse_string", "http 400: bad request here"),
+    ("refuse_detail", "http 400: Not Found"),
+    ("refuse_long", "http 400: " + "x" * 300 + "..."),
+    ("refuse_huge", "http 400"),
+    ("refuse_html", "http 400"),
+    ("refuse_odd", "http 400"),
+])
+def test_a_refusal_carries_the_servers_reason(replica, caplog, mode, error):
+    """A 4xx was reported as its status alone, so a run whose every verdict vLLM refused for a
+    max_tokens over --max-model-len said "http 400" and nothing of why. The reason now comes with
+    it, one line and bounded; the request is still not retried, and its kind stays the status."""
+    address, stats = replica(mode)
+    with caplog.at_level(logging.WARNING, logger="reasonrl_fast.genrm.client"):
+        with GenRMClient([address], max_retries=2, **FAST) as c:
+            verdicts = c.judge(requests(3))
+            m = c.metrics()
+    assert [(v.step, v.error, v.attempts) for v in verdicts] == [(None, error, 1)] * 3
+    assert failure_kind(error) == "http 400"
+    assert m["genrm/failures"] == 3 and m["genrm/retries"] == 0 and stats["calls"] == 3
+    logged = [r.getMessage() for r in caplog.records if r.name == "reasonrl_fast.genrm.client"]
+    assert len(logged) == 1 and error[:300] in logged[0], logged  # once per kind and step, with the reason

@@ -278,10 +278,16 @@ def test_client_errors_from_vllm(vllm_genrm, caplog, monkeypatch):
         v = client.judge([ASK])[0]
     assert (v.step, v.error) == (None, "model list: refused: 401")
 
-    monkeypatch.setenv(API_KEY_ENV, KEY)  # the key from the environment; a name vLLM does not serve
+    # The key from the environment. A name vLLM does not serve, and a max_tokens over its
+    # --max-model-len (the client's default 1024 against 256): refused, not retried, with vLLM's reason.
+    monkeypatch.setenv(API_KEY_ENV, KEY)
     with GenRMClient([vllm_genrm.url], model="gpt-4", template="compact", max_retries=2) as client:
         v = client.judge([ASK])[0]
-    assert (v.step, v.error, v.attempts) == (None, "http 404", 1)
+    assert v.step is None and v.attempts == 1 and v.error.startswith("http 404: ") and "gpt-4" in v.error, v
+    with GenRMClient([vllm_genrm.url], template="compact", max_retries=2) as client:
+        v = client.judge([ASK])[0]
+    assert v.step is None and v.attempts == 1, v
+    assert v.error.startswith("http 400: ") and "max_tokens=1024" in v.error and f"max_model_len={MAX_LEN}" in v.error
 
 
 # ---------------------------------------------------------------- a FAPO run against it
