@@ -190,10 +190,10 @@ def test_a_refusal_carries_the_servers_reason(replica, caplog, mode, error):
     max_tokens over --max-model-len said "http 400" and nothing of why. The reason now comes with
     it, one line and bounded; the request is still not retried, and its kind stays the status."""
     address, stats = replica(mode)
-    with caplog.at_level(logging.WARNING, logger="reasonrl_fast.genrm.client"):
-        with GenRMClient([address], max_retries=2, **FAST) as c:
-            verdicts = c.judge(requests(3))
-            m = c.metrics()
+    with caplog.at_level(logging.WARNING, logger="reasonrl_fast.genrm.client"), \
+            GenRMClient([address], max_retries=2, **FAST) as c:
+        verdicts = c.judge(requests(3))
+        m = c.metrics()
     assert [(v.step, v.error, v.attempts) for v in verdicts] == [(None, error, 1)] * 3
     assert failure_kind(error) == "http 400"
     assert m["genrm/failures"] == 3 and m["genrm/retries"] == 0 and stats["calls"] == 3

