@@ -25,7 +25,8 @@ def test_merge_round_trip(trained_run, tmp_path):
     for name, p in model.state_dict().items():
         torch.testing.assert_close(p, sd["lm." + name], rtol=0, atol=0)
     z = ZHead(model.config.hidden_size)
-    z.load_state_dict(load_file(merged / "proj_z.safetensors"))
+    z.load_state_dict(load_file(merged / "zhead" / "proj_z.safetensors"))
+    assert sorted(p.name for p in merged.glob("*.safetensors")) == ["model.safetensors"]  # vLLM loads them all
     for name, p in z.state_dict().items():
         torch.testing.assert_close(p, sd["proj_z." + name], rtol=0, atol=0)
     assert not any(k.startswith("proj_z") for k in model.state_dict())

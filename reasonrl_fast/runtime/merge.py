@@ -1,6 +1,7 @@
 """Merging a sharded trainer checkpoint into a Hugging Face model directory (safetensors, config,
-tokenizer) that loads with AutoModelForCausalLM, plus `proj_z.safetensors` (the FlowRL Z-head,
-keys `net.0.weight`, ...) beside it. One process, no GPU or process group. Used by the merge
+tokenizer) that loads with AutoModelForCausalLM, plus `zhead/proj_z.safetensors` (the FlowRL
+Z-head, keys `net.0.weight`, ...) in a folder of its own: a loader that reads every top-level
+`*.safetensors` file as the model's (vLLM does) must not meet it. One process, no GPU or process group. Used by the merge
 command and by eval on a checkpoint.
 
 A checkpoint directory is trusted input, like any PyTorch checkpoint: torch.distributed.checkpoint's
@@ -20,6 +21,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from reasonrl_fast.errors import UserError
 from reasonrl_fast.runtime import checkpoint
+
+ZHEAD_DIR = "zhead"  # the Z-head's folder in a merged model directory
 
 
 def load_model_tensors(ckpt: str) -> dict[str, torch.Tensor]:
@@ -70,5 +73,6 @@ def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
     model.save_pretrained(out_dir, safe_serialization=True)
     load_tokenizer(hf).save_pretrained(out_dir)
     if z_sd:
-        save_file(z_sd, os.path.join(out_dir, "proj_z.safetensors"))
+        os.makedirs(os.path.join(out_dir, ZHEAD_DIR), exist_ok=True)
+        save_file(z_sd, os.path.join(out_dir, ZHEAD_DIR, "proj_z.safetensors"))
     return out_dir
