@@ -48,6 +48,10 @@ def _run(cfg, log) -> dict:
     with open(os.path.join(out_dir, "config.yaml"), "w") as f:
         f.write(to_yaml(cfg))
 
+    if cfg.rollout.backend == "vllm":  # not installed: say so before the warm start
+        from reasonrl_fast.rollout.vllm import check_vllm
+
+        check_vllm()
     # Model: a local HF directory, or the embedded tiny model after its (cached) warm start.
     model_path = cfg.model.path or warm_start(cfg, log)
     tok = load_tokenizer(model_path)
@@ -55,9 +59,7 @@ def _run(cfg, log) -> dict:
     load_reward_fn(cfg.data.reward_fn)  # a bad spec fails now, not after the cluster started
     if cfg.model.fused_lm_head == "true":  # on a head it cannot fuse: a ConfigError now too
         check_model(cfg.model.fused_lm_head, AutoConfig.from_pretrained(model_path))
-    if cfg.rollout.backend == "vllm":  # not installed, or cannot load this model: say so now
-        from reasonrl_fast.rollout.vllm import check_vllm
-
+    if cfg.rollout.backend == "vllm":  # a model it cannot load: say so now
         version = check_vllm(AutoConfig.from_pretrained(model_path).architectures)
         log(f"rollout: vLLM {version}, one engine per worker, its log in "
             f"{os.path.join(out_dir, 'rollout')}; weights synced every {cfg.rollout.sync_every} step(s)")
