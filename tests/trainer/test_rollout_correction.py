@@ -1,5 +1,6 @@
-"""algos/correction.py and where its weights enter the losses (docs/math.md §Rollout
-correction), against plain float64 definitions on fresh random inputs with awkward sizes."""
+"""algos/correction.py and where its weights enter the losses
+(docs/math.md §Rollout correction), against plain float64 definitions on fresh random inputs
+with awkward sizes."""
 
 import math
 
