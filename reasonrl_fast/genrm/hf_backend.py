@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from reasonrl_fast.protocol import Completion, RequestError, Sampling, last_user_text
+from reasonrl_fast.rollout.base import GREEDY_BELOW  # greedy below it, as vLLM does
 
 DEFAULT_MAX_TOKENS = 1024  # when neither the request nor the model's context length bounds it
-# Below this temperature sampling is greedy decoding (as vLLM does): dividing logits by a tiny
-# temperature overflows to inf and the sampler fails on the NaN probabilities.
-GREEDY_BELOW = 1e-5
 
 
 @dataclass

