@@ -55,3 +55,24 @@ def rollout_weights(old_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.
         seq = d.sum(-1)
     w = seq.clamp(max=log_cap).exp()
     return w, {"weight": float(w.sum()), "clipped": float((seq > log_cap).float().sum()), "count": float(w.numel())}
+
+
+def pool_sums(parts) -> dict[str, float]:
+    """`gap_sums` / `rollout_weights` sums of several mini-batches or workers as one: added, but
+    the largest gap ("max") taken."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = max(out.get(k, 0.0), v) if k == "max" else out.get(k, 0.0) + v
+    return out
+
+
+def rollout_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """The step's rollout/* metrics from the pooled sums (the weights' under a "w_" prefix)."""
+    n = max(sums.get("tokens", 0.0), 1.0)
+    out = {"rollout/logprob_diff_mean": sums.get("abs", 0.0) / n, "rollout/logprob_diff_max": sums.get("max", 0.0),
+           "rollout/kl_k3": sums.get("k3", 0.0) / n}
+    if "w_count" in sums:
+        c = max(sums["w_count"], 1.0)
+        out.update({"rollout/is_weight_mean": sums["w_weight"] / c, "rollout/is_clipped_frac": sums["w_clipped"] / c})
+    return out

@@ -32,8 +32,8 @@ class RolloutEngine:
         raise NotImplementedError
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights (names as in the Hugging Face model); the tensors may be
-        freed as soon as each is consumed."""
+        """Replace the engine's weights (names as in the Hugging Face model), waking it first if
+        it sleeps; the tensors may be freed as soon as each is consumed."""
         raise NotImplementedError
 
     def sleep(self) -> None:

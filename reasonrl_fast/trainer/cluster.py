@@ -12,12 +12,13 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from transformers import AutoConfig
 
+from reasonrl_fast.algos.correction import pool_sums, rollout_metrics
 from reasonrl_fast.rollout import sample_seeds
 from reasonrl_fast.rollout.vllm import last_line
 from reasonrl_fast.runtime import ray_cluster as rt
 from reasonrl_fast.runtime.ray_cluster import (ClusterError, WorkerError, as_completed, gather, place_workers,
                                                start_ray, stop_ray)
-from reasonrl_fast.trainer.worker import Worker, engine_log
+from reasonrl_fast.trainer.worker import ROLLOUT_SUMS, Worker, engine_log
 from reasonrl_fast.util import shares
 
 
@@ -96,15 +97,11 @@ class Cluster:
         with self._engine_notes():
             outs = gather([w.train_step.remote(adv[r.start:r.stop], step) for w, r in zip(self.workers, kept)],
                           "train_step")
+        sums = pool_sums(o.pop(ROLLOUT_SUMS) for o in outs)  # the rollout's metrics over all tokens
         merged = {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
         merged["memory/peak_gb"] = max(o["memory/peak_gb"] for o in outs)
         merged["train/skipped_updates"] = outs[0]["train/skipped_updates"]
-        # the rollout's token means pooled over the workers' tokens, its largest gap over all
-        tokens = [o.pop("rollout/tokens") for o in outs]
-        merged.pop("rollout/tokens")
-        for k in [k for k in merged if k.startswith("rollout/")]:
-            merged[k] = (max(o[k] for o in outs) if k.endswith("_max")
-                         else sum(o[k] * t for o, t in zip(outs, tokens)) / max(sum(tokens), 1.0))
+        merged.update(rollout_metrics(sums))
         return merged
 
     def shutdown(self) -> None:

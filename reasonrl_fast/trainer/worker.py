@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from reasonrl_fast.algos import get_algo
-from reasonrl_fast.algos.correction import gap_sums, rollout_weights
+from reasonrl_fast.algos.correction import gap_sums, pool_sums, rollout_weights
 from reasonrl_fast.models.lm_head import use_fused
 from reasonrl_fast.models.loading import load_model, load_tokenizer
 from reasonrl_fast.rollout import make_rollout
@@ -134,7 +134,7 @@ class Worker:
         t0 = time.perf_counter()
         self.actor.train()
         stats: dict[str, list[float]] = {}
-        sums: dict[str, float] = {}  # the rollout's gap and correction, pooled over mini-batches
+        sums: list[dict] = []  # the rollout's gap and correction, per mini-batch
         skipped, norms = 0, []
         for idx in chunks:
             mbatch = slice_batch(batch, idx)
@@ -145,8 +145,7 @@ class Worker:
             gap = gap_sums(old, rollout_lp[idx], mask)
             weight, wsums = rollout_weights(old, rollout_lp[idx], mask, cfg.rollout.correction, cfg.rollout.is_cap,
                                             per_sequence=self.algo.per_sequence)
-            for k, v in [*gap.items(), *(("w_" + k, v) for k, v in wsums.items())]:
-                sums[k] = max(sums.get(k, 0.0), v) if k == "max" else sums.get(k, 0.0) + v
+            sums.append({**gap, **{"w_" + k: v for k, v in wsums.items()}})
             loss, st = self.algo.loss(cfg, lp, old, ref, adv[idx], mask, log_z, weight)
             st["loss"] = float(loss.detach())
             st["entropy/mean"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
@@ -173,7 +172,7 @@ class Worker:
         t["time/sync_s"] = time.perf_counter() - t0
         out = {k: sum(v) / len(v) for k, v in stats.items()}
         out.update(t)
-        out.update(rollout_stats(sums))
+        out[ROLLOUT_SUMS] = pool_sums(sums)  # the driver pools them over workers
         out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         out["train/skipped_updates"] = skipped
         out["lr"] = self.sched.get_last_lr()[0]
@@ -182,8 +181,7 @@ class Worker:
 
     def sync_weights(self):
         """Gather the LM's parameters (not the Z-head), a bucket per collective, and copy them into
-        the rollout engine."""
-        self.rollout.wake()
+        the rollout engine (which wakes first if it sleeps)."""
         self.rollout.load_weights(iter_full(
             [(name[len("lm."):], p.detach()) for name, p in self.actor.named_parameters() if name.startswith("lm.")]))
 
@@ -226,20 +224,11 @@ class Worker:
             dist.destroy_process_group()
 
 
+ROLLOUT_SUMS = "rollout_sums"  # train_step's key for the sums of algos/correction.py
+
+
 def engine_log(cfg, rank: int) -> str | None:
     """Where rank `rank`'s vLLM engine writes its log (None for the hf backend)."""
     if cfg.rollout.backend != "vllm":
         return None
     return os.path.join(cfg.trainer.output_dir, "rollout", f"vllm-rank{rank}.log")
-
-
-def rollout_stats(sums: dict[str, float]) -> dict[str, float]:
-    """The step's rollout/* metrics from the pooled sums of algos/correction.py; `rollout/tokens`
-    lets the driver pool them over workers."""
-    n = max(sums.get("tokens", 0.0), 1.0)
-    out = {"rollout/logprob_diff_mean": sums.get("abs", 0.0) / n, "rollout/logprob_diff_max": sums.get("max", 0.0),
-           "rollout/kl_k3": sums.get("k3", 0.0) / n, "rollout/tokens": sums.get("tokens", 0.0)}
-    if "w_count" in sums:
-        c = max(sums["w_count"], 1.0)
-        out.update({"rollout/is_weight_mean": sums["w_weight"] / c, "rollout/is_clipped_frac": sums["w_clipped"] / c})
-    return out

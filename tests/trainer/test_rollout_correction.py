@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from reasonrl_fast.algos.correction import gap_sums, rollout_weights
+from reasonrl_fast.algos.correction import gap_sums, pool_sums, rollout_metrics, rollout_weights
 from reasonrl_fast.algos.flowrl import flowrl_loss
 from reasonrl_fast.algos.grpo import grpo_loss
 from reasonrl_fast.ops.reference import tb_loss as tb_reference
@@ -107,3 +107,19 @@ def test_flowrl_weight_multiplies_each_trajectorys_weight(clip):
     assert math.isclose(st["tb/is_weight_mean"], float((c * w).mean()), rel_tol=1e-9)
     plain, _ = flowrl_loss(log_z, lp, roll, old, adv, mask, **clip)  # no weight: the op as before
     torch.testing.assert_close(plain, (w * delta**2).mean(), rtol=1e-10, atol=0)
+
+
+def test_metrics_pooled_over_parts_equal_the_whole_batchs():
+    """The workers' and mini-batches' sums pooled give the metrics of all their tokens at once."""
+    old, roll, mask = batch(B=9)
+    parts = [slice(0, 2), slice(2, 7), slice(7, 9)]
+
+    def sums(sl):
+        _, w = rollout_weights(old[sl], roll[sl], mask[sl], "token_tis", 2.0)
+        return {**gap_sums(old[sl], roll[sl], mask[sl]), **{"w_" + k: v for k, v in w.items()}}
+
+    pooled = rollout_metrics(pool_sums(sums(sl) for sl in parts))
+    whole = rollout_metrics(sums(slice(None)))
+    assert pooled.keys() == whole.keys() and len(whole) == 5
+    for k in whole:
+        assert math.isclose(pooled[k], whole[k], rel_tol=1e-9), k
