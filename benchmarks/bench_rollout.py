@@ -51,6 +51,7 @@ sys.path.insert(0, ROOT)
 
 from reasonrl_fast.util import read_metrics  # noqa: E402
 from tests.helpers import venvs  # noqa: E402
+from tests.helpers.procs import descendants  # noqa: E402
 
 sys.path.insert(0, HERE)
 from results_md import publish  # noqa: E402
@@ -62,27 +63,6 @@ SET_BY_US = ("rollout.backend=", "trainer.output_dir=")
 
 
 # --- memory of a process tree --------------------------------------------------------------------
-
-def descendants(root: int) -> list[int]:
-    """`root` and every process below it (from the parent ids in /proc/*/stat)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:  # exited meanwhile
-            continue
-        ppid = int(stat.rpartition(")")[2].split()[1])  # the name, in parentheses, may hold spaces
-        children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
 
 def memory_kb(pid: int) -> tuple[int, int]:
     """(PSS, RSS) of `pid` in KiB ((0, 0) once it has exited)."""
@@ -114,7 +94,7 @@ class TreePeak:
     def _loop(self) -> None:
         t0 = time.thread_time()
         while not self._stop.is_set():
-            pids = descendants(self.pid)
+            pids = [self.pid, *descendants(self.pid)]
             mem = [memory_kb(p) for p in pids]
             self.pss_kb = max(self.pss_kb, sum(m[0] for m in mem))
             self.rss_kb = max(self.rss_kb, sum(m[1] for m in mem))

@@ -302,7 +302,7 @@ def test_rollout_bench_tree_memory_counts_a_grandchild(tmp_path):
         with bench_rollout.TreePeak(p.pid, every=0.1) as tree:
             time.sleep(0.5)
     finally:
-        for pid in reversed(bench_rollout.descendants(p.pid)):
+        for pid in [*bench_rollout.descendants(p.pid), p.pid]:
             os.kill(pid, 9)
         p.wait(timeout=30)
     assert tree.most_procs == 2 and 190 << 10 < tree.pss_kb and tree.pss_kb <= tree.rss_kb

@@ -31,7 +31,7 @@ from reasonrl_fast.genrm.client import GenRMClient
 from reasonrl_fast.protocol import API_KEY_ENV, LAST_USER_CHAT_TEMPLATE, parse_verdict
 from reasonrl_fast.tasks.genrm import genrm_split
 from tests.helpers import venvs
-from tests.helpers.procs import alive, children
+from tests.helpers.procs import alive, descendants
 from tests.helpers.train import ROOT, read_metrics, run_train
 
 KEY = "genrm-test-key"
@@ -69,12 +69,7 @@ def call(url: str, body: dict | None = None, key: str | None = KEY, timeout: flo
 
 def tree(pid: int) -> set[int]:
     """`pid` and every process below it, alive now."""
-    kids, out, todo = children(), set(), [pid]
-    while todo:
-        p = todo.pop()
-        out.add(p)
-        todo.extend(kids.get(p, []))
-    return {p for p in out if alive(p)}
+    return {p for p in {pid} | descendants(pid) if alive(p)}
 
 
 def in_group(pgid: int) -> set[int]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+from contextlib import contextmanager
 
 
 def children() -> dict[int, list[int]]:
@@ -26,3 +29,31 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` now (children, their children, ...), not `pid` itself."""
+    kids, todo, found = children(), [pid], set()
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            found.add(k)
+            todo.append(k)
+    return found
+
+
+@contextmanager
+def reaped(p: subprocess.Popen):
+    """`p` killed and waited for on the way out if it is still running (a failed assertion or a
+    timeout must not leave a run behind)."""
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def interrupt(p: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """Ctrl-C to `p` and its output once it has ended (within `timeout` s)."""
+    p.send_signal(signal.SIGINT)
+    return p.communicate(timeout=timeout)

@@ -3,7 +3,6 @@ loopback port) or uses one it is given, lowers the flagged right answers, fails 
 server dies, and stops the server it started however the run ends."""
 
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import pytest
 from tests.helpers.train import ROOT, TINY, read_metrics, repo_env, run_train
 
 from reasonrl_fast.genrm.launch import launch
-from tests.helpers.procs import alive
+from tests.helpers.procs import alive, interrupt, reaped
 
 # Every response counts as right, so that every one goes to the GenRM even though the tiny test
 # model cannot add yet; the rule judge flags the ones whose steps are wrong (nearly all of them).
@@ -101,8 +100,7 @@ def test_server_killed_and_restarted_mid_run(tmp_path):
 
 def test_ctrl_c_stops_the_server(tmp_path):
     out = tmp_path / "run"
-    p = _popen_train([*RIGHT, "trainer.steps=500", f"trainer.output_dir={out}"], tmp_path)
-    try:
+    with reaped(_popen_train([*RIGHT, "trainer.steps=500", f"trainer.output_dir={out}"], tmp_path)) as p:
         seen = ""
         for line in p.stdout:  # the run prints the server's pid once it is up
             seen += line
@@ -113,12 +111,7 @@ def test_ctrl_c_stops_the_server(tmp_path):
         while not _rows(out) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert alive(pid)
-        p.send_signal(signal.SIGINT)
-        p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        interrupt(p, 60)
     deadline = time.monotonic() + 10
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -5,27 +5,20 @@ and Ctrl-C end the run cleanly, leaving no process behind."""
 
 import json
 import os
-import signal
+import shutil
 import subprocess
 import threading
 import time
 
+from reasonrl_fast.config import load_config
+from reasonrl_fast.trainer.sft import warm_start
 from reasonrl_fast.util import quantile, read_metrics
-from tests.helpers.procs import alive, children
+from tests.helpers.procs import alive, descendants, interrupt, reaped
 from tests.helpers.train import ROOT, TINY, repo_env, run_train
 from tests.trainer.test_seeds import check_seeds
 
 # vLLM's CPU attention refuses a head dimension of 16 (TINY's 32 / 2 heads): 64 / 2 heads
 VLLM = ["rollout.backend=vllm", "model.hidden_size=64"]
-
-
-def descendants(pid: int) -> set[int]:
-    kids, todo, found = children(), [pid], set()
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            found.add(k)
-            todo.append(k)
-    return found
 
 
 class Watch:
@@ -86,12 +79,7 @@ def test_embedded_default_learns_through_vllm(tmp_path, vllm_python):
 
 def test_a_model_vllm_cannot_load_is_one_line_before_ray_starts(tmp_path, vllm_python):
     model = tmp_path / "odd-model"
-    run_train(["trainer.steps=0", f"trainer.output_dir={tmp_path / 'warm'}"], tmp_path, check=False)
-    from reasonrl_fast.config import load_config
-    from reasonrl_fast.trainer.sft import sft_cache_path
-    import shutil
-
-    shutil.copytree(sft_cache_path(load_config(None, [*TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}"])),
+    shutil.copytree(warm_start(load_config(None, [*TINY, f"sft.cache_dir={tmp_path / 'sft'}"]), log=lambda _: None),
                     model)
     cfg = json.loads((model / "config.json").read_text())
     cfg["architectures"] = ["XLNetLMHeadModel"]
@@ -122,17 +110,12 @@ def test_ctrl_c_leaves_no_engine_behind(tmp_path, vllm_python):
     p = popen_train(vllm_python, [*VLLM, "trainer.steps=500", "trainer.val_every=0", f"trainer.output_dir={out}"],
                     tmp_path)
     watch = Watch(p)
-    try:
+    with reaped(p):
         deadline = time.monotonic() + 240
         while not ((out / "metrics.jsonl").exists() and read_metrics(out)) and time.monotonic() < deadline:
             assert p.poll() is None, p.communicate()[1][-3000:]
             time.sleep(0.3)
         assert len(watch.seen) > 3  # Ray's processes and the workers holding the engines
-        p.send_signal(signal.SIGINT)
-        p.communicate(timeout=90)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        interrupt(p, 90)
     assert p.returncode != 0
     assert watch.left_behind() == []
