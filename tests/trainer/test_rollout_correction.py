@@ -122,4 +122,4 @@ def test_metrics_pooled_over_parts_equal_the_whole_batchs():
     whole = rollout_metrics(sums(slice(None)))
     assert pooled.keys() == whole.keys() and len(whole) == 5
     for k in whole:
-        assert math.isclose(pooled[k], whole[k], rel_tol=1e-9), k
+        assert math.isclose(pooled[k], whole[k], rel_tol=1e-6), k  # the weights are float32
