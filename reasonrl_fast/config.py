@@ -86,6 +86,11 @@ class ModelConfig(_Checks):
     auto (on GPU always; on CPU when one forward's response tokens x vocabulary is large enough
     to gain, see docs/trainer.md). A head that is not a plain linear layer (a bias, soft-capped
     or scaled logits) keeps the unfused path; with true that is an error."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing: keep only each decoder layer's input in the update's forward and
+    recompute the layer in the backward (non-reentrant, one checkpoint per layer). Activation
+    memory drops from all of a layer's intermediates to one hidden state per token and layer,
+    for about one more forward of compute."""
 
     def check(self, at: str = "model.") -> None:
         self._one_of(at, "dtype", ("auto", "float32", "bfloat16"))
@@ -140,6 +145,12 @@ class DataConfig(_Checks):
     solutions come from the addition demonstrations, with carry_slip_prob and flaw_prob) or
     partition (a number of `digits` digits as the sum of two positive numbers: many right answers
     per prompt, held-out validation numbers). The choices are the keys of tasks.TASKS."""
+    packing: str = "auto"
+    """Packed sequences in the update and the log-prob passes: a micro-batch's sequences are
+    concatenated into one row with restarting position ids, so no padded token enters the
+    forward (the attention masks are block-diagonal). true, false, or auto: on where the model's
+    attention reads packed rows (Llama-family models: Llama, Qwen2, Qwen3, Mistral without a
+    sliding window; docs/trainer.md §Memory)."""
     reward_fn: str = ""
     """Reward function `package.module:function` or `path/to/file.py:function`, called as
     `fn(data_source, solution_str, ground_truth, extra_info)` (a two-argument
@@ -149,6 +160,7 @@ class DataConfig(_Checks):
 
     def check(self, at: str = "data.") -> None:
         self._one_of(at, "task", TASKS)
+        self.packing = parse_setting(self.packing, f"{at}packing")
         self._positive(at, "prompts_per_step")
         self._probability(at, "flaw_prob", "carry_slip_prob", "carry_frac")
         if self.reward_fn and ":" not in self.reward_fn:
@@ -335,11 +347,19 @@ class OptimConfig(_Checks):
     mini_batch_prompts: int = 16
     """Prompts per mini-batch update (all their responses); fewer than prompts_per_step gives
     several updates per step, and then old log-probs are computed before the first."""
+    micro_batch_tokens: int = 0
+    """The most tokens one forward of a worker takes (prompt + response, as the forward sees
+    them: the real tokens of packed rows, or rows x the longest row when padded). A mini-batch
+    with more runs as several micro-batches with gradient accumulation, in the update and in the
+    old and reference log-prob passes; the sequences are grouped by length so that the
+    micro-batches are balanced, and every worker runs the same number. 0: each mini-batch in one
+    forward."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     """AdamW betas."""
 
     def check(self, at: str = "optim.") -> None:
         self._positive(at, "mini_batch_prompts")
+        self._not_negative(at, "micro_batch_tokens")
 
 
 @dataclass
@@ -473,6 +493,12 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.prompts_per_step={p} over {world} workers in {n_mb} mini-batches "
                           f"(optim.mini_batch_prompts={cfg.optim.mini_batch_prompts}) leaves a worker a "
                           f"mini-batch without prompts: each needs at least one prompt per mini-batch")
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if 0 < cfg.optim.micro_batch_tokens < longest:  # a sequence is never split over forwards
+        raise ConfigError(f"optim.micro_batch_tokens={cfg.optim.micro_batch_tokens}: one sequence can be "
+                          f"{longest} tokens (data.max_prompt_length={cfg.data.max_prompt_length} + "
+                          f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}); set it at least that "
+                          f"(or 0: a mini-batch per forward)")
     if not cfg.data.train_files:  # the embedded task: its scorer's sandbox limit, its own limits
         task = get_task(cfg.data.task)
         check_sandbox_timeout(cfg, [task.source])

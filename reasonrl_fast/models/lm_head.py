@@ -30,11 +30,11 @@ _SCALES = ("logit_scale",         # Cohere, Cohere2
            "output_multiplier")
 
 
-def parse_setting(value) -> str:
-    """'auto', 'true' or 'false' from a config value (YAML booleans included)."""
+def parse_setting(value, key: str = "model.fused_lm_head") -> str:
+    """'auto', 'true' or 'false' from the config value of `key` (YAML booleans included)."""
     v = str(value).strip().lower()
     if v not in ("auto", "true", "false"):
-        raise ConfigError(f"model.fused_lm_head={value!r}: must be auto, true or false")
+        raise ConfigError(f"{key}={value!r}: must be auto, true or false")
     return v
 
 
