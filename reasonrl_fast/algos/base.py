@@ -48,6 +48,12 @@ class Algo:
         """Divide the group-centred rewards by the group's std."""
         return True
 
+    def loss_units(self, cfg) -> str:
+        """What the loss is a mean over: "tokens" or "sequences". A worker's micro-batch loss (a
+        mean over its own units) is weighted by its share of the units of the whole mini-batch,
+        over every micro-batch and worker, so the gradient is the one of the mean over all."""
+        return "sequences"
+
     def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None) -> tuple[torch.Tensor, dict]:
         """(loss, stats) of one mini-batch: log-probs [B, T], advantages [B], mask [B, T];
         `rollout_w`: the rollout correction's weights ([B, T] or [B], detached) or None."""

@@ -58,6 +58,9 @@ class GRPO(Algo):
     def norm_by_std(self, cfg) -> bool:
         return cfg.grpo.norm_by_std
 
+    def loss_units(self, cfg) -> str:
+        return "tokens" if cfg.grpo.loss_agg == "token-mean" else "sequences"
+
     def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None):
         g = cfg.grpo
         return grpo_loss(lp, old_lp, adv, mask, g.clip_low, g.clip_high, g.loss_agg, ref_lp, g.kl_coef, rollout_w)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -45,9 +46,44 @@ def load_tokenizer(path: str, what: str | None = None):
     return tok
 
 
-def load_model(path: str, dtype: torch.dtype = torch.float32):
+def load_model(path: str, dtype: torch.dtype = torch.float32, attn: str = "sdpa"):
     check_model_dir(path)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+
+
+def attention_implementation(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
+    """(transformers' attn_implementation, a log line saying which and why). flash-attn (the
+    optional `[gpu]` extra) where it can run: on CUDA with bf16 weights (it has no float32
+    kernels; the rollout's copy and a single worker's forward run in the weights' dtype). Packed
+    rows then go through its variable-length kernels; sdpa reads them through a block-diagonal
+    mask instead."""
+    if device.type != "cuda":
+        return "sdpa", "attention: sdpa"
+    if importlib.util.find_spec("flash_attn") is None:
+        return "sdpa", "attention: sdpa (flash-attn is not installed: pip install 'reasonrl_fast[gpu]')"
+    if dtype != torch.bfloat16:
+        return "sdpa", "attention: sdpa (flash-attn needs bf16 weights: model.dtype=bfloat16)"
+    return "flash_attention_2", "attention: flash_attention_2 (packed rows through flash-attn's variable-length kernels)"
+
+
+PACKED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+"""Model types whose attention reads packed rows from restarting position ids (transformers'
+masks for sdpa and eager, flash-attn's variable-length boundaries), checked against the padded
+forward in tests/trainer/test_packing.py."""
+
+
+def packing_blocker(model) -> str | None:
+    """Why a micro-batch of `model` cannot run as one packed row, or None when it can."""
+    c = model.config
+    if c.model_type not in PACKED_FAMILIES:
+        return f"model_type {c.model_type!r} is not one of {PACKED_FAMILIES}"
+    if any(t != "full_attention" for t in (getattr(c, "layer_types", None) or [])) or \
+            (c.model_type == "mistral" and getattr(c, "sliding_window", None)):
+        return "sliding-window attention"
+    impl = getattr(c, "_attn_implementation", None)
+    if impl not in ("sdpa", "eager", "flash_attention_2", "flash_attention_3"):
+        return f"attention implementation {impl!r}"
+    return None
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:

@@ -79,6 +79,11 @@ def _run(cfg, log) -> dict:
             judge.close()
         raise
     log(cluster.setup_info["lm_head"])
+    log(cluster.setup_info["attention"])
+    log(f"{cluster.setup_info['packing']}; micro-batches: "
+        + (f"at most {cfg.optim.micro_batch_tokens} tokens per forward" if cfg.optim.micro_batch_tokens
+           else "one per mini-batch (optim.micro_batch_tokens=0)")
+        + ("; activation checkpointing on" if cfg.model.gradient_checkpointing else ""))
     log(f"data parallel: {cluster.setup_info['sharding']} (trainer.sharding={cfg.trainer.sharding})")
     pool = None
     try:

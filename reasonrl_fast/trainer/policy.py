@@ -33,7 +33,10 @@ class Actor(nn.Module):
 
     def forward(self, batch: dict, temperature: float = 1.0, entropy: bool = False, log_z: bool = False):
         """Returns (logprob [B, R], entropy [B, R] or None, log_z [B] or None) for the response
-        tokens of `batch` (see `make_batch`)."""
+        tokens of `batch` (padded: `make_batch`, packed: `make_packed_batch`); 0 past a
+        response's end."""
+        if batch.get("packed"):
+            return self._packed(batch, temperature, entropy, log_z)
         p = batch["prompt_len"]
         targets = batch["targets"]
         if self.plain_head:
@@ -58,9 +61,38 @@ class Actor(nn.Module):
         z = self.proj_z(h, batch["prompt_mask"]) if (log_z and self.proj_z is not None) else None
         return lp, ent, z
 
+    def _packed(self, batch: dict, temperature: float, entropy: bool, log_z: bool):
+        """The packed row's forward: the head runs on the positions that predict response tokens
+        only (gathered from the row), and their log-probs are scattered back into the padded
+        [B, R] layout the losses read."""
+        mask = batch["response_mask"].bool()
+        at = batch["response_index"][mask]  # row positions predicting the real response tokens
+        targets = batch["targets"][mask]
+        if self.plain_head:
+            h = self._hidden(batch)[0]
+            if self.fused:
+                res = linear_token_logprob(h[at], self.lm.lm_head.weight, targets, temperature=temperature,
+                                           return_entropy=entropy)
+            else:
+                res = token_logprob(self.lm.lm_head(h[at]), targets, temperature=temperature,
+                                    return_entropy=entropy)
+        else:
+            h, logits = self._model_logits(batch, 0)  # logits of every row position
+            h = h[0]
+            res = token_logprob(logits[0][at], targets, temperature=temperature, return_entropy=entropy)
+        lp, ent = (res if entropy else (res, None))
+        lp = lp.new_zeros(mask.shape).masked_scatter(mask, lp)
+        ent = ent.new_zeros(mask.shape).masked_scatter(mask, ent) if ent is not None else None
+        z = None
+        if log_z and self.proj_z is not None:
+            z = self.proj_z(h[batch["prompt_index"]], batch["prompt_mask"])
+        return lp, ent, z
+
     def _hidden(self, batch: dict) -> torch.Tensor:
         """Final hidden states (after the last norm), without running the head."""
-        out = self.lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+        # A packed row has no attention mask: transformers then builds the block-diagonal one
+        # (or flash-attn's variable-length boundaries) from the restarting position ids.
+        out = self.lm.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                             position_ids=batch["position_ids"], use_cache=False)
         return out.last_hidden_state
 
@@ -75,11 +107,11 @@ class Actor(nn.Module):
 
         handle = self.lm.model.register_forward_hook(hook)
         try:
-            out = self.lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                          position_ids=batch["position_ids"], use_cache=False, logits_to_keep=r + 1)
+            out = self.lm(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                          position_ids=batch["position_ids"], use_cache=False, logits_to_keep=r + 1 if r else 0)
         finally:
             handle.remove()
-        return caught["h"], out.logits[:, :-1]
+        return caught["h"], (out.logits[:, :-1] if r else out.logits)
 
 
 def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int, device) -> dict:
@@ -103,8 +135,29 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
     return batch
 
 
-def slice_batch(batch: dict, idx) -> dict:
-    return {k: (v[idx] if torch.is_tensor(v) else v) for k, v in batch.items()}
+def make_packed_batch(prompts: list[list[int]], responses: list[list[int]], device) -> dict:
+    """The sequences (prompt + response) concatenated into one row [1, T] with position ids that
+    restart at 0 for each, so no padded token enters the forward. `targets`/`response_mask` keep
+    the padded [B, R] layout of `make_batch`; `response_index` [B, R] is the row position that
+    predicts each response token, `prompt_index`/`prompt_mask` [B, P] the prompt's positions."""
+    ids, pos, resp_at, prompt_at = [], [], [], []
+    for pr, rs in zip(prompts, responses):
+        start, n = len(ids), len(pr) + len(rs)
+        ids += list(pr) + list(rs)
+        pos += range(n)
+        resp_at.append([start + len(pr) - 1 + t for t in range(len(rs))])
+        prompt_at.append(list(range(start, start + len(pr))))
+    r = max(1, max(len(x) for x in responses))
+    p = max(len(x) for x in prompts)
+    targets = torch.tensor([list(rs) + [-100] * (r - len(rs)) for rs in responses], dtype=torch.long)
+    batch = {"input_ids": torch.tensor([ids], dtype=torch.long), "position_ids": torch.tensor([pos], dtype=torch.long),
+             "targets": targets, "response_mask": (targets != -100).float(),
+             "response_index": torch.tensor([a + [0] * (r - len(a)) for a in resp_at], dtype=torch.long),
+             "prompt_index": torch.tensor([a + [0] * (p - len(a)) for a in prompt_at], dtype=torch.long),
+             "prompt_mask": torch.tensor([[1] * len(a) + [0] * (p - len(a)) for a in prompt_at], dtype=torch.long)}
+    batch = {k: v.to(device) for k, v in batch.items()}
+    batch["packed"] = True
+    return batch
 
 
 def mini_batches(cfg, prompts: int) -> list[slice]:
@@ -118,6 +171,8 @@ def mini_batches(cfg, prompts: int) -> list[slice]:
 
 def tokens_per_forward(cfg, world: int) -> int:
     """Upper bound on the response positions one policy forward sees: the largest mini-batch of the
-    largest worker's share (prompts x samples) times the longest response."""
+    largest worker's share (prompts x samples) times the longest response, or the micro-batch
+    token budget when that is less."""
     most = len(shares(cfg.data.prompts_per_step, world)[0])
-    return max(1, max(s.stop - s.start for s in mini_batches(cfg, most))) * cfg.rollout.max_new_tokens
+    whole = max(1, max(s.stop - s.start for s in mini_batches(cfg, most))) * cfg.rollout.max_new_tokens
+    return min(whole, cfg.optim.micro_batch_tokens) if cfg.optim.micro_batch_tokens else whole

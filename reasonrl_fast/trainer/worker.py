@@ -16,14 +16,16 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from reasonrl_fast.algos import get_algo
-from reasonrl_fast.algos.correction import gap_sums, pool_sums, rollout_weights
+from reasonrl_fast.algos.correction import pool_sums
+from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.models.lm_head import use_fused
-from reasonrl_fast.models.loading import load_model, load_tokenizer
+from reasonrl_fast.models.loading import attention_implementation, load_model, load_tokenizer, packing_blocker
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer.fsdp import (full_tensor, init_distributed, iter_full, rendezvous_socket, replicate, shard,
                                         sharding_mode)
-from reasonrl_fast.trainer.policy import Actor, make_batch, mini_batches, slice_batch, tokens_per_forward
+from reasonrl_fast.trainer import update
+from reasonrl_fast.trainer.policy import Actor, mini_batches, tokens_per_forward
 
 
 class Worker:
@@ -48,9 +50,15 @@ class Worker:
         torch.manual_seed(cfg.trainer.seed)  # same init of the Z-head on every rank
         self.tok = load_tokenizer(self.model_path)
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-        lm = load_model(self.model_path, dtype)
+        attn, attn_msg = attention_implementation(self.device, dtype)
+        lm = load_model(self.model_path, dtype, attn)
         self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id,
                                     self.device, engine_log(cfg, self.rank), log=self._log)
+        self.packed, pack_msg = use_packing(cfg.data.packing, lm)
+        if cfg.model.gradient_checkpointing:  # after the rollout's copy: only the trained model recomputes
+            if not getattr(lm, "supports_gradient_checkpointing", False):
+                raise ConfigError(f"model.gradient_checkpointing=true: {type(lm).__name__} does not support it")
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         bf16 = self.device.type == "cuda"
         self.algo = get_algo(cfg.algo)
         self._samples: tuple[list, list, list] | None = None  # the step's (prompts, responses, log-probs)
@@ -66,7 +74,7 @@ class Worker:
         self.train_model = replicate(self.actor, mesh, self.device) if self.sharding == "replicate" else self.actor
         self.ref = None
         if self.algo.needs_ref(cfg):  # frozen reference, held the same way
-            ref_lm = load_model(self.model_path, dtype)
+            ref_lm = load_model(self.model_path, dtype, attn)
             self.ref = Actor(ref_lm, fused=fused).to(self.device).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
@@ -85,7 +93,7 @@ class Worker:
         warm = max(0, o.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         return {"params": sum(p.numel() for p in lm_params), "device": str(self.device),
-                "lm_head": head_msg, "sharding": self.sharding}
+                "lm_head": head_msg, "sharding": self.sharding, "attention": attn_msg, "packing": pack_msg}
 
     # ------------------------------------------------------------------ rollout
 
@@ -101,14 +109,11 @@ class Worker:
 
     # ------------------------------------------------------------------ update
 
-    @torch.no_grad()
-    def _logprobs(self, model, batch, chunks):
-        return torch.cat([model(slice_batch(batch, idx), self.cfg.rollout.temperature)[0] for idx in chunks])
-
     def train_step(self, adv, step: int) -> dict:
         """Old/ref log-probs, mini-batch updates, weight sync on the samples this rank kept from the
         step's rollout (prompt-major groups of rollout.n); `adv` are their group-normalised
-        advantages, in the same order."""
+        advantages, in the same order. Each mini-batch runs as micro-batches whose gradients add
+        up to the mini-batch's (update.py)."""
         cfg, t = self.cfg, {}
         if self._samples is None:
             raise RuntimeError("train_step without a kept rollout (generate(..., keep=True))")
@@ -118,39 +123,31 @@ class Worker:
             raise ValueError(f"train_step: {len(adv)} advantages for {len(responses)} kept samples")
         self.rollout.sleep()  # the engine's memory is the update's until the next sync
         self._seed(step, salt=1)  # Z-head dropout: reproducible per step
-        batch = make_batch(prompts, responses, self.tok.pad_token_id, self.device)
-        width = batch["targets"].shape[1]
-        rollout_lp = torch.tensor([lp + [0.0] * (width - len(lp)) for lp in rollout_lps], device=self.device)
         adv = torch.tensor(adv, dtype=torch.float32, device=self.device)
         chunks = mini_batches(cfg, len(responses) // cfg.rollout.n)
-        n_mb = len(chunks)
+        plans, totals = update.plan(prompts, responses, chunks, cfg.optim.micro_batch_tokens, self.packed,
+                                    self.algo.loss_units(cfg), self.world, self.device)
+        batches = [[update.micro_batch(prompts, responses, rollout_lps, idx, self.packed, self.tok.pad_token_id,
+                                       self.device) for idx in micros] for micros in plans]
         t0 = time.perf_counter()
-        ref_lp = self._logprobs(self.ref, batch, chunks) if self.ref is not None else None
+        temp = cfg.rollout.temperature
+        ref_lp = update.logprobs(self.ref, batches, temp) if self.ref is not None else None
         # Old log-probs only matter when the policy moves between mini-batches; with one
         # mini-batch the current log-probs (detached) are the old ones.
-        old_lp = self._logprobs(self.actor, batch, chunks) if n_mb > 1 else None
+        old_lp = update.logprobs(self.actor, batches, temp) if len(plans) > 1 else None
         t["time/logprob_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         self.actor.train()
         stats: dict[str, list[float]] = {}
-        sums: list[dict] = []  # the rollout's gap and correction, per mini-batch
+        sums: list[dict] = []  # the rollout's gap and correction, per micro-batch
         skipped, norms = 0, []
-        for idx in chunks:
-            mbatch = slice_batch(batch, idx)
-            mask = mbatch["response_mask"]
-            lp, ent, log_z = self.train_model(mbatch, cfg.rollout.temperature, entropy=True, log_z=self.algo.zhead)
-            old = old_lp[idx] if old_lp is not None else lp.detach()
-            ref = ref_lp[idx] if ref_lp is not None else None
-            gap = gap_sums(old, rollout_lp[idx], mask)
-            weight, wsums = rollout_weights(old, rollout_lp[idx], mask, cfg.rollout.correction, cfg.rollout.is_cap,
-                                            per_sequence=self.algo.per_sequence)
-            sums.append({**gap, **{"w_" + k: v for k, v in wsums.items()}})
-            loss, st = self.algo.loss(cfg, lp, old, ref, adv[idx], mask, log_z, weight)
-            st["loss"] = float(loss.detach())
-            st["entropy/mean"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
+        for b, micros in enumerate(plans):
             self.opt.zero_grad(set_to_none=True)
-            loss.backward()
+            st, s = update.accumulate(self.train_model, self.algo, cfg, responses, micros, batches[b], adv,
+                                      totals[b], self.world, old_lp[b] if old_lp else None,
+                                      ref_lp[b] if ref_lp else None)
+            sums += s
             norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.optim.grad_clip, foreach=True)
             norm = float(full_tensor(norm))
             if math.isfinite(norm):
@@ -163,6 +160,7 @@ class Worker:
         self.opt.zero_grad(set_to_none=True)
         self.sched.step()
         t["time/update_s"] = time.perf_counter() - t0
+        t["train/micro_batches"] = sum(len(m) for m in plans)
 
         t0 = time.perf_counter()
         if step % cfg.rollout.sync_every == 0:
@@ -170,7 +168,7 @@ class Worker:
         else:
             self.rollout.wake()  # the engine keeps the weights of the last sync
         t["time/sync_s"] = time.perf_counter() - t0
-        out = {k: sum(v) / len(v) for k, v in stats.items()}
+        out = {k: sum(v) / len(v) for k, v in stats.items()}  # the driver means them over workers
         out.update(t)
         out[ROLLOUT_SUMS] = pool_sums(sums)  # the driver pools them over workers
         out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
@@ -225,6 +223,16 @@ class Worker:
 
 
 ROLLOUT_SUMS = "rollout_sums"  # train_step's key for the sums of algos/correction.py
+
+
+def use_packing(setting: str, lm) -> tuple[bool, str]:
+    """data.packing resolved for this model: (on, a log line)."""
+    blocker = packing_blocker(lm)
+    if setting == "true" and blocker:
+        raise ConfigError(f"data.packing=true: {blocker}; packed rows are not read right by this model")
+    if setting == "false" or blocker:
+        return False, f"packing: off ({'data.packing=false' if setting == 'false' else blocker})"
+    return True, "packing: on (one row per micro-batch, no padded tokens)"
 
 
 def engine_log(cfg, rank: int) -> str | None:
