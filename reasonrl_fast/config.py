@@ -347,13 +347,14 @@ class OptimConfig(_Checks):
     mini_batch_prompts: int = 16
     """Prompts per mini-batch update (all their responses); fewer than prompts_per_step gives
     several updates per step, and then old log-probs are computed before the first."""
-    micro_batch_tokens: int = 0
+    micro_batch_tokens: int = 16384
     """The most tokens one forward of a worker takes (prompt + response, as the forward sees
     them: the real tokens of packed rows, or rows x the longest row when padded). A mini-batch
     with more runs as several micro-batches with gradient accumulation, in the update and in the
     old and reference log-prob passes; the sequences are grouped by length so that the
-    micro-batches are balanced, and every worker runs the same number. 0: each mini-batch in one
-    forward."""
+    micro-batches are balanced, and every worker runs the same number. A sequence longer than
+    this runs in a forward of its own (a sequence is never split). 0: each mini-batch in one
+    forward. `python -m reasonrl_fast.plan` says what a budget costs in memory."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     """AdamW betas."""
 
@@ -493,12 +494,6 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.prompts_per_step={p} over {world} workers in {n_mb} mini-batches "
                           f"(optim.mini_batch_prompts={cfg.optim.mini_batch_prompts}) leaves a worker a "
                           f"mini-batch without prompts: each needs at least one prompt per mini-batch")
-    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if 0 < cfg.optim.micro_batch_tokens < longest:  # a sequence is never split over forwards
-        raise ConfigError(f"optim.micro_batch_tokens={cfg.optim.micro_batch_tokens}: one sequence can be "
-                          f"{longest} tokens (data.max_prompt_length={cfg.data.max_prompt_length} + "
-                          f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}); set it at least that "
-                          f"(or 0: a mini-batch per forward)")
     if not cfg.data.train_files:  # the embedded task: its scorer's sandbox limit, its own limits
         task = get_task(cfg.data.task)
         check_sandbox_timeout(cfg, [task.source])

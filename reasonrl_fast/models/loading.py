@@ -9,7 +9,7 @@ import os
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from reasonrl_fast.errors import UserError
+from reasonrl_fast.errors import ConfigError, UserError
 
 
 class ModelPathError(UserError, FileNotFoundError):
@@ -64,6 +64,19 @@ def attention_implementation(device: torch.device, dtype: torch.dtype) -> tuple[
     if dtype != torch.bfloat16:
         return "sdpa", "attention: sdpa (flash-attn needs bf16 weights: model.dtype=bfloat16)"
     return "flash_attention_2", "attention: flash_attention_2 (packed rows through flash-attn's variable-length kernels)"
+
+
+def enable_checkpointing(model) -> None:
+    """Activation checkpointing of every decoder layer, non-reentrant (so it composes with FSDP2's
+    hooks and with inputs that need no gradient); transformers' own switch, under its current
+    name where it has one."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"model.gradient_checkpointing=true: {type(model).__name__} does not support it")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.20
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 PACKED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")

@@ -19,7 +19,8 @@ from reasonrl_fast.algos import get_algo
 from reasonrl_fast.algos.correction import pool_sums
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.models.lm_head import use_fused
-from reasonrl_fast.models.loading import attention_implementation, load_model, load_tokenizer, packing_blocker
+from reasonrl_fast.models.loading import (attention_implementation, enable_checkpointing, load_model, load_tokenizer,
+                                          packing_blocker)
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer.fsdp import (full_tensor, init_distributed, iter_full, rendezvous_socket, replicate, shard,
@@ -56,9 +57,7 @@ class Worker:
                                     self.device, engine_log(cfg, self.rank), log=self._log)
         self.packed, pack_msg = use_packing(cfg.data.packing, lm)
         if cfg.model.gradient_checkpointing:  # after the rollout's copy: only the trained model recomputes
-            if not getattr(lm, "supports_gradient_checkpointing", False):
-                raise ConfigError(f"model.gradient_checkpointing=true: {type(lm).__name__} does not support it")
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(lm)
         bf16 = self.device.type == "cuda"
         self.algo = get_algo(cfg.algo)
         self._samples: tuple[list, list, list] | None = None  # the step's (prompts, responses, log-probs)
