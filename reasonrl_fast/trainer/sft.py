@@ -24,9 +24,11 @@ SFT_VERSION = 4  # bump when the supervised recipe or the saved tokenizer change
 
 
 def sft_cache_path(cfg) -> str:
-    # The head's log-prob path does not shape the warm start: leaving it out keeps one cache for
-    # both settings (and the hash of configs written before the key existed).
-    model = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k != "fused_lm_head"}
+    # The head's log-prob path and the RL update's checkpointing do not shape the warm start:
+    # leaving them out keeps one cache for every setting (and the hash of configs written before
+    # the keys existed).
+    model = {k: v for k, v in dataclasses.asdict(cfg.model).items()
+             if k not in ("fused_lm_head", "gradient_checkpointing")}
     parts = [model, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.data.digits, cfg.data.carry_slip_prob,
              cfg.data.carry_frac, cfg.data.flaw_prob, cfg.trainer.seed, SFT_VERSION]
     parts += get_task(cfg.data.task).sft_key  # tasks with other demonstrations add to the key
