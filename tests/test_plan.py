@@ -1,0 +1,191 @@
+"""The memory planner (`python -m reasonrl_fast.plan`): its parameter counts against models built by
+transformers, its activation bytes against what autograd saves, its CLI errors, the configs under
+configs/ fitting 80 GB GPUs, and (e2e) its CPU estimate against the peak a real run measures."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from reasonrl_fast import plan
+from reasonrl_fast.config import load_config
+from reasonrl_fast.plan_shapes import SHAPES
+from tests.helpers.train import ROOT, read_metrics, repo_env
+
+CONFIGS = os.path.join(ROOT, "configs")
+
+
+def _meta_params(config) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=100)
+
+
+@pytest.mark.parametrize("config", [
+    Qwen2Config(**SMALL), Qwen2Config(**SMALL, tie_word_embeddings=True),
+    Qwen3Config(**SMALL, head_dim=32, attention_bias=True), LlamaConfig(**SMALL, attention_bias=True, mlp_bias=True),
+    LlamaConfig(**SMALL, tie_word_embeddings=True)], ids=["qwen2", "qwen2-tied", "qwen3-bias", "llama-biases", "llama-tied"])
+def test_parameter_count_equals_the_built_model(config):
+    assert plan.shape_from_config(config.to_dict(), "x").params == _meta_params(config)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_shipped_shapes_count_like_transformers(name):
+    d = {k: v for k, v in SHAPES[name].items() if not k.startswith("_")}
+    config = (Qwen3Config if d["model_type"] == "qwen3" else Qwen2Config)(**d)
+    assert plan.shape_from_config(SHAPES[name], name).params == _meta_params(config)
+
+
+def test_embedded_tiny_shape_is_the_trainer_model():
+    from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
+
+    cfg = load_config(None, ["model.hidden_size=64", "model.num_layers=3", "model.intermediate_size=96"])
+    tok = char_tokenizer()
+    model = tiny_model(cfg.model, len(tok), tok)
+    assert plan.tiny_shape(cfg.model).params == sum(p.numel() for p in model.parameters())
+    from reasonrl_fast.ops import ZHead
+
+    assert plan.zhead_params(64, 3) == sum(p.numel() for p in ZHead(64, num_layers=3).parameters())
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_layer_bytes_match_what_autograd_saves(packed):
+    """The activation term against the bytes of every tensor autograd saves in a real forward of a
+    Qwen2 model with sdpa (float32, CPU), parameters left out: within 10 %."""
+    H, layers, heads, rows, seq = 128, 2, 4, 4, 24
+    config = Qwen2Config(vocab_size=50, hidden_size=H, intermediate_size=4 * H, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=heads // 2, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(config).train()
+    if packed:
+        ids, pos, attn = torch.randint(0, 50, (1, rows * seq)), torch.arange(seq).repeat(rows)[None], None
+    else:
+        ids, pos = torch.randint(0, 50, (rows, seq)), torch.arange(seq)[None].expand(rows, -1)
+        attn = torch.ones(rows, seq, dtype=torch.long)
+        attn[:, :3] = 0
+    saved = {}
+
+    def keep(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    measured = sum(n for ptr, n in saved.items() if ptr not in params)
+    s = plan.shape_from_config(config.to_dict(), "x")
+    f = plan.Forward(rows, rows * seq, 0, (rows * seq) ** 2 if packed else rows * seq * seq)
+    est = plan.activation_bytes(s, f, 4, ckpt=False, flash=False)
+    assert abs(est - measured) / measured < 0.10, (est, measured)
+    # checkpointing keeps a hidden state per layer and token plus one layer's set
+    assert plan.activation_bytes(s, f, 4, ckpt=True, flash=False) < est
+
+
+def test_terms_by_hand():
+    """7.6 B bf16 parameters over 8 FSDP2 ranks: parameters 2 B, gradients 2 B, Adam 4 B per
+    parameter and rank; the vLLM engine takes its fraction of the card in the rollout only."""
+    cfg = load_config(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"), ["algo=grpo"])
+    s = plan.shape_from_config(SHAPES["Qwen2.5-7B"], "x")
+    est = plan.estimate(cfg, s, "gpu", 80.0)
+    t = {x.name: x for x in est.terms}
+    assert t["policy parameters"].update == pytest.approx(s.params * 2 / 8 / 2**30)
+    assert t["AdamW states (2)"].rollout == pytest.approx(2 * t["policy parameters"].rollout)
+    assert t["vLLM engine"].rollout == pytest.approx(0.7 * 80) and t["vLLM engine"].update == 0
+    assert "reference model" not in t  # GRPO without KL
+    ref = plan.estimate(load_config(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"), []), s, "gpu", 80.0)
+    assert "reference model" in {x.name for x in ref.terms}
+    off = plan.estimate(load_config(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"),
+                                    ["model.gradient_checkpointing=false"]), s, "gpu", 80.0)
+    assert not off.fits and off.phase == "update"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(CONFIGS) if n.endswith(".yaml")))
+def test_every_config_fits_80gb_at_its_gpu_count(name, capsys):
+    """The configs' done-criterion: the planner says each fits its stated GPU count of 80 GB. The
+    32B ones fit in the rollout and update phases; their setup does not while trainer/worker.py
+    moves the whole policy (61 GiB) to the GPU before sharding it, beside the vLLM engine
+    (docs/scaling.md)."""
+    est = plan.main([os.path.join(CONFIGS, name)])
+    out = capsys.readouterr().out
+    if "32b" in name:
+        assert est.phase == "setup" and not est.problems, out
+        assert max(est.rollout, est.update) <= est.memory_gib - est.reserve_gib, out
+    else:
+        assert est.fits, out
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "reasonrl_fast.plan", *args], cwd=ROOT, env=repo_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    p = _cli(f"model.path={tmp_path / 'Unknown-1B'}")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no shipped shape is named 'Unknown-1B'" in p.stderr
+    for bad in ("12", "0", "x"):
+        p = _cli("--gpus", bad)
+        assert p.returncode == 2 and p.stderr.startswith("error: --gpus") and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_cli_exit_status_says_whether_it_fits(tmp_path):
+    p = _cli(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"))
+    assert p.returncode == 0 and "shipped shape of Qwen/Qwen2.5-7B" in p.stdout and "fits" in p.stdout
+    p = _cli(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"), "model.gradient_checkpointing=false",
+             "optim.micro_batch_tokens=0", "--gpus", "16")
+    assert p.returncode == 1 and "to fit: set " in p.stdout and "on 16 GPUs" in p.stdout, p.stdout
+
+
+def test_gpus_sets_nodes_and_workers():
+    assert plan.gpu_overrides("4") == ["trainer.nnodes=1", "trainer.workers_per_node=4"]
+    assert plan.gpu_overrides("32") == ["trainer.nnodes=4", "trainer.workers_per_node=8"]
+
+
+# ---------------------------------------------------------------- against measured CPU peaks
+
+# Model terms well above the process baseline (~0.54 GiB): 32 M parameters (x6-7 copies: policy,
+# gradients, DDP buckets, Adam, the rollout's copy, the reference) and up to 0.5 GiB of activations;
+# 32k-vocabulary logits. A random model (sft.steps=0 or a fresh directory) samples long responses.
+BASE = ["trainer.steps=2", "trainer.val_every=0", "data.prompts_per_step=8", "optim.mini_batch_prompts=8",
+        "rollout.n=4", "rollout.max_new_tokens=64", "data.max_prompt_length=8", "data.val_size=8"]
+WIDE = ["sft.steps=0", "model.hidden_size=512", "model.intermediate_size=2048", "model.num_layers=8",
+        "model.num_heads=8"]
+
+
+def _vocab_model(path) -> str:
+    from reasonrl_fast.models.tiny import char_tokenizer
+
+    tok = char_tokenizer()
+    config = Qwen2Config(vocab_size=32000, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=False, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_cpu_estimate_within_25_percent_of_measured_peaks(train, tmp_path, capsys):
+    """Three runs: FlowRL on a wide embedded model (packed, no checkpointing: activations and the
+    reference count), GRPO with a 32k vocabulary (unfused logits), GRPO with checkpointing and
+    padded micro-batches of 4 sequences (a planner ignoring either is ~50 % off on this one)."""
+    runs = {
+        "flowrl-wide": ["algo=flowrl", *WIDE],
+        "grpo-vocab32k": ["algo=grpo", f"model.path={_vocab_model(tmp_path / 'vocab32k')}"],
+        "grpo-ckpt-micro": ["algo=grpo", *WIDE, "model.gradient_checkpointing=true", "data.packing=false",
+                            "optim.micro_batch_tokens=288"],
+    }
+    table = []
+    for name, args in runs.items():
+        out = tmp_path / name
+        train([*BASE, *args, f"trainer.output_dir={out}"], tmp_path, tiny=False, timeout=400)
+        measured = max(r["memory/peak_gb"] for r in read_metrics(out))
+        est = plan.main([*BASE, *args, "--device", "cpu"]).peak
+        table.append((name, measured, est))
+    capsys.readouterr()
+    for name, measured, est in table:
+        assert abs(est - measured) / measured <= 0.25, table
