@@ -1,6 +1,7 @@
 """The benchmark harness on CPU at tiny sizes, every per-op script's `--device cpu --quick`,
-gpu_check.py's dry run on CPU (no build, no tests), and bench_rollout.py's figures, RESULTS.md
-section and process-tree memory on made-up runs (its real runs take minutes). The scripts run as
+gpu_check.py's dry run on CPU (no build, no tests), bench_update.py's `--smoke`, and
+bench_rollout.py's figures, RESULTS.md section and process-tree memory on made-up runs (its real
+runs take minutes). The scripts run as
 concurrent subprocesses with one thread each: about 35 s on the 2-core development machine under
 load."""
 
@@ -46,6 +47,11 @@ def script_runs(tmp_path_factory):
         procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True)
     (tmp / "RESULTS.md").write_text("# Results\n\n<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->\n")
+    (tmp / "UPDATE.md").write_text("# Results\n\n<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->\n")
+    procs["update"] = subprocess.Popen(
+        [sys.executable, os.path.join(BENCH, "bench_update.py"), "--smoke", "--json", str(tmp / "update.json"),
+         "--write", str(tmp / "UPDATE.md")],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     procs["gpu_check"] = subprocess.Popen(
         [sys.executable, os.path.join(BENCH, "gpu_check.py"), "--device", "cpu", "--no-build", "--skip-tests",
          "--quick", "--benchmarks", "tb_loss", "--providers", "ours,eager", "--out", str(tmp / "check"),
@@ -213,6 +219,30 @@ def test_gpu_check_dry_run_writes_its_results_file(script_runs):
     results = (tmp / "RESULTS.md").read_text()
     assert "<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->" in results
     assert "<!-- ops-gpu:begin -->" in results and "| tb_loss |" in results
+
+
+def test_update_bench_smoke_measures_every_setting(script_runs):
+    import bench_update
+
+    tmp, out = script_runs
+    rc, text = out["update"]
+    assert rc == 0, text[-2000:]
+    rows = {r["setting"]: r for r in json.loads((tmp / "update.json").read_text())["rows"]}
+    assert list(rows) == list(bench_update.SETTINGS)
+    pad, packed = rows["padded"], rows["packed"]
+    # packed rows hold exactly the real tokens, padded ones more; a budget cuts into several forwards
+    assert packed["positions"] == packed["tokens"] == pad["tokens"] < pad["positions"]
+    assert pad["forwards"] == packed["forwards"] == 1
+    assert rows["padded, budget"]["forwards"] > 1 and rows["packed, budget"]["forwards"] > 1
+    assert pad["tokens"] <= rows["padded, budget"]["positions"] < pad["positions"]
+    for r in rows.values():
+        assert len(r["times_s"]) == 2 and all(t > 0 for t in r["times_s"]) and r["peak_mib"] is not None
+    # checkpointing holds fewer bytes for the backward than the same layout without it
+    assert rows["packed, checkpointing"]["saved_largest_mib"] < packed["saved_largest_mib"] / 2
+    assert rows["packed, budget, checkpointing"]["saved_all_mib"] < rows["packed, budget"]["saved_all_mib"] / 2
+    md = (tmp / "UPDATE.md").read_text()
+    assert "<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->" in md
+    assert md.count("<!-- update-layouts-cpu:begin -->") == 1 and "| packed, budget, checkpointing | " in md
 
 
 def test_gpu_check_rejects_an_unknown_benchmark():
