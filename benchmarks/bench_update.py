@@ -16,13 +16,14 @@ prompts x 8 responses; prompt lengths uniform in 20..60 (one per prompt); respon
 long-tailed with a 10x spread: length = 12 x 10^(u^2), u uniform in [0, 1] (median about 21,
 one in six above 60), with one response at exactly 12 and one at 120.
 
-Settings (SETTINGS), all in the same run: padded / packed rows, one forward
+Settings (SETTINGS), all in the same run: padded rows / packed rows as long as the longest
+sequence (the trainer's packing for sdpa) / one packed row (its packing for flash-attn), one forward
 (`optim.micro_batch_tokens=0`) or micro-batches of at most --budget tokens, checkpointing off or
 on (`models.loading.enable_checkpointing`). Per setting:
 - time: the median and the range of --reps updates after --warmup, the settings interleaved
   round by round (each round in another order), so a change in the machine's load falls on all;
 - positions: the token positions the forwards saw (rows x width summed over micro-batches:
-  padding included) against the real tokens (prompt + response);
+  padding and packed rows' tails included) against the real tokens (prompt + response);
 - peak: in a fresh subprocess per setting, after one warm-up update, the growth of the resident
   set during one update (harness.peak_memory_mb: VmHWM reset through /proc/self/clear_refs right
   before it, free heap pages handed back first), gradients set to None before it so their
@@ -58,14 +59,19 @@ from results_md import publish  # noqa: E402
 MARKER = "update-layouts-cpu"
 MIB = 2**20
 
-# name: (packed, budgeted, checkpointing); the first is the baseline
+# name: (layout, budgeted, checkpointing); the first is the baseline. Layouts: padded rows;
+# packed rows as long as the longest sequence (what the trainer packs into for sdpa and eager);
+# one packed row (what it packs into for flash-attn's variable-length kernels, here through sdpa's
+# block-diagonal mask, whose cost grows with the row's length squared).
 SETTINGS = {
-    "padded": (False, False, False),
-    "packed": (True, False, False),
-    "padded, budget": (False, True, False),
-    "packed, budget": (True, True, False),
-    "packed, budget, checkpointing": (True, True, True),
-    "packed, checkpointing": (True, False, True),
+    "padded": ("padded", False, False),
+    "packed": ("rows", False, False),
+    "packed, one row": ("one row", False, False),
+    "padded, budget": ("padded", True, False),
+    "packed, budget": ("rows", True, False),
+    "packed, one row, budget": ("one row", True, False),
+    "packed, budget, checkpointing": ("rows", True, True),
+    "packed, checkpointing": ("rows", False, True),
 }
 
 SIZES = {
@@ -114,7 +120,8 @@ class Setting:
         from reasonrl_fast.trainer import update
         from reasonrl_fast.trainer.policy import Actor
 
-        packed, budgeted, ckpt = SETTINGS[name]
+        layout, budgeted, ckpt = SETTINGS[name]
+        packed = layout != "padded"
         self.name, self.update = name, update
         self.cfg = load_config(None, ["algo=grpo", "grpo.loss_agg=token-mean", "rollout.correction=none",
                                       f"rollout.n={s['n']}"])
@@ -128,8 +135,8 @@ class Setting:
         plans, totals = update.plan(prompts, self.responses, chunk, budget, packed,
                                     self.algo.loss_units(self.cfg), 1, "cpu")
         self.idxs, self.total = plans[0], totals[0]
-        self.batches = [update.micro_batch(prompts, self.responses, rollout, idx, packed, 0, "cpu")
-                        for idx in self.idxs]
+        self.batches = [update.micro_batch(prompts, self.responses, rollout, idx, packed, 0, "cpu",
+                                           one_row=layout == "one row") for idx in self.idxs]
         self.positions = sum(b["input_ids"].numel() for b, _ in self.batches)
         self.tokens = sum(len(p) + len(r) for p, r in zip(prompts, self.responses))
 

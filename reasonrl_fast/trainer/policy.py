@@ -62,14 +62,14 @@ class Actor(nn.Module):
         return lp, ent, z
 
     def _packed(self, batch: dict, temperature: float, entropy: bool, log_z: bool):
-        """The packed row's forward: the head runs on the positions that predict response tokens
-        only (gathered from the row), and their log-probs are scattered back into the padded
+        """The packed rows' forward: the head runs on the positions that predict response tokens
+        only (gathered from the rows), and their log-probs are scattered back into the padded
         [B, R] layout the losses read."""
         mask = batch["response_mask"].bool()
         at = batch["response_index"][mask]  # row positions predicting the real response tokens
         targets = batch["targets"][mask]
         if self.plain_head:
-            h = self._hidden(batch)[0]
+            h = self._hidden(batch).flatten(0, 1)  # the rows end to end
             if self.fused:
                 res = linear_token_logprob(h[at], self.lm.lm_head.weight, targets, temperature=temperature,
                                            return_entropy=entropy)
@@ -78,8 +78,8 @@ class Actor(nn.Module):
                                     return_entropy=entropy)
         else:
             h, logits = self._model_logits(batch, 0)  # logits of every row position
-            h = h[0]
-            res = token_logprob(logits[0][at], targets, temperature=temperature, return_entropy=entropy)
+            h = h.flatten(0, 1)
+            res = token_logprob(logits.flatten(0, 1)[at], targets, temperature=temperature, return_entropy=entropy)
         lp, ent = (res if entropy else (res, None))
         lp = lp.new_zeros(mask.shape).masked_scatter(mask, lp)
         ent = ent.new_zeros(mask.shape).masked_scatter(mask, ent) if ent is not None else None
@@ -135,22 +135,48 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
     return batch
 
 
-def make_packed_batch(prompts: list[list[int]], responses: list[list[int]], device) -> dict:
-    """The sequences (prompt + response) concatenated into one row [1, T] with position ids that
-    restart at 0 for each, so no padded token enters the forward. `targets`/`response_mask` keep
-    the padded [B, R] layout of `make_batch`; `response_index` [B, R] is the row position that
-    predicts each response token, `prompt_index`/`prompt_mask` [B, P] the prompt's positions."""
-    ids, pos, resp_at, prompt_at = [], [], [], []
-    for pr, rs in zip(prompts, responses):
-        start, n = len(ids), len(pr) + len(rs)
-        ids += list(pr) + list(rs)
-        pos += range(n)
-        resp_at.append([start + len(pr) - 1 + t for t in range(len(rs))])
-        prompt_at.append(list(range(start, start + len(pr))))
+def make_packed_batch(prompts: list[list[int]], responses: list[list[int]], device, pad_id: int = 0,
+                      one_row: bool = True) -> dict:
+    """The sequences (prompt + response) concatenated into rows with position ids that restart at
+    0 for each, so no padded token enters a sequence's attention. `one_row`: all in one row [1, T]
+    (flash-attn's variable-length kernels cost each sequence only its own length). Else rows as
+    long as the longest sequence, filled longest first (first fit), their tails padded as blocks
+    of their own: attention through a block-diagonal mask (sdpa, eager) costs each row its full
+    length squared, so a row no longer than the padded layout's keeps it at most the padded
+    cost. `targets`/`response_mask` keep the padded [B, R] layout of `make_batch`;
+    `response_index` [B, R] is the position (in the rows laid end to end) that predicts each
+    response token, `prompt_index`/`prompt_mask` [B, P] the prompt's positions."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    width = sum(lengths) if one_row else max(lengths)
+    rows: list[list[int]] = []  # sequence indices per row, first fit by decreasing length
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        j = next((j for j, r in enumerate(room) if r >= lengths[i]), None)
+        if j is None:
+            rows.append([])
+            room.append(width)
+            j = len(rows) - 1
+        rows[j].append(i)
+        room[j] -= lengths[i]
+    width = max(width - min(room), 1)  # the fullest row's length
+    ids, pos = [], []
+    resp_at: list[list[int]] = [[] for _ in lengths]
+    prompt_at: list[list[int]] = [[] for _ in lengths]
+    for row in rows:
+        for i in row:
+            start, pr, rs = len(ids), prompts[i], responses[i]
+            ids += list(pr) + list(rs)
+            pos += range(lengths[i])
+            resp_at[i] = [start + len(pr) - 1 + t for t in range(len(rs))]
+            prompt_at[i] = list(range(start, start + len(pr)))
+        tail = (-len(ids)) % width
+        ids += [pad_id] * tail
+        pos += range(tail)
     r = max(1, max(len(x) for x in responses))
     p = max(len(x) for x in prompts)
     targets = torch.tensor([list(rs) + [-100] * (r - len(rs)) for rs in responses], dtype=torch.long)
-    batch = {"input_ids": torch.tensor([ids], dtype=torch.long), "position_ids": torch.tensor([pos], dtype=torch.long),
+    batch = {"input_ids": torch.tensor(ids, dtype=torch.long).view(-1, width),
+             "position_ids": torch.tensor(list(pos), dtype=torch.long).view(-1, width),
              "targets": targets, "response_mask": (targets != -100).float(),
              "response_index": torch.tensor([a + [0] * (r - len(a)) for a in resp_at], dtype=torch.long),
              "prompt_index": torch.tensor([a + [0] * (p - len(a)) for a in prompt_at], dtype=torch.long),

@@ -47,13 +47,14 @@ def plan(prompts, responses, chunks: list[slice], budget: int, packed: bool, kin
     return micros, [max(float(t), 1.0) for t in totals]
 
 
-def micro_batch(prompts, responses, rollout_lps, idx, packed: bool, pad_id: int, device) -> tuple[dict, torch.Tensor]:
-    """One micro-batch's tensors (packed or padded) and its sampler log-probs [B, R]. An empty
-    micro-batch (a worker with fewer sequences than forwards) stands in with sample 0, which
-    `accumulate` weighs 0."""
+def micro_batch(prompts, responses, rollout_lps, idx, packed: bool, pad_id: int, device,
+                one_row: bool = False) -> tuple[dict, torch.Tensor]:
+    """One micro-batch's tensors (packed, in one row or several, or padded) and its sampler
+    log-probs [B, R]. An empty micro-batch (a worker with fewer sequences than forwards) stands
+    in with sample 0, which `accumulate` weighs 0."""
     idx = idx or [0]
     ps, rs = [prompts[i] for i in idx], [responses[i] for i in idx]
-    batch = make_packed_batch(ps, rs, device) if packed else make_batch(ps, rs, pad_id, device)
+    batch = make_packed_batch(ps, rs, device, pad_id, one_row) if packed else make_batch(ps, rs, pad_id, device)
     width = batch["targets"].shape[1]
     lp = torch.tensor([rollout_lps[i] + [0.0] * (width - len(rollout_lps[i])) for i in idx], device=device)
     return batch, lp

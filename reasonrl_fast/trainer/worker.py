@@ -55,7 +55,7 @@ class Worker:
         lm = load_model(self.model_path, dtype, attn)
         self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id,
                                     self.device, engine_log(cfg, self.rank), log=self._log)
-        self.packed, pack_msg = use_packing(cfg.data.packing, lm)
+        self.packed, self.one_row, pack_msg = use_packing(cfg.data.packing, lm)
         if cfg.model.gradient_checkpointing:  # after the rollout's copy: only the trained model recomputes
             enable_checkpointing(lm)
         bf16 = self.device.type == "cuda"
@@ -127,7 +127,7 @@ class Worker:
         plans, totals = update.plan(prompts, responses, chunks, cfg.optim.micro_batch_tokens, self.packed,
                                     self.algo.loss_units(cfg), self.world, self.device)
         batches = [[update.micro_batch(prompts, responses, rollout_lps, idx, self.packed, self.tok.pad_token_id,
-                                       self.device) for idx in micros] for micros in plans]
+                                       self.device, self.one_row) for idx in micros] for micros in plans]
         t0 = time.perf_counter()
         temp = cfg.rollout.temperature
         ref_lp = update.logprobs(self.ref, batches, temp) if self.ref is not None else None
@@ -224,14 +224,19 @@ class Worker:
 ROLLOUT_SUMS = "rollout_sums"  # train_step's key for the sums of algos/correction.py
 
 
-def use_packing(setting: str, lm) -> tuple[bool, str]:
-    """data.packing resolved for this model: (on, a log line)."""
+def use_packing(setting: str, lm) -> tuple[bool, bool, str]:
+    """data.packing resolved for this model: (on, in one row, a log line). One row where the
+    attention has variable-length kernels (flash-attn); else rows as long as the micro-batch's
+    longest sequence (policy.make_packed_batch says why)."""
     blocker = packing_blocker(lm)
     if setting == "true" and blocker:
         raise ConfigError(f"data.packing=true: {blocker}; packed rows are not read right by this model")
     if setting == "false" or blocker:
-        return False, f"packing: off ({'data.packing=false' if setting == 'false' else blocker})"
-    return True, "packing: on (one row per micro-batch, no padded tokens)"
+        return False, False, f"packing: off ({'data.packing=false' if setting == 'false' else blocker})"
+    if lm.config._attn_implementation.startswith("flash_attention"):
+        return True, True, "packing: on (one row per micro-batch, flash-attn's variable-length kernels)"
+    return True, False, (f"packing: on (rows as long as a micro-batch's longest sequence: "
+                         f"{lm.config._attn_implementation} attends through a block-diagonal mask)")
 
 
 def engine_log(cfg, rank: int) -> str | None:

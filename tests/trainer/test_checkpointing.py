@@ -27,7 +27,7 @@ def saved_and_grads(actor, batch):
 @pytest.mark.parametrize("fused", [False, True])
 def test_checkpointing_keeps_gradients_and_drops_activations(packed, fused):
     prompts, responses = random_samples(8)
-    batch = make_packed_batch(prompts, responses, "cpu") if packed else make_batch(prompts, responses, 0, "cpu")
+    batch = make_packed_batch(prompts, responses, "cpu", 0, one_row=False) if packed else make_batch(prompts, responses, 0, "cpu")
     lm = tiny("qwen2", num_hidden_layers=4)
     actor = Actor(lm, 2, fused=fused).double()
     actor.train()

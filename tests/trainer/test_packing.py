@@ -34,11 +34,11 @@ def run(actor, batch):
     return lp.detach(), ent.detach(), z.detach(), {n: p.grad.clone() for n, p in actor.named_parameters()}
 
 
-def check_same(actor, prompts, responses):
+def check_same(actor, prompts, responses, one_row):
     torch.manual_seed(1)
     padded = run(actor, make_batch(prompts, responses, 0, "cpu"))
     torch.manual_seed(1)
-    packed = run(actor, make_packed_batch(prompts, responses, "cpu"))
+    packed = run(actor, make_packed_batch(prompts, responses, "cpu", 0, one_row))
     for a, b in zip(padded[:3], packed[:3]):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
@@ -54,23 +54,42 @@ def random_samples(b=6):
     return prompts, responses
 
 
+@pytest.mark.parametrize("one_row", [True, False])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("family", sorted(CONFIGS))
-def test_packed_rows_equal_padded_rows(family, fused):
+def test_packed_rows_equal_padded_rows(family, fused, one_row):
     assert family in PACKED_FAMILIES
     lm = tiny(family)
     actor = Actor(lm, 2, fused=fused).double().eval()  # eval: no Z-head dropout
-    check_same(actor, *random_samples())
+    check_same(actor, *random_samples(), one_row)
 
 
-def test_packed_rows_through_the_models_own_head():
+@pytest.mark.parametrize("one_row", [True, False])
+def test_packed_rows_through_the_models_own_head(one_row):
     """A head the model's forward transforms (here a biased LM head) runs the full forward on the
-    packed row; the response positions are gathered from its logits."""
+    packed rows; the response positions are gathered from its logits."""
     lm = tiny("qwen2")
     lm.lm_head = torch.nn.Linear(32, 37, bias=True).double()
     actor = Actor(lm, 2).double().eval()
     assert not actor.plain_head
-    check_same(actor, *random_samples())
+    check_same(actor, *random_samples(), one_row)
+
+
+def test_rows_are_as_long_as_the_longest_sequence():
+    """Several rows: each at most the longest sequence long (the padded layout's width), filled
+    longest first, so there are fewer rows than sequences and every real token appears once."""
+    prompts = [[5] * 3, [6] * 2, [7] * 4, [8] * 2, [9] * 1]
+    responses = [[4] * 9, [4] * 2, [4] * 1, [4] * 3, [4] * 2]  # lengths 12, 4, 5, 5, 3
+    b = make_packed_batch(prompts, responses, "cpu", 0, one_row=False)
+    assert b["input_ids"].shape == (3, 12)  # [12], [5, 5], [4, 3] (+ a tail of 5 padding)
+    assert int((b["input_ids"] != 0).sum()) == 29
+    flat = b["input_ids"].flatten()
+    for i, (pr, rs) in enumerate(zip(prompts, responses)):
+        at = b["prompt_index"][i][: len(pr)]
+        assert flat[at].tolist() == pr
+        assert flat[b["response_index"][i][: len(rs)] + 1].tolist() == rs  # the next position holds the token
+    one = make_packed_batch(prompts, responses, "cpu", 0, one_row=True)
+    assert one["input_ids"].shape == (1, 29)
 
 
 def test_restarting_positions_matter():
@@ -86,11 +105,13 @@ def test_restarting_positions_matter():
 
 def test_packing_setting_resolves_per_model():
     qwen = tiny("qwen2")
-    assert use_packing("auto", qwen)[0] and use_packing("true", qwen)[0]
-    assert use_packing("false", qwen) == (False, "packing: off (data.packing=false)")
+    on, one_row, msg = use_packing("auto", qwen)
+    assert on and not one_row and "block-diagonal" in msg  # sdpa: rows of the longest sequence
+    assert use_packing("true", qwen)[0]
+    assert use_packing("false", qwen) == (False, False, "packing: off (data.packing=false)")
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20))
     assert "gpt2" in packing_blocker(gpt2)
-    on, msg = use_packing("auto", gpt2)
+    on, _, msg = use_packing("auto", gpt2)
     assert not on and "gpt2" in msg
     with pytest.raises(ConfigError, match="data.packing=true: model_type 'gpt2'"):
         use_packing("true", gpt2)
