@@ -103,19 +103,23 @@ def shape_from_config(d: dict, where: str) -> Shape:
 
 
 def load_shape(path: str, what: str) -> tuple[Shape, str | None]:
-    """(shape, a note when the shipped shape stands in for a directory without config.json)."""
+    """(shape, a note when the shipped shape stands in for a directory without config.json); `what`
+    names the setting in messages (`model.path='/models/X'`)."""
     cfg_file = os.path.join(path, "config.json")
     if os.path.isfile(cfg_file):
         try:
             with open(cfg_file) as f:
-                return shape_from_config(json.load(f), cfg_file), None
+                d = json.load(f)
         except (OSError, ValueError) as e:
-            raise ConfigError(f"{what}={path!r}: config.json cannot be read ({e})") from None
+            raise ConfigError(f"{what}: config.json cannot be read ({e})") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{what}: config.json is not a JSON object")
+        return shape_from_config(d, f"{what}: config.json"), None
     name = os.path.basename(os.path.normpath(path))
     if name in SHAPES:
         return (shape_from_config(SHAPES[name], f"plan_shapes.SHAPES[{name!r}]"),
-                f"{what}={path!r} has no config.json here: using the shipped shape of {SHAPES[name]['_source']}")
-    raise ConfigError(f"{what}={path!r}: no config.json there, and no shipped shape is named {name!r} "
+                f"{what} has no config.json here: using the shipped shape of {SHAPES[name]['_source']}")
+    raise ConfigError(f"{what}: no config.json there, and no shipped shape is named {name!r} "
                       f"(shipped: {', '.join(SHAPES)}); give a local model directory (only its config.json is read)")
 
 
@@ -367,9 +371,11 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
 
     # setup: the worker moves the whole policy to the device before sharding it (trainer/worker.py
     # setup), beside the engine that make_rollout has already started there
+    # (and then the whole reference beside the policy's shards)
     if gpu and mode == "fsdp":
         first = next(x.rollout for x in est.terms if x.name in ("vLLM engine", "HF rollout copy"))
-        est.setup = first + _gib(pol * b) + sum(x.rollout for x in est.terms if x.name.startswith("GenRM"))
+        whole = max(pol * b, pol * b / world + lm * b) if algo.needs_ref(cfg) else pol * b
+        est.setup = first + _gib(whole) + sum(x.rollout for x in est.terms if x.name.startswith("GenRM"))
     if not gpu:
         est.notes.append("CPU: a worker's max RSS; the GenRM and the reward workers live in other processes")
     return est
@@ -397,9 +403,13 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
 
     phase = est.phase
     if phase == "setup":
-        return out + [f"setup needs {est.setup:.1f} GiB: the worker moves the whole policy to the GPU before "
-                      f"sharding it (trainer/worker.py), beside the rollout engine; lower the engine's memory "
-                      f"(rollout.gpu_memory_utilization) where vLLM still fits (more GPUs do not shrink it)"]
+        why = (f"setup needs {est.setup:.1f} GiB: the worker moves the whole policy to the GPU before sharding "
+               f"it (trainer/worker.py), beside the rollout engine")
+        if cfg.rollout.backend == "vllm" and device == "gpu":
+            util = (cfg.rollout.gpu_memory_utilization or 0.5) - (est.setup - limit) / est.memory_gib - 0.005
+            if fits_with(rollout__gpu_memory_utilization=round(util, 2)).fits:
+                return out + [f"lower rollout.gpu_memory_utilization to {util:.2f} ({why})"]
+        return out + [f"{why}; no setting shrinks that (more GPUs do not)"]
     terms = sorted(est.terms, key=lambda x: -(x.update if phase == "update" else x.rollout))
     seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     for term in terms:
@@ -481,7 +491,7 @@ def _main(argv: list[str]) -> Estimate:
     overrides = (a.args[1:] if path else a.args) + (gpu_overrides(a.gpus) if a.gpus is not None else [])
     cfg = load_config(path, overrides)
     if cfg.model.path:
-        s, note = load_shape(cfg.model.path, "model.path")
+        s, note = load_shape(cfg.model.path, f"model.path={cfg.model.path!r}")
         if note:
             print(note)
     else:
@@ -489,7 +499,7 @@ def _main(argv: list[str]) -> Estimate:
     genrm = None
     g = cfg.fapo.genrm
     if cfg.algo == "fapo" and not g.addresses and g.serve.startswith("hf:"):
-        genrm, note = load_shape(g.serve[3:], "fapo.genrm.serve=hf:PATH, PATH")
+        genrm, note = load_shape(g.serve[3:], f"fapo.genrm.serve={g.serve!r}")
         if note:
             print(note)
     mem = a.gpu_memory_gb if a.gpu_memory_gb is not None else (80.0 if a.device == "gpu" else
