@@ -142,8 +142,8 @@ def zhead_params(hidden: int, layers: int) -> int:
 
 @dataclass(frozen=True)
 class Forward:
-    rows: int  # sequences in one forward (packed: in its one row)
-    tokens: int  # positions the layers see (packed: real tokens; padded: rows x longest)
+    rows: int  # rows of one forward (packed: sequences' worth of rows)
+    tokens: int  # positions the layers see (flash-attn packed: real tokens; else rows x longest)
     logit_rows: int  # positions whose next token is a response token (the head's rows)
     mask: int  # elements of the attention mask sdpa reads (0 with flash-attn)
 
@@ -162,8 +162,12 @@ def forward_tokens(cfg: Config, world: int, packed: bool, flash: bool) -> Forwar
         tokens = min(max(budget, seq), rows * seq) if budget else rows * seq  # a longer sequence runs alone
         # a packed micro-batch of short prompts holds more responses: at most R of every R + 1 tokens
         logit_rows = min(rows * r, tokens * r // (r + 1))
-        mask = 0 if flash else tokens * tokens
-        return Forward(-(-tokens // seq), tokens, logit_rows, mask)
+        if flash:  # one row, flash-attn's variable-length kernels: no mask
+            return Forward(-(-tokens // seq), tokens, logit_rows, 0)
+        # sdpa: rows as long as the longest sequence (trainer/policy.py make_packed_batch), each with
+        # its block-diagonal mask
+        packed_rows = -(-tokens // seq)
+        return Forward(packed_rows, packed_rows * seq, logit_rows, packed_rows * seq * seq)
     if budget:
         rows = max(1, min(rows, budget // seq))
     return Forward(rows, rows * seq, rows * r, 0 if flash else rows * seq * seq)
