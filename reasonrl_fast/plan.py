@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from reasonrl_fast import cli
 from reasonrl_fast.config import Config, load_config
-from reasonrl_fast.errors import ConfigError, UserError
+from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.plan_shapes import SHAPES
 from reasonrl_fast.util import shares
 
@@ -235,7 +235,6 @@ class Estimate:
     memory_gib: float
     reserve_gib: float
     terms: list[Term] = field(default_factory=list)
-    setup: float = 0.0  # GiB at the worker's setup (see `estimate`)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # impossible settings, whatever the total
 
@@ -249,11 +248,11 @@ class Estimate:
 
     @property
     def peak(self) -> float:
-        return max(self.rollout, self.update, self.setup)
+        return max(self.rollout, self.update)
 
     @property
     def phase(self) -> str:
-        return max((self.update, "update"), (self.rollout, "rollout"), (self.setup, "setup"))[1]
+        return "update" if self.update >= self.rollout else "rollout"
 
     @property
     def fits(self) -> bool:
@@ -320,12 +319,8 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
         add(Term("FSDP2 layers, gathered", 0, _gib(s.layer_params * (3 * c + (4 if c == 2 else 0))),
                  "2 layers prefetched + one layer's gradient (fp32 for its reduce-scatter)"))
     if algo.needs_ref(cfg):
-        ref = lm * b * share
-        note = "frozen, held like the policy"
-        if mode == "fsdp":  # FSDP2 reshards a root only in its backward, which the reference never runs
-            ref += s.root_params * c
-            note = "shards + its root, which stays gathered after its no-grad forward"
-        add(Term("reference model", _gib(ref), _gib(ref), note))
+        ref = lm * b * share  # the worker reshards its root after its pass (it never runs a backward)
+        add(Term("reference model", _gib(ref), _gib(ref), "frozen, held like the policy"))
 
     # the update's forward
     packed = cfg.data.packing == "true" or (cfg.data.packing == "auto" and s.model_type in PACKED_FAMILIES
@@ -373,13 +368,9 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
         g = _gib(genrm.params * 2 + kv_bytes(genrm, GENRM_MAX_BATCH, seq + cfg.fapo.genrm.max_tokens, 2))
         add(Term("GenRM (hf, on the first GPU)", g, g, f"bf16 weights + KV of {GENRM_MAX_BATCH} verdicts"))
 
-    # setup: the worker moves the whole policy to the device before sharding it (trainer/worker.py
-    # setup), beside the engine that make_rollout has already started there
-    # (and then the whole reference beside the policy's shards)
-    if gpu and mode == "fsdp":
-        first = next(x.rollout for x in est.terms if x.name in ("vLLM engine", "HF rollout copy"))
-        whole = max(pol * b, pol * b / world + lm * b) if algo.needs_ref(cfg) else pol * b
-        est.setup = first + _gib(whole) + sum(x.rollout for x in est.terms if x.name.startswith("GenRM"))
+    # The setup is no phase of its own: the worker shards from host memory (fully_shard moves one
+    # unit at a time to the device, trainer/worker.py), so beside the engine it holds the shards
+    # and one unit's full weights, less than the rollout phase's shards and AdamW states.
     if not gpu:
         est.notes.append("CPU: a worker's max RSS; the GenRM and the reward workers live in other processes")
     return est
@@ -406,14 +397,6 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
         return estimate(c2, s, device, est.memory_gib, genrm)
 
     phase = est.phase
-    if phase == "setup":
-        why = (f"setup needs {est.setup:.1f} GiB: the worker moves the whole policy to the GPU before sharding "
-               f"it (trainer/worker.py), beside the rollout engine")
-        if cfg.rollout.backend == "vllm" and device == "gpu":
-            util = (cfg.rollout.gpu_memory_utilization or 0.5) - (est.setup - limit) / est.memory_gib - 0.005
-            if fits_with(rollout__gpu_memory_utilization=round(util, 2)).fits:
-                return out + [f"lower rollout.gpu_memory_utilization to {util:.2f} ({why})"]
-        return out + [f"{why}; no setting shrinks that (more GPUs do not)"]
     terms = sorted(est.terms, key=lambda x: -(x.update if phase == "update" else x.rollout))
     seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     for term in terms:
@@ -455,8 +438,6 @@ def render(est: Estimate) -> str:
         lines.append(f"{t.name:<{w}}{t.rollout:>9.2f}{t.update:>9.2f}  {t.note}")
     lines.append("-" * (w + 60))
     lines.append(f"{'total (GiB)':<{w}}{est.rollout:>9.2f}{est.update:>9.2f}")
-    if est.setup:
-        lines.append(f"setup: {est.setup:.2f} GiB (the whole policy on the GPU before sharding, beside the engine)")
     where = (f"of {est.memory_gib:g} GiB per GPU, less a {est.reserve_gib:g} GiB reserve" if est.device == "gpu"
              else f"of {est.memory_gib:.1f} GiB of host memory per worker")
     lines.append(f"peak: {est.peak:.2f} GiB in the {est.phase} phase, {where}: "

@@ -106,17 +106,10 @@ def test_terms_by_hand():
 
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(CONFIGS) if n.endswith(".yaml")))
 def test_every_config_fits_80gb_at_its_gpu_count(name, capsys):
-    """The configs' done-criterion: the planner says each fits its stated GPU count of 80 GB. The
-    32B ones fit in the rollout and update phases; their setup does not while trainer/worker.py
-    moves the whole policy (61 GiB) to the GPU before sharding it, beside the vLLM engine
-    (docs/scaling.md)."""
+    """The configs' done-criterion: the planner says each fits its stated GPU count of 80 GB."""
     est = plan.main([os.path.join(CONFIGS, name)])
     out = capsys.readouterr().out
-    if "32b" in name:
-        assert est.phase == "setup" and not est.problems, out
-        assert max(est.rollout, est.update) <= est.memory_gib - est.reserve_gib, out
-    else:
-        assert est.fits, out
+    assert est.fits and "fits" in out, out
 
 
 def _cli(*args):

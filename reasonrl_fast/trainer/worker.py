@@ -65,20 +65,26 @@ class Worker:
         # path, so the ratio at the first update is exactly 1.
         fused, head_msg = use_fused(cfg.model.fused_lm_head, lm, self.device,
                                     tokens_per_forward(cfg, self.world))
-        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.algo.zhead else 0, fused=fused).to(self.device)
+        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.algo.zhead else 0, fused=fused)
         self.sharding = sharding_mode(cfg.trainer.sharding, self.device, self.world)
+        # Sharded from host memory: fully_shard moves each unit to the device as it shards it, so
+        # the device holds one layer's full weights at a time beside the engine, never the model.
         if self.sharding == "fsdp":
             shard(self.actor, lm, mesh, bf16)
+        else:
+            self.actor.to(self.device)
         # what the update's forward runs through: DDP averages the gradients when replicated
         self.train_model = replicate(self.actor, mesh, self.device) if self.sharding == "replicate" else self.actor
         self.ref = None
         if self.algo.needs_ref(cfg):  # frozen reference, held the same way
             ref_lm = load_model(self.model_path, dtype, attn)
-            self.ref = Actor(ref_lm, fused=fused).to(self.device).eval()
+            self.ref = Actor(ref_lm, fused=fused).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
             if self.sharding == "fsdp":
                 shard(self.ref, ref_lm, mesh, bf16)
+            else:
+                self.ref.to(self.device)
         o = cfg.optim
         z_params = [p for n, p in self.actor.named_parameters() if n.startswith("proj_z.")]
         lm_params = [p for n, p in self.actor.named_parameters() if not n.startswith("proj_z.")]
@@ -131,6 +137,10 @@ class Worker:
         t0 = time.perf_counter()
         temp = cfg.rollout.temperature
         ref_lp = update.logprobs(self.ref, batches, temp) if self.ref is not None else None
+        if self.ref is not None and self.sharding == "fsdp":
+            # FSDP2 reshards a root unit in its backward, which the frozen reference never runs:
+            # without this its embeddings and head would stay gathered through the update
+            self.ref.reshard()
         # Old log-probs only matter when the policy moves between mini-batches; with one
         # mini-batch the current log-probs (detached) are the old ones.
         old_lp = update.logprobs(self.actor, batches, temp) if len(plans) > 1 else None
@@ -162,6 +172,8 @@ class Worker:
         t["train/micro_batches"] = sum(len(m) for m in plans)
 
         t0 = time.perf_counter()
+        if self.device.type == "cuda":  # what the update freed goes back to the device, for the engine
+            torch.cuda.empty_cache()
         if step % cfg.rollout.sync_every == 0:
             self.sync_weights()
         else:
