@@ -81,4 +81,8 @@ for name, override in CASES:
         checked += 1
 dist.barrier()
 if rank == 0:
-    print(f"OK {checked} losses over {world} unequal ranks ({mode})")
+    print(f"OK {checked} losses over {world} unequal ranks ({mode})", flush=True)
+# joins gloo's threads before the interpreter exits: left to the exit, a rank can abort in a
+# thread's destructor ("terminate called without an active exception") after its work is done
+del model, actor
+dist.destroy_process_group()
