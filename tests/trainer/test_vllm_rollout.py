@@ -107,7 +107,9 @@ def test_an_engine_that_dies_ends_the_run_naming_the_worker_and_its_log(tmp_path
 
 def test_ctrl_c_leaves_no_engine_behind(tmp_path, vllm_python):
     out = tmp_path / "run"
-    p = popen_train(vllm_python, [*VLLM, "trainer.steps=500", "trainer.val_every=0", f"trainer.output_dir={out}"],
+    # more steps than the run can take before the interrupt's time limit (a tiny CPU step takes
+    # about 0.1 s): only the Ctrl-C can end it
+    p = popen_train(vllm_python, [*VLLM, "trainer.steps=100000", "trainer.val_every=0", f"trainer.output_dir={out}"],
                     tmp_path)
     watch = Watch(p)
     with reaped(p):
