@@ -18,11 +18,6 @@ SHAPES: dict[str, dict] = {
         "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
         "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
     },
-    "Qwen2.5-Math-7B": {
-        "_source": "Qwen/Qwen2.5-Math-7B", "model_type": "qwen2", "hidden_size": 3584,
-        "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-        "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
-    },
     "Qwen3-4B-Instruct-2507": {
         "_source": "Qwen/Qwen3-4B-Instruct-2507", "model_type": "qwen3", "hidden_size": 2560,
         "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
@@ -30,3 +25,6 @@ SHAPES: dict[str, dict] = {
         "tie_word_embeddings": True, "attention_bias": False,
     },
 }
+# Qwen2.5-Math-7B has Qwen2.5-7B's architecture (its config.json differs in fields the estimate
+# does not read: rope_theta, max_position_embeddings)
+SHAPES["Qwen2.5-Math-7B"] = {**SHAPES["Qwen2.5-7B"], "_source": "Qwen/Qwen2.5-Math-7B"}

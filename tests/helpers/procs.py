@@ -57,3 +57,28 @@ def interrupt(p: subprocess.Popen, timeout: float) -> tuple[str, str]:
     """Ctrl-C to `p` and its output once it has ended (within `timeout` s)."""
     p.send_signal(signal.SIGINT)
     return p.communicate(timeout=timeout)
+
+
+def torchrun(script: str, world: int, args: list[str], cwd, timeout: float) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `tests/helpers/<script>` on `world` CPU ranks under
+    torchrun (gloo on loopback, one thread a rank, SEED from the test's seed). In its own
+    session, so that a hang ends with every rank killed, not only torchrun."""
+    import sys
+
+    import torch
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+               SEED=str(torch.initial_seed() % 2**31), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+                          "--standalone", os.path.join(root, "tests", "helpers", script), *args],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:  # the ranks too, whether it ended or hung
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return p.returncode, out, err
