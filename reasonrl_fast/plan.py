@@ -263,15 +263,6 @@ def _gib(n: float) -> float:
     return n / GIB
 
 
-def sharding(cfg: Config, gpu: bool, world: int) -> str:
-    """trainer/fsdp.py sharding_mode without a device."""
-    if world == 1:
-        return "none"
-    if cfg.trainer.sharding == "auto":
-        return "fsdp" if gpu else "replicate"
-    return cfg.trainer.sharding
-
-
 def host_memory_gib() -> float:
     try:
         with open("/proc/meminfo") as f:
@@ -287,12 +278,15 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     from reasonrl_fast.algos import get_algo
     from reasonrl_fast.models.lm_head import FUSED_CPU_MIN_ELEMENTS
     from reasonrl_fast.models.loading import PACKED_FAMILIES
+    import torch
+
+    from reasonrl_fast.trainer.fsdp import sharding_mode
     from reasonrl_fast.trainer.policy import tokens_per_forward
 
     gpu = device == "gpu"
     t = cfg.trainer
     world = t.nnodes * t.workers_per_node
-    mode = sharding(cfg, gpu, world)
+    mode = sharding_mode(t.sharding, torch.device("cuda" if gpu else "cpu"), world)  # the workers' own rule
     b = 2 if cfg.model.dtype == "bfloat16" else 4  # master weights, their gradients and Adam states
     c = 2 if (gpu and mode == "fsdp") else b  # FSDP2's bf16 mixed precision on GPU, else the weights'
     flash = gpu and b == 2  # models/loading.py attention_implementation: flash-attn for bf16 on CUDA
