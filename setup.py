@@ -5,11 +5,28 @@ installed torch is a CUDA build, or when FORCE_CUDA=1; then nvcc (CUDA_HOME) mus
 the build stops and says what to install. REASONRL_FORCE_CPU=1 skips them. Install with
 `pip install --no-build-isolation .` once torch is installed: the extension must be compiled
 against the torch it will run with.
+
+Compiler: GCC 12 or newer (csrc/common.h uses `target_clones("arch=x86-64-v4")`, which GCC 11
+rejects). CXX picks it (default `c++`), CC its C driver (default: the one beside CXX, g++-12 ->
+gcc-12); the build sets both, so that the .cpp files and nvcc's host half of the .cu files
+(torch passes `-ccbin $CC`; without CC nvcc runs the first gcc on PATH) come from one compiler.
+
+One C++ runtime: `_C.so` throws C++ exceptions that libtorch catches, so it must use the
+libstdc++.so.6 the Python process loads with torch, never a copy of its own. A static libstdc++
+is refused twice: before compiling, by a five-line library linked with CXX and $LDFLAGS (which
+also catches a g++ that links it statically unasked, like a wrapper whose -B directory holds
+libstdc++.a but no libstdc++.so), and after linking, by reading _C.so itself. A g++ other than
+the system's is fine as long as the libstdc++ loaded at run time is at least as new as its own
+(else the import fails with `GLIBCXX_... not found`). The build prints the compilers, nvcc's host
+compiler and the libstdc++ files involved. REASONRL_ALLOW_PRIVATE_RUNTIME=1 builds a library
+with its own runtime anyway (only to reproduce that failure on purpose, e.g. to test the error
+path). `python -m reasonrl_fast.toolchain [_C.so]` prints the same facts without building.
 """
 
 import glob
+import importlib.util
 import os
-import shutil
+import shlex
 import sys
 
 from setuptools import find_packages, setup
@@ -25,10 +42,19 @@ except ImportError:
         "environment without your torch)."
     )
 
-if shutil.which(os.environ.get("CXX", "c++")) is None:
-    sys.exit("reasonrl_fast: no C++ compiler found; install g++ (Debian: apt-get install g++).")
-
 here = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_toolchain():
+    # By file path: the package is not installed yet, and its __init__ must not run here.
+    spec = importlib.util.spec_from_file_location(
+        "reasonrl_fast_toolchain", os.path.join(here, "reasonrl_fast", "toolchain.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+toolchain = _load_toolchain()
 
 
 def _flag(name: str) -> bool:
@@ -65,7 +91,7 @@ def extensions():
     cxx = ["-O0", "-g"] if debug else ["-O3"]
     # -fno-trapping-math lets GCC if-convert the clamps in the exp loops and vectorise them
     # (see csrc/common.h); it changes no result, only the FP-exception flags nobody reads.
-    cxx += ["-fopenmp", "-fno-trapping-math", std, "-DPy_LIMITED_API=0x03090000"]
+    cxx += ["-fopenmp", "-fno-trapping-math", std]
     extra = {"cxx": cxx}
     macros = []
     Ext = CppExtension
@@ -87,6 +113,99 @@ def extensions():
     ]
 
 
+def _say(line: str) -> None:
+    print(f"reasonrl_fast build: {line}", flush=True)
+
+
+def choose_compilers(with_cuda_sources: bool) -> None:
+    """Pick one (CC, CXX), refuse a GCC older than 12, export both so that every compile and
+    link of the build uses them, and print what the build will run with."""
+    try:
+        cc, cxx = toolchain.compiler_pair()
+        toolchain.check_gcc(cxx)
+        if with_cuda_sources:
+            toolchain.check_gcc(cc)  # nvcc compiles the .cu files' host code with it
+        versions = {"CXX": toolchain.gcc_version(cxx), "CC": toolchain.gcc_version(cc)}
+    except toolchain.ToolchainError as e:
+        sys.exit(f"reasonrl_fast build: {e}")
+    os.environ["CC"], os.environ["CXX"] = cc, cxx
+    label = {name: "GCC " + ".".join(map(str, v)) if v else "not GCC: unchecked"
+             for name, v in versions.items()}
+    _say(f"CXX = {cxx} ({label['CXX']})")
+    _say(f"CC = {cc} ({label['CC']})")
+    if versions["CC"] != versions["CXX"]:
+        _say(f"warning: CC and CXX are different compilers ({label['CC']}, {label['CXX']}); "
+             "point both at one installation.")
+    # distutils adds these to the extension's link line, so the probe link gets them too
+    flags = shlex.split(os.environ.get("CXXFLAGS", "")) + shlex.split(os.environ.get("LDFLAGS", ""))
+    refuse_private_runtime(toolchain.probe_link(cxx, flags), probed_with=cxx)
+    if with_cuda_sources:
+        info = toolchain.nvcc_info(CUDA_HOME)
+        _say(f"nvcc = {info['path']} ({info['version']}); host compiler {info['host_compiler']} "
+             f"({info['host_compiler_version']}, {info['host_compiler_how']})")
+        for note in info["notes"]:
+            _say(f"nvcc note: {note}")
+    own, loaded = toolchain.compiler_libstdcxx(cxx), toolchain.loaded_libstdcxx()
+    _say(f"libstdc++ of the compiler = {own}")
+    _say(f"libstdc++ its links use (-lstdc++) = {toolchain.libstdcxx_for_link(cxx)}")
+    _say(f"libstdc++ of this Python process (torch) = {loaded}")
+    if own and loaded and own != loaded:
+        newer = (toolchain.soversion(own) or ()) > (toolchain.soversion(loaded) or ())
+        _say("warning: they are different files. _C.so will run against the process's libstdc++, "
+             "so the build must not link its own (no -static-libstdc++ / -static-libgcc), and a "
+             "compiler newer than the loaded libstdc++ can fail at import with `GLIBCXX_... not "
+             "found`" + (" (this compiler's is newer: build with the system g++, "
+                         "CC=gcc CXX=g++)" if newer else "") + ".")
+
+
+def refuse_private_runtime(facts: dict, probed_with: str | None = None) -> None:
+    """Stop the build when the library in `facts` (toolchain.elf_facts of the built library, or
+    toolchain.probe_link of the compiler `probed_with`) carries its own C++ runtime;
+    REASONRL_ALLOW_PRIVATE_RUNTIME=1 goes on with a warning."""
+    for note in facts["notes"]:
+        _say(f"note: {note}")
+    problem = toolchain.private_runtime_problem(facts)
+    if problem is None:
+        return
+    if probed_with is not None:  # say where the compiler finds its libstdc++
+        problem += (f" ({probed_with} resolves -lstdc++ to "
+                    f"{toolchain.libstdcxx_for_link(probed_with)}; found by linking a five-line "
+                    "library before compiling anything.)")
+    if _flag("REASONRL_ALLOW_PRIVATE_RUNTIME"):
+        _say(f"warning (kept, REASONRL_ALLOW_PRIVATE_RUNTIME=1): {problem}")
+        return
+    what = "refusing to build" if probed_with else "refusing the built library"
+    sys.exit(f"reasonrl_fast build: {what}. {problem} "
+             "(REASONRL_ALLOW_PRIVATE_RUNTIME=1 builds it anyway, e.g. to test the error path.)")
+
+
+class BuildExt(BuildExtension):
+    """torch's BuildExtension with one compiler pair chosen up front and each built library
+    checked for a C++ runtime of its own."""
+
+    def run(self):
+        cuda = any(src.endswith(".cu") for ext in self.extensions for src in ext.sources)
+        choose_compilers(cuda)
+        super().run()
+
+    def build_extension(self, ext):
+        super().build_extension(ext)
+        self.check_built(self.get_ext_fullpath(ext.name))
+
+    @staticmethod
+    def check_built(path: str) -> None:
+        """Stop the build when the library at `path` carries its own C++ runtime (a link flag
+        the probe did not see, e.g. in LDSHARED), after removing it, so that the next build
+        links it again instead of finding it up to date."""
+        facts = toolchain.elf_facts(path)
+        _say(f"built {path}: NEEDED {facts['needed']}, compilers {facts['comment']}")
+        try:
+            refuse_private_runtime(facts)
+        except SystemExit:
+            os.remove(path)
+            raise
+
+
 setup(
     name="reasonrl_fast",
     version="0.1.0",
@@ -106,6 +225,6 @@ setup(
     # one registers the reasonrl_fast_grpo estimator and the flowrl policy loss.
     entry_points={"verl.plugins": ["reasonrl_fast = reasonrl_fast.integrations.verl_plugin:register"]},
     ext_modules=extensions(),
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
 )

@@ -6,12 +6,12 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
-extern "C" {
 // Importing reasonrl_fast._C runs the static registrations below; the module itself is empty.
-PyObject* PyInit__C(void) {
+// PyMODINIT_FUNC gives the init function C linkage and default visibility, so the interpreter
+// finds it even when the library is built with -fvisibility=hidden.
+PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   return PyModule_Create(&module_def);
-}
 }
 
 TORCH_LIBRARY(reasonrl_fast, m) {
