@@ -1,27 +1,40 @@
-"""The check of a GPU machine (`make gpu-check`): build the CUDA kernels, run the op tests, run
-the GPU benchmarks, and write one results file. Every step is timed and logged; a failed step is
-recorded and the next one still runs.
+"""The check of a GPU machine (`make gpu-check`): everything a first run on a card must tell, in one
+call that ends inside its budget (default 8 minutes), with every failure and hang named.
 
-    python benchmarks/gpu_check.py                       # full sweep, stopped at 5 minutes (--budget)
-    python benchmarks/gpu_check.py --quick               # tests + one size per benchmark
+    python benchmarks/gpu_check.py --quick               # one size per benchmark: the one-call check
+    python benchmarks/gpu_check.py                       # the full benchmark sweep (--budget 480)
     python benchmarks/gpu_check.py --wheels DIR          # first install the wheels in DIR (no network)
     python benchmarks/gpu_check.py --write benchmarks/RESULTS.md   # also the "GPU" section there
-    python benchmarks/gpu_check.py --device cpu --no-build --skip-tests --quick   # a dry run on CPU
 
-Steps:
-  a. wheels (--wheels DIR): `pip install --no-index --no-deps --target TMP DIR/*.whl`
-     (liger-kernel, cut-cross-entropy, flash-attn where a wheel exists, expecttest), TMP put on
-     the PYTHONPATH of every later step;
-  b. build (not with --no-build): `setup.py build_ext --inplace` with FORCE_CUDA=1, CUDA_HOME
-     (default /usr/local/cuda), MAX_JOBS = all cores and TORCH_CUDA_ARCH_LIST = the card's
-     compute capability only;
-  c. tests (not with --skip-tests): `pytest tests/ops` (CUDA kernels and compiled Triton), in
-     parallel with pytest-xdist where installed;
-  d. benchmarks: each per-op script with --device DEVICE (and --quick), rows to JSON lines;
-  e. results: OUT.md and OUT.json (default benchmarks/gpu_results/<card>-<date>): the machine,
-     the copy bandwidth and matmul rate measured in the run, per op the table, the test summary
-     and the build time.
-Each step has its own time limit, so one hang cannot take the whole budget.
+Steps, in this order; a failed step is recorded and the next one still runs:
+  wheels     (--wheels DIR) `pip install --no-index --no-deps --target TMP DIR/*.whl`, TMP put on
+             the PYTHONPATH of every later step;
+  build      `setup.py build_ext --inplace` with FORCE_CUDA=1, CUDA_HOME (default /usr/local/cuda),
+             MAX_JOBS = all cores, TORCH_CUDA_ARCH_LIST = the card's compute capability; setup.py
+             picks one compiler pair for both halves and prints it (reasonrl_fast/toolchain.py);
+  import     which `_C.so` a fresh interpreter loads, its ELF facts (NEEDED, .comment, whether it
+             defines its own C++ runtime) and whether it has CUDA kernels;
+  errpath    `python -m reasonrl_fast.errpath`: every documented error from every op schema, CPU
+             and CUDA, in a child with a hard limit (a crash named by its signal, a hang by its
+             stacks);
+  tests      `pytest tests/ops -v` (CUDA kernels, compiled Triton, and the CPU kernels beside them)
+             with pytest-timeout's thread method, a faulthandler timeout and a junit XML: every
+             failed, crashed or hung test is named in the results even when the step is cut;
+  smoke      benchmarks/gpu_smoke.py: two trainer steps on the GPU (FSDP2 over NCCL, fused LM
+             head, the embedded model in bf16);
+  bench X    each per-op benchmark with --device DEVICE (and --quick, where Triton autotuning is
+             off: the first tile candidate; the full sweep autotunes, cached by Triton).
+Without CUDA (a CPU machine, or a GPU the driver does not show) build, tests, smoke and the GPU
+benchmarks are recorded as "skipped: no CUDA" and the rest runs: the whole check is exercised on
+CPU. With --device cpu the benchmarks run their CPU cases instead.
+
+The budget is the call's: each step runs within min(its own cap, what is left minus the minimum
+reserved for every later step), so a slow build cannot starve the tests. The results land in one
+folder (--out, default benchmarks/gpu_results/<card>-<date>): gpu_check.log (every step's whole
+output), gpu_check.md and gpu_check.json (git commit and dirty flag, compilers, nvcc and its host
+compiler, the `_C.so` ELF facts, torch/triton versions, card, clocks and power, each step with its
+status, limit and time, every failed test, the error-path and smoke results, the benchmark
+tables), junit.xml and errpath.json. Exit status 0 only when every step that ran succeeded.
 """
 
 from __future__ import annotations
@@ -33,12 +46,14 @@ import json
 import os
 import re
 import selectors
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 import zipfile
 from typing import Optional
 
@@ -47,24 +62,59 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 BENCHMARKS = ["token_logprob", "linear_token_logprob", "group_advantage", "tb_loss", "masked_mean"]
+# (seconds reserved at least, cap) per step: a step never takes the reserve of the steps after it
+LIMITS = {"wheels": (10, 120), "build": (60, 300), "import": (10, 60), "errpath": (15, 120),
+          "tests": (60, 300), "smoke": (30, 180), "bench": (20, 150)}
+NO_CUDA = "skipped: no CUDA"
+
+_LOG = None  # the check's log file: every line printed also goes there
 
 
 def log(msg: str) -> None:
-    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    line = f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}"
+    print(line, flush=True)
+    if _LOG:
+        _LOG.write(line + "\n")
+        _LOG.flush()
+
+
+def _echo(line: str) -> None:
+    print(f"  | {line}", flush=True)
+    if _LOG:
+        _LOG.write(f"  | {line}\n")
+        _LOG.flush()
 
 
 _DEADLINE = float("inf")  # the whole check's end (--budget): no step runs past it
+_PLAN: list[str] = []  # the kinds of the steps still to run, for the reserves
+
+
+def step_limit(kind: str) -> float:
+    """This step's limit: its cap, within what is left after the reserves of the later steps."""
+    _PLAN.remove(kind)
+    lo, cap = LIMITS[kind]
+    left = _DEADLINE - time.monotonic()
+    later = sum(LIMITS[k][0] for k in _PLAN)
+    return max(min(cap, left - later), min(lo, left))
+
+
+def skipped(name: str, why: str) -> dict:
+    log(f"{name}: {why}")
+    return {"name": name, "cmd": [], "rc": None, "seconds": 0.0, "limit": None, "status": why, "tail": []}
 
 
 def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = ROOT) -> dict:
     """Run cmd, echoing its output as it comes; kill its process group past `timeout` seconds
-    (or the check's deadline, whichever comes first). Returns {name, cmd, rc, seconds, status, tail}."""
+    (or the check's deadline, whichever comes first): SIGINT first, so that pytest still writes
+    its summary and junit XML, then SIGKILL 10 s later. Returns {name, cmd, rc, seconds, limit,
+    status, tail}."""
     left = _DEADLINE - time.monotonic()
     if left < 5:
         log(f"{name}: skipped, the check's budget is spent")
-        return {"name": name, "cmd": cmd, "rc": None, "seconds": 0.0, "status": "skipped: budget spent", "tail": []}
+        return {"name": name, "cmd": cmd, "rc": None, "seconds": 0.0, "limit": None, "status": "skipped: budget spent",
+                "tail": []}
     timeout = min(timeout, left)
-    log(f"{name}: {' '.join(cmd)} (limit {timeout:.0f} s)")
+    log(f"{name}: {shlex.join(cmd)[:400]} (limit {timeout:.0f} s)")
     t0 = time.monotonic()
     tail: list[str] = []
     status = "ok"
@@ -72,16 +122,21 @@ def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = RO
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     except OSError as e:
-        return {"name": name, "cmd": cmd, "rc": None, "seconds": 0.0, "status": f"failed to start: {e}", "tail": []}
+        return {"name": name, "cmd": cmd, "rc": None, "seconds": 0.0, "limit": round(timeout), "status":
+                f"failed to start: {e}", "tail": []}
     deadline = t0 + timeout
     fd, pending = proc.stdout.fileno(), b""
     sel = selectors.DefaultSelector()
     sel.register(fd, selectors.EVENT_READ)
+    interrupted = False
     while True:
         left = deadline - time.monotonic()
+        if left <= 0 and not interrupted:
+            os.killpg(proc.pid, signal.SIGINT)
+            status, interrupted, deadline = f"timed out after {timeout:.0f} s", True, time.monotonic() + 10
+            continue
         if left <= 0:
             os.killpg(proc.pid, signal.SIGKILL)
-            status = f"timed out after {timeout:.0f} s"
             break
         if not sel.select(timeout=min(left, 1.0)):
             if proc.poll() is not None:  # exited; a leftover grandchild may hold the pipe open
@@ -93,7 +148,7 @@ def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = RO
         *lines, pending = (pending + chunk).split(b"\n")
         for raw in lines:
             line = raw.decode(errors="replace").rstrip()
-            print(f"  | {line}", flush=True)
+            _echo(line)
             tail = (tail + [line])[-40:]
     if pending.strip():
         tail = (tail + [pending.decode(errors="replace").rstrip()])[-40:]
@@ -104,7 +159,8 @@ def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = RO
     if status == "ok" and rc != 0:
         status = f"failed (exit {rc})"
     log(f"{name}: {status} in {secs:.1f} s")
-    return {"name": name, "cmd": cmd, "rc": rc, "seconds": round(secs, 1), "status": status, "tail": tail}
+    return {"name": name, "cmd": cmd, "rc": rc, "seconds": round(secs, 1), "limit": round(timeout), "status": status,
+            "tail": tail}
 
 
 def _have(module: str, env: dict) -> bool:
@@ -129,7 +185,7 @@ def _arch(env: dict) -> Optional[str]:
 def install_wheels(wheels: str, env: dict, timeout: float) -> tuple[dict, Optional[str]]:
     files = sorted(glob.glob(os.path.join(wheels, "*.whl")))
     if not files:
-        return {"name": "wheels", "cmd": [], "rc": None, "seconds": 0.0,
+        return {"name": "wheels", "cmd": [], "rc": None, "seconds": 0.0, "limit": None,
                 "status": f"failed: no .whl file in {wheels}", "tail": []}, None
     target = tempfile.mkdtemp(prefix="gpu_check_wheels_")
     if _have("pip", env):
@@ -144,14 +200,72 @@ def install_wheels(wheels: str, env: dict, timeout: float) -> tuple[dict, Option
                     z.extractall(target)
             except (OSError, zipfile.BadZipFile) as e:
                 status = f"failed: {os.path.basename(f)}: {e}"
-        step = {"name": "wheels", "cmd": ["unzip", *files], "rc": None,
+        step = {"name": "wheels", "cmd": ["unzip", *files], "rc": None, "limit": None,
                 "seconds": round(time.monotonic() - t0, 1), "status": status, "tail": []}
         log(f"wheels: {status}")
     step["wheels"] = [os.path.basename(f) for f in files]
     return step, target
 
 
-def build(env: dict, timeout: float) -> dict:
+# ------------------------------------------------------------------------------- the facts
+
+
+def _out(cmd: list[str], timeout: float = 20, env: Optional[dict] = None) -> Optional[str]:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def git_facts() -> dict:
+    """The commit checked (full sha) and whether the tree differs from it. A copy without .git
+    (a tree sent to a GPU machine) takes them from REASONRL_GIT_COMMIT / REASONRL_GIT_DIRTY."""
+    sha = _out(["git", "rev-parse", "HEAD"])
+    if sha:
+        dirty = _out(["git", "status", "--porcelain", "--untracked-files=no"])
+        return {"commit": sha, "dirty": bool(dirty), "source": "git"}
+    env = os.environ.get("REASONRL_GIT_COMMIT")
+    return {"commit": env, "dirty": os.environ.get("REASONRL_GIT_DIRTY", "?") in ("1", "true", "yes"),
+            "source": "REASONRL_GIT_COMMIT" if env else "unknown (no .git, no REASONRL_GIT_COMMIT)"}
+
+
+GPU_QUERY = ("name,driver_version,pstate,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.draw,"
+             "power.limit,temperature.gpu,memory.used,memory.total")
+
+
+def gpu_state() -> Optional[dict]:
+    """The card as nvidia-smi reads it now: clocks, power, temperature, memory."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    line = _out(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader"])
+    if not line:
+        return None
+    return dict(zip(GPU_QUERY.split(","), (v.strip() for v in line.splitlines()[0].split(","))))
+
+
+def toolchain_facts(env: dict) -> dict:
+    """Compilers, nvcc and its host compiler, libstdc++ of the compiler and of the process
+    (reasonrl_fast/toolchain.py), in a child that imports torch as the build does."""
+    code = ("import json, torch; from reasonrl_fast import toolchain; "
+            "from torch.utils.cpp_extension import CUDA_HOME; "
+            "print(json.dumps(toolchain.describe(cuda_home=CUDA_HOME), default=str))")
+    out = _out([sys.executable, "-c", code], timeout=120, env=env)
+    try:
+        return json.loads(out.splitlines()[-1]) if out else {"error": "reasonrl_fast.toolchain.describe failed"}
+    except ValueError:
+        return {"error": out[-500:]}
+
+
+# ------------------------------------------------------------------------------- the steps
+
+
+def cuda_available(env: dict) -> bool:
+    """Whether torch sees a CUDA device, asked in a child: this process holds no CUDA context."""
+    return _out([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], timeout=120, env=env) == "True"
+
+
+def build(env: dict) -> dict:
     benv = dict(env, FORCE_CUDA="1", MAX_JOBS=str(os.cpu_count() or 1))
     benv.setdefault("CUDA_HOME", "/usr/local/cuda")
     arch = _arch(env)
@@ -160,8 +274,151 @@ def build(env: dict, timeout: float) -> dict:
     ninja = shutil.which("ninja") is not None or _have("ninja", env)
     log(f"build: CUDA_HOME={benv['CUDA_HOME']} TORCH_CUDA_ARCH_LIST={arch} MAX_JOBS={benv['MAX_JOBS']}"
         + ("" if ninja else " (no ninja: the sources compile one after the other)"))
-    step = run_step("build", [sys.executable, "setup.py", "build_ext", "--inplace"], benv, timeout)
+    step = run_step("build", [sys.executable, "setup.py", "build_ext", "--inplace"], benv, step_limit("build"))
     step.update(arch=arch, ninja=ninja)
+    return step
+
+
+_IMPORT = """
+import json, torch
+from reasonrl_fast import _C, toolchain
+ops = ["token_logprob", "token_logprob_backward", "group_advantage", "tb_loss", "masked_mean"]
+has = lambda key: {op: torch._C._dispatch_has_kernel_for_dispatch_key("reasonrl_fast::" + op, key) for op in ops}
+facts = toolchain.elf_facts(_C.__file__)
+print(json.dumps({"so": _C.__file__, "cpu_kernels": has("CPU"), "cuda_kernels": has("CUDA"), "elf": facts,
+                  "problem": toolchain.private_runtime_problem(facts)}, default=str))
+"""
+
+
+def import_check(env: dict) -> dict:
+    """Which `_C.so` a fresh interpreter loads, with its ELF facts and kernels per device."""
+    step = run_step("import", [sys.executable, "-c", _IMPORT], env, step_limit("import"))
+    try:
+        info = json.loads(step["tail"][-1]) if step["tail"] else {}
+    except ValueError:
+        info = {}
+    step["info"] = info
+    if info:
+        if info.get("problem"):
+            step["status"] = f"failed: {info['problem']}"
+        missing = [op for op, ok in info["cpu_kernels"].items() if not ok]
+        step["summary"] = (f"{info['so']}; CUDA kernels: "
+                           + ("yes" if all(info["cuda_kernels"].values()) else "no")
+                           + (f"; no CPU kernel for {missing}" if missing else ""))
+    return step
+
+
+def errpath(env: dict, out_dir: str) -> dict:
+    path = os.path.join(out_dir, "errpath.json")
+    limit = step_limit("errpath")
+    # one child per device, each held to half the step (a hang is killed and named, not waited out)
+    cmd = [sys.executable, "-m", "reasonrl_fast.errpath", "--device", "all", "--timeout",
+           str(max(10, int(limit / 2) - 5)), "--json", path]
+    step = run_step("errpath", cmd, env, limit)
+    try:
+        with open(path) as f:
+            step["results"] = json.load(f)
+    except (OSError, ValueError):
+        step["results"] = []
+    step["summary"] = "; ".join(f"{r['device']} {r['status']}" + (f" ({r['signal']})" if r.get("signal") else "")
+                                for r in step["results"])
+    return step
+
+
+def _junit(path: str) -> dict:
+    """Counts and the named failures of a junit XML ({} when there is none)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return {}
+    out = {"passed": 0, "failed": [], "errors": [], "skipped": 0}
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        bad = case.find("failure")
+        err = case.find("error")
+        if bad is not None or err is not None:
+            node = bad if bad is not None else err
+            msg = (node.get("message") or (node.text or "").strip().splitlines()[-1:] or [""])
+            msg = msg if isinstance(msg, str) else msg[0]
+            msg = " ".join(msg.split())
+            out["failed" if bad is not None else "errors"].append(f"{name}: {msg[:300]}")
+        elif case.find("skipped") is not None:
+            out["skipped"] += 1
+        else:
+            out["passed"] += 1
+    return out
+
+
+def _crashes(log_path: str, start: int) -> list[str]:
+    """What the tests' output says beyond the junit XML: the test a crash ended ("Fatal Python
+    error: Segmentation fault" after the test's id), the tests faulthandler found still running
+    (the test function in the stack it dumped), and crashed xdist workers."""
+    found = []
+    try:
+        with open(log_path, errors="replace") as f:
+            f.seek(start)
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    hang = None
+    for line in lines:
+        m = re.search(r"(\S+::\S+)\s+Fatal Python error: ([\w ]+)", line)
+        if m:
+            found.append(f"{m.group(1)}: the process died ({m.group(2).strip()}); its stack is in gpu_check.log")
+            continue
+        m = re.search(r"Fatal Python error: ([\w ]+)", line)
+        if m:
+            found.append(f"a test process died ({m.group(1).strip()}); its stack is in gpu_check.log")
+        m = re.search(r"Timeout \((\d+:\d+:\d+)\)!|\+{5,} Timeout \+{5,}", line)
+        if m:
+            hang = m.group(1) or "its limit"
+            continue
+        m = re.search(r'File "([^"]+)", line (\d+) in (test_\w+)', line)
+        if hang and m:
+            found.append(f"{os.path.basename(m.group(1))}::{m.group(3)} (line {m.group(2)}): still running after "
+                         f"{hang}; the stacks are in gpu_check.log")
+            hang = None
+        m = re.search(r"worker '?(gw\d+)'? crashed while running '?([^' ]+?)'?$", line)
+        if m:
+            found.append(f"{m.group(2)}: its worker {m.group(1)} crashed")
+    return list(dict.fromkeys(found))
+
+
+def run_tests(env: dict, paths: list[str], workers: int, out_dir: str, per_test: int) -> dict:
+    junit = os.path.join(out_dir, "junit.xml")
+    if os.path.exists(junit):
+        os.remove(junit)
+    # -v names every test as it ends; -rfE lists failures again in the summary. pytest-timeout's
+    # thread method (its signal method never interrupts a hang in native code) dumps the stacks
+    # and ends the test's process; faulthandler dumps them a little earlier, whatever the hang.
+    cmd = [sys.executable, "-m", "pytest", *paths, "-v", "-rfE", "-p", "no:cacheprovider", f"--junitxml={junit}",
+           "-o", f"faulthandler_timeout={max(5, per_test - 5)}"]
+    if _have("pytest_timeout", env):
+        cmd += ["--timeout", str(per_test), "--timeout-method=thread"]
+    if workers > 1 and _have("xdist", env):
+        cmd += ["-n", str(workers)]
+    start = _LOG.tell() if _LOG else 0
+    # The tests take the Triton kernels' first tile candidate: autotuning every test shape
+    # would compile and time each candidate again and again (the benchmarks autotune).
+    step = run_step("tests", cmd, dict(env, REASONRL_TRITON_AUTOTUNE="0"), step_limit("tests"))
+    res = _junit(junit)
+    res["crashes"] = _crashes(_LOG.name, start) if _LOG else []
+    res["junit"] = os.path.exists(junit)
+    step["results"] = res
+    line = test_summary(step["tail"])
+    if res.get("junit"):
+        line = (f"{res['passed']} passed, {len(res['failed'])} failed, {len(res['errors'])} errors, "
+                f"{res['skipped']} skipped")
+    step["summary"] = line
+    if step["status"] == "ok" and (res.get("failed") or res.get("errors") or res["crashes"]):
+        step["status"] = "failed"
+    return step
+
+
+def smoke(env: dict) -> dict:
+    step = run_step("smoke", [sys.executable, "-u", os.path.join(HERE, "gpu_smoke.py"), "--device", "cuda",
+                              "--steps", "2"], env, step_limit("smoke"))
+    step["summary"] = next((x for x in reversed(step["tail"]) if x.startswith("gpu_smoke: step")), "")[:200]
     return step
 
 
@@ -173,56 +430,102 @@ def test_summary(tail: list[str]) -> str:
     return tail[-1] if tail else ""
 
 
-def run_tests(env: dict, timeout: float, workers: int) -> dict:
-    # -rfE names every failure in the summary. A per-test limit of 30 s: on the H200 machine a
-    # test that expects an error from the extension once hung, and it must not take the budget.
-    cmd = [sys.executable, "-m", "pytest", "tests/ops", "-q", "-rfE", "-p", "no:cacheprovider"]
-    if workers > 1 and _have("xdist", env):
-        cmd += ["-n", str(workers)]
-    if _have("pytest_timeout", env):
-        cmd += ["--timeout", "30"]
-    # The tests take the Triton kernels' first tile candidate: autotuning every test shape
-    # would compile and time each candidate again and again (the benchmarks autotune).
-    step = run_step("tests", cmd, dict(env, REASONRL_TRITON_AUTOTUNE="0"), timeout)
-    step["summary"] = test_summary(step["tail"])
-    return step
-
-
 def run_benchmarks(names: list[str], device: str, quick: bool, providers: Optional[str], env: dict,
-                   timeout: float, json_path: str, png_dir: str) -> list[dict]:
+                   json_path: str, png_dir: Optional[str]) -> list[dict]:
     steps = []
     for name in names:
-        cmd = [sys.executable, "-u", os.path.join(HERE, f"bench_{name}.py"), "--device", device,
-               "--json", json_path, "--png", os.path.join(png_dir, f"{name}.png")]
+        cmd = [sys.executable, "-u", os.path.join(HERE, f"bench_{name}.py"), "--device", device, "--json", json_path]
+        cmd += ["--png", os.path.join(png_dir, f"{name}.png")] if png_dir else []
         cmd += ["--quick"] if quick else []
         cmd += ["--providers", providers] if providers else []
-        steps.append(run_step(f"bench {name}", cmd, env, timeout))
+        # --quick: the first tile candidate, no autotuning (minutes of compiles on a fresh card)
+        benv = dict(env, REASONRL_TRITON_AUTOTUNE="0") if quick else env
+        steps.append(run_step(f"bench {name}", cmd, benv, step_limit("bench")))
     return steps
+
+
+# ------------------------------------------------------------------------------- the results
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "machine"
 
 
-def report(info: dict, rates: dict, steps: list[dict], rows: list[dict], quick: bool) -> str:
+def _facts_lines(info: dict, facts: dict) -> list[str]:
+    g, t = facts.get("git") or {}, facts.get("toolchain") or {}
+    imp = facts.get("import") or {}
+    elf = imp.get("elf") or {}
+    lines = [f"- commit: `{g.get('commit') or 'unknown'}`" + (" (dirty: the tree differs from it)" if g.get("dirty") else "")
+             + ("" if g.get("source") == "git" else f" (from {g.get('source')})"),
+             f"- torch {info.get('torch')} (CUDA {info.get('cuda')}), triton {info.get('triton') or '-'}, "
+             f"Python {info.get('python')}, {info.get('cpu_count')} CPU cores"]
+    if t.get("error"):
+        lines.append(f"- toolchain: not read ({t['error'][:200]})")
+    else:
+        lines.append(f"- compilers: CC {t.get('cc')} ({t.get('cc_version')}), CXX {t.get('cxx')} ({t.get('cxx_version')})")
+        nv = t.get("nvcc") or {}
+        if nv:
+            lines.append(f"- nvcc: {nv.get('path')} ({nv.get('version')}); its host compiler "
+                         f"{nv.get('host_compiler')} ({nv.get('host_compiler_version')})")
+        lines.append(f"- libstdc++: the compiler's {t.get('compiler_libstdcxx')}, the process's "
+                     f"{t.get('loaded_libstdcxx')}")
+    if imp:
+        lines.append(f"- `_C.so`: {imp.get('so')}; NEEDED {', '.join(elf.get('needed') or []) or '?'}; "
+                     f"defines __cxa_throw: {elf.get('defines_cxa_throw')}; .comment: "
+                     f"{'; '.join(elf.get('comment') or []) or '?'}")
+        if imp.get("problem"):
+            lines.append(f"- **{imp['problem']}**")
+    for when in ("gpu_before", "gpu_after"):
+        s = facts.get(when)
+        if s:
+            lines.append(f"- card {'before the benchmarks' if when == 'gpu_before' else 'at the end'}: "
+                         + ", ".join(f"{k} {v}" for k, v in s.items()))
+    return lines
+
+
+def report(info: dict, facts: dict, rates: dict, steps: list[dict], rows: list[dict], quick: bool) -> str:
     """The results file's markdown."""
     import harness
 
     lines = [f"# GPU check: {info.get('card') or info['cpu']} ({info['date_utc']})", "",
-             f"- machine: {harness.machine_line(info)}; Python {info['python']}, {info['cpu_count']} CPU cores",
+             f"- machine: {harness.machine_line(info)}", *_facts_lines(info, facts),
              f"- copy bandwidth (read + write) {rates['copy_gbps']:.1f} GB/s, {rates['matmul_dtype']} "
              f"matmul {rates['matmul_tflops']:.3g} TFLOP/s, measured in this run" if rates else
              "- copy bandwidth and matmul rate: not measured (no benchmark ran)",
-             f"- mode: {'quick (one size per benchmark)' if quick else 'full sweep'}", "", "## Steps", "",
-             "| step | status | seconds | detail |", "|---|---|---:|---|"]
+             f"- mode: {'quick (one size per benchmark, no autotuning)' if quick else 'full sweep'}", "",
+             "## Steps", "", "| step | status | seconds | limit | detail |", "|---|---|---:|---:|---|"]
     for s in steps:
         detail = s.get("summary") or (f"arch {s.get('arch')}, ninja {'yes' if s.get('ninja') else 'no'}"
-                                      if s["name"] == "build" else "")
-        if not s["status"].startswith("ok") and not detail:
-            detail = (s["tail"] or [""])[-1][:120]
-        lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {detail.replace('|', '/')} |")
+                                      if s["name"] == "build" and s["cmd"] else "")
+        if not s["status"].startswith(("ok", "skipped")) and not detail:
+            detail = (s["tail"] or [""])[-1][:160]
+        limit = "" if s.get("limit") is None else f"{s['limit']}"
+        lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {limit} | {detail.replace('|', '/')} |")
+    lines += _problems(steps)
     lines += ["", markdown_tables(rows, rates)]
     return "\n".join(lines) + "\n"
+
+
+def _problems(steps: list[dict]) -> list[str]:
+    """Every failure named: failed and crashed tests, error-path failures, failed steps' last lines."""
+    out = []
+    for s in steps:
+        if s["status"].startswith(("ok", "skipped")):
+            continue
+        res = s.get("results")
+        if s["name"] == "tests" and isinstance(res, dict):
+            out += [f"- test failed: `{x}`" for x in res.get("failed", [])]
+            out += [f"- test error: `{x}`" for x in res.get("errors", [])]
+            out += [f"- {x}" for x in res.get("crashes", [])]
+            if not res.get("junit"):
+                out.append("- no junit XML: pytest did not finish (see gpu_check.log)")
+        elif s["name"] == "errpath" and isinstance(res, list):
+            import reasonrl_fast.errpath as ep
+
+            out += ["```", *[ep.summary(r) for r in res if r["status"] not in ("ok", "skipped")], "```"]
+        else:
+            out += [f"- {s['name']}: {s['status']}", "```", *s["tail"][-15:], "```"]
+    return ["", "## What failed", "", *out] if out else []
 
 
 def markdown_tables(rows: list[dict], rates: dict) -> str:
@@ -240,75 +543,113 @@ def markdown_tables(rows: list[dict], rates: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where the benchmarks run")
     p.add_argument("--wheels", metavar="DIR", help="install the wheels in DIR first (no network, no deps)")
     p.add_argument("--no-build", action="store_true", help="use the extension as it is")
     p.add_argument("--skip-tests", action="store_true")
-    p.add_argument("--quick", action="store_true", help="one size per benchmark")
-    p.add_argument("--benchmarks", default=",".join(BENCHMARKS), help="comma-separated subset")
+    p.add_argument("--tests", default="tests/ops", help="comma-separated test paths (default tests/ops); given "
+                   "explicitly, they run also without CUDA")
+    p.add_argument("--per-test", type=int, default=60, help="seconds before one test counts as hung")
+    p.add_argument("--no-smoke", action="store_true", help="skip the trainer's two-step smoke run")
+    p.add_argument("--quick", action="store_true", help="one size per benchmark, no Triton autotuning")
+    p.add_argument("--benchmarks", default=",".join(BENCHMARKS), help="comma-separated subset ('' for none)")
     p.add_argument("--providers", default=None, help="passed to every benchmark")
-    p.add_argument("--out", metavar="PREFIX", help="writes PREFIX.md and PREFIX.json "
-                   "(default benchmarks/gpu_results/<card>-<date>)")
+    p.add_argument("--out", metavar="DIR", help="the results folder (default benchmarks/gpu_results/<card>-<date>)")
+    p.add_argument("--png", action="store_true", help="also a PNG per benchmark in the results folder")
     p.add_argument("--write", metavar="RESULTS.md", help="also put the tables into this file's GPU section")
-    p.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+    p.add_argument("--workers", type=int, default=max(2, min(8, (os.cpu_count() or 2) // 2)),
                    help="pytest-xdist workers for the tests")
-    p.add_argument("--budget", type=float, default=300, help="seconds for the whole check: no step "
-                   "runs past it (a step left without time is recorded as skipped)")
-    p.add_argument("--build-timeout", type=float, default=240)
-    p.add_argument("--test-timeout", type=float, default=150)
-    p.add_argument("--bench-timeout", type=float, default=None, help="per benchmark (default 90 s quick, 150 s full)")
+    p.add_argument("--budget", type=float, default=480, help="seconds for the whole check: no step runs past it, "
+                   "and each leaves the minimum reserved for the steps after it")
     a = p.parse_args(argv)
-    unknown = [b for b in a.benchmarks.split(",") if b not in BENCHMARKS]
+    names = [b for b in a.benchmarks.split(",") if b]
+    unknown = [b for b in names if b not in BENCHMARKS]
     if unknown:
         p.error(f"--benchmarks: unknown {', '.join(unknown)} (known: {', '.join(BENCHMARKS)})")
     if a.wheels and not os.path.isdir(a.wheels):
         p.error(f"--wheels {a.wheels}: not a directory")
+    if a.budget <= 0 or a.per_test <= 0:
+        p.error("--budget and --per-test must be > 0")
     t_start = time.monotonic()
-    global _DEADLINE
+    global _DEADLINE, _LOG
     _DEADLINE = t_start + a.budget
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(x for x in (ROOT, env.get("PYTHONPATH")) if x)
-    steps: list[dict] = []
-    if a.wheels:
-        step, target = install_wheels(a.wheels, env, 120)
-        steps.append(step)
-        if target and step["status"].startswith("ok"):
-            env["PYTHONPATH"] = os.pathsep.join((target, env["PYTHONPATH"]))
-    if not a.no_build:
-        steps.append(build(env, a.build_timeout))
-    if not a.skip_tests:
-        steps.append(run_tests(env, a.test_timeout, a.workers))
-    work = tempfile.mkdtemp(prefix="gpu_check_")
-    json_path = os.path.join(work, "rows.jsonl")
     import harness
 
     info = harness.env_info("cpu")  # no CUDA context here; the benchmarks' own lines name the card
-    out = a.out or os.path.join(HERE, "gpu_results", f"{_slug(info.get('card') or 'cpu')}-{info['date_utc'][:10]}")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    png_dir = out + "-png"
-    os.makedirs(png_dir, exist_ok=True)
-    timeout = a.bench_timeout or (90 if a.quick else 150)
-    steps += run_benchmarks(a.benchmarks.split(","), a.device, a.quick, a.providers, env, timeout, json_path, png_dir)
+    out_dir = a.out or os.path.join(HERE, "gpu_results", f"{_slug(info.get('card') or 'cpu')}-{info['date_utc'][:10]}")
+    os.makedirs(out_dir, exist_ok=True)
+    _LOG = open(os.path.join(out_dir, "gpu_check.log"), "w")
+    explicit_tests = a.tests != "tests/ops"
+    _PLAN[:] = ((["wheels"] if a.wheels else []) + ["build", "import", "errpath", "tests", "smoke"]
+                + ["bench"] * len(names))
+    log(f"budget {a.budget:.0f} s; results in {out_dir}")
+    facts: dict = {"git": git_facts()}
+    steps: list[dict] = []
+    if a.wheels:
+        step, target = install_wheels(a.wheels, env, step_limit("wheels"))
+        steps.append(step)
+        if target and step["status"].startswith("ok"):
+            env["PYTHONPATH"] = os.pathsep.join((target, env["PYTHONPATH"]))
+    cuda = cuda_available(env)
+    log(f"commit {facts['git']['commit']}{' (dirty)' if facts['git']['dirty'] else ''}; CUDA "
+        + ("available" if cuda else "not available: the GPU steps are skipped"))
+    if a.no_build or not cuda:
+        _PLAN.remove("build")
+        steps.append(skipped("build", "skipped: --no-build" if a.no_build else NO_CUDA
+                             + " (the installed extension is checked)"))
+    else:
+        steps.append(build(env))
+    facts["toolchain"] = toolchain_facts(env)
+    steps.append(import_check(env))
+    facts["import"] = steps[-1].get("info") or {}
+    steps.append(errpath(env, out_dir))
+    if a.skip_tests:
+        _PLAN.remove("tests")
+        steps.append(skipped("tests", "skipped: --skip-tests"))
+    elif not cuda and not explicit_tests:
+        _PLAN.remove("tests")
+        steps.append(skipped("tests", NO_CUDA))
+    else:
+        steps.append(run_tests(env, a.tests.split(","), a.workers, out_dir, a.per_test))
+    if a.no_smoke or not cuda:
+        _PLAN.remove("smoke")
+        steps.append(skipped("smoke", "skipped: --no-smoke" if a.no_smoke else NO_CUDA))
+    else:
+        steps.append(smoke(env))
+    facts["gpu_before"] = gpu_state()
+    json_path = os.path.join(tempfile.mkdtemp(prefix="gpu_check_"), "rows.jsonl")  # the rows go into the .json
+    if a.device == "cuda" and not cuda:
+        for name in names:
+            _PLAN.remove("bench")
+            steps.append(skipped(f"bench {name}", NO_CUDA))
+    else:
+        steps += run_benchmarks(names, a.device, a.quick, a.providers, env, json_path,
+                                out_dir if a.png else None)
+    facts["gpu_after"] = gpu_state()
     envs, rows = harness.read_jsonl(json_path) if os.path.exists(json_path) else ([], [])
     if envs:  # the card, capability and rates as the benchmarks saw them
         info.update({k: v for k, v in envs[0].items() if k in info or k == "capability"})
     rates = {k: envs[0][k] for k in ("copy_gbps", "matmul_tflops", "matmul_dtype")} if envs else {}
     info["total_s"] = round(time.monotonic() - t_start, 1)
-    md = report(info, rates, steps, rows, a.quick)
-    md += f"\nWhole check: {info['total_s']:.0f} s.\n"
-    with open(out + ".md", "w") as f:
+    md = report(info, facts, rates, steps, rows, a.quick)
+    md += f"\nWhole check: {info['total_s']:.0f} s of a {a.budget:.0f} s budget.\n"
+    with open(os.path.join(out_dir, "gpu_check.md"), "w") as f:
         f.write(md)
-    with open(out + ".json", "w") as f:
-        json.dump({"env": info, "rates": rates, "per_benchmark_rates": envs, "steps": steps, "rows": rows},
-                  f, indent=1)
+    with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
+        json.dump({"env": info, "facts": facts, "rates": rates, "per_benchmark_rates": envs, "steps": steps,
+                   "rows": rows}, f, indent=1, default=str)
     if a.write:
-        body = (f"### GPU ({info['date_utc']}, {harness.machine_line(info)}; "
+        body = (f"### GPU ({info['date_utc']}, {harness.machine_line(info)}; commit "
+                f"{(facts['git']['commit'] or 'unknown')[:12]}; "
                 f"`python benchmarks/gpu_check.py{' --quick' if a.quick else ''}`)\n\n"
                 + markdown_tables(rows, rates))
         harness.write_section(a.write, body, "ops-gpu")
-    failed = [s["name"] for s in steps if not s["status"].startswith("ok")]
-    log(f"wrote {out}.md and {out}.json in {info['total_s']:.0f} s"
-        + (f"; failed steps: {', '.join(failed)}" if failed else "; every step ok"))
+    failed = [s["name"] for s in steps if not s["status"].startswith(("ok", "skipped"))]
+    log(f"wrote {out_dir}/gpu_check.md and gpu_check.json in {info['total_s']:.0f} s"
+        + (f"; failed steps: {', '.join(failed)}" if failed else "; every step that ran is ok"))
+    _LOG.close()
     return 1 if failed else 0
 
 

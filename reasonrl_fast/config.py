@@ -379,7 +379,8 @@ class TrainerConfig(_Checks):
     """How the workers hold the policy: fsdp (FSDP2, each decoder layer sharded over the workers),
     replicate (each worker a full copy, gradients averaged with one bucketed all-reduce: DDP), or
     auto: fsdp on GPU, replicate on CPU (where per-layer gathers over gloo cost more than the
-    model's compute: docs/trainer.md). One worker never shards."""
+    model's compute: docs/trainer.md). One worker holds the model whole unless fsdp is named:
+    FSDP2 over one rank then gives bf16 compute over float32 master weights on one GPU."""
     ray_address: str = ""
     """Join this Ray cluster (or $RAY_ADDRESS); empty starts a local instance."""
     save_every: int = 0

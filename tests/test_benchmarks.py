@@ -1,5 +1,6 @@
 """The benchmark harness on CPU at tiny sizes, every per-op script's `--device cpu --quick`,
-gpu_check.py's dry run on CPU (no build, no tests), bench_update.py's `--smoke`, and
+gpu_check.py on CPU (its GPU steps skipped for want of CUDA, everything else for real, once
+with test files that fail, hang and crash), bench_update.py's `--smoke`, and
 bench_rollout.py's figures, RESULTS.md section and process-tree memory on made-up runs (its real
 runs take minutes). The scripts run as
 concurrent subprocesses with one thread each: about 35 s on the 2-core development machine under
@@ -29,6 +30,15 @@ SCRIPTS = ["token_logprob", "linear_token_logprob", "group_advantage", "tb_loss"
 DIRECT = [s for s in SCRIPTS if s != "tb_loss"]  # tb_loss runs under gpu_check's dry run
 
 
+BAD_TESTS = """
+import os, signal, time
+def test_passes(): pass
+def test_fails(): assert 1 == 2, "one is not two"
+def test_hangs(): time.sleep(600)
+def test_crashes(): os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
 def _env():
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         x for x in (ROOT, os.environ.get("PYTHONPATH")) if x))
@@ -54,8 +64,15 @@ def script_runs(tmp_path_factory):
         cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     procs["gpu_check"] = subprocess.Popen(
         [sys.executable, os.path.join(BENCH, "gpu_check.py"), "--device", "cpu", "--no-build", "--skip-tests",
-         "--quick", "--benchmarks", "tb_loss", "--providers", "ours,eager", "--out", str(tmp / "check"),
+         "--no-smoke", "--quick", "--benchmarks", "tb_loss", "--providers", "ours,eager", "--out", str(tmp / "check"),
          "--write", str(tmp / "RESULTS.md")],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The check as a GPU machine runs it, on CPU: the GPU steps are skipped for want of CUDA and
+    # the rest runs; the op tests replaced by a file whose tests fail, hang and crash.
+    (tmp / "test_bad.py").write_text(BAD_TESTS)
+    procs["gpu_check_cuda"] = subprocess.Popen(
+        [sys.executable, os.path.join(BENCH, "gpu_check.py"), "--quick", "--benchmarks", "tb_loss", "--out",
+         str(tmp / "cuda"), "--tests", str(tmp / "test_bad.py"), "--per-test", "8", "--workers", "2"],
         cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = {}
     for name, p in procs.items():
@@ -194,7 +211,7 @@ def test_each_script_runs_quick_on_cpu_with_ours_and_eager(script_runs, name):
     if name in DIRECT:
         envs, rows = harness.read_jsonl(str(tmp / f"{name}.jsonl"))
     else:
-        data = json.loads((tmp / "check.json").read_text())
+        data = json.loads((tmp / "check" / "gpu_check.json").read_text())
         envs, rows = data["per_benchmark_rates"], data["rows"]
     assert envs and envs[0]["device"] == "cpu" and envs[0]["copy_gbps"] > 0
     providers = {r["provider"] for r in rows if r["status"] == "ok" and r["ms"] > 0}
@@ -209,16 +226,50 @@ def test_gpu_check_dry_run_writes_its_results_file(script_runs):
     tmp, out = script_runs
     rc, text = out["gpu_check"]
     assert rc == 0, text[-2000:]
-    md = (tmp / "check.md").read_text()
-    data = json.loads((tmp / "check.json").read_text())
+    md = (tmp / "check" / "gpu_check.md").read_text()
+    data = json.loads((tmp / "check" / "gpu_check.json").read_text())
     assert data["env"]["torch"] == torch.__version__ and data["env"]["cpu_count"] == os.cpu_count()
     assert data["rates"]["copy_gbps"] > 0 and data["rates"]["matmul_tflops"] > 0
-    assert [s["name"] for s in data["steps"]] == ["bench tb_loss"] and data["steps"][0]["status"] == "ok"
+    steps = {s["name"]: s["status"] for s in data["steps"]}
+    assert steps == {"build": "skipped: --no-build", "import": "ok", "errpath": "ok", "tests": "skipped: --skip-tests",
+                     "smoke": "skipped: --no-smoke", "bench tb_loss": "ok"}
     assert {r["provider"] for r in data["rows"]} == {"ours", "eager"}
     assert torch.__version__ in md and "| bench tb_loss | ok |" in md and "| tb_loss | forward + backward |" in md
     results = (tmp / "RESULTS.md").read_text()
     assert "<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->" in results
     assert "<!-- ops-gpu:begin -->" in results and "| tb_loss |" in results
+
+
+def test_gpu_check_without_cuda_runs_every_other_step_and_names_every_failure(script_runs):
+    tmp, out = script_runs
+    rc, text = out["gpu_check_cuda"]
+    assert rc == 1, text[-3000:]  # the planted failures
+    d = tmp / "cuda"
+    assert sorted(os.listdir(d)) == ["errpath.json", "gpu_check.json", "gpu_check.log", "gpu_check.md", "junit.xml"]
+    data = json.loads((d / "gpu_check.json").read_text())
+    steps = {s["name"]: s for s in data["steps"]}
+    assert list(steps) == ["build", "import", "errpath", "tests", "smoke", "bench tb_loss"]
+    for name in ("build", "smoke", "bench tb_loss"):
+        assert steps[name]["status"].startswith("skipped: no CUDA"), steps[name]
+    assert steps["import"]["status"] == "ok" and steps["errpath"]["status"] == "ok"
+    assert [r["status"] for r in steps["errpath"]["results"]] == ["ok", "skipped"]
+    assert steps["tests"]["status"].startswith("failed") and steps["tests"]["limit"] > 0
+    # what was checked, and with what
+    facts = data["facts"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert facts["git"]["commit"] == head and isinstance(facts["git"]["dirty"], bool)
+    assert facts["toolchain"]["cxx"] and facts["toolchain"]["loaded_libstdcxx"]
+    assert "libstdc++.so.6" in facts["import"]["elf"]["needed"] and facts["import"]["elf"]["defines_cxa_throw"] is False
+    assert data["env"]["torch"] == torch.__version__
+    # every failure named: the failing test, the hung one, the crashed one
+    md = (d / "gpu_check.md").read_text()
+    assert head in md and "## What failed" in md
+    assert "test_fails" in md and "one is not two" in md
+    assert "test_hangs" in md and "still running after" in md
+    assert "test_crashes" in md and "Segmentation fault" in md
+    assert "test_passes" not in md.split("## What failed")[1]
+    log = (d / "gpu_check.log").read_text()
+    assert "PASSED" in log and "test_bad.py::test_passes" in log  # -v: every test by name
 
 
 def test_update_bench_smoke_measures_every_setting(script_runs):

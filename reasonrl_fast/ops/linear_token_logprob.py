@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -110,13 +111,28 @@ def _device_guard(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
+_ROUNDED_ADDMM_WARNED = False
+
+
 def _addmm_f32(acc, a, b):
     """acc += a @ b with a, b in bf16/fp16 and acc float32, without rounding a @ b to 16 bits
-    (aten::addmm.dtype, CUDA). Falls back to a rounded product where that overload is missing."""
+    (aten::addmm.dtype, CUDA). Where that overload is missing, the product is rounded to a's
+    dtype before it is added: a loss of precision said once, in a RuntimeWarning."""
+    global _ROUNDED_ADDMM_WARNED
     try:
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-    except (RuntimeError, TypeError, NotImplementedError):
-        acc += a @ b
+        return
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        if not _ROUNDED_ADDMM_WARNED:
+            _ROUNDED_ADDMM_WARNED = True
+            warnings.warn(
+                f"linear_token_logprob: torch {torch.__version__} has no float32-output addmm for {a.dtype} on "
+                f"{a.device.type} ({type(e).__name__}: {str(e).splitlines()[0][:160]}); the backward's "
+                f"gradient of hidden adds products rounded to {a.dtype}, so it is less precise than on a "
+                f"torch with aten::addmm.dtype", RuntimeWarning, stacklevel=2)
+    acc += a @ b
 
 
 def _contig(x):
