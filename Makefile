@@ -40,10 +40,12 @@ bench: install
 	$(PYTHON) benchmarks/bench_ops.py --write benchmarks/RESULTS.md
 
 # On a machine with one GPU, a CUDA build of torch and nvcc, no network: build the CUDA kernels in
-# place for the card present (all cores), run the op tests (CUDA kernels and compiled Triton), then
-# the GPU benchmarks, each step timed and limited; one results file in benchmarks/gpu_results/.
-# WHEELS=dir installs the wheels there first (liger-kernel, cut-cross-entropy: the peers of the
-# benchmarks); GPU_CHECK_ARGS="--quick" for one size per benchmark. See docs/benchmarks.md.
+# place for the card present, check which _C.so loads, raise every op's errors (errpath), run the
+# op tests, two trainer steps on the GPU, then the GPU benchmarks; within one budget (480 s), each
+# step limited, every failure named in one results folder (benchmarks/gpu_results/). Build with the
+# compiler pair whose libstdc++ torch loads (CC=/usr/bin/gcc CXX=/usr/bin/g++ where the environment
+# names another). WHEELS=dir installs the wheels there first (liger-kernel, cut-cross-entropy, ...);
+# GPU_CHECK_ARGS="--quick" for one size per benchmark. See docs/benchmarks.md.
 gpu-check:
 	$(PYTHON) -u benchmarks/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) $(GPU_CHECK_ARGS)
 

@@ -63,8 +63,10 @@ sys.path.insert(0, HERE)
 
 BENCHMARKS = ["token_logprob", "linear_token_logprob", "group_advantage", "tb_loss", "masked_mean"]
 # (seconds reserved at least, cap) per step: a step never takes the reserve of the steps after it
+# (on an H100, 2026-11-27: build 54 s, import 5 s, errpath 12 s; the op tests did not finish in 93 s
+# with two of them hung; the smoke run's first rollout took over 30 s with CUDA's first use in it)
 LIMITS = {"wheels": (10, 120), "build": (60, 300), "import": (10, 60), "errpath": (15, 120),
-          "tests": (60, 300), "smoke": (30, 180), "bench": (20, 150)}
+          "tests": (90, 300), "smoke": (60, 180), "bench": (30, 150)}
 NO_CUDA = "skipped: no CUDA"
 
 _LOG = None  # the check's log file: every line printed also goes there
@@ -219,15 +221,18 @@ def _out(cmd: list[str], timeout: float = 20, env: Optional[dict] = None) -> Opt
 
 
 def git_facts() -> dict:
-    """The commit checked (full sha) and whether the tree differs from it. A copy without .git
-    (a tree sent to a GPU machine) takes them from REASONRL_GIT_COMMIT / REASONRL_GIT_DIRTY."""
+    """The commit checked (full sha) and whether the tree differs from it; REASONRL_GIT_COMMIT /
+    REASONRL_GIT_DIRTY say them for a copied tree (sent to a GPU machine without, or with a
+    stale, .git)."""
+    env = os.environ.get("REASONRL_GIT_COMMIT")
+    if env:  # said by whoever copied the tree: a copied .git may be older than the files
+        return {"commit": env, "dirty": os.environ.get("REASONRL_GIT_DIRTY", "0") in ("1", "true", "yes"),
+                "source": "REASONRL_GIT_COMMIT"}
     sha = _out(["git", "rev-parse", "HEAD"])
     if sha:
         dirty = _out(["git", "status", "--porcelain", "--untracked-files=no"])
         return {"commit": sha, "dirty": bool(dirty), "source": "git"}
-    env = os.environ.get("REASONRL_GIT_COMMIT")
-    return {"commit": env, "dirty": os.environ.get("REASONRL_GIT_DIRTY", "?") in ("1", "true", "yes"),
-            "source": "REASONRL_GIT_COMMIT" if env else "unknown (no .git, no REASONRL_GIT_COMMIT)"}
+    return {"commit": None, "dirty": True, "source": "unknown (no .git, no REASONRL_GIT_COMMIT)"}
 
 
 GPU_QUERY = ("name,driver_version,pstate,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.draw,"
@@ -437,7 +442,10 @@ def run_benchmarks(names: list[str], device: str, quick: bool, providers: Option
         cmd = [sys.executable, "-u", os.path.join(HERE, f"bench_{name}.py"), "--device", device, "--json", json_path]
         cmd += ["--png", os.path.join(png_dir, f"{name}.png")] if png_dir else []
         cmd += ["--quick"] if quick else []
-        cmd += ["--providers", providers] if providers else []
+        if providers:
+            cmd += [f"--providers={providers}"]
+        elif quick:  # torch.compile's compiles take most of a quick benchmark's time on a fresh card
+            cmd += ["--providers=-compile"]
         # --quick: the first tile candidate, no autotuning (minutes of compiles on a fresh card)
         benv = dict(env, REASONRL_TRITON_AUTOTUNE="0") if quick else env
         steps.append(run_step(f"bench {name}", cmd, benv, step_limit("bench")))

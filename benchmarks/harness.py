@@ -508,7 +508,8 @@ def add_common_args(p) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="one (small) size per case, few repeats")
     p.add_argument("--reps", type=int, default=None, help="timed calls per measurement")
-    p.add_argument("--providers", default=None, help="comma-separated subset of the providers")
+    p.add_argument("--providers", default=None, help="comma-separated subset of the providers; or, each "
+                   "with a leading '-' (--providers=-compile), the providers to leave out")
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                    help="each provider in a fresh process, so no other provider's allocator cache or "
                    "compiled code is in its CPU peak memory (default: on for a full CPU run)")
@@ -531,10 +532,11 @@ def op_script_main(script: str, doc: str, cases_fn: Callable[[str, bool], list[C
         raise SystemExit(f"{os.path.basename(script)}: --device {device} but torch "
                          f"{torch.__version__} sees no CUDA device")
     cases = cases_fn(device, args.quick)
-    if args.providers:
-        keep = args.providers.split(",")
+    if args.providers:  # "a,b" keeps those; "-a,-b" drops those
+        names = args.providers.split(",")
+        drop = all(n.startswith("-") for n in names)
         for c in cases:
-            c.providers = [p for p in c.providers if p in keep]
+            c.providers = [p for p in c.providers if (f"-{p}" not in names if drop else p in names)]
     reps = args.reps or (3 if args.quick else (20 if device.startswith("cuda") else 7))
     info = env_info(device)
     mdt = matmul_dtype or default_dtype(device)

@@ -33,8 +33,10 @@ RRL_TARGET_CLONES void forward_row(const scalar_t* z, int64_t V, acc_t inv_tau, 
     }
     if (bm > m) {
       if (S > 0) {
+        // r = 0 (the old maximum is dtype-minimum-like, e.g. a mask filled with finfo.min): the
+        // old terms vanish. Computed, (m - bm) * S overflows to -inf and 0 * -inf is NaN.
         const acc_t r = std::exp(m - bm);
-        E = r * (E + (m - bm) * S);
+        E = r > acc_t(0) ? r * (E + (m - bm) * S) : acc_t(0);
         S = r * S;
       }
       m = bm;

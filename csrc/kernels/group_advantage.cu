@@ -22,7 +22,7 @@ constexpr int64_t kTiledMax = 1 << 16;
 
 // Calls f(reward) for every response of group g, in index order (the CPU kernel's order, so
 // sums round the same way), streaming all (id, reward) pairs through shared memory one tile at
-// a time. Every thread of the block must call it (it synchronises).
+// a time. Every thread of the block must call it, whatever its own group (it synchronises).
 template <typename r_t, typename g_t, typename F>
 __device__ void for_each_in_group(const r_t* __restrict__ rewards, const g_t* __restrict__ gids,
                                   int64_t B, int64_t g, double* sr, int64_t* sg, F&& f) {
@@ -56,15 +56,15 @@ __global__ void __launch_bounds__(kThreads)
     sum += x;
     cnt += 1;
   });
-  double mean = 0;  // a group of one: mean 0, std 1
-  if (cnt > 1) {
-    mean = sum / cnt;
-    // The CPU kernel's correction pass: makes the mean exact for equal rewards, so they get
-    // exactly 0 rather than rounding noise divided by eps (or by 0 when eps = 0).
-    double c = 0;
-    for_each_in_group(rewards, gids, B, g, sr, sg, [&](double x) { c += x - mean; });
-    mean += c / cnt;
-  }
+  // The CPU kernel's correction pass: makes the mean exact for equal rewards, so they get
+  // exactly 0 rather than rounding noise divided by eps (or by 0 when eps = 0). Every thread of
+  // the block runs it, also one whose group has a single member (whose mean is 0, std 1): the
+  // pass synchronises the block, and a __syncthreads() that some threads skip is undefined
+  // behaviour (it hung, or mixed up the shared tiles, on an H100).
+  double mean = sum / (cnt > 0 ? cnt : 1.0);
+  double c = 0;
+  for_each_in_group(rewards, gids, B, g, sr, sg, [&](double x) { c += x - mean; });
+  mean = cnt > 1 ? mean + c / cnt : 0.0;
   double ss = 0;
   if (norm_by_std) {
     // __dmul_rn: no fused multiply-add, so the sum of squares rounds as on the CPU.

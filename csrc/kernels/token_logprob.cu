@@ -54,8 +54,10 @@ struct Online {
     }
     if (mx > m) {
       if (S > 0) {
+        // r = 0 (the old maximum is dtype-minimum-like, e.g. a mask filled with finfo.min):
+        // the old terms vanish. Computed, (m - mx) * S overflows to -inf and 0 * -inf is NaN.
         const acc_t r = fexp(m - mx);
-        if (kEnt) E = r * (E + (m - mx) * S);
+        if (kEnt) E = r > acc_t(0) ? r * (E + (m - mx) * S) : acc_t(0);
         S = r * S;
       }
       m = mx;
@@ -82,15 +84,16 @@ struct Online {
     const acc_t M = om > m ? om : m;
     if (M == -kInf) return;
     acc_t nS = 0, nE = 0;
+    // As in add_chunk: a side whose scale r underflows to 0 adds nothing (never 0 * -inf).
     if (S > 0) {
       const acc_t r = fexp(m - M);
       nS += r * S;
-      nE += r * (E + (m - M) * S);
+      if (r > acc_t(0)) nE += r * (E + (m - M) * S);
     }
     if (oS > 0) {
       const acc_t r = fexp(om - M);
       nS += r * oS;
-      nE += r * (oE + (om - M) * oS);
+      if (r > acc_t(0)) nE += r * (oE + (om - M) * oS);
     }
     m = M;
     S = nS;

@@ -147,7 +147,8 @@ def _forward_triton(hidden, weight, tgt, bias, temperature):
     Ms = torch.where(M == float("-inf"), torch.zeros_like(M), M)
     w = torch.exp(m - Ms)  # 0 for a split whose columns are all -inf (m = -inf, S = 0)
     s_tot = (w * S).sum(0)
-    e_tot = torch.where(S > 0, w * (E + (m - Ms) * S), torch.zeros_like(S)).sum(0)
+    # a split whose weight underflows to 0 adds nothing (computed, 0 * -inf would be NaN)
+    e_tot = torch.where((S > 0) & (w > 0), w * (E + (m - Ms) * S), torch.zeros_like(S)).sum(0)
     lse = Ms + torch.log(s_tot)
     return T.sum(0) - lse, torch.log(s_tot) - e_tot / s_tot, lse
 

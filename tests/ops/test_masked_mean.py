@@ -229,7 +229,7 @@ def test_direct_kernel_calls_reject_bad_input_cuda():
     # The CUDA kernels check sizes, dtypes and devices themselves: a mismatch raises the
     # promised Python exception, never an illegal memory access (hence the child process).
     lines = child_outcomes("""
-        c = lambda *s, dt=torch.float32: torch.rand(*s).to("cuda", dt)
+        c = lambda *s, dt=torch.float32: torch.rand(s).to("cuda", dt)
         B, T = 3, 4
         big = torch.ones(20_000_000, 1, dtype=torch.bool, device="cuda")
         x, m, g = c(B, T, 8), c(B, T), c(B, 8)

@@ -210,7 +210,7 @@ def test_direct_kernel_calls_reject_bad_input():
     # (a [1] delta with a [2e7, 1] mask ended in SIGSEGV). Each line: expected type | outcome.
     lines = child_outcomes("""
         B, T = 3, 4
-        f = lambda *s, dt=torch.float32: torch.rand(*s).to(dt)
+        f = lambda *s, dt=torch.float32: torch.rand(s).to(dt)
         fwd = dict(log_z=f(B), logprob=f(B, T), ref_logprob=f(B, T), old_logprob=f(B, T),
                    reward=f(B), mask=torch.ones(B, T, dtype=torch.bool))
         def call_fwd(lo=0.0, hi=10.0, **bad):
@@ -295,7 +295,7 @@ def test_direct_kernel_calls_reject_bad_input_cuda():
     # The CUDA kernels check sizes, dtypes and devices themselves: a mismatch raises the
     # promised Python exception, never an illegal memory access (hence the child process).
     lines = child_outcomes("""
-        c = lambda *s, dt=torch.float32: torch.rand(*s).to("cuda", dt)
+        c = lambda *s, dt=torch.float32: torch.rand(s).to("cuda", dt)
         B, T = 3, 4
         fwd = [c(B), c(B, T), c(B, T), c(B, T), c(B), torch.ones(B, T, dtype=torch.bool, device="cuda")]
         bwd = [c(), c(B), c(B), c(B, T)]

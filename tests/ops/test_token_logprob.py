@@ -536,6 +536,33 @@ def test_inplace_refusals_and_tiny_temperature(device):
         token_logprob(torch.randn(4, 10, device=device), y, temperature=1e-40)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dtype_minimum_columns_before_the_real_logits_keep_the_entropy_finite(device, dtype):
+    # Masks filled with finfo.min ahead of a row's real logits: the running maximum starts at the
+    # minimum and its terms are rescaled to 0 when a real logit arrives. Computed naively, that
+    # rescale is 0 * -inf = NaN (it was, on CPU past one 1024-column block and on CUDA within one
+    # warp's chunk).
+    V = 5003
+    lo = torch.finfo(dtype).min
+    x = torch.full((3, V), lo, dtype=torch.float64)
+    x[0, -1] = 1.0
+    x[1, -3:] = torch.tensor([0.5, 1.0, 2.0])
+    x[2] = torch.randn(V, dtype=torch.float64)
+    x[2, :4000] = lo
+    x = x.to(dtype)
+    y = torch.tensor([V - 1, V - 2, V - 10])
+    for tau in (1.0, 0.7):
+        z = x.to(device).requires_grad_()
+        lp, ent = token_logprob(z, y.to(device), temperature=tau, return_entropy=True)
+        (lp.sum() + ent.sum()).backward()
+        lsm = torch.log_softmax(x.double() / tau, -1)
+        want_ent = -torch.where(lsm > float("-inf"), lsm.exp() * lsm, 0.0).sum(-1)
+        torch.testing.assert_close(lp.double().cpu(), lsm.gather(1, y[:, None])[:, 0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ent.double().cpu(), want_ent, rtol=1e-4, atol=1e-4)
+        assert torch.isfinite(z.grad).all()
+
+
 @cuda_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dtype_minimum_mask_and_masked_target_match_the_cpu_kernel(dtype):

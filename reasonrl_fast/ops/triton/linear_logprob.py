@@ -84,7 +84,9 @@ def _fwd_kernel(h_ptr, w_ptr, b_ptr, y_ptr, m_ptr, s_ptr, e_ptr, t_ptr,
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_safe)
-        E = tl.where(S > 0, alpha * (E + tl.where(S > 0, m - m_safe, 0.0) * S), 0.0)
+        # alpha = 0 (an old maximum like a dtype minimum): the old terms vanish; computed,
+        # (m - m_safe) * S overflows to -inf and 0 * -inf is NaN
+        E = tl.where((S > 0) & (alpha > 0), alpha * (E + tl.where(S > 0, m - m_safe, 0.0) * S), 0.0)
         S = alpha * S
         p = tl.exp(s - m_safe[:, None])
         d = tl.where(p > 0, s - m_safe[:, None], 0.0)  # 0 * log 0 = 0
