@@ -61,7 +61,8 @@ class Case:
     make(provider, size, device) builds the inputs once and returns the call to time (it raises
     ImportError when the provider's package is missing). bytes_moved(size) and flops(size), when
     given, are the least bytes the call must move and the FLOPs it must do: they give the rows'
-    GB/s and TFLOP/s. dtype names the precision for the table.
+    GB/s and TFLOP/s. work[provider](size), when given, is the FLOPs that provider executes
+    (its rows' exec TFLOP/s). dtype names the precision for the table.
     """
 
     op: str
@@ -73,6 +74,9 @@ class Case:
     bytes_moved: Optional[Callable[[dict], float]] = None
     flops: Optional[Callable[[dict], float]] = None
     notes: dict[str, str] = field(default_factory=dict)  # provider -> what differs in its work
+    # provider -> the FLOPs it really executes (a recompute in the backward, rows it does not
+    # skip): "exec TFLOP/s" beside the TFLOP/s of the least work `flops`
+    work: dict[str, Callable[[dict], float]] = field(default_factory=dict)
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -340,7 +344,7 @@ def add_rates(rows: list[dict], case: Case, rates: dict) -> None:
         if r["ms"]:
             by_size.setdefault(json.dumps(r["size"], sort_keys=True), {})[r["provider"]] = r["ms"]
     for r in rows:
-        for k in ("gbps", "pct_copy_bw", "tflops", "pct_matmul", "vs_eager", "vs_compile"):
+        for k in ("gbps", "pct_copy_bw", "tflops", "pct_matmul", "exec_tflops", "vs_eager", "vs_compile"):
             r.setdefault(k, None)
         if not r["ms"]:
             continue
@@ -353,6 +357,8 @@ def add_rates(rows: list[dict], case: Case, rates: dict) -> None:
             r["tflops"] = case.flops(r["size"]) / s / 1e12
             if rates.get("matmul_tflops"):
                 r["pct_matmul"] = 100 * r["tflops"] / rates["matmul_tflops"]
+        if r["provider"] in case.work:
+            r["exec_tflops"] = case.work[r["provider"]](r["size"]) / s / 1e12
         base = by_size.get(json.dumps(r["size"], sort_keys=True), {})
         if "eager" in base:
             r["vs_eager"] = base["eager"] / r["ms"]
@@ -388,9 +394,9 @@ def _times(x: Optional[float]) -> str:
 def format_row(r: dict) -> str:
     """One progress line for a row."""
     if r["status"] != "ok":
-        return f"{r['op']:<22}{r['case']:<24}{r['provider']:<22}{size_label(r['size']):<30} {r['status']}"
+        return f"{r['op']:<22}{r['case']:<30} {r['provider']:<22}{size_label(r['size']):<30} {r['status']}"
     mem = "" if r.get("peak_mb") is None else f"{r['peak_mb']:9.1f} MB"
-    return f"{r['op']:<22}{r['case']:<24}{r['provider']:<22}{size_label(r['size']):<30}{r['ms']:10.3f} ms {mem}"
+    return f"{r['op']:<22}{r['case']:<30} {r['provider']:<22}{size_label(r['size']):<30}{r['ms']:10.3f} ms {mem}"
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -405,10 +411,11 @@ def markdown_table(rows: list[dict]) -> str:
             ("pct_copy_bw", "% copy bw", lambda r: _f(r.get("pct_copy_bw"), ".1f")),
             ("tflops", "TFLOP/s", lambda r: _f(r.get("tflops"), ".2f")),
             ("pct_matmul", "% matmul", lambda r: _f(r.get("pct_matmul"), ".1f")),
+            ("exec_tflops", "exec TFLOP/s", lambda r: _f(r.get("exec_tflops"), ".2f")),
             ("peak_mb", "peak MB", lambda r: _f(r.get("peak_mb"), ".1f"))]
     always = {"op", "case", "size", "provider", "ms"}
     used = [c for c in cols if c[0] in always or any(r.get(c[0]) is not None for r in rows)]
-    right = {"ms", "vs_eager", "vs_compile", "gbps", "pct_copy_bw", "tflops", "pct_matmul", "peak_mb"}
+    right = {"ms", "vs_eager", "vs_compile", "gbps", "pct_copy_bw", "tflops", "pct_matmul", "exec_tflops", "peak_mb"}
     lines = ["| " + " | ".join(c[1] for c in used) + " |",
              "|" + "|".join("---:" if c[0] in right else "---" for c in used) + "|"]
     lines += ["| " + " | ".join(c[2](r) for c in used) + " |" for r in rows]

@@ -397,3 +397,29 @@ def test_rollout_bench_rejects_settings_it_makes_itself():
         r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_rollout.py"), *args], cwd=ROOT,
                            env=_env(), capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
+
+
+def test_linear_bench_counts_the_flops_each_provider_executes():
+    import bench_linear_token_logprob as bench
+
+    cases = {c.case: c for c in bench.cases("cuda", quick=False)}
+    s = {"N": 16384, "H": 4096, "V": 131072}
+    nhv = 16384 * 4096 * 131072
+    full = cases["forward + backward"]
+    assert full.flops(s) == 6 * nhv  # the least work, the same for every provider
+    assert full.work["ours"](s) == full.work["cce"](s) == full.work["liger_logprob"](s) == 8 * nhv  # recompute
+    assert full.work["eager"](s) == full.work["liger_flce"](s) == 6 * nhv
+    assert full.notes["cce"] == "exact"
+    ignored = cases["fwd + bwd, 40 % rows ignored"]
+    valid = 16384 - int(bench.ignored_rows(16384).sum())
+    assert valid == 9828  # 6556 of 16384 rows (40.0 %) ignored, in runs of 4
+    assert ignored.flops(s) == 6 * valid * 4096 * 131072
+    assert ignored.work["ours"](s) == ignored.work["cce"](s) == 8 * valid * 4096 * 131072  # they skip them
+    assert ignored.work["liger_flce"](s) == 6 * nhv and ignored.work["liger_logprob"](s) == 8 * nhv
+    rows = [{"provider": p, "size": s, "ms": 100.0} for p in ("ours", "liger_flce", "eager")]
+    harness.add_rates(rows, ignored, {"matmul_tflops": 800.0})
+    by = {r["provider"]: r for r in rows}
+    assert by["ours"]["tflops"] == by["liger_flce"]["tflops"] == pytest.approx(6 * valid * 4096 * 131072 / 0.1 / 1e12)
+    assert by["ours"]["exec_tflops"] == pytest.approx(8 * valid * 4096 * 131072 / 0.1 / 1e12)
+    assert by["liger_flce"]["exec_tflops"] == pytest.approx(6 * nhv / 0.1 / 1e12)
+    assert "exec TFLOP/s" in harness.markdown_table([dict(r, op="o", case="c", dtype="bf16", status="ok") for r in rows])
