@@ -68,6 +68,7 @@ BENCHMARKS = ["token_logprob", "linear_token_logprob", "group_advantage", "tb_lo
 LIMITS = {"wheels": (10, 120), "build": (60, 300), "import": (10, 60), "errpath": (15, 120),
           "tests": (90, 300), "smoke": (60, 180), "bench": (30, 150)}
 NO_CUDA = "skipped: no CUDA"
+INTERRUPT_GRACE_S = 10.0  # from a step's SIGINT at its limit to the SIGKILL
 
 _LOG = None  # the check's log file: every line printed also goes there
 
@@ -108,7 +109,7 @@ def skipped(name: str, why: str) -> dict:
 def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = ROOT) -> dict:
     """Run cmd, echoing its output as it comes; kill its process group past `timeout` seconds
     (or the check's deadline, whichever comes first): SIGINT first, so that pytest still writes
-    its summary and junit XML, then SIGKILL 10 s later. Returns {name, cmd, rc, seconds, limit,
+    its summary and junit XML, then SIGKILL INTERRUPT_GRACE_S later. Returns {name, cmd, rc, seconds, limit,
     status, tail}."""
     left = _DEADLINE - time.monotonic()
     if left < 5:
@@ -135,7 +136,7 @@ def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = RO
         left = deadline - time.monotonic()
         if left <= 0 and not interrupted:
             os.killpg(proc.pid, signal.SIGINT)
-            status, interrupted, deadline = f"timed out after {timeout:.0f} s", True, time.monotonic() + 10
+            status, interrupted, deadline = f"timed out after {timeout:.0f} s", True, time.monotonic() + INTERRUPT_GRACE_S
             continue
         if left <= 0:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -354,35 +355,36 @@ def _junit(path: str) -> dict:
     return out
 
 
+FAULTS = r"(Segmentation fault|Aborted|Bus error|Floating[- ]point exception|Illegal instruction)"
+
+
 def _crashes(log_path: str, start: int) -> list[str]:
-    """What the tests' output says beyond the junit XML: the test a crash ended ("Fatal Python
-    error: Segmentation fault" after the test's id), the tests faulthandler found still running
-    (the test function in the stack it dumped), and crashed xdist workers."""
-    found = []
+    """What the tests' output says beyond the junit XML: the tests whose process died (after
+    faulthandler's "Fatal Python error", its fault's name and the test function in the stack
+    it printed), the tests faulthandler found still running at its timeout (the test function
+    in the stacks it dumped), and crashed xdist workers. Workers write into one stream, so a
+    report's lines may be split by other output: the fault's name and the stack are looked for
+    on the lines after the marker."""
     try:
         with open(log_path, errors="replace") as f:
             f.seek(start)
             lines = f.read().splitlines()
     except OSError:
         return []
-    hang = None
+    found, armed, fault = [], None, None
     for line in lines:
-        m = re.search(r"(\S+::\S+)\s+Fatal Python error: ([\w ]+)", line)
-        if m:
-            found.append(f"{m.group(1)}: the process died ({m.group(2).strip()}); its stack is in gpu_check.log")
-            continue
-        m = re.search(r"Fatal Python error: ([\w ]+)", line)
-        if m:
-            found.append(f"a test process died ({m.group(1).strip()}); its stack is in gpu_check.log")
-        m = re.search(r"Timeout \((\d+:\d+:\d+)\)!|\+{5,} Timeout \+{5,}", line)
-        if m:
-            hang = m.group(1) or "its limit"
-            continue
+        if "Fatal Python error" in line:
+            armed, fault = "crash", None
+        elif m := re.search(r"Timeout \((\d+:\d+:\d+)\)!|\+{5,} Timeout \+{5,}", line):
+            armed, fault = "hang", m.group(1) or "its limit"
+        if armed == "crash" and fault is None and (m := re.search(FAULTS, line)):
+            fault = m.group(1)
         m = re.search(r'File "([^"]+)", line (\d+) in (test_\w+)', line)
-        if hang and m:
-            found.append(f"{os.path.basename(m.group(1))}::{m.group(3)} (line {m.group(2)}): still running after "
-                         f"{hang}; the stacks are in gpu_check.log")
-            hang = None
+        if armed and m:
+            test = f"{os.path.basename(m.group(1))}::{m.group(3)} (line {m.group(2)})"
+            found.append(f"{test}: the process died ({fault or 'a fatal error'}); its stack is in gpu_check.log"
+                         if armed == "crash" else f"{test}: still running after {fault}; the stacks are in gpu_check.log")
+            armed = None
         m = re.search(r"worker '?(gw\d+)'? crashed while running '?([^' ]+?)'?$", line)
         if m:
             found.append(f"{m.group(2)}: its worker {m.group(1)} crashed")

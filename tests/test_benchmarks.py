@@ -308,7 +308,15 @@ def test_a_step_past_its_limit_is_killed_and_one_past_the_budget_is_skipped(monk
 
     hang = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
     step = gpu_check.run_step("hang", hang, _env(), timeout=3)
-    assert step["status"] == "timed out after 3 s" and step["seconds"] < 20 and step["tail"] == ["started"]
+    # SIGINT first (pytest still writes its summary and junit XML then), so Python's traceback
+    assert step["status"] == "timed out after 3 s" and step["seconds"] < 20 and step["tail"][0] == "started"
+    assert "KeyboardInterrupt" in step["tail"][-1]
+    # a step that ignores SIGINT is killed after the grace period
+    monkeypatch.setattr(gpu_check, "INTERRUPT_GRACE_S", 1.0)
+    deaf = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "print('deaf', flush=True); time.sleep(60)"]
+    step = gpu_check.run_step("deaf", deaf, _env(), timeout=2)
+    assert step["status"] == "timed out after 2 s" and step["seconds"] < 15 and step["rc"] == -9
     failing = [sys.executable, "-c", "import sys; print('1 failed, 2 passed in 0.1s'); sys.exit(3)"]
     step = gpu_check.run_step("tests", failing, _env(), timeout=60)
     assert step["status"] == "failed (exit 3)" and gpu_check.test_summary(step["tail"]) == "1 failed, 2 passed in 0.1s"

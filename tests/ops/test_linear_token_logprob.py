@@ -235,6 +235,28 @@ def test_triton_path_is_used_where_expected(path):
     assert L._use_triton(h) == (path != "cpu")
 
 
+@pytest.mark.parametrize("path", TRITON_PATHS, indirect=True)
+@pytest.mark.parametrize("group", [0, 1, 3])
+def test_every_launch_order_computes_every_tile_once(path, group, monkeypatch):
+    # 7 row blocks of 16 and, in the backward's chunks of 48 columns, 3 tiles each: groups of 3
+    # row blocks leave a last group of 1, and the forward's 3 splits take the column's place.
+    monkeypatch.setenv("REASONRL_TRITON_GROUP_N", str(group))
+    monkeypatch.setenv("REASONRL_TRITON_AUTOTUNE", "0")
+    monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "48")
+    gen = torch.Generator().manual_seed(11)
+    h, W, b, y = _inputs(100, 16, 130, torch.float64, True, gen)
+    h, W, b = (t.to(dev(path)).requires_grad_() for t in (h, W, b))
+    lp, ent = linear_token_logprob(h, W, y.to(dev(path)), bias=b, temperature=0.9, return_entropy=True)
+    grads = torch.autograd.grad(lp.sum() + ent.sum(), (h, W, b))
+    hr, Wr, br = (t.detach().cpu().requires_grad_() for t in (h, W, b))
+    lpr, entr = _ref(hr, Wr, br, y, 0.9)
+    want = torch.autograd.grad(lpr.sum() + entr.sum(), (hr, Wr, br))
+    torch.testing.assert_close(lp.cpu(), lpr)
+    torch.testing.assert_close(ent.cpu(), entr)
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g.cpu(), w)
+
+
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 def test_masked_tile_columns_count_as_minus_infinity(path, monkeypatch):
     # V = 19: the last 16-wide tile has 13 masked columns. Logits of -50 everywhere: a masked
@@ -789,10 +811,10 @@ def _compile_both(tk, arch, t, a, ACC, PREC, consts, opts):
     sig = {"h_ptr": f"*{t}", "w_ptr": f"*{t}", "b_ptr": f"*{t}", "y_ptr": "*i64",
            "m_ptr": f"*{a}", "s_ptr": f"*{a}", "e_ptr": f"*{a}", "t_ptr": f"*{a}",
            "N": "i32", "V": "i32", "H": "i32", "stride_hn": "i32", "stride_wv": "i32",
-           "tau_ptr": f"*{a}", "N_BUCKET": "i32",
+           "tau_ptr": f"*{a}", "N_BUCKET": "i32", "SPLITS": "i32",
            "HAS_BIAS": "constexpr", "ACC": "constexpr", "PREC": "constexpr",
            "UPCAST": "constexpr", "BLOCK_N": "constexpr", "BLOCK_V": "constexpr",
-           "BLOCK_H": "constexpr"}
+           "BLOCK_H": "constexpr", "GROUP_N": "constexpr"}
     const = dict(HAS_BIAS=True, ACC=ACC, PREC=PREC, **consts)
     src = ASTSource(tk._fwd_kernel, sig, constexprs=const)
     try:
@@ -808,7 +830,8 @@ def _compile_both(tk, arch, t, a, ACC, PREC, consts, opts):
             "stride_hn": "i32", "stride_wv": "i32", "stride_dz": "i32", "tau_ptr": f"*{a}",
             "ignore_index": "i64", "N_BUCKET": "i32", "HAS_BIAS": "constexpr",
             "HAS_ENT": "constexpr", "ACC": "constexpr", "PREC": "constexpr", "UPCAST": "constexpr",
-            "BLOCK_N": "constexpr", "BLOCK_V": "constexpr", "BLOCK_H": "constexpr"}
+            "BLOCK_N": "constexpr", "BLOCK_V": "constexpr", "BLOCK_H": "constexpr",
+            "GROUP_N": "constexpr"}
     const2 = dict(HAS_BIAS=True, HAS_ENT=True, ACC=ACC, PREC=PREC, **consts)
     src2 = ASTSource(tk._dz_kernel, sig2, constexprs=const2)
     k2 = triton.compile(src2, target=GPUTarget("cuda", arch, 32), options=opts)

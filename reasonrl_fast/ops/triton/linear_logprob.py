@@ -10,6 +10,13 @@ Backward: for one vocabulary chunk [c0, c0 + C) at a time, a kernel recomputes t
 and writes dz = ∂loss/∂z for that chunk only ([N, C] in the input dtype); the host then forms
 dh += dz Wᵀ_c and dW[c0:c0+C] = dzᵀ h with two GEMMs. Extra memory: the [N, C] chunk plus
 O(N + V), never [N, V].
+
+Launch order: both kernels run on a 1D grid mapped to (row block, vocabulary tile or split) by
+`_grouped`. GROUP_N = 0 launches every row block of one column before the next column (all of
+h in flight: at N = 16384, H = 4096 in bf16, 128 MiB, more than an H100's 50 MB L2); GROUP_N = g
+sweeps the columns with g row blocks at a time, so the programs in flight share g blocks of h
+and a few tiles of W (the grouped order of Triton's matmul tutorial). Both are autotuning
+candidates on CUDA; the first candidate (taken without autotuning) keeps GROUP_N = 0.
 """
 
 from __future__ import annotations
@@ -52,21 +59,34 @@ def _logit_tile(h_ptr, w_ptr, b_ptr, rows64, rmask, cols64, cmask, H, stride_hn,
 
 
 @triton.jit
+def _grouped(pid, num_n, num_v, GROUP_N: tl.constexpr):
+    """(row block, column) of program `pid` of a 1D grid of num_n x num_v programs: every row
+    block of a column before the next column (GROUP_N = 0), or GROUP_N row blocks at a time
+    across all the columns, the last group holding what is left."""
+    if GROUP_N == 0:
+        return pid % num_n, pid // num_n
+    in_group = GROUP_N * num_v
+    first = (pid // in_group) * GROUP_N
+    size = tl.minimum(num_n - first, GROUP_N)
+    local = pid % in_group
+    return first + local % size, local // size
+
+
+@triton.jit
 def _fwd_kernel(h_ptr, w_ptr, b_ptr, y_ptr, m_ptr, s_ptr, e_ptr, t_ptr,
-                N, V, H, stride_hn, stride_wv, tau_ptr, N_BUCKET,
+                N, V, H, stride_hn, stride_wv, tau_ptr, N_BUCKET, SPLITS,
                 HAS_BIAS: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
                 UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
-                BLOCK_H: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
+                BLOCK_H: tl.constexpr, GROUP_N: tl.constexpr):
+    pid_n, pid_s = _grouped(tl.program_id(0), tl.cdiv(N, BLOCK_N), SPLITS, GROUP_N)
     inv_tau = tl.load(tau_ptr)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     rows64 = rows.to(tl.int64)
     y = tl.load(y_ptr + rows64, mask=rmask, other=-1)
-    # The vocabulary is cut into num_programs(1) ranges of whole BLOCK_V tiles; the last
-    # ranges may be empty (then the split stays m = -inf, S = 0, which merges as nothing).
-    v_per_split = tl.cdiv(tl.cdiv(V, BLOCK_V), tl.num_programs(1)) * BLOCK_V
+    # The vocabulary is cut into SPLITS ranges of whole BLOCK_V tiles; the last ranges may be
+    # empty (then the split stays m = -inf, S = 0, which merges as nothing).
+    v_per_split = tl.cdiv(tl.cdiv(V, BLOCK_V), SPLITS) * BLOCK_V
     v_begin = pid_s * v_per_split
     v_end = tl.minimum(v_begin + v_per_split, V)
     m = tl.full([BLOCK_N], float("-inf"), dtype=ACC)
@@ -105,9 +125,8 @@ def _dz_kernel(h_ptr, w_ptr, b_ptr, y_ptr, glp_ptr, gent_ptr, lse_ptr, mean_ptr,
                N, V, H, c0, c1, stride_hn, stride_wv, stride_dz, tau_ptr, ignore_index, N_BUCKET,
                HAS_BIAS: tl.constexpr, HAS_ENT: tl.constexpr, ACC: tl.constexpr,
                PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_v = tl.program_id(1)
+               BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, GROUP_N: tl.constexpr):
+    pid_n, pid_v = _grouped(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.cdiv(c1 - c0, BLOCK_V), GROUP_N)
     inv_tau = tl.load(tau_ptr)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
@@ -149,8 +168,8 @@ def _inv_tau(temperature, dtype, like):
     return torch.full((1,), 1.0 / temperature, dtype=dtype, device=like.device)
 
 
-def _config(bn, bv, bh, warps, stages):
-    return triton.Config(dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh), num_warps=warps,
+def _config(bn, bv, bh, warps, stages, group=0):
+    return triton.Config(dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, GROUP_N=group), num_warps=warps,
                          num_stages=stages)
 
 
@@ -158,13 +177,18 @@ def _config(bn, bv, bh, warps, stages):
 # N rounded up to a power of two). Shared memory per pipeline stage is
 # (BLOCK_N + BLOCK_V) * BLOCK_H * itemsize: the 16-bit candidates stay within an H100/H200's
 # 227 KiB with their stage counts, and the first of each list fits an A100's 163 KiB.
+# The grouped launch order (GROUP_N = 8) is a candidate beside the first tiles: the card's own
+# timing decides whether keeping h in L2 beats sharing each W tile across all row blocks.
 _CONFIGS = {
     torch.float64: [_config(64, 64, 32, 4, 2), _config(32, 64, 32, 4, 2)],
     torch.float32: [_config(128, 128, 32, 8, 3), _config(64, 128, 32, 4, 3),
-                    _config(128, 64, 32, 4, 4), _config(128, 256, 32, 8, 3)],
+                    _config(128, 64, 32, 4, 4), _config(128, 256, 32, 8, 3),
+                    _config(128, 128, 32, 8, 3, group=8)],
     "16bit": [_config(128, 128, 64, 8, 3), _config(128, 256, 64, 8, 3),
               _config(256, 128, 64, 8, 3), _config(128, 128, 64, 4, 4),
-              _config(64, 256, 64, 4, 4), _config(128, 256, 32, 8, 4)],
+              _config(64, 256, 64, 4, 4), _config(128, 256, 32, 8, 4),
+              _config(128, 128, 64, 8, 3, group=8), _config(128, 256, 64, 8, 3, group=8),
+              _config(256, 128, 64, 8, 3, group=8)],
 }
 _KEY = ["H", "V", "N_BUCKET"]
 _fwd_tuned = {k: triton.autotune(configs=c, key=_KEY)(_fwd_kernel) for k, c in _CONFIGS.items()}
@@ -172,7 +196,7 @@ _dz_tuned = {k: triton.autotune(configs=c, key=_KEY)(_dz_kernel) for k, c in _CO
 
 # Interpreter (tests on CPU): tl.dot needs >= 16 in every dimension; small blocks keep tests
 # quick, and no autotuning.
-_INTERP = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16)
+_INTERP = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, GROUP_N=0)
 
 
 def _kernel(tuned, plain, hidden):
@@ -180,16 +204,19 @@ def _kernel(tuned, plain, hidden):
 
     REASONRL_TRITON_AUTOTUNE=0 takes the first candidate without benchmarking: each candidate
     compiles in seconds and every new (H, V, N bucket) is benchmarked again, which a test
-    suite of many small shapes cannot afford."""
+    suite of many small shapes cannot afford. REASONRL_TRITON_GROUP_N sets the launch order
+    there (see the module docstring)."""
     dtype = hidden.dtype
+    # REASONRL_TRITON_GROUP_N: the launch order where nothing is autotuned (tests, --quick)
+    group = {"GROUP_N": int(os.environ["REASONRL_TRITON_GROUP_N"])} if os.environ.get("REASONRL_TRITON_GROUP_N") else {}
     if hidden.device.type == "cuda":
         key = dtype if dtype in (torch.float32, torch.float64) else "16bit"
         if os.environ.get("REASONRL_TRITON_AUTOTUNE", "1") == "0":
             first = _CONFIGS[key][0]
             return plain, dict(first.kwargs, UPCAST=False, num_warps=first.num_warps,
-                               num_stages=first.num_stages)
+                               num_stages=first.num_stages, **group)
         return tuned[key], {"UPCAST": False}
-    return plain, dict(_INTERP, UPCAST=dtype in (torch.bfloat16, torch.float16))
+    return plain, dict(_INTERP, UPCAST=dtype in (torch.bfloat16, torch.float16), **group)
 
 
 def _n_bucket(N, t):
@@ -225,10 +252,10 @@ def forward_partials(hidden, weight, bias, target, temperature, splits=None, wra
         return parts
     kernel, extra = _kernel(_fwd_tuned, _fwd_kernel, hidden)
     b = bias if bias is not None else hidden  # dummy pointer when HAS_BIAS is False
-    wrap(kernel)[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), splits)](
+    wrap(kernel)[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]) * splits,)](
         hidden, weight, b, target, parts[0], parts[1], parts[2], parts[3],
         N, V, H, hidden.stride(0), weight.stride(0), _inv_tau(temperature, acc_dtype, hidden),
-        _n_bucket(N, hidden), HAS_BIAS=bias is not None, ACC=ACC, PREC=PREC, **extra)
+        _n_bucket(N, hidden), splits, HAS_BIAS=bias is not None, ACC=ACC, PREC=PREC, **extra)
     return parts
 
 
@@ -244,7 +271,7 @@ def chunk_dz(hidden, weight, bias, target, grad_lp, grad_ent, lse, mean_s, tempe
     kernel, extra = _kernel(_dz_tuned, _dz_kernel, hidden)
     b = bias if bias is not None else hidden
     has_ent = grad_ent is not None
-    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(c1 - c0, meta["BLOCK_V"]))  # noqa: E731
+    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]) * triton.cdiv(c1 - c0, meta["BLOCK_V"]),)  # noqa: E731
     wrap(kernel)[grid](
         hidden, weight, b, target, grad_lp, grad_ent if has_ent else grad_lp, lse,
         mean_s if has_ent else lse, out, N, V, H, c0, c1, hidden.stride(0), weight.stride(0),
