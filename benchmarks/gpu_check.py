@@ -10,8 +10,10 @@ Steps, in this order; a failed step is recorded and the next one still runs:
   wheels     (--wheels DIR) `pip install --no-index --no-deps --target TMP DIR/*.whl`, TMP put on
              the PYTHONPATH of every later step;
   build      `setup.py build_ext --inplace` with FORCE_CUDA=1, CUDA_HOME (default /usr/local/cuda),
-             MAX_JOBS = all cores, TORCH_CUDA_ARCH_LIST = the card's compute capability; setup.py
-             picks one compiler pair for both halves and prints it (reasonrl_fast/toolchain.py);
+             MAX_JOBS = all cores, TORCH_CUDA_ARCH_LIST = the card's compute capability, and the
+             environment's CC/CXX, or the system pair when a test link shows the environment's
+             compiler would give `_C.so` a C++ runtime of its own (choose_pair); setup.py prints
+             the pair it builds with (reasonrl_fast/toolchain.py);
   import     which `_C.so` a fresh interpreter loads, its ELF facts (NEEDED, .comment, whether it
              defines its own C++ runtime) and whether it has CUDA kernels;
   errpath    `python -m reasonrl_fast.errpath`: every documented error from every op schema, CPU
@@ -271,8 +273,37 @@ def cuda_available(env: dict) -> bool:
     return _out([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], timeout=120, env=env) == "True"
 
 
+SYSTEM_PAIR = ("/usr/bin/gcc", "/usr/bin/g++")
+
+
+def choose_pair(env: dict) -> tuple[Optional[dict], str]:
+    """The CC/CXX for the build: the environment's pair when a test link with it shares the
+    process's C++ runtime; else the system pair when that one does (setup.py would refuse the
+    environment's: a machine whose CC/CXX name a wrapper that links libstdc++ statically still
+    gets its check). Returns (the variables to set, or None to keep the environment's; a line
+    that says which and why)."""
+    from reasonrl_fast import toolchain
+
+    try:
+        cc, cxx = toolchain.compiler_pair(env)
+    except toolchain.ToolchainError as e:
+        return None, f"compilers: {e}"
+    problem = toolchain.private_runtime_problem(toolchain.probe_link(cxx, env=env))
+    if problem is None:
+        return None, f"compilers: CC={cc} CXX={cxx} (the environment's; a test link shares torch's C++ runtime)"
+    sys_cc, sys_cxx = SYSTEM_PAIR
+    if os.path.exists(sys_cxx) and os.path.exists(sys_cc) and \
+            toolchain.private_runtime_problem(toolchain.probe_link(sys_cxx, env=env)) is None:
+        return ({"CC": sys_cc, "CXX": sys_cxx},
+                f"compilers: CC={sys_cc} CXX={sys_cxx}, not the environment's CXX={cxx}: {problem}")
+    return None, f"compilers: CC={cc} CXX={cxx}, and no system pair to fall back on: {problem}"
+
+
 def build(env: dict) -> dict:
     benv = dict(env, FORCE_CUDA="1", MAX_JOBS=str(os.cpu_count() or 1))
+    pair, why = choose_pair(env)
+    log(f"build: {why}")
+    benv.update(pair or {})
     benv.setdefault("CUDA_HOME", "/usr/local/cuda")
     arch = _arch(env)
     if arch:
@@ -281,7 +312,9 @@ def build(env: dict) -> dict:
     log(f"build: CUDA_HOME={benv['CUDA_HOME']} TORCH_CUDA_ARCH_LIST={arch} MAX_JOBS={benv['MAX_JOBS']}"
         + ("" if ninja else " (no ninja: the sources compile one after the other)"))
     step = run_step("build", [sys.executable, "setup.py", "build_ext", "--inplace"], benv, step_limit("build"))
-    step.update(arch=arch, ninja=ninja)
+    step.update(arch=arch, ninja=ninja, compilers=why)
+    if pair:  # the later steps describe the toolchain the build used
+        env.update(pair)
     return step
 
 
@@ -505,8 +538,8 @@ def report(info: dict, facts: dict, rates: dict, steps: list[dict], rows: list[d
              f"- mode: {'quick (one size per benchmark, no autotuning)' if quick else 'full sweep'}", "",
              "## Steps", "", "| step | status | seconds | limit | detail |", "|---|---|---:|---:|---|"]
     for s in steps:
-        detail = s.get("summary") or (f"arch {s.get('arch')}, ninja {'yes' if s.get('ninja') else 'no'}"
-                                      if s["name"] == "build" and s["cmd"] else "")
+        detail = s.get("summary") or (f"arch {s.get('arch')}, ninja {'yes' if s.get('ninja') else 'no'}; "
+                                      f"{s.get('compilers')}" if s["name"] == "build" and s["cmd"] else "")
         if not s["status"].startswith(("ok", "skipped")) and not detail:
             detail = (s["tail"] or [""])[-1][:160]
         limit = "" if s.get("limit") is None else f"{s['limit']}"

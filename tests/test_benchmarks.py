@@ -431,3 +431,20 @@ def test_linear_bench_counts_the_flops_each_provider_executes():
     assert by["ours"]["exec_tflops"] == pytest.approx(8 * valid * 4096 * 131072 / 0.1 / 1e12)
     assert by["liger_flce"]["exec_tflops"] == pytest.approx(6 * nhv / 0.1 / 1e12)
     assert "exec TFLOP/s" in harness.markdown_table([dict(r, op="o", case="c", dtype="bf16", status="ok") for r in rows])
+
+
+def test_gpu_check_builds_with_the_system_pair_when_the_environment_links_its_own_runtime(tmp_path):
+    import gpu_check
+
+    if not (os.path.exists("/usr/bin/g++") and os.path.exists("/usr/bin/gcc")):
+        pytest.skip("no system gcc/g++ pair")
+    # as on the GPU machines the check first ran on: CXX a wrapper whose links carry a private libstdc++
+    wrapper = tmp_path / "g++"
+    wrapper.write_text('#!/bin/sh\nexec /usr/bin/g++ "$@" -static-libstdc++ -static-libgcc\n')
+    wrapper.chmod(0o755)
+    env = dict(os.environ, CXX=str(wrapper), CC="/usr/bin/gcc")
+    pair, why = gpu_check.choose_pair(env)
+    assert pair == {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}, why
+    assert str(wrapper) in why and "__cxa_throw" in why
+    pair, why = gpu_check.choose_pair(dict(os.environ, CXX="/usr/bin/g++", CC="/usr/bin/gcc"))
+    assert pair is None and "the environment's" in why
