@@ -2,7 +2,7 @@
 call that ends inside its budget (default 8 minutes), with every failure and hang named.
 
     python benchmarks/gpu_check.py --quick               # one size per benchmark: the one-call check
-    python benchmarks/gpu_check.py                       # the full benchmark sweep (--budget 480)
+    python benchmarks/gpu_check.py --budget 1200         # the full benchmark sweep (autotuned)
     python benchmarks/gpu_check.py --wheels DIR          # first install the wheels in DIR (no network)
     python benchmarks/gpu_check.py --write benchmarks/RESULTS.md   # also the "GPU" section there
 
@@ -24,8 +24,9 @@ Steps, in this order; a failed step is recorded and the next one still runs:
              failed, crashed or hung test is named in the results even when the step is cut;
   smoke      benchmarks/gpu_smoke.py: two trainer steps on the GPU (FSDP2 over NCCL, fused LM
              head, the embedded model in bf16);
-  bench X    each per-op benchmark with --device DEVICE (and --quick, where Triton autotuning is
-             off: the first tile candidate; the full sweep autotunes, cached by Triton).
+  bench X    each per-op benchmark with --device DEVICE (and --quick: one size, Triton autotuning
+             off, the first tile candidate, and no torch.compile provider; the full sweep
+             autotunes, cached by Triton, and compiles).
 Without CUDA (a CPU machine, or a GPU the driver does not show) build, tests, smoke and the GPU
 benchmarks are recorded as "skipped: no CUDA" and the rest runs: the whole check is exercised on
 CPU. With --device cpu the benchmarks run their CPU cases instead.
