@@ -54,8 +54,8 @@ def test_a_crash_is_named_by_its_signal_and_the_step_in_flight(tmp_path):
 
 def test_a_hang_is_killed_and_named_with_its_stacks(tmp_path):
     so = _tiny_library(tmp_path, "for (;;) pause();")
-    # 15 s: the child imports torch (seconds on a loaded machine) before it loads the library
-    (res,) = errpath.check(["cpu"], timeout=15, library=so)
+    # 10 s: the child imports torch (seconds on a loaded machine) before it loads the library
+    (res,) = errpath.check(["cpu"], timeout=10, library=so)
     assert res["status"] == "hung" and res["seconds"] < 45, res
     assert res["in_flight"] == "loading the library"
     assert "errpath.py" in res["stderr"]  # faulthandler's dump of the Python stack, before the kill

@@ -782,10 +782,22 @@ _ACC = {torch.bfloat16: "fp32", torch.float16: "fp32", torch.float32: "fp32",
 
 def _configs(tk, dtype, arch):
     """The autotuning candidates: all 16-bit ones for sm_90 (the H100/H200 case), else the
-    first of each list (the one that must also fit an A100). Each compile takes seconds."""
+    first of each list (the one that must also fit an A100). Each compile takes seconds; a
+    candidate that differs from an earlier one only in its launch order (GROUP_N) uses the same
+    shared memory: it is compiled once, for the first grouped candidate (the grouped order's
+    code), and run in the interpreter."""
     key = dtype if dtype in (torch.float32, torch.float64) else "16bit"
     configs = tk._CONFIGS[key]
-    return configs if arch == 90 and key == "16bit" else configs[:1]
+    configs = configs if arch == 90 and key == "16bit" else configs[:1]
+    seen, out, grouped = set(), [], False
+    for c in configs:
+        tile = (tuple(sorted((k, v) for k, v in c.kwargs.items() if k != "GROUP_N")), c.num_warps, c.num_stages)
+        first_grouped = c.kwargs.get("GROUP_N", 0) != 0 and not grouped
+        if tile not in seen or first_grouped:
+            seen.add(tile)
+            grouped |= c.kwargs.get("GROUP_N", 0) != 0
+            out.append(c)
+    return out
 
 
 # Shared memory a block may use: A100 163 KiB, H100/H200 227 KiB.
