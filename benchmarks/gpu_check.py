@@ -43,7 +43,6 @@ tables), junit.xml and errpath.json. Exit status 0 only when every step that ran
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import json
 import os

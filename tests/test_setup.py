@@ -142,18 +142,25 @@ def test_check_gcc_refuses_gcc_11_and_names_the_fix(tmp_path):
         toolchain.gcc_version(str(tmp_path / "missing-g++"))
 
 
-def test_setup_refuses_gcc_11_before_compiling(tmp_path):
-    fake = tmp_path / "fake"
-    cxx = _fake(fake, "g++", "11.4.0")
-    _fake(fake, "gcc", "11.4.0")
-    env = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX")}
-    env.update(CXX=cxx, REASONRL_FORCE_CPU="1")
+def _build_ext(env: dict, tmp_path):
+    """`setup.py build_ext` into tmp_path, expected to stop: (the process, its output, the
+    build-temp folder, which must hold no object file when the build stopped before compiling)."""
     temp = tmp_path / "temp"
     p = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-temp", str(temp),
                         "--build-lib", str(tmp_path / "lib")],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     out = p.stdout + p.stderr
     assert p.returncode != 0, out[-3000:]
+    return p, out, temp
+
+
+def test_setup_refuses_gcc_11_before_compiling(tmp_path):
+    fake = tmp_path / "fake"
+    cxx = _fake(fake, "g++", "11.4.0")
+    _fake(fake, "gcc", "11.4.0")
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX")}
+    env.update(CXX=cxx, REASONRL_FORCE_CPU="1")
+    p, out, temp = _build_ext(env, tmp_path)
     for needle in ("GCC >= 12", f"{cxx} is GCC 11.4.0", "target_clones", "g++-12"):
         assert needle in p.stderr, out[-3000:]
     # Stopped before any compile: the fake compiler was never asked, no object was written.
@@ -251,12 +258,7 @@ def test_setup_refuses_a_compiler_that_links_libstdcxx_statically(static_only_gx
     env = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX", "LDFLAGS", "CXXFLAGS")}
     env.update(CXX=static_only_gxx, REASONRL_FORCE_CPU="1")
     env.pop("REASONRL_ALLOW_PRIVATE_RUNTIME", None)
-    temp = tmp_path / "temp"
-    p = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-temp", str(temp),
-                        "--build-lib", str(tmp_path / "lib")],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    out = p.stdout + p.stderr
-    assert p.returncode != 0, out[-3000:]
+    p, out, temp = _build_ext(env, tmp_path)
     for needle in ("refusing to build", "__cxa_throw", "libstdc++.a", "CC=gcc CXX=g++",
                    "REASONRL_ALLOW_PRIVATE_RUNTIME=1"):
         assert needle in p.stderr, out[-3000:]
