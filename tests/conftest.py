@@ -1,9 +1,11 @@
 """The test tiers, the seed, and the fixtures that decide a test's tier.
 
-Tiers (markers registered in pyproject.toml; `make test` runs the first two, `make test-all`
-every one but `slow`, `make test-slow` that one):
+Tiers (markers registered in pyproject.toml; `make test` runs the first two on both cores,
+`make test-all` every one but `slow`, `make test-slow` that one):
   unit   in-process; every test not marked otherwise
   proc   real subprocesses and servers (sandboxes, GenRM servers, child interpreters), no trainer
+  heavy  compiles (Triton kernels for a GPU target, inductor graphs) or runs several benchmark
+         scripts at once: tens of seconds each on a machine whose caches are cold
   e2e    anything that trains or starts Ray: a test that asks for `train`, `trained_run` or
          `ray_local` is `e2e` without a mark of its own
   xproj  another project's code in a cached venv (TRL, verl, vLLM): a test that asks for
@@ -22,7 +24,7 @@ import torch
 from tests.helpers import train as train_helpers
 from tests.helpers import venvs
 
-TIERS = ("unit", "proc", "e2e", "xproj", "slow")
+TIERS = ("unit", "proc", "heavy", "e2e", "xproj", "slow")
 FIXTURE_TIERS = {"train": "e2e", "trained_run": "e2e", "ray_local": "e2e",
                  "verl_python": "xproj", "trl_python": "xproj", "vllm_python": "xproj"}
 
@@ -73,7 +75,8 @@ def trained_run(tmp_path_factory) -> train_helpers.TrainedRun:
 @pytest.fixture
 def ray_local():
     """A local Ray instance (2 CPUs, loopback, no dashboard) for the test's own actors."""
-    ray = pytest.importorskip("ray")
+    import ray
+
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
         yield ray

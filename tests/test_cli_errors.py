@@ -40,7 +40,7 @@ def _write_bytes(path, data):
 
 
 def _parquet(path, columns):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table(columns), path)

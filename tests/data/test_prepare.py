@@ -115,7 +115,6 @@ def test_smoke_set_answers_and_prepare(tmp_path):
 def test_round_trip_through_verl_and_our_trainer(tmp_path, verl_python):
     """prepare writes parquet; verl 0.9.1's RLHFDataset (its own venv) and our `load_datasets`
     read the same prompts, rendered with the same chat template, and the same ground truths."""
-    pytest.importorskip("pyarrow")
     from reasonrl_fast.runtime.datasets import load_datasets
     from tests.helpers.verl_env import verl_dataset_rows
 

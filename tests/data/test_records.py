@@ -94,7 +94,7 @@ def test_empty_files(tmp_path):
 
 
 def test_parquet_columns_and_empty(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     f = tmp_path / "v.parquet"

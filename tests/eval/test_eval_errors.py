@@ -78,8 +78,8 @@ def test_bad_files(tmp_path):
 
 
 def test_parquet_without_columns(tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     bad_pq = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"problem_text": ["1+1="], "solution": ["2"]}), bad_pq)

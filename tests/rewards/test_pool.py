@@ -151,7 +151,8 @@ def test_workers_die_with_the_driver(tmp_path):
 @pytest.mark.e2e  # starts Ray
 def test_ray_backend(tmp_path):
     """The same guarantees with the workers as actors on a real local Ray instance."""
-    ray = pytest.importorskip("ray")
+    import ray
+
     from reasonrl_fast.runtime.ray_cluster import start_ray
     from reasonrl_fast.config import load_config
 

@@ -68,8 +68,8 @@ def test_impossible_mix_is_a_clear_error():
 
 
 def test_verl_parquet_with_genrm_rows(tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     rows = []
     for i, r in enumerate(genrm_split(3, 2, seed=9)):
