@@ -8,11 +8,16 @@ TORCH_PIN ?= torch==2.13.0
 # interpreter. A CUDA torch brings its own triton, which is kept.
 TRITON_PIN ?= triton==3.7.1
 
-# The test tiers (tests/conftest.py): `make test` runs unit and proc, a few minutes on 2 cores, and
-# builds no venv; `make test-all` (CI) adds e2e (training, Ray) and xproj (TRL and verl in cached
-# venvs under ~/.cache/reasonrl_fast, built on first use); `make test-slow` runs the full learning
-# checks. PYTEST_ARGS="-x -k name" passes options through.
+# The test tiers (tests/conftest.py): `make test` runs unit and proc on both cores and builds no
+# venv; `make test-all` (CI) runs those the same way, then heavy (GPU-target and inductor compiles,
+# several scripts at once), e2e (training, Ray) and xproj (TRL, verl and vLLM in cached venvs under
+# ~/.cache/reasonrl_fast, built on first use) one test at a time: each of those takes the whole
+# machine. `make test-slow` runs the full learning checks. PYTEST_ARGS="-x -k name" passes options
+# through. pytest-xdist hands out whole files (--dist loadfile): a module's fixtures run once, and
+# tests that set process-wide state (TRITON_INTERPRET, torch's thread count) share one process.
 PYTEST := $(PYTHON) -m pytest tests $(PYTEST_ARGS)
+TEST_WORKERS ?= 2
+FAST := -m "not (heavy or e2e or xproj or slow)" -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install test test-all test-slow train bench gpu-check clean
 
@@ -22,10 +27,14 @@ install:
 	$(PIP) install --no-build-isolation -e ".[dev,train]"
 
 test: install
-	$(PYTEST) -m "not (e2e or xproj or slow)" --durations=10
+	$(PYTEST) $(FAST) --durations=15
 
+# The second part runs even when the first fails; either failing fails the target.
 test-all: install
-	$(PYTEST) --durations=25
+	rc=0; \
+	$(PYTEST) $(FAST) --durations=15 || rc=1; \
+	$(PYTEST) -m "heavy or e2e or xproj" --durations=25 || rc=1; \
+	exit $$rc
 
 test-slow: install
 	$(PYTEST) -m slow --durations=0

@@ -77,6 +77,7 @@ def test_opcheck(device, norm_by_std):
                                   torch.tensor([0, 1, 0, 2, 2, 2, 5, 1, 0], device=device), 1e-6, True))
 
 
+@pytest.mark.heavy  # an inductor compile: C++ codegen on CPU
 def test_compile_inductor():
     r, ids = torch.randn(33), torch.randint(0, 5, (33,))
     f = torch.compile(lambda a, b: group_advantage(a, b) * 2, fullgraph=True)

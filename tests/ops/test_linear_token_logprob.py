@@ -421,6 +421,7 @@ def test_torch_compile_aot_eager(entropy, monkeypatch):
     _compiled_vs_eager("aot_eager", entropy)
 
 
+@pytest.mark.heavy  # an inductor compile: C++ codegen on CPU
 @pytest.mark.parametrize("entropy", [False, True])
 def test_torch_compile_inductor_cpu(entropy, monkeypatch):
     monkeypatch.setenv("REASONRL_LINEAR_LOGPROB_CHUNK", "16")
@@ -804,6 +805,7 @@ def _configs(tk, dtype, arch):
 _SHARED = {80: 163 * 1024, 90: 227 * 1024}
 
 
+@pytest.mark.heavy  # Triton's full pipeline down to a cubin, seconds per kernel
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 def test_kernels_compile_for_gpu(arch, dtype):

@@ -278,6 +278,7 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(a.grad, b.grad)
 
 
+@pytest.mark.heavy  # an inductor compile: C++ codegen on CPU
 def test_torch_compile_inductor():
     x, t = _inputs(12, 257, dtype=torch.float32)
     f = torch.compile(lambda z, ids: token_logprob(z, ids).sum(), fullgraph=True)
