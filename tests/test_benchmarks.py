@@ -9,6 +9,7 @@ load."""
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,41 +45,69 @@ def _env():
         x for x in (ROOT, os.environ.get("PYTHONPATH")) if x))
 
 
+# All the scripts together, started at once: about 40 s on 2 cold cores. One that is still running
+# at this limit is killed and named by the tests that read it; the others' results stand.
+SCRIPTS_LIMIT_S = 240
+
+
+def _start(cmd, log):
+    """cmd in a session of its own (so its children can be killed with it), writing into `log`:
+    a pipe that nobody reads while another process is awaited would fill and stall it."""
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True), log
+
+
+def _collect(procs, limit_s):
+    """{name: (exit status, output)} of every {name: (process, log)}, within one deadline for all
+    of them. A process past it is killed with its children; its status is then -SIGKILL and its
+    output ends with a line that says so, so the test that reads it fails naming it instead of
+    the fixture erroring every test."""
+    deadline = time.monotonic() + limit_s
+    out = {}
+    for name, (p, log) in procs.items():
+        note = ""
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            note = f"\n[{name}: still running {limit_s} s after the start; killed with its children]\n"
+        with open(log, errors="replace") as f:
+            out[name] = (p.returncode, f.read() + note)
+    return out
+
+
 @pytest.fixture(scope="module")
 def script_runs(tmp_path_factory):
-    """Every per-op script's quick CPU run and gpu_check's dry run, started together."""
+    """Every per-op script's quick CPU run and gpu_check's dry run, started together; each one's
+    exit status and output (see `_collect`)."""
     tmp = tmp_path_factory.mktemp("bench")
     procs = {}
+
+    def start(name, cmd):
+        procs[name] = _start(cmd, tmp / f"{name}.log")
+
     for name in DIRECT:
         cmd = [sys.executable, os.path.join(BENCH, f"bench_{name}.py"), "--device", "cpu", "--quick",
                "--providers", "ours,eager", "--reps", "1", "--json", str(tmp / f"{name}.jsonl")]
         if name == "group_advantage":  # also the path where each provider runs in its own process
             cmd += ["--isolate", "--png", str(tmp / "ga.png")]
-        procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True)
+        start(name, cmd)
     (tmp / "RESULTS.md").write_text("# Results\n\n<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->\n")
     (tmp / "UPDATE.md").write_text("# Results\n\n<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->\n")
-    procs["update"] = subprocess.Popen(
-        [sys.executable, os.path.join(BENCH, "bench_update.py"), "--smoke", "--json", str(tmp / "update.json"),
-         "--write", str(tmp / "UPDATE.md")],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    procs["gpu_check"] = subprocess.Popen(
-        [sys.executable, os.path.join(BENCH, "gpu_check.py"), "--device", "cpu", "--no-build", "--skip-tests",
-         "--no-smoke", "--quick", "--benchmarks", "tb_loss", "--providers", "ours,eager", "--out", str(tmp / "check"),
-         "--write", str(tmp / "RESULTS.md")],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    start("update", [sys.executable, os.path.join(BENCH, "bench_update.py"), "--smoke", "--json",
+                     str(tmp / "update.json"), "--write", str(tmp / "UPDATE.md")])
+    start("gpu_check", [sys.executable, os.path.join(BENCH, "gpu_check.py"), "--device", "cpu", "--no-build",
+                        "--skip-tests", "--no-smoke", "--quick", "--benchmarks", "tb_loss", "--providers",
+                        "ours,eager", "--out", str(tmp / "check"), "--write", str(tmp / "RESULTS.md")])
     # The check as a GPU machine runs it, on CPU: the GPU steps are skipped for want of CUDA and
     # the rest runs; the op tests replaced by a file whose tests fail, hang and crash.
     (tmp / "test_bad.py").write_text(BAD_TESTS)
-    procs["gpu_check_cuda"] = subprocess.Popen(
-        [sys.executable, os.path.join(BENCH, "gpu_check.py"), "--quick", "--benchmarks", "tb_loss", "--out",
-         str(tmp / "cuda"), "--tests", str(tmp / "test_bad.py"), "--per-test", "8", "--workers", "2"],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = {}
-    for name, p in procs.items():
-        text, _ = p.communicate(timeout=240)
-        out[name] = (p.returncode, text)
-    return tmp, out
+    start("gpu_check_cuda", [sys.executable, os.path.join(BENCH, "gpu_check.py"), "--quick", "--benchmarks",
+                             "tb_loss", "--out", str(tmp / "cuda"), "--tests", str(tmp / "test_bad.py"),
+                             "--per-test", "8", "--workers", "2"])
+    return tmp, _collect(procs, SCRIPTS_LIMIT_S)
 
 
 # --- the harness in this process ---------------------------------------------------------------
@@ -203,6 +232,37 @@ def test_plot_writes_a_png(tmp_path):
 
 # --- the scripts ---------------------------------------------------------------------------------
 
+
+def test_collect_names_a_process_past_the_deadline_and_keeps_the_others(tmp_path):
+    # the slow one's child would outlive a kill of the parent alone
+    slow = "import subprocess, sys, time; " \
+           "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+           "print('child', c.pid, flush=True); time.sleep(60)"
+    procs = {"quick": _start([sys.executable, "-c", "print('done')"], tmp_path / "quick.log"),
+             "slow": _start([sys.executable, "-c", slow], tmp_path / "slow.log"),
+             "fails": _start([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "fails.log")}
+    t0 = time.monotonic()
+    out = _collect(procs, 3)
+    assert time.monotonic() - t0 < 10
+    assert out["quick"] == (0, "done\n") and out["fails"][0] == 3
+    rc, text = out["slow"]
+    assert rc == -signal.SIGKILL and text.startswith("child "), text
+    assert text.endswith("[slow: still running 3 s after the start; killed with its children]\n"), text
+    child = int(text.split()[1])
+
+    def alive():
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+        except FileNotFoundError:
+            return False
+    for _ in range(50):
+        if not alive():
+            break
+        time.sleep(0.1)
+    assert not alive(), f"the slow process's child {child} outlived it"
+
+@pytest.mark.heavy  # seven scripts at once
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_each_script_runs_quick_on_cpu_with_ours_and_eager(script_runs, name):
     tmp, out = script_runs
@@ -222,6 +282,7 @@ def test_each_script_runs_quick_on_cpu_with_ours_and_eager(script_runs, name):
         assert open(tmp / "ga.png", "rb").read(4) == b"\x89PNG"
 
 
+@pytest.mark.heavy  # seven scripts at once
 def test_gpu_check_dry_run_writes_its_results_file(script_runs):
     tmp, out = script_runs
     rc, text = out["gpu_check"]
@@ -240,6 +301,7 @@ def test_gpu_check_dry_run_writes_its_results_file(script_runs):
     assert "<!-- ops-gpu:begin -->" in results and "| tb_loss |" in results
 
 
+@pytest.mark.heavy  # seven scripts at once
 def test_gpu_check_without_cuda_runs_every_other_step_and_names_every_failure(script_runs):
     tmp, out = script_runs
     rc, text = out["gpu_check_cuda"]
@@ -272,6 +334,7 @@ def test_gpu_check_without_cuda_runs_every_other_step_and_names_every_failure(sc
     assert "PASSED" in log and "test_bad.py::test_passes" in log  # -v: every test by name
 
 
+@pytest.mark.heavy  # seven scripts at once
 def test_update_bench_smoke_measures_every_setting(script_runs):
     import bench_update
 
