@@ -22,7 +22,11 @@ class Actor(nn.Module):
     def __init__(self, lm: nn.Module, zhead_layers: int = 0, fused: bool = False):
         super().__init__()
         self.lm = lm
-        self.proj_z = ZHead(lm.config.hidden_size, num_layers=zhead_layers) if zhead_layers else None
+        # In the LM's dtype: FSDP2 asks one dtype of every parameter a group holds, and the root
+        # group holds the Z-head with the embeddings and the head (verl casts the actor after
+        # adding it, likewise). Built in float32 and then cast, as verl's is.
+        dtype = next(lm.parameters()).dtype
+        self.proj_z = ZHead(lm.config.hidden_size, num_layers=zhead_layers).to(dtype) if zhead_layers else None
         blocker = head_blocker(lm)
         if fused and blocker is not None:
             raise ValueError(f"Actor(fused=True): {blocker}")

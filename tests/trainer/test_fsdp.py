@@ -13,3 +13,12 @@ def test_gather_full_equals_full_tensor(world, tmp_path):
     rc, out, err = torchrun("fsdp_gather_child.py", world, [], tmp_path, timeout=120)
     assert rc == 0, out[-2000:] + err[-3000:]
     assert f"OK 6 parameters on {world} ranks" in out
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_actor_with_a_zhead_shards_and_trains_in_its_master_dtype(dtype, tmp_path):
+    """FlowRL's actor under FSDP2 as a GPU run shards it: the Z-head sits in the root group with
+    the embeddings and the head, which FSDP2 refuses if their dtypes differ."""
+    rc, out, err = torchrun("zhead_shard_child.py", 2, [dtype], tmp_path, timeout=120)
+    assert rc == 0, out[-2000:] + err[-3000:]
+    assert f"OK 33 parameters in {dtype} on 2 ranks" in out, out
