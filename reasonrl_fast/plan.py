@@ -280,16 +280,18 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     from reasonrl_fast.models.loading import PACKED_FAMILIES
     import torch
 
-    from reasonrl_fast.trainer.fsdp import sharding_mode
+    from reasonrl_fast.trainer.fsdp import compute_dtype, master_dtype, sharding_mode
     from reasonrl_fast.trainer.policy import tokens_per_forward
 
     gpu = device == "gpu"
     t = cfg.trainer
     world = t.nnodes * t.workers_per_node
-    mode = sharding_mode(t.sharding, torch.device("cuda" if gpu else "cpu"), world)  # the workers' own rule
-    b = 2 if cfg.model.dtype == "bfloat16" else 4  # master weights, their gradients and Adam states
-    c = 2 if (gpu and mode == "fsdp") else b  # FSDP2's bf16 mixed precision on GPU, else the weights'
-    flash = gpu and b == 2  # models/loading.py attention_implementation: flash-attn for bf16 on CUDA
+    dev = torch.device("cuda" if gpu else "cpu")
+    mode = sharding_mode(t.sharding, dev, world)  # the workers' own rules, here and below
+    master = master_dtype(cfg.model.dtype)
+    b = master.itemsize  # master weights, their gradients and Adam states
+    c = compute_dtype(master, dev, mode).itemsize  # the workers' own rule: bf16 under FSDP2 on GPU
+    flash = gpu and c == 2  # models/loading.py attention_implementation: flash-attn for bf16 compute on CUDA
     est = Estimate(device, world, memory_gib, GPU_RESERVE_GIB if gpu else 0.0)
     algo = get_algo(cfg.algo)
     zl = cfg.flowrl.zhead_layers if algo.zhead else 0
@@ -313,8 +315,8 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
         add(Term("FSDP2 layers, gathered", 0, _gib(s.layer_params * (3 * c + (4 if c == 2 else 0))),
                  "2 layers prefetched + one layer's gradient (fp32 for its reduce-scatter)"))
     if algo.needs_ref(cfg):
-        ref = lm * b * share  # the worker reshards its root after its pass (it never runs a backward)
-        add(Term("reference model", _gib(ref), _gib(ref), "frozen, held like the policy"))
+        ref = lm * c * share  # the worker reshards its root after its pass (it never runs a backward)
+        add(Term("reference model", _gib(ref), _gib(ref), "frozen, held like the policy in the compute dtype"))
 
     # the update's forward
     packed = cfg.data.packing == "true" or (cfg.data.packing == "auto" and s.model_type in PACKED_FAMILIES
@@ -355,8 +357,8 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
         if mode == "fsdp":
             add(Term("weight sync buckets", _gib(2 * SYNC_BUCKET), 0, "one bucket gathered + its full tensors"))
     else:
-        kv = kv_bytes(s, rows, seq, b) + rows * s.vocab * 40  # + the sampler's fp32 logits, fp64 noise, int64 hashes
-        add(Term("HF rollout copy", _gib(lm * b), _gib(lm * b), "full weights, refreshed every sync"))
+        kv = kv_bytes(s, rows, seq, c) + rows * s.vocab * 40  # + the sampler's fp32 logits, fp64 noise, int64 hashes
+        add(Term("HF rollout copy", _gib(lm * c), _gib(lm * c), "full weights in the compute dtype, refreshed every sync"))
         add(Term("HF rollout KV cache", _gib(kv), 0, f"{rows} rows x {seq} tokens", "engine"))
     if genrm is not None and gpu:
         g = _gib(genrm.params * 2 + kv_bytes(genrm, GENRM_MAX_BATCH, seq + cfg.fapo.genrm.max_tokens, 2))

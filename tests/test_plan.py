@@ -104,6 +104,49 @@ def test_terms_by_hand():
     assert not off.fits and off.phase == "update"
 
 
+def test_float32_masters_compute_in_bf16_under_fsdp_on_gpu():
+    """fp32 master weights and AdamW states (4 B), but bf16 compute under FSDP2: the reference
+    model and the sampler's copy held in bf16 (2 B), flash-attn kept; on CPU (DDP) everything in
+    the masters' dtype."""
+    s = plan.shape_from_config(SHAPES["Qwen2.5-7B"], "x")
+    cfg = load_config(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"), ["model.dtype=float32", "rollout.backend=hf"])
+    gpu = {x.name: x for x in plan.estimate(cfg, s, "gpu", 80.0).terms}
+    pol = s.params + plan.zhead_params(s.hidden, cfg.flowrl.zhead_layers)
+    assert gpu["policy parameters"].update == pytest.approx(pol * 4 / 8 / 2**30)
+    assert gpu["AdamW states (2)"].update == pytest.approx(2 * gpu["policy parameters"].update)
+    assert gpu["reference model"].update == pytest.approx(s.params * 2 / 8 / 2**30)
+    assert gpu["HF rollout copy"].rollout == pytest.approx(s.params * 2 / 2**30)
+    assert "flash-attn" in gpu["activations"].note
+    cpu = {x.name: x for x in plan.estimate(load_config(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"), [
+        "model.dtype=float32", "rollout.backend=hf", "trainer.workers_per_node=2"]), s, "cpu", 80.0).terms}
+    assert cpu["reference model"].update == pytest.approx(s.params * 4 / 2**30)  # replicated, fp32
+    assert "sdpa" in cpu["activations"].note
+
+
+@pytest.mark.parametrize("master,device,sharding,want", [
+    (torch.float32, "cuda", "fsdp", torch.bfloat16), (torch.bfloat16, "cuda", "fsdp", torch.bfloat16),
+    (torch.float32, "cuda", "replicate", torch.float32), (torch.float32, "cuda", "none", torch.float32),
+    (torch.float32, "cpu", "fsdp", torch.float32), (torch.bfloat16, "cpu", "replicate", torch.bfloat16)])
+def test_compute_dtype(master, device, sharding, want):
+    from reasonrl_fast.trainer.fsdp import compute_dtype
+
+    assert compute_dtype(master, torch.device(device), sharding) == want
+
+
+def test_attention_follows_the_compute_dtype(monkeypatch):
+    import importlib.util
+
+    from reasonrl_fast.models import loading
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" else real(name, *a))
+    cuda = torch.device("cuda")
+    assert loading.attention_implementation(cuda, torch.bfloat16)[0] == "flash_attention_2"
+    attn, why = loading.attention_implementation(cuda, torch.float32)
+    assert attn == "sdpa" and "computes in torch.float32" in why and "trainer.sharding=fsdp" in why
+    assert loading.attention_implementation(torch.device("cpu"), torch.bfloat16)[0] == "sdpa"
+
+
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(CONFIGS) if n.endswith(".yaml")))
 def test_every_config_fits_80gb_at_its_gpu_count(name, capsys):
     """The configs' done-criterion: the planner says each fits its stated GPU count of 80 GB."""

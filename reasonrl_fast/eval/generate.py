@@ -26,15 +26,13 @@ class Generator:
             torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         tok = load_tokenizer(model_path)
-        lm = None
-        if cfg.rollout.backend == "hf":
-            # auto: bf16 on GPU (sampling does not need fp32 weights), fp32 on CPU
-            if cfg.model.dtype == "auto":
-                dtype = torch.bfloat16 if cuda else torch.float32
-            else:
-                dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-            lm = load_model(model_path, dtype).to(device)
-        self.engine = make_rollout(cfg, lm, model_path, tok.pad_token_id, tok.eos_token_id, device)
+        # auto: bf16 on GPU (sampling does not need fp32 weights), fp32 on CPU
+        if cfg.model.dtype == "auto":
+            dtype = torch.bfloat16 if cuda else torch.float32
+        else:
+            dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        lm = load_model(model_path, dtype).to(device) if cfg.rollout.backend == "hf" else None
+        self.engine = make_rollout(cfg, lm, model_path, tok.pad_token_id, tok.eos_token_id, device, dtype)
         del lm  # the engine holds its own copy
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,

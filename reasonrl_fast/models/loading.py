@@ -53,16 +53,18 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, attn: str = "sdpa"
 
 def attention_implementation(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
     """(transformers' attn_implementation, a log line saying which and why). flash-attn (the
-    optional `[gpu]` extra) where it can run: on CUDA with bf16 weights (it has no float32
-    kernels; the rollout's copy and a single worker's forward run in the weights' dtype). Packed
-    rows then go through its variable-length kernels; sdpa reads them through a block-diagonal
-    mask instead."""
+    optional `[gpu]` extra) where it can run: on CUDA when the forward computes in bf16 (`dtype`:
+    trainer/fsdp.py `compute_dtype`; it has no float32 kernels). Float32 master weights under
+    FSDP2 compute in bf16, and the reference model and the sampler's copy are held in bf16 then;
+    a single worker without FSDP computes in its weights' dtype. Packed rows then go through its
+    variable-length kernels; sdpa reads them through a block-diagonal mask instead."""
     if device.type != "cuda":
         return "sdpa", "attention: sdpa"
     if importlib.util.find_spec("flash_attn") is None:
         return "sdpa", "attention: sdpa (flash-attn is not installed: pip install 'reasonrl_fast[gpu]')"
     if dtype != torch.bfloat16:
-        return "sdpa", "attention: sdpa (flash-attn needs bf16 weights: model.dtype=bfloat16)"
+        return "sdpa", (f"attention: sdpa (flash-attn needs bf16 compute; this worker computes in {dtype}: "
+                        "bf16 compute over float32 master weights is FSDP2's, trainer.sharding=fsdp)")
     return "flash_attention_2", "attention: flash_attention_2 (packed rows through flash-attn's variable-length kernels)"
 
 

@@ -13,17 +13,17 @@ from reasonrl_fast.rollout.hf import HFRollout
 __all__ = ["HFRollout", "RolloutEngine", "Samples", "make_rollout", "sample_seed", "sample_seeds"]
 
 
-def make_rollout(cfg, lm, model_path: str, pad_id: int, eos_id: int, device, log_path: str | None = None,
-                 log=print) -> RolloutEngine:
-    """The engine `cfg.rollout.backend` names: hf copies `lm`; vllm loads `model_path` itself in
-    the dtype the trainer computes in (its log to `log_path`)."""
+def make_rollout(cfg, lm, model_path: str, pad_id: int, eos_id: int, device, dtype: torch.dtype,
+                 log_path: str | None = None, log=print) -> RolloutEngine:
+    """The engine `cfg.rollout.backend` names, sampling in `dtype` (the trainer's compute dtype,
+    trainer/fsdp.py `compute_dtype`): hf copies `lm` in it; vllm loads `model_path` itself (its
+    log to `log_path`), in bf16 on a GPU whatever `dtype` (its kernels are made for it)."""
     r = cfg.rollout
     if r.backend == "vllm":
         from reasonrl_fast.rollout.vllm import VLLMRollout
 
-        # the dtype the trainer computes in: bf16 on a GPU (FSDP's mixed precision), else the weights'
         cuda = torch.device(device).type == "cuda"
-        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" or cuda else torch.float32
-        return VLLMRollout(model_path, dtype, eos_id, cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed,
+        return VLLMRollout(model_path, torch.bfloat16 if cuda else dtype, eos_id,
+                           cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed,
                            device, r.gpu_memory_utilization, log_path, log)
-    return HFRollout(lm, pad_id, eos_id, device, r.decoder)
+    return HFRollout(lm, pad_id, eos_id, device, r.decoder, dtype)

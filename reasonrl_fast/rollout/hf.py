@@ -129,12 +129,14 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
 
 class HFRollout(RolloutEngine):
     """`decoder`: "auto" samples a Llama-family model with the lean decoder (rollout/lean.py)
-    and any other through its forward; "model" always through its forward."""
+    and any other through its forward; "model" always through its forward. `dtype`: the copy's
+    dtype (default `lm`'s own); the weight sync casts into it."""
 
-    def __init__(self, lm: torch.nn.Module, pad_id: int, eos_id: int, device, decoder: str = "auto"):
+    def __init__(self, lm: torch.nn.Module, pad_id: int, eos_id: int, device, decoder: str = "auto",
+                 dtype: torch.dtype | None = None):
         if decoder not in ("auto", "model"):
             raise ValueError(f"HFRollout: decoder={decoder!r}, expected 'auto' or 'model'")
-        self.model = copy.deepcopy(lm).to(device).eval()
+        self.model = copy.deepcopy(lm).to(device=device, dtype=dtype).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.pad_id, self.eos_id, self.device = pad_id, eos_id, device

@@ -65,6 +65,19 @@ def init_distributed(rank: int, world: int, master_addr: str, master_port: int,
     return device, init_device_mesh(device.type, (world,))
 
 
+def master_dtype(setting: str) -> torch.dtype:
+    """`model.dtype` as a torch dtype: the master weights' (and so AdamW's states') dtype."""
+    return torch.bfloat16 if setting == "bfloat16" else torch.float32
+
+
+def compute_dtype(master: torch.dtype, device: torch.device, sharding: str) -> torch.dtype:
+    """The dtype the trainer's forward and backward run in: bf16 under FSDP2 on a GPU (`shard`'s
+    mixed-precision policy casts the master weights as it gathers them), else the master weights'
+    own. Attention, the frozen reference model and the sampler's copy follow it, not the master
+    dtype: float32 masters on a GPU still compute in bf16."""
+    return torch.bfloat16 if device.type == "cuda" and sharding == "fsdp" else master
+
+
 def shard(module: torch.nn.Module, layers_of: torch.nn.Module, mesh, bf16: bool) -> torch.nn.Module:
     """fully_shard each decoder layer of `layers_of`, then `module` as the root. bf16 compute with
     fp32 gradient reduction when `bf16` (GPU)."""

@@ -23,8 +23,8 @@ from reasonrl_fast.models.loading import (attention_implementation, enable_check
                                           packing_blocker)
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
-from reasonrl_fast.trainer.fsdp import (full_tensor, init_distributed, iter_full, rendezvous_socket, replicate, shard,
-                                        sharding_mode)
+from reasonrl_fast.trainer.fsdp import (compute_dtype, full_tensor, init_distributed, iter_full, master_dtype,
+                                        rendezvous_socket, replicate, shard, sharding_mode)
 from reasonrl_fast.trainer import update
 from reasonrl_fast.trainer.policy import Actor, mini_batches, tokens_per_forward
 
@@ -50,11 +50,13 @@ class Worker:
                                              cfg.trainer.collective_timeout_s, getattr(self, "_listen", None))
         torch.manual_seed(cfg.trainer.seed)  # same init of the Z-head on every rank
         self.tok = load_tokenizer(self.model_path)
-        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-        attn, attn_msg = attention_implementation(self.device, dtype)
-        lm = load_model(self.model_path, dtype, attn)
+        self.sharding = sharding_mode(cfg.trainer.sharding, self.device, self.world)
+        master = master_dtype(cfg.model.dtype)
+        compute = compute_dtype(master, self.device, self.sharding)
+        attn, attn_msg = attention_implementation(self.device, compute)
+        lm = load_model(self.model_path, master, attn)
         self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id,
-                                    self.device, engine_log(cfg, self.rank), log=self._log)
+                                    self.device, compute, engine_log(cfg, self.rank), log=self._log)
         self.packed, self.one_row, pack_msg = use_packing(cfg.data.packing, lm)
         if cfg.model.gradient_checkpointing:  # after the rollout's copy: only the trained model recomputes
             enable_checkpointing(lm)
@@ -66,7 +68,6 @@ class Worker:
         fused, head_msg = use_fused(cfg.model.fused_lm_head, lm, self.device,
                                     tokens_per_forward(cfg, self.world))
         self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.algo.zhead else 0, fused=fused)
-        self.sharding = sharding_mode(cfg.trainer.sharding, self.device, self.world)
         # Sharded from host memory: fully_shard moves each unit to the device as it shards it, so
         # the device holds one layer's full weights at a time beside the engine, never the model.
         if self.sharding == "fsdp":
@@ -76,8 +77,8 @@ class Worker:
         # what the update's forward runs through: DDP averages the gradients when replicated
         self.train_model = replicate(self.actor, mesh, self.device) if self.sharding == "replicate" else self.actor
         self.ref = None
-        if self.algo.needs_ref(cfg):  # frozen reference, held the same way
-            ref_lm = load_model(self.model_path, dtype, attn)
+        if self.algo.needs_ref(cfg):  # frozen reference, held the same way, in the dtype it
+            ref_lm = load_model(self.model_path, compute, attn)  # computes in (it has no update)
             self.ref = Actor(ref_lm, fused=fused).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)

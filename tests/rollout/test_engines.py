@@ -114,6 +114,19 @@ def test_engine_cuts_after_eos_and_is_reproducible():
         engine.generate([[7, 3], [4]], 3, 1.0, 1.0, 20, seeds=list(range(5)))
 
 
+def test_engine_samples_in_the_dtype_it_is_given_and_the_sync_casts_into_it():
+    """The trainer hands the sampler its compute dtype (bf16 over fp32 masters under FSDP2)."""
+    lm = _model(2).float()
+    engine = HFRollout(lm, PAD, EOS, torch.device("cpu"), dtype=torch.bfloat16)
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in lm.parameters()} == {torch.float32}  # the trained model is untouched
+    res = engine.generate([[7, 3]], 2, 1.0, 1.0, 8, seeds=[0, 1])
+    assert len(res.tokens) == 2 and all(torch.isfinite(torch.tensor(x)).all() for x in res.logprobs)
+    full = {n: p.detach() * 0 + 0.5 for n, p in lm.named_parameters()}  # fp32 tensors, as the sync sends
+    engine.load_weights(full.items())
+    assert all(p.dtype == torch.bfloat16 and bool((p == 0.5).all()) for p in engine.model.parameters())
+
+
 def test_a_rows_sample_depends_on_its_seed_only():
     """The same seed gives the same response alone, in a batch of others, at another place in
     the batch, and beside prompts of other lengths (other padding); other seeds give others."""
