@@ -87,13 +87,13 @@ def test_layer_bytes_match_what_autograd_saves(packed):
 
 
 def test_terms_by_hand():
-    """7.6 B bf16 parameters over 8 FSDP2 ranks: parameters 2 B, gradients 2 B, Adam 4 B per
-    parameter and rank; the vLLM engine takes its fraction of the card in the rollout only."""
+    """7.6 B float32 master parameters over 8 FSDP2 ranks: parameters 4 B, gradients 4 B, Adam 8 B
+    per parameter and rank; the vLLM engine takes its fraction of the card in the rollout only."""
     cfg = load_config(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"), ["algo=grpo"])
     s = plan.shape_from_config(SHAPES["Qwen2.5-7B"], "x")
     est = plan.estimate(cfg, s, "gpu", 80.0)
     t = {x.name: x for x in est.terms}
-    assert t["policy parameters"].update == pytest.approx(s.params * 2 / 8 / 2**30)
+    assert t["policy parameters"].update == pytest.approx(s.params * 4 / 8 / 2**30)
     assert t["AdamW states (2)"].rollout == pytest.approx(2 * t["policy parameters"].rollout)
     assert t["vLLM engine"].rollout == pytest.approx(0.7 * 80) and t["vLLM engine"].update == 0
     assert "reference model" not in t  # GRPO without KL
