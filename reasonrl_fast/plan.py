@@ -277,10 +277,10 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     with the hf backend, on the first GPU)."""
     from reasonrl_fast.algos import get_algo
     from reasonrl_fast.models.lm_head import FUSED_CPU_MIN_ELEMENTS
-    from reasonrl_fast.models.loading import PACKED_FAMILIES
+    from reasonrl_fast.models.loading import PACKED_FAMILIES, master_dtype
     import torch
 
-    from reasonrl_fast.trainer.fsdp import compute_dtype, master_dtype, sharding_mode
+    from reasonrl_fast.trainer.fsdp import compute_dtype, sharding_mode
     from reasonrl_fast.trainer.policy import tokens_per_forward
 
     gpu = device == "gpu"

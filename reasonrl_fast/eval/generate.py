@@ -12,7 +12,7 @@ import time
 import ray
 import torch
 
-from reasonrl_fast.models.loading import load_model, load_tokenizer
+from reasonrl_fast.models.loading import load_model, load_tokenizer, master_dtype
 from reasonrl_fast.rollout import make_rollout, sample_seeds
 from reasonrl_fast.runtime.ray_cluster import WorkerError, start_ray, stop_ray
 
@@ -27,10 +27,8 @@ class Generator:
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         tok = load_tokenizer(model_path)
         # auto: bf16 on GPU (sampling does not need fp32 weights), fp32 on CPU
-        if cfg.model.dtype == "auto":
-            dtype = torch.bfloat16 if cuda else torch.float32
-        else:
-            dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        auto = cfg.model.dtype == "auto"
+        dtype = torch.bfloat16 if auto and cuda else master_dtype(cfg.model.dtype)
         lm = load_model(model_path, dtype).to(device) if cfg.rollout.backend == "hf" else None
         self.engine = make_rollout(cfg, lm, model_path, tok.pad_token_id, tok.eos_token_id, device, dtype)
         del lm  # the engine holds its own copy

@@ -46,6 +46,12 @@ def load_tokenizer(path: str, what: str | None = None):
     return tok
 
 
+def master_dtype(setting: str) -> torch.dtype:
+    """`model.dtype` as a torch dtype: the weights a model loads in, and in the trainer the master
+    weights' (so AdamW's states'); "auto" is float32."""
+    return torch.bfloat16 if setting == "bfloat16" else torch.float32
+
+
 def load_model(path: str, dtype: torch.dtype = torch.float32, attn: str = "sdpa"):
     check_model_dir(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)

@@ -65,11 +65,6 @@ def init_distributed(rank: int, world: int, master_addr: str, master_port: int,
     return device, init_device_mesh(device.type, (world,))
 
 
-def master_dtype(setting: str) -> torch.dtype:
-    """`model.dtype` as a torch dtype: the master weights' (and so AdamW's states') dtype."""
-    return torch.bfloat16 if setting == "bfloat16" else torch.float32
-
-
 def compute_dtype(master: torch.dtype, device: torch.device, sharding: str) -> torch.dtype:
     """The dtype the trainer's forward and backward run in: bf16 under FSDP2 on a GPU (`shard`'s
     mixed-precision policy casts the master weights as it gathers them), else the master weights'

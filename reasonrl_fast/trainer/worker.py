@@ -20,11 +20,11 @@ from reasonrl_fast.algos.correction import pool_sums
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.models.lm_head import use_fused
 from reasonrl_fast.models.loading import (attention_implementation, enable_checkpointing, load_model, load_tokenizer,
-                                          packing_blocker)
+                                          master_dtype, packing_blocker)
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
-from reasonrl_fast.trainer.fsdp import (compute_dtype, full_tensor, init_distributed, iter_full, master_dtype,
-                                        rendezvous_socket, replicate, shard, sharding_mode)
+from reasonrl_fast.trainer.fsdp import (compute_dtype, full_tensor, init_distributed, iter_full, rendezvous_socket,
+                                        replicate, shard, sharding_mode)
 from reasonrl_fast.trainer import update
 from reasonrl_fast.trainer.policy import Actor, mini_batches, tokens_per_forward
 
