@@ -59,7 +59,7 @@ async def level(url: str, reqs: list[tuple[dict, int]], concurrency: int) -> dic
                 try:
                     async with s.post(url, json=body) as r:
                         out = await r.json()
-                    ok = r.status == 200 and parse_verdict(out["choices"][0]["message"]["content"], n_steps) is not None
+                    ok = r.status == 200 and parse_verdict(out["choices"][0]["message"]["content"], n_steps, "compact") is not None
                 except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError):
                     ok = False
                 latencies.append(time.perf_counter() - t)

@@ -276,8 +276,13 @@ def prompt_ids(record: dict, tokenizer) -> list[int]:
 
 
 def problem_text(record: dict) -> str:
-    """The problem without any chat template (what a judge is shown): the messages' contents
-    joined, or the prompt string."""
+    """The problem without any chat template (what a judge is shown): `extra_info.question` where
+    the record keeps the bare problem (the published FAPO data does, and its GenRM is shown that,
+    without the policy's answer-format instruction), else the messages' contents joined, or the
+    prompt string."""
+    question = (record.get("extra_info") or {}).get("question")
+    if isinstance(question, str) and question.strip():
+        return question
     prompt = record.get("messages", record.get("prompt"))
     return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
 

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import aiohttp
 
-from reasonrl_fast.protocol import API_KEY_ENV, TEMPLATES, normalize_address, parse_verdict, render
+from reasonrl_fast.protocol import API_KEY_ENV, TEMPLATES, is_flawed, normalize_address, parse_verdict, render
 from reasonrl_fast.util import quantile
 
 log = logging.getLogger(__name__)
@@ -33,12 +33,18 @@ log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 4 << 20
 """Default cap on one reply's body: a verdict is a few kilobytes; a reply over this is a fault."""
 
+TRUNCATED = "truncated"
+"""The error of an answer without a usable verdict that the server cut at `max_tokens`
+(`finish_reason` "length"): a GenRM that needed more room, not one that answered badly."""
+
 
 @dataclass(frozen=True)
 class Verdict:
-    """The GenRM's answer on one response. `step`: the earliest wrong step, -1 when none, None
-    when there is no usable verdict (the caller then applies no penalty), with `error` saying
-    why ("timeout", "http 500", "unparseable", "refused: 401", ...)."""
+    """The GenRM's answer on one response. `step`: the verdict as the template's rule reads it
+    (protocol.parse_verdict: the earliest wrong step, -1 when none; under "published" any
+    integer), None when there is no usable verdict (the caller then applies no penalty), with
+    `error` saying why ("timeout", "http 500", "unparseable", "truncated", "refused: 401", ...).
+    `flawed`: the verdict flags the response (protocol.is_flawed)."""
 
     step: int | None
     flawed: bool = field(init=False)
@@ -47,7 +53,12 @@ class Verdict:
     latency_s: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "flawed", self.step is not None and self.step >= 0)
+        object.__setattr__(self, "flawed", is_flawed(self.step))
+
+    @property
+    def truncated(self) -> bool:
+        """No verdict because the answer reached `max_tokens` first."""
+        return self.error == TRUNCATED
 
 
 class _Retryable(Exception):
@@ -73,7 +84,7 @@ class GenRMClient:
 
     def __init__(self, addresses: list[str], *, model: str = "", api_key: str = "",
                  template: str = "fapo", timeout_s: float = 30.0, max_retries: int = 3,
-                 max_tokens: int = 1024, temperature: float = 0.0, max_concurrency: int = 64,
+                 max_tokens: int = 1024, temperature: float = 0.0, top_p: float = 1.0, max_concurrency: int = 64,
                  fail_threshold: int = 3, cooldown_s: float = 10.0, backoff_base_s: float = 0.2,
                  backoff_max_s: float = 5.0, max_reply_bytes: int = MAX_REPLY_BYTES):
         if isinstance(addresses, str):
@@ -83,6 +94,7 @@ class GenRMClient:
         for name, value, ok in [("timeout_s", timeout_s, timeout_s > 0),
                                 ("max_retries", max_retries, max_retries >= 0),
                                 ("max_tokens", max_tokens, max_tokens >= 1),
+                                ("top_p", top_p, 0 < top_p <= 1),
                                 ("max_concurrency", max_concurrency, max_concurrency >= 1),
                                 ("fail_threshold", fail_threshold, fail_threshold >= 1),
                                 ("cooldown_s", cooldown_s, cooldown_s >= 0),
@@ -97,6 +109,7 @@ class GenRMClient:
         self._model = model
         self._key = api_key or os.environ.get(API_KEY_ENV, "")
         self._template, self._max_tokens, self._temperature = template, max_tokens, temperature
+        self._top_p = float(top_p)
         self._timeout_s, self._max_retries = float(timeout_s), max_retries
         self._fail_threshold, self._cooldown_s = fail_threshold, cooldown_s
         self._backoff_base_s, self._backoff_max_s = backoff_base_s, backoff_max_s
@@ -123,12 +136,15 @@ class GenRMClient:
 
     # ------------------------------------------------------------ the caller's side (any thread)
 
-    def submit(self, problem: str, answer: str, steps: list[str]) -> concurrent.futures.Future:
+    def submit(self, problem: str, answer: str, steps: list[str],
+               solution: str | None = None) -> concurrent.futures.Future:
         """Ask for one verdict; returns at once. The future's result is a Verdict, never an exception
-        for a server problem."""
+        for a server problem. `solution`: the response as written, which the "published"
+        template shows instead of the steps (and needs: a ValueError without it)."""
         if not isinstance(steps, (list, tuple)) or not all(isinstance(s, str) for s in steps):
             raise TypeError(f"GenRMClient.submit: steps must be a list of str, got {type(steps).__name__}")
-        message = render(self._template, str(problem), str(answer), list(steps))
+        message = render(self._template, str(problem), str(answer), list(steps),
+                         None if solution is None else str(solution))
         with self._submit_lock:
             if self._closed:
                 raise RuntimeError("GenRMClient is closed: submit() after close()")
@@ -140,18 +156,22 @@ class GenRMClient:
         fut.add_done_callback(self._pending.discard)
         return fut
 
-    def judge(self, requests: list[tuple[str, str, list[str]]]) -> list[Verdict]:
-        """Submit every (problem, answer, steps) and wait for all verdicts, in order."""
+    def judge(self, requests: list[tuple]) -> list[Verdict]:
+        """Submit every (problem, answer, steps[, solution]) and wait for all verdicts, in order."""
         futures = [self.submit(*r) for r in requests]
         return [f.result() for f in futures]
 
     def metrics(self) -> dict[str, float]:
-        """Counters since the last call (then reset): genrm/requests, failures, unparseable, retries,
-        latency_p50_s and latency_p99_s (submit to verdict, over the requests finished meanwhile)."""
+        """Counters since the last call (then reset): genrm/requests, failures, unparseable, truncated,
+        retries, latency_p50_s and latency_p99_s (submit to verdict, over the requests finished
+        meanwhile). `failures` counts every request without a verdict; `unparseable` and
+        `truncated` the answers among them that came but held none, cut at `max_tokens`
+        (`truncated`) or not (`unparseable`)."""
         with self._lock:
             lat = list(self._latencies)
             out = {"genrm/requests": self._requests, "genrm/failures": self._failures,
-                   "genrm/unparseable": self._unparseable, "genrm/retries": self._retries}
+                   "genrm/unparseable": self._unparseable, "genrm/truncated": self._truncated,
+                   "genrm/retries": self._retries}
             self._reset_counters()
         out["genrm/latency_p50_s"] = quantile(lat, 0.50)
         out["genrm/latency_p99_s"] = quantile(lat, 0.99)
@@ -233,11 +253,12 @@ class GenRMClient:
             model, error = await self._model_name()
             if model:
                 body = {"model": model, "messages": [{"role": "user", "content": message}],
-                        "max_tokens": self._max_tokens, "temperature": self._temperature}
-                content, error, attempts = await self._call("POST", "/chat/completions", body, _content)
-                if content is not None:
-                    step = parse_verdict(content, n_steps)
-                    error = "" if step is not None else "unparseable"
+                        "max_tokens": self._max_tokens, "temperature": self._temperature, "top_p": self._top_p}
+                reply, error, attempts = await self._call("POST", "/chat/completions", body, _content)
+                if reply is not None:
+                    content, finish = reply
+                    step = parse_verdict(content, n_steps, self._template)
+                    error = "" if step is not None else TRUNCATED if finish == "length" else "unparseable"
         except asyncio.CancelledError:  # close(): the caller still gets a verdict, not an exception
             error = "closed"
         except Exception as e:  # fail-open: a client bug must not take the training step down
@@ -249,12 +270,15 @@ class GenRMClient:
             self._latencies.append(latency)
             self._failures += step is None
             self._unparseable += error == "unparseable"
+            self._truncated += error == TRUNCATED
             first = step is None and error != "closed" and failure_kind(error) not in self._kinds
             if step is None:
                 self._kinds[failure_kind(error)] = self._kinds.get(failure_kind(error), 0) + 1
         if first:  # one line per kind between two metrics() calls, not one per request
-            log.warning("GenRM request failed: %s (the step's further failures of this kind are only "
-                        "counted in genrm/failures)", error[:300])
+            why = (f" (the answer reached max_tokens={self._max_tokens} before its verdict)"
+                   if error == TRUNCATED else "")
+            log.warning("GenRM request failed: %s%s (the step's further failures of this kind are only "
+                        "counted in genrm/failures)", error[:300], why)
         return Verdict(step, error=error, attempts=attempts, latency_s=latency)
 
     async def _model_name(self) -> tuple[str, str]:
@@ -368,7 +392,7 @@ class GenRMClient:
         return b"".join(chunks)
 
     def _reset_counters(self) -> None:
-        self._requests = self._failures = self._unparseable = self._retries = 0
+        self._requests = self._failures = self._unparseable = self._truncated = self._retries = 0
         self._latencies: list[float] = []
         self._kinds: dict[str, int] = {}  # failures by kind since the last metrics() call
 
@@ -408,14 +432,23 @@ def _server_reason(raw: bytes) -> str:
     return ": " + (reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS] + "...")
 
 
-def _content(data: Any) -> str:
+def _content(data: Any) -> tuple[str, str | None]:
+    """(choices[0].message.content, choices[0].finish_reason or None when absent or not a string).
+    A null content cut at the length limit is an empty answer, not a malformed reply: a server
+    that parses reasoning apart (vLLM's --reasoning-parser) sends that when max_tokens ends the
+    reasoning, and a retry would be cut again."""
     try:
-        content = data["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
+        choice = data["choices"][0]
+        content = choice["message"]["content"]
+        finish = choice.get("finish_reason")
+    except (KeyError, IndexError, TypeError, AttributeError):
         raise _Retryable("no choices[0].message.content") from None
+    finish = finish if isinstance(finish, str) else None
+    if content is None and finish == "length":
+        return "", finish
     if not isinstance(content, str):
         raise _Retryable("no choices[0].message.content")
-    return content
+    return content, finish
 
 
 def _first_model(data: Any) -> str:

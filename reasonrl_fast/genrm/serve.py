@@ -7,9 +7,10 @@
 
 Backends:
 - `rule:addition`: the exact judge of the embedded addition task (no model, tasks/addition.py): it
-  reads the request written by `protocol.render` (either template), checks the steps against the right column
+  reads the request written by `protocol.render` ("fapo" or "compact"), checks the steps against the right column
   work and answers like a model would, a line per step checked and then `\\boxed{k}`. Its token
-  counts are characters.
+  counts are characters, and an answer cut at `max_tokens` ends with finish_reason "length". A
+  "published" request (the raw solution, no step boundaries) is answered 400, saying so.
 - `hf:PATH`: a local Hugging Face causal LM; concurrent requests are batched into one `generate`
   call (genrm/hf_backend.py).
 
@@ -50,7 +51,7 @@ from aiohttp import web
 from reasonrl_fast import cli
 from reasonrl_fast.errors import UserError
 from reasonrl_fast.protocol import (API_KEY_ENV, Backend, Completion, RequestError, Sampling, last_user_text,
-                                    parse_verdict)
+                                    step_verdict)
 from reasonrl_fast.tasks import TASKS
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a GenRM request is a problem and a solution: far below this
@@ -126,8 +127,10 @@ class RuleBackend:
 
 def _rule_completion(judge, text: str, max_tokens: int | None, prompt_tokens: int) -> Completion:
     answer, verdict, n = judge(text)
-    # With no steps there is no index to name: parse_verdict reads any box as None then.
-    assert n == 0 or parse_verdict(answer, n) == verdict, (answer, verdict)
+    # With no steps there is no index to name: step_verdict reads any box as None then.
+    assert n == 0 or step_verdict(answer, n) == verdict, (answer, verdict)
+    # Cut at max_tokens (characters here), it says so as a model server does: the client counts
+    # an answer cut before its verdict apart (genrm/truncated).
     if max_tokens is not None and len(answer) > max_tokens:
         return Completion(answer[:max_tokens], "length", prompt_tokens, max_tokens)
     return Completion(answer, "stop", prompt_tokens, len(answer))

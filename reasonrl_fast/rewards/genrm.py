@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reasonrl_fast.protocol import parse_verdict
+from reasonrl_fast.protocol import step_verdict
 
 
 def genrm_reward(verdict: int | None, truth: int, n_steps: int) -> float:
@@ -44,5 +44,5 @@ def genrm_score(solution_str: str, ground_truth: Any, extra_info: dict | None) -
     if not -1 <= truth < n:
         raise ValueError(f"genrm ground truth {truth} is outside [-1, {n}) for {n} steps in "
                          f"`extra_info.steps`")
-    verdict = parse_verdict(solution_str, n)
+    verdict = step_verdict(solution_str, n)  # an index in range, whatever the prompt's template
     return {"score": genrm_reward(verdict, truth, n), "acc": verdict == truth}

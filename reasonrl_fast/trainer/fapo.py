@@ -3,10 +3,10 @@
 
 The driver submits each correct response of a worker's shard as soon as that shard is scored,
 while the other workers still generate; `collect` waits for the step's verdicts. The client
-fails open: a request left without a usable verdict (server down, too slow, unparseable)
-penalises nothing and is counted in genrm/failures. With no `fapo.genrm.addresses`, the run
-starts our server (`fapo.genrm.serve`, the rule judge by default) on a free loopback port and
-stops it when the run ends, however it ends.
+fails open: a request left without a usable verdict (server down, too slow, unparseable, cut at
+max_tokens: genrm/truncated) penalises nothing and is counted in genrm/failures. With no
+`fapo.genrm.addresses`, the run starts our server (`fapo.genrm.serve`, the rule judge by default)
+on a free loopback port and stops it when the run ends, however it ends.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ class Judge:
         try:
             self.client = GenRMClient(addresses, model=g.model, api_key=g.api_key, template=template_for(cfg),
                                       timeout_s=g.timeout_s, max_retries=g.max_retries, max_tokens=g.max_tokens,
-                                      temperature=g.temperature, max_concurrency=g.max_concurrency,
+                                      temperature=g.temperature, top_p=g.top_p, max_concurrency=g.max_concurrency,
                                       cooldown_s=g.cooldown_s, max_reply_bytes=g.max_reply_bytes)
         except BaseException:
             self.close()
             raise
-        self._log, self._warn_rate = log, g.warn_failure_rate
+        self._log, self._warn_rate, self._max_tokens = log, g.warn_failure_rate, g.max_tokens
         self._pending: dict[int, object] = {}
         self._truth: dict[int, int] = {}  # the step checker's index, where the task has one
         self._first_submit = 0.0
@@ -60,7 +60,7 @@ class Judge:
         """Ask about sample `index` (a correct training response)."""
         if not self._pending:
             self._first_submit = time.perf_counter()
-        self._pending[index] = self.client.submit(*genrm_request(item, response))
+        self._pending[index] = self.client.submit(*genrm_request(item, response), solution=response)
         task = task_of(item)
         if task is not None and task.step_checker is not None:
             self._truth[index] = task.step_checker(item["prompt"], response)
@@ -93,14 +93,18 @@ class Judge:
 
     def _warn_failures(self, verdicts: dict[int, Verdict]) -> None:
         """One console line when too many of the step's verdicts failed: those responses got no
-        penalty, so FAPO ran as plain GRPO on them, a run its user would want to stop."""
-        failed = [v.error for v in verdicts.values() if v.step is None]
+        penalty, so FAPO ran as plain GRPO on them, a run its user would want to stop. Answers cut
+        at max_tokens are said apart: the fix is a setting, not the server."""
+        failed = [v for v in verdicts.values() if v.step is None]
         if not verdicts or len(failed) / len(verdicts) <= self._warn_rate:
             return
-        kinds = Counter(failure_kind(e) for e in failed).most_common(3)
+        kinds = Counter(failure_kind(v.error) for v in failed).most_common(3)
+        truncated = sum(v.truncated for v in failed)
+        cut = (f" {truncated} of them reached fapo.genrm.max_tokens={self._max_tokens} before a verdict: "
+               f"raise it (the published FAPO run asks for 16384)." if truncated else "")
         self._log(f"[fapo] warning: {len(failed)} of {len(verdicts)} GenRM verdicts failed this step "
                   f"({', '.join(f'{k}: {n}' for k, n in kinds)}); those responses get no FAPO penalty "
-                  f"(plain GRPO). Check the GenRM server (warns above fapo.genrm.warn_failure_rate="
+                  f"(plain GRPO).{cut} Check the GenRM server (warns above fapo.genrm.warn_failure_rate="
                   f"{self._warn_rate:g})")
 
     def _agreement(self, verdicts: dict[int, Verdict]) -> dict:

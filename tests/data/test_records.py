@@ -56,6 +56,9 @@ def test_render_with_and_without_chat_template():
     rendered = {"prompt": render_prompt(MESSAGES, chat), "messages": MESSAGES}
     assert render_prompt(rendered, chat) == rendered["prompt"]
     assert problem_text(rendered) == "Be brief.\n1+1="
+    # the bare problem a record keeps apart (the published FAPO data's extra_info.question) wins
+    assert problem_text({**rendered, "extra_info": {"question": "1+1="}}) == "1+1="
+    assert problem_text({**rendered, "extra_info": {"question": "  "}}) == "Be brief.\n1+1="
     assert prompt_ids(rendered, chat) == chat(rendered["prompt"], add_special_tokens=False)["input_ids"]
     # the length filter counts the rendered prompt: the template's 30-odd characters tip it over
     short = [{"prompt": MESSAGES, "answer": "2"}]

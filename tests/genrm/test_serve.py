@@ -75,7 +75,7 @@ def test_chat_models_health_schema(rule):
     assert r["model"] == "rule:addition" and abs(r["created"] - time.time()) < 60
     (choice,) = r["choices"]
     assert choice["index"] == 0 and choice["message"]["role"] == "assistant"
-    assert choice["finish_reason"] == "stop" and parse_verdict(choice["message"]["content"], 2) == -1
+    assert choice["finish_reason"] == "stop" and parse_verdict(choice["message"]["content"], 2, "compact") == -1
     u = r["usage"]
     assert u["prompt_tokens"] == len(compact(37, 45))  # characters are this backend's tokens
     assert u["completion_tokens"] == len(choice["message"]["content"])
@@ -198,14 +198,14 @@ def test_rule_judge_agrees_with_the_step_checker(rule):
         prompt, response, kind = random_response(rng)
         steps, truth = response_steps(response), flawed_step(prompt, response)
         for template in ("compact", "fapo"):
-            cases.append((steps, truth, kind))
+            cases.append((steps, truth, kind, template))
             bodies.append(chat(render(template, prompt, str(sum(parse_problem(prompt))), steps), temperature=0))
     answers = asyncio.run(_post_all(rule.url + "/chat/completions", bodies))
     seen = set()
-    for (steps, truth, kind), (status, r) in zip(cases, answers):
+    for (steps, truth, kind, template), (status, r) in zip(cases, answers):
         assert status == 200, r
         text = r["choices"][0]["message"]["content"]
-        assert parse_verdict(text, len(steps)) == truth, (steps, truth, text)
+        assert parse_verdict(text, len(steps), template) == truth, (steps, truth, text)
         seen.add((kind, truth == -1))
     # the sample covers right work and flaws of every kind (a slip or a miswrite is always a flaw)
     assert {("clean", True), ("miswrite", False), ("slip", False), ("missing", False), ("extra", False)} <= seen
@@ -300,6 +300,30 @@ def test_hf_max_tokens_clamped_to_the_context(hf):
     status, r = call(hf.url + "/chat/completions", chat("12+34=", max_tokens=3, temperature=1.0, seed=5))
     assert status == 200 and r["usage"]["completion_tokens"] <= 3
     assert health(hf)["status"] == "ok"
+
+
+def test_hf_answers_cut_at_max_tokens_reach_the_client_as_truncated(hf):
+    """The hf backend says "length" when max_tokens cut the answer and "stop" when the model
+    ended it; the client counts the first kind without a verdict as truncated, the second as
+    unparseable (the random tiny model writes no box). One request at a time: each is generated
+    alone, as the direct call that tells its finish_reason."""
+    from reasonrl_fast.genrm.client import TRUNCATED, GenRMClient
+
+    rng = random.Random(torch.initial_seed())
+    asks = []
+    for _ in range(8):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        steps, ans = addition_steps(a, b, 2)
+        asks.append((make_prompt(a, b), str(ans), steps.split(",")))
+    with GenRMClient([hf.url], template="compact", max_tokens=6, temperature=0, max_retries=0, timeout_s=60) as c:
+        verdicts = [c.submit(*ask).result() for ask in asks]
+        m = c.metrics()
+    finishes = [call(hf.url + "/chat/completions", chat(render("compact", *ask), max_tokens=6, temperature=0))[1]
+                ["choices"][0]["finish_reason"] for ask in asks]
+    for v, finish in zip(verdicts, finishes):
+        assert v.step is not None or v.error == (TRUNCATED if finish == "length" else "unparseable"), (v, finish)
+    assert m["genrm/truncated"] == sum(v.truncated for v in verdicts) == finishes.count("length") > 0
+    assert m["genrm/truncated"] + m["genrm/unparseable"] == m["genrm/failures"]
 
 
 def test_hf_generate_failure_is_500_and_the_server_goes_on(tiny_dir):

@@ -254,7 +254,7 @@ def test_client_gets_verdicts_from_vllm(vllm_genrm):
                             {"model": NAME, "messages": user(rec["prompt"]), "max_tokens": MAX_TOKENS,
                              "temperature": 0})
         assert status == 200, text
-        assert parse_verdict(json.loads(text)["choices"][0]["message"]["content"], len(steps)) == v.step
+        assert parse_verdict(json.loads(text)["choices"][0]["message"]["content"], len(steps), "compact") == v.step
 
 
 ASK = ("47+85=", "132", ["7+5=12", "4+8+1=13"])
