@@ -27,15 +27,33 @@ def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
+# Bound of the log-ratio lp - lp_old before exp, as verl's policy losses clamp it: a token the
+# policy has moved far from since the rollout (a stale one, late in a step's mini-batches) would
+# otherwise overflow exp to inf, and inf * 0 (a clipped branch, a masked token) is NaN. Inside
+# the bound nothing changes: exp(20) ~ 4.9e8 is far past any clip.
+LOG_RATIO_BOUND = 20.0
+
+
 def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg="token-mean",
-              ref_logprob=None, kl_coef=0.0, rollout_weight=None):
+              ref_logprob=None, kl_coef=0.0, rollout_weight=None, clip_ratio_c=None):
     """Clipped surrogate with clip-higher. logprob/old/mask [B, T], adv [B]; `rollout_weight`
     ([B, T] or [B], detached): the rollout correction, multiplied into the policy-gradient term
-    (not the KL term). Returns (loss, stats)."""
-    ratio = torch.exp(logprob - old_logprob)
+    (not the KL term); `clip_ratio_c` (> 1, or None: off): the dual clip, which bounds a token's
+    loss at -A * clip_ratio_c where A < 0 (verl's compute_policy_loss_vanilla, after Ye et al.
+    2020, arXiv:1912.09729). Returns (loss, stats)."""
+    ratio = torch.exp((logprob - old_logprob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     a = adv.unsqueeze(-1).to(logprob.dtype)
     clipped_obj = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
     surr = torch.minimum(ratio * a, clipped_obj)
+    dual = None
+    if clip_ratio_c is not None:
+        # For A < 0 the clipped surrogate still grows with the ratio without bound (the clip
+        # only stops ratios below 1 - eps_low), so one token the policy has already made much
+        # likelier can dominate the mini-batch; its loss -surr is capped at -A * c, a constant
+        # there (no gradient). Applied before the rollout weight, as verl does.
+        floor = a * clip_ratio_c
+        dual = (a < 0) & (surr < floor)
+        surr = torch.where(dual, floor, surr)
     if rollout_weight is not None:
         w = rollout_weight if rollout_weight.dim() == 2 else rollout_weight.unsqueeze(-1)
         surr = surr * w.to(surr.dtype)
@@ -47,6 +65,8 @@ def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg
         m = mask.float()
         clipped = (clipped_obj < ratio * a).float()  # tokens where the clip is active (no gradient)
         stats = {"grpo/clip_frac": float((clipped * m).sum() / m.sum().clamp(min=1))}
+        if dual is not None:  # verl's pg_clipfrac_lower: the tokens where the dual clip binds
+            stats["grpo/dual_clip_frac"] = float((dual.float() * m).sum() / m.sum().clamp(min=1))
         if ref_logprob is not None:
             stats["kl/mean"] = float((kl_k3(logprob, ref_logprob) * m).sum() / m.sum().clamp(min=1))
     return loss, stats
@@ -63,4 +83,5 @@ class GRPO(Algo):
 
     def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None):
         g = cfg.grpo
-        return grpo_loss(lp, old_lp, adv, mask, g.clip_low, g.clip_high, g.loss_agg, ref_lp, g.kl_coef, rollout_w)
+        return grpo_loss(lp, old_lp, adv, mask, g.clip_low, g.clip_high, g.loss_agg, ref_lp, g.kl_coef, rollout_w,
+                         g.clip_ratio_c)

@@ -6,6 +6,7 @@ downloaded. See docs/data.md for each NAME's input layout and the data_source it
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import os
@@ -14,8 +15,15 @@ from typing import Any, Callable
 
 from reasonrl_fast import cli
 from reasonrl_fast.data.records import DataError, _read_jsonl, default_ability
+from reasonrl_fast.rewards.score import BOXED_SOURCES
 
+# The published FAPO data (verl recipe/fapo/prepare_fapo_data.py) puts this after every problem,
+# DAPO-Math-17k's included, in place of DAPO's own "Answer:" instruction.
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+# DAPO-Math-17k's own instruction around each problem of its verl-style parquet.
+DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the "
+               "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n")
+DAPO_SUFFIX = "\n\nRemember to put your answer on its own line after \"Answer:\"."
 CODE_INSTRUCTION = ("Complete the following Python function. Reply with the whole function, its "
                     "signature included, in one ```python code block.")
 # name -> (data_source written, default split)
@@ -90,7 +98,17 @@ def _math_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
     return _user(problem, instruction), answer, extra
 
 
-def _dapo_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
+def dapo_problem(text: str) -> str | None:
+    """The problem inside DAPO-Math-17k's instruction, or None when `text` is not wrapped in it."""
+    text = text.strip()
+    if not (text.startswith(DAPO_PREFIX) and text.endswith(DAPO_SUFFIX.strip())):
+        return None
+    return text[len(DAPO_PREFIX):len(text) - len(DAPO_SUFFIX.strip())].strip() or None
+
+
+def _dapo_row(r: dict, instruction: str, boxed: bool = False) -> tuple[list[dict], str, dict]:
+    """`boxed`: DAPO's "Answer:" instruction is replaced by `instruction` (the published FAPO
+    data); a verl-style row not wrapped in it is dropped rather than given two answer formats."""
     prompt = r.get("prompt")
     if isinstance(prompt, list):  # the release's verl-style rows: its prompt carries its own instruction
         gt = (r.get("reward_model") or {}).get("ground_truth") or r.get("solution")
@@ -98,11 +116,27 @@ def _dapo_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
             raise Skip("no reward_model.ground_truth")
         text = " ".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
         messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+        extra = {k: v for k, v in (r.get("extra_info") or {}).items() if isinstance(v, (str, int, float))}
+        if boxed:
+            problem = dapo_problem(messages[-1]["content"])
+            if problem is None:
+                raise Skip("no DAPO instruction to replace")
+            messages[-1]["content"] = _join(problem, instruction)
+            return messages, str(gt), {**extra, "question": problem}
         if "Answer:" not in text and "\\boxed" not in text:
             messages[-1]["content"] = _join(messages[-1]["content"], instruction)
-        extra = {k: v for k, v in (r.get("extra_info") or {}).items() if isinstance(v, (str, int, float))}
         return messages, str(gt), extra
-    return _math_row({**r, "answer": _field(r, "answer", "solution", "ground_truth")}, instruction)
+    # Flat rows, such as open-r1/DAPO-Math-17k-Processed's (the published FAPO data's source),
+    # where `prompt` is the bare problem. A problem still wrapped in DAPO's instruction keeps it
+    # as it is, or is unwrapped when `boxed`; any other gets the instruction appended.
+    text = _field(r, "problem", "question")
+    text = prompt if text is None else text
+    flat = {**r, "answer": _field(r, "answer", "solution", "ground_truth"), "problem": text}
+    inner = dapo_problem(text) if isinstance(text, str) else None
+    if boxed and isinstance(text, str):  # stripped, as the published data's `question.strip()`
+        flat["problem"] = (text if inner is None else inner).strip()
+    messages, answer, extra = _math_row(flat, "" if inner is not None and not boxed else instruction)
+    return messages, answer, {**extra, "question": flat["problem"]} if boxed else extra
 
 
 def _gsm8k_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
@@ -169,11 +203,16 @@ def _check_layout(name: str, path: str, rows: list[tuple[int, dict]], needs: tup
 
 def prepare(name: str, input: str | None, output: str, instruction: str | None = None,
             split: str | None = None, limit: int | None = None, prompt_key: str = "prompt",
-            answer_key: str = "answer", data_source: str = "math") -> dict:
+            answer_key: str = "answer", data_source: str = "math", boxed: bool = False) -> dict:
     """Convert `input` (the public release of `name`, on disk) into `output` in the verl schema;
-    returns the counts {"read", "written", "dropped": {reason: n}}."""
+    returns the counts {"read", "written", "dropped": {reason: n}}. `boxed` (dapo-math-17k
+    only): the published FAPO variant, DAPO's "Answer:" instruction replaced by the boxed one
+    and the records routed to the box-only scorer."""
     if name not in NAMES:
         raise DataError(f"unknown dataset {name!r}; one of {', '.join(NAMES)}")
+    if boxed and name != "dapo-math-17k":
+        raise DataError(f"--boxed applies to dapo-math-17k only (the other math sets ask for a box already), "
+                        f"not to {name}")
     source, default_split = NAMES[name]
     split = split or default_split
     if name == "jsonl":
@@ -184,6 +223,8 @@ def prepare(name: str, input: str | None, output: str, instruction: str | None =
     else:
         ability = "code" if name == "humaneval" else "math"
         convert, needs = _LAYOUTS[name]
+        if boxed:  # the instruction and the scorer change together: a box scored as a box
+            source, convert = BOXED_SOURCES[0], functools.partial(_dapo_row, boxed=True)
     if instruction is None:
         instruction = CODE_INSTRUCTION if ability == "code" else BOXED_INSTRUCTION if ability == "math" else ""
     if name == "humaneval":
@@ -262,6 +303,10 @@ def _main(argv: list[str]) -> dict:
     p.add_argument("--output", required=True, help="OUT.parquet (or OUT.jsonl)")
     p.add_argument("--instruction", help="text appended to each problem (default: the boxed-answer "
                                          "instruction for math, a code-block request for humaneval)")
+    p.add_argument("--boxed", action="store_true",
+                   help="dapo-math-17k: replace DAPO's \"Answer:\" instruction with the boxed-answer one and "
+                        f"score the records on their last \\boxed{{}} (data_source {BOXED_SOURCES[0]}), as the "
+                        "published FAPO runs do")
     p.add_argument("--split", choices=["train", "test"], help="extra_info.split (default per set)")
     p.add_argument("--limit", type=int, help="write at most N records")
     p.add_argument("--prompt-key", default="prompt", help="jsonl: the problem's field")
@@ -269,7 +314,7 @@ def _main(argv: list[str]) -> dict:
     p.add_argument("--data-source", default="math", help="jsonl: the data_source written (selects the scorer)")
     a = p.parse_args(argv)
     counts = prepare(a.name, a.input, a.output, a.instruction, a.split, a.limit,
-                     a.prompt_key, a.answer_key, a.data_source)
+                     a.prompt_key, a.answer_key, a.data_source, a.boxed)
     dropped = ", ".join(f"{n} {why}" for why, n in counts["dropped"].items()) or "none"
     print(f"{a.name}: read {counts['read']}, wrote {counts['written']} to {a.output}; dropped: {dropped}")
     return counts

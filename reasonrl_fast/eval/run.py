@@ -16,11 +16,12 @@ from reasonrl_fast.config import check_sandbox_timeout
 from reasonrl_fast.data.records import filter_long, load_records, prompt_ids
 from reasonrl_fast.errors import ConfigError, UserError
 from reasonrl_fast.eval.metrics import PromptResult, answer_key, maj_at_n, summarize
-from reasonrl_fast.models.loading import load_tokenizer
+from reasonrl_fast.models.loading import load_model_config, load_tokenizer
+from reasonrl_fast.models.shape import check_context
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.math import extract_boxed, math_equal
 from reasonrl_fast.rewards.pool import RewardPool
-from reasonrl_fast.rewards.score import load_reward_fn, scorer_for
+from reasonrl_fast.rewards.score import ANSWER_SCORERS, load_reward_fn, scorer_for
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime.datasets import load_datasets  # the embedded task's splits
 from reasonrl_fast.runtime.merge import check_checkpoint, merge
@@ -116,7 +117,7 @@ def score_all(cfg, records: list[dict], texts: list[str]) -> tuple[list[dict], d
 def majority(record: dict, answers: list) -> bool | None:
     """maj@n of one prompt: None where the source's scorer is not one answer's equality (code,
     partition, GenRM: no answer to vote on)."""
-    if scorer_for(record["data_source"]) not in ("math", "dapo"):
+    if scorer_for(record["data_source"]) not in ANSWER_SCORERS:
         return None
     truth = record["answer"]
     truths = [str(t) for t in truth] if isinstance(truth, (list, tuple)) else [str(truth)]
@@ -134,14 +135,15 @@ def run(cfg, log=print) -> dict:
     load_reward_fn(cfg.data.reward_fn)  # a bad spec fails before anything slow
     with resolved_model(cfg, log) as model_dir:
         tok = load_tokenizer(model_dir)
+        # the model as the workers load it: a prompt and response past its context fail now
+        config = load_model_config(model_dir, cfg.model.max_position_embeddings)
+        check_context(cfg, config, f"config.json of model.path={cfg.model.path!r}")
         records = load_eval_set(cfg, tok)
         prompts = [prompt_ids(rec, tok) for rec in records]  # the chat template, as in training
         if cfg.rollout.backend == "vllm":  # not installed, or cannot load this model: say so now
-            from transformers import AutoConfig
-
             from reasonrl_fast.rollout.vllm import check_vllm
 
-            log(f"[eval] rollout: vLLM {check_vllm(AutoConfig.from_pretrained(model_dir).architectures)}")
+            log(f"[eval] rollout: vLLM {check_vllm(config.architectures)}")
         from reasonrl_fast.eval.generate import generate_all  # imports ray
 
         responses = generate_all(cfg, model_dir, prompts, log)

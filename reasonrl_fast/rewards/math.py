@@ -4,7 +4,8 @@ the ground truth mathematically (0.5 = \\frac{1}{2}, sets in any order, units st
 Plain numbers and simple fractions are compared exactly here; everything else goes to math-verify,
 imported on first use (it pulls in sympy: about a second) so that importing this module stays
 cheap in spawned workers. `dapo_score` is a second, deliberately different scorer: it reproduces
-verl 0.9.1's DAPO rule (±1, textual after normalisation) so rewards match its runs.
+verl 0.9.1's DAPO rule (±1, textual after normalisation) so rewards match its runs; `boxed_score`
+is the published FAPO runs' box-only variant of it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from reasonrl_fast.util import extract_boxed
 
-__all__ = ["extract_boxed", "math_equal", "math_score", "compute_score", "dapo_score"]
+__all__ = ["extract_boxed", "math_equal", "math_score", "compute_score", "dapo_score", "boxed_score"]
 
 # ---------------------------------------------------------------------------------------------
 # Equality
@@ -246,4 +247,22 @@ def dapo_score(solution_str: str, ground_truth: str, strict_box_verify: bool = F
             box_right, box_pred = _dapo_box_verdict(tail, ground_truth, pause_tokens_index)
             if box_pred is not None:
                 right, pred = box_right, box_pred
+    return {"score": 1.0 if right else -1.0, "acc": right, "pred": pred}
+
+
+# ---------------------------------------------------------------------------------------------
+# The published FAPO runs' verifier (verl recipe/fapo/reward_fn_reasoning.py `verify`, behind
+# both `compute_score_baseline` and the FAPO `compute_score`): the last \boxed{} in the last 300
+# characters, normalised by the DAPO tables above and compared as text. No "Answer:" line is
+# read: its data asks for a box only (data/prepare.py --boxed). Two departures, both where the
+# published rule would reward nothing at all: no box is wrong even against a ground truth
+# "[INVALID]" (its placeholder), and an answer that normalises to nothing is never right.
+
+def boxed_score(solution_str: str, ground_truth: Any) -> dict:
+    """{"score": 1.0 or -1.0, "acc": bool, "pred": the normalised box or None}; a list ground
+    truth accepts any of its entries. Reads at most 300 characters of the response, whatever its
+    length."""
+    box = _dapo_last_box(solution_str[-_DAPO_TAIL_CHARS:]) if isinstance(solution_str, str) else None
+    pred = _dapo_normalise(box) if box is not None else None
+    right = bool(pred) and any(pred == _dapo_normalise(t) for t in _acceptable_answers(ground_truth))
     return {"score": 1.0 if right else -1.0, "acc": right, "pred": pred}

@@ -2,11 +2,12 @@
 
 Routing follows verl's `data_source` names, so a dataset prepared for it scores
 the same here: `math_dapo` and `aime*` use its DAPO scorer (±1, its own answer extraction),
-code sources run the program in the sandbox (code.py), `genrm*` sources score a GenRM's verdict
-on a solution's steps (genrm.py), `partition` sources a sum of digits (partition.py, the
-embedded task with many right answers), and everything else is a math answer checked for mathematical
-equality (math.py, 1/0). One dataset can mix them. A user's
-`data.reward_fn` replaces the routing for every sample.
+`math_dapo_boxed` (and `math-dapo`, the name the published FAPO data carries) the FAPO runs'
+box-only verifier (±1 on the last \\boxed{}), code sources run the program in the sandbox
+(code.py), `genrm*` sources score a GenRM's verdict on a solution's steps (genrm.py), `partition`
+sources a sum of digits (partition.py, the embedded task with many right answers), and everything
+else is a math answer checked for mathematical equality (math.py, 1/0). One dataset can mix them.
+A user's `data.reward_fn` replaces the routing for every sample.
 """
 
 from __future__ import annotations
@@ -26,13 +27,20 @@ from reasonrl_fast.errors import ConfigError
 CODE_SOURCES = ("code", "humaneval", "mbpp", "livecodebench", "codecontests", "apps", "taco",
                 "codeforces", "leetcode", "primeintellect", "prime_code")
 DAPO_SOURCES = ("math_dapo", "math_dapo_reasoning")
+# DAPO-Math-17k with a \boxed{} instruction in place of "Answer:" (data/prepare.py --boxed
+# writes the first), scored as the published FAPO and baseline runs score it; `math-dapo` is the
+# data_source of verl recipe/fapo's fapo-train-boxed.parquet, which no verl default routes.
+BOXED_SOURCES = ("math_dapo_boxed", "math-dapo")
+# Scorers that compare one final answer with the ground truth, so that samples can vote on it
+# (maj@n); the others judge programs, partitions or verdicts.
+ANSWER_SCORERS = ("math", "dapo", "boxed")
 GENRM_PREFIX = "genrm"  # GenRM training records (docs/math.md §Data records): "genrm", "genrm_addition"
 PARTITION_SOURCES = ("partition",)
 
 
 def scorer_for(data_source: str) -> str:
-    """'code', 'dapo', 'genrm', 'partition' or 'math': the scorer `default_compute_score` uses for
-    this source."""
+    """'code', 'dapo', 'boxed', 'genrm', 'partition' or 'math': the scorer `default_compute_score`
+    uses for this source."""
     src = (data_source or "").lower()
     if src.startswith(CODE_SOURCES):
         return "code"
@@ -40,6 +48,8 @@ def scorer_for(data_source: str) -> str:
         return "partition"
     if src.startswith(GENRM_PREFIX):
         return "genrm"
+    if src in BOXED_SOURCES:
+        return "boxed"
     if src in DAPO_SOURCES or src.startswith("aime"):
         return "dapo"
     return "math"
@@ -65,6 +75,9 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: Any
 
     if kind == "dapo":
         out = math_rewards.dapo_score(solution_str, str(ground_truth))
+        return {"score": out["score"], "acc": out["acc"]}
+    if kind == "boxed":  # ±1 as the published baseline's reward; FAPO forms its own from `acc`
+        out = math_rewards.boxed_score(solution_str, ground_truth)
         return {"score": out["score"], "acc": out["acc"]}
     return math_rewards.compute_score(solution_str, ground_truth, extra_info)
 

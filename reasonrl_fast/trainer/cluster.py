@@ -10,9 +10,9 @@ from contextlib import contextmanager
 import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from transformers import AutoConfig
 
 from reasonrl_fast.algos.correction import pool_sums, rollout_metrics
+from reasonrl_fast.models.loading import load_model_config
 from reasonrl_fast.rollout import sample_seeds
 from reasonrl_fast.rollout.vllm import last_line
 from reasonrl_fast.runtime import ray_cluster as rt
@@ -44,7 +44,8 @@ class Cluster:
         addr, port = ray.get(self.workers[0].address.remote())
         with self._engine_notes():
             self.setup_info = gather([w.setup.remote(addr, port) for w in self.workers], "setup")[0]
-        self.hf_config = AutoConfig.from_pretrained(model_path)
+        # the workers' config, context override included: checkpoints save it as config.json
+        self.hf_config = load_model_config(model_path, cfg.model.max_position_embeddings)
         self.world = world
         self._kept: list[range] | None = None  # each worker's samples of the step's rollout
 
@@ -64,14 +65,16 @@ class Cluster:
         with self._engine_notes():
             return gather([getattr(w, method).remote(*args) for w in self.workers], method)
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, stream: int) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
+                 stream: int) -> list[list[int]]:
         """n samples per prompt (prompt-major), the prompts shared out by `shares`."""
         out: list[list[int]] = []
-        for _, responses in sorted(self.generate_stream(prompts, n, temperature, stream), key=lambda s: s[0]):
+        for _, responses in sorted(self.generate_stream(prompts, n, temperature, top_p, stream), key=lambda s: s[0]):
             out += responses
         return out
 
-    def generate_stream(self, prompts: list[list[int]], n: int, temperature: float, stream: int, keep: bool = False):
+    def generate_stream(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, stream: int,
+                        keep: bool = False):
         """Like `generate`, but yields (index of the share's first sample, its responses) as each
         worker finishes, so the driver can score one share while the others still generate.
         Sample i of the call is drawn with `sample_seed(trainer.seed, stream, i)`, whichever
@@ -79,7 +82,7 @@ class Cluster:
         `train_step`."""
         split = shares(len(prompts), self.world)
         seed = self.cfg.trainer.seed
-        refs = [w.generate.remote([prompts[i] for i in r], n, temperature,
+        refs = [w.generate.remote([prompts[i] for i in r], n, temperature, top_p,
                                   sample_seeds(seed, stream, r.start * n, len(r) * n), keep)
                 for w, r in zip(self.workers, split)]
         if keep:

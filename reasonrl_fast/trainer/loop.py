@@ -14,16 +14,14 @@ import random
 import time
 
 import torch
-from transformers import AutoConfig
 
 from reasonrl_fast.algos import advantages, get_algo, overlong_penalty
 from reasonrl_fast.config import to_yaml
 from reasonrl_fast.data.records import prompt_ids
 from reasonrl_fast.eval.metrics import PromptResult, answer_key, summarize
-from reasonrl_fast.models.lm_head import check_model
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.rewards.pool import RewardPool
-from reasonrl_fast.rewards.score import load_reward_fn, scorer_for
+from reasonrl_fast.rewards.score import scorer_for
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime.datasets import Sampler, load_datasets
 from reasonrl_fast.tasks import TASKS
@@ -48,19 +46,16 @@ def _run(cfg, log) -> dict:
     with open(os.path.join(out_dir, "config.yaml"), "w") as f:
         f.write(to_yaml(cfg))
 
-    if cfg.rollout.backend == "vllm":  # not installed: say so before the warm start
-        from reasonrl_fast.rollout.vllm import check_vllm
-
-        check_vllm()
+    # The checks that need neither the warm-started model nor the run directory's checkpoints
+    # (the model's context, the fused head, vLLM, the data files, ...) ran in preflight.py.
     # Model: a local HF directory, or the embedded tiny model after its (cached) warm start.
     model_path = cfg.model.path or warm_start(cfg, log)
     tok = load_tokenizer(model_path)
     train_set, val_set = load_datasets(cfg, tok)
-    load_reward_fn(cfg.data.reward_fn)  # a bad spec fails now, not after the cluster started
-    if cfg.model.fused_lm_head == "true":  # on a head it cannot fuse: a ConfigError now too
-        check_model(cfg.model.fused_lm_head, AutoConfig.from_pretrained(model_path))
-    if cfg.rollout.backend == "vllm":  # a model it cannot load: say so now
-        version = check_vllm(AutoConfig.from_pretrained(model_path).architectures)
+    if cfg.rollout.backend == "vllm":
+        from reasonrl_fast.rollout.vllm import check_vllm
+
+        version = check_vllm()  # imported by the preflight already: its version for the log line
         log(f"rollout: vLLM {version}, one engine per worker, its log in "
             f"{os.path.join(out_dir, 'rollout')}; weights synced every {cfg.rollout.sync_every} step(s)")
 
@@ -112,7 +107,8 @@ def _run(cfg, log) -> dict:
             # worker's share arrives it is scored in the reward pool (a sample that fails or runs
             # out of time scores 0 and is counted) and, for FAPO, its correct responses go to the
             # GenRM while the other workers still generate
-            roll = rollout_and_score(cluster, pool, tok, items, n, cfg.rollout.temperature, step, judge, keep=True)
+            roll = rollout_and_score(cluster, pool, tok, items, n, cfg.rollout.temperature, cfg.rollout.top_p, step,
+                                     judge, keep=True)
             responses, acc = roll["responses"], roll["acc"]
             flagged, genrm_metrics = None, {}
             if judge is not None:  # the GenRM's flags on right answers (FAPO)
@@ -181,9 +177,9 @@ def score_responses(pool: RewardPool, items: list[dict], texts: list[str], n: in
 
 
 def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int, temperature: float,
-                      stream: int, judge=None, keep: bool = False) -> dict:
-    """Generate `n` responses per item (sample seeds from `stream`: the step, or a validation
-    pass) and score each worker's share as soon as it arrives
+                      top_p: float, stream: int, judge=None, keep: bool = False) -> dict:
+    """Generate `n` responses per item at `temperature` and `top_p` (sample seeds from `stream`:
+    the step, or a validation pass) and score each worker's share as soon as it arrives
     (for FAPO, also submit its correct responses to the judge); `keep`: the workers keep their
     samples for the step's update. Returns the prompts' ids, the
     responses (ids and text), scores (non-finite as 0), acc flags, reward/* metrics, and
@@ -197,7 +193,7 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
     latencies: list[float] = []
     counts = {"reward/timeouts": 0, "reward/errors": 0}
     t_rollout = t_reward = 0.0
-    for start, shard in cluster.generate_stream(prompts, n, temperature, stream, keep=keep):
+    for start, shard in cluster.generate_stream(prompts, n, temperature, top_p, stream, keep=keep):
         t = time.perf_counter()
         t_rollout = t - t0
         idx = range(start, start + len(shard))
@@ -219,12 +215,14 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
 
 
 def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
-    """mean@val_n accuracy (from each scorer's `acc`) on the validation prompts at
-    rollout.val_temperature, and each task's own metrics on its records (the addition task's
-    val/flawed_positive_ratio, the GenRM task's accuracy on flawless and flawed solutions)."""
+    """mean@val_n accuracy (from each scorer's `acc`) on the validation prompts sampled at
+    rollout.val_temperature and rollout.val_top_p (not training's top-p), and each task's own
+    metrics on its records (the addition task's val/flawed_positive_ratio, the GenRM task's
+    accuracy on flawless and flawed solutions)."""
     t = time.perf_counter()
     k = cfg.rollout.val_n
-    roll = rollout_and_score(cluster, pool, tok, val_set, k, cfg.rollout.val_temperature, 10**6 + step)
+    temperature, top_p = cfg.rollout.val_sampling()
+    roll = rollout_and_score(cluster, pool, tok, val_set, k, temperature, top_p, 10**6 + step)
     acc = roll["acc"]
     row = {"val/accuracy": sum(acc) / len(acc)}
     items = [val_set[i // k] for i in range(len(acc))]

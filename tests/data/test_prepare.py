@@ -137,3 +137,63 @@ def test_round_trip_through_verl_and_our_trainer(tmp_path, verl_python):
         assert (t["ground_truth"], t["data_source"], t["ability"]) == (o["answer"], o["data_source"], o["ability"])
         assert t["extra_info"]["index"] == o["extra_info"]["index"]
     print(f"round trip: {time.monotonic() - start:.1f} s")
+
+
+# --- dapo-math-17k --boxed: the published FAPO data ---------------------------------------------
+
+def published_prompt(question: str) -> str:
+    # verl recipe/fapo/prepare_fapo_data.py, written out: the problem, a blank line, the instruction
+    return question.strip() + "\n\n" + "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def _verl_row(content, truth="5"):
+    return {"data_source": "math_dapo", "prompt": [{"role": "user", "content": content}], "ability": "MATH",
+            "reward_model": {"style": "rule-lighteval/MATH_v2", "ground_truth": truth}, "extra_info": {"index": "x"}}
+
+
+def test_boxed_replaces_dapos_instruction(tmp_path):
+    from reasonrl_fast.rewards.score import default_compute_score, scorer_for
+
+    rows = [_verl_row(DAPO_PROMPT)] * 3 + [_verl_row("What is 1+1? Answer: on its own line.", "2")]
+    out = tmp_path / "boxed.jsonl"
+    counts = prepare("dapo-math-17k", write_jsonl(tmp_path / "in.jsonl", rows), str(out), boxed=True)
+    assert counts == {"read": 4, "written": 1,
+                      "dropped": {"duplicate": 2, "no DAPO instruction to replace": 1}}
+    rec = load_records(str(out))[0]
+    assert rec["prompt"] == [{"role": "user", "content": published_prompt("What is 2+3?")}]
+    assert "Answer:" not in rec["prompt"][0]["content"]
+    assert (rec["data_source"], rec["answer"], rec["extra_info"]["question"]) == ("math_dapo_boxed", "5",
+                                                                                  "What is 2+3?")
+    assert scorer_for(rec["data_source"]) == "boxed"
+    score = lambda text: default_compute_score(rec["data_source"], text, rec["answer"], rec["extra_info"])
+    assert score("2+3 = 5, so \\boxed{5}") == {"score": 1.0, "acc": True}
+    assert score("Answer: 5") == {"score": -1.0, "acc": False}  # the box is what was asked for
+
+
+def test_boxed_flat_rows_and_the_cli(tmp_path, capsys):
+    # open-r1/DAPO-Math-17k-Processed's layout (the published data's source): the bare problem
+    rows = [{"prompt": "  What is 2+3?\n", "solution": "5", "data_source": "math_dapo"},
+            {"prompt": DAPO_PROMPT.replace("2+3", "4+4"), "solution": "8"}]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    counts = main(["dapo-math-17k", "--input", src, "--output", str(tmp_path / "b.jsonl"), "--boxed"])
+    assert counts["written"] == 2 and "wrote 2" in capsys.readouterr().out
+    recs = load_records(str(tmp_path / "b.jsonl"))
+    assert [r["prompt"][0]["content"] for r in recs] == [published_prompt("What is 2+3?"),
+                                                          published_prompt("What is 4+4?")]
+    assert [r["extra_info"]["question"] for r in recs] == ["What is 2+3?", "What is 4+4?"]
+    assert {r["data_source"] for r in recs} == {"math_dapo_boxed"}
+    # --instruction still sets the text; without --boxed a flat bare problem gets it appended and a
+    # problem still wrapped in DAPO's instruction is kept as it is
+    prepare("dapo-math-17k", src, str(tmp_path / "i.jsonl"), instruction="Box it.", boxed=True)
+    assert load_records(str(tmp_path / "i.jsonl"))[0]["prompt"][0]["content"] == "What is 2+3?\n\nBox it."
+    prepare("dapo-math-17k", src, str(tmp_path / "plain.jsonl"))
+    plain = load_records(str(tmp_path / "plain.jsonl"))
+    assert [r["prompt"][0]["content"] for r in plain] == ["  What is 2+3?\n\n" + BOXED_INSTRUCTION,
+                                                           DAPO_PROMPT.replace("2+3", "4+4")]
+    assert {r["data_source"] for r in plain} == {"math_dapo"}
+
+
+def test_boxed_is_for_dapo_math_only(tmp_path):
+    f = write_jsonl(tmp_path / "x.jsonl", [{"problem": "Find $x$.", "answer": "1"}])
+    with pytest.raises(ValueError, match="--boxed applies to dapo-math-17k only"):
+        prepare("aime24", f, str(tmp_path / "o.jsonl"), boxed=True)

@@ -107,3 +107,41 @@ def verl_dataset_rows(python: Path, parquet: str, tokenizer_dir: str, max_prompt
     if not marker:
         raise VenvError(f"verl's RLHFDataset printed no rows:\n{proc.stdout[-3000:]}")
     return json.loads(answer)
+
+
+# Runs inside the venv: the published FAPO runs' verifier (verl recipe/fapo/reward_fn_reasoning.py
+# `verify`, which verl's package does not ship) written out over verl 0.9.1's own math_dapo
+# helpers: the last 300 characters, the last \boxed{} in them, DAPO-normalised, compared as text.
+_BOX_DRIVER = r"""
+import importlib.util, json, os, sys, sysconfig
+path = os.path.join(sysconfig.get_paths()["purelib"], "verl", "utils", "reward_score",
+                    "math_dapo.py")
+spec = importlib.util.spec_from_file_location("verl_math_dapo", path)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+out = []
+for case in json.load(sys.stdin):
+    tail = case["solution_str"][-300:]
+    boxed = mod.last_boxed_only_string(tail)
+    extracted = mod.remove_boxed(boxed) if boxed is not None else "[INVALID]"
+    pred = mod.normalize_final_answer(extracted)
+    out.append({"acc": pred == mod.normalize_final_answer(case["ground_truth"]), "pred": pred,
+                "boxed": boxed is not None})
+json.dump(out, sys.stdout)
+"""
+
+
+def verl_box_verdicts(python: Path, cases: list[dict], timeout: float = 300.0) -> list[dict]:
+    """The published FAPO verifier's {"acc", "pred", "boxed"} for each {"solution_str",
+    "ground_truth"} case, computed with verl's own helpers in the venv's python."""
+    try:
+        proc = subprocess.run([str(python), "-c", _BOX_DRIVER], input=json.dumps(cases),
+                              capture_output=True, text=True, timeout=timeout, env=child_env())
+    except subprocess.TimeoutExpired:
+        raise VenvError(f"verl's box verifier gave no answer within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise VenvError(f"verl's box verifier failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    out = json.loads(proc.stdout)
+    if len(out) != len(cases):
+        raise VenvError(f"verl's box verifier answered {len(out)} of {len(cases)} cases")
+    return out

@@ -1,0 +1,79 @@
+"""Validation samples at rollout.val_top_p (top_p when unset), training at rollout.top_p: the
+loop's `validate` through the cluster's fan-out and the worker's `generate` down to the engine,
+with Ray's remote calls run in place and an engine that records what it was asked."""
+
+import pytest
+
+from reasonrl_fast.config import load_config
+from reasonrl_fast.models.tiny import char_tokenizer
+from reasonrl_fast.rewards.score import default_compute_score
+from reasonrl_fast.rollout.base import RolloutEngine, Samples
+from reasonrl_fast.trainer import cluster as cluster_mod
+from reasonrl_fast.trainer.cluster import Cluster
+from reasonrl_fast.trainer.loop import rollout_and_score, validate
+from reasonrl_fast.trainer.worker import Worker
+
+
+class RecordingEngine(RolloutEngine):
+    def __init__(self, tok):
+        self.tok, self.calls = tok, []
+
+    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds):
+        self.calls.append({"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens})
+        ids = self.tok(r"so \boxed{2}", add_special_tokens=False)["input_ids"]
+        return Samples([list(ids) for _ in range(len(prompts) * n)], [[0.0] * len(ids)] * (len(prompts) * n))
+
+
+class InPlace:
+    """A Ray actor handle whose `.generate.remote(...)` runs the worker's method at once."""
+
+    def __init__(self, worker):
+        self.generate = type("Method", (), {"remote": staticmethod(worker.generate)})()
+
+
+class Pool:
+    last_latencies: list = []
+
+    def score(self, samples):
+        return ([default_compute_score(*s) for s in samples], {"reward/timeouts": 0, "reward/errors": 0})
+
+
+def _cluster(cfg, monkeypatch, world=2):
+    tok = char_tokenizer()
+    engines, handles = [], []
+    for rank in range(world):
+        w = Worker.__new__(Worker)
+        w.cfg, w.rank, w.world, w._samples = cfg, rank, world, None
+        w.rollout = RecordingEngine(tok)
+        engines.append(w.rollout)
+        handles.append(InPlace(w))
+    c = Cluster.__new__(Cluster)
+    c.cfg, c.world, c.workers, c._kept = cfg, world, handles, None
+    monkeypatch.setattr(cluster_mod, "as_completed", lambda refs, what: enumerate(refs))
+    return c, tok, engines
+
+
+VAL = [{"prompt": f"{i}+{2 - i}=", "answer": "2", "data_source": "math"} for i in range(3)]
+
+
+@pytest.mark.parametrize("val_top_p", [None, 0.7])
+def test_validation_samples_at_val_top_p(monkeypatch, val_top_p):
+    overrides = ["rollout.top_p=0.9", "rollout.val_temperature=0.6", "rollout.val_n=2",
+                 "rollout.max_new_tokens=20"]
+    if val_top_p is not None:
+        overrides.append(f"rollout.val_top_p={val_top_p}")
+    cfg = load_config(None, overrides)
+    cluster, tok, engines = _cluster(cfg, monkeypatch)
+    row = validate(cfg, cluster, tok, VAL, Pool(), step=0)
+    assert row["val/accuracy"] == 1.0
+    want = {"temperature": 0.6, "top_p": 0.9 if val_top_p is None else val_top_p, "max_new_tokens": 20}
+    assert [e.calls for e in engines] == [[want], [want]]
+
+
+def test_training_samples_keep_top_p(monkeypatch):
+    cfg = load_config(None, ["rollout.top_p=0.9", "rollout.val_top_p=0.5", "rollout.temperature=1.1"])
+    cluster, tok, engines = _cluster(cfg, monkeypatch)
+    r = cfg.rollout
+    rollout_and_score(cluster, Pool(), tok, VAL, 2, r.temperature, r.top_p, 1, keep=True)
+    assert [e.calls[0]["top_p"] for e in engines] == [0.9, 0.9]
+    assert [e.calls[0]["temperature"] for e in engines] == [1.1, 1.1]
