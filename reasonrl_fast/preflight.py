@@ -1,0 +1,108 @@
+"""`preflight(cfg)`: the checks of a training run that can fail before a model, a GenRM server or
+Ray starts, in one place. Each failure is one line naming the setting: a ConfigError, or the
+UserError of the thing checked (a data file's DataError, the run directory's CheckpointError, a
+model directory's ModelPathError). The train command runs it first; the rehearsal of a recipe
+(`python -m reasonrl_fast.rehearse`) runs it with the recipe model's config and `files=False`,
+on a machine without the weights or the data.
+
+Cheap first: the model's config (its shape, then its context against the prompt and response),
+the GenRM's context; then, on the user's machine, the data files, the reward function, the run
+directory and the tokenizer; then the fused LM head (the model built on the meta device), torchao
+for bf16 stochastic rounding and vLLM (imported). What needs the warm-started model (the data against its tokenizer) or the run
+directory's checkpoints stays in the trainer (trainer/loop.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from reasonrl_fast.algos import get_algo
+from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.models.shape import check_context, check_shape, genrm_context_problem
+
+
+def preflight(cfg, model_config=None, *, files: bool = True):
+    """Run every check on `cfg` (a validated Config); returns the policy's transformers config.
+
+    `model_config`: the policy's `transformers.PretrainedConfig`; None reads model.path's
+    config.json, or for the embedded tiny model (model.path empty) builds the config its model
+    section gives. `files=False` skips what only the user's machine can answer: the data files,
+    the reward function, the run directory, the tokenizer's size and vLLM's install."""
+    if model_config is None:
+        model_config, source = _policy_config(cfg)
+    else:
+        source = "the model config given"
+    check_shape(model_config, source)
+    check_context(cfg, model_config, source)
+    _check_genrm(cfg)
+    if files:
+        _check_files(cfg)
+        vocab = _tokenizer_length(cfg)
+        if vocab is not None:
+            check_shape(model_config, source, vocab)
+    if cfg.model.fused_lm_head == "true":  # a head it cannot fuse
+        from reasonrl_fast.models.lm_head import check_model
+
+        check_model(cfg.model.fused_lm_head, model_config)
+    if cfg.optim.bf16_stochastic_round:  # torchao is an extra of its own: missing, say so now
+        from reasonrl_fast.trainer.optim import stochastic_adamw
+
+        stochastic_adamw()
+    if files and cfg.rollout.backend == "vllm":  # not installed, or cannot load this architecture
+        from reasonrl_fast.rollout.vllm import check_vllm
+
+        check_vllm(model_config.architectures)
+    return model_config
+
+
+def _policy_config(cfg):
+    """(the policy's config, where it was read, for messages)."""
+    if not cfg.model.path:
+        from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_config
+
+        return tiny_config(cfg.model), TINY_SOURCE
+    from reasonrl_fast.models.loading import load_model_config
+
+    return load_model_config(cfg.model.path), f"config.json of model.path={cfg.model.path!r}"
+
+
+def _check_genrm(cfg) -> None:
+    """FAPO with a GenRM server the run starts itself (`fapo.genrm.serve=hf:PATH`): a verdict
+    request must fit that model's context. Only where PATH's config.json can be read here; the
+    server itself reports a model it cannot load, when it starts."""
+    g = cfg.fapo.genrm
+    if not get_algo(cfg.algo).uses_genrm or g.addresses or not g.serve.startswith("hf:"):
+        return
+    try:
+        with open(os.path.join(g.serve[3:], "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return
+    if isinstance(config, dict):
+        problem = genrm_context_problem(cfg, config, f"config.json of fapo.genrm.serve={g.serve!r}")
+        if problem:
+            raise ConfigError(problem)
+
+
+def _check_files(cfg) -> None:
+    """The data files, the reward function and the run directory: each a glance, so that a bad
+    one fails now, not after the warm start and the trainer's imports."""
+    from reasonrl_fast.data.records import check_files
+    from reasonrl_fast.rewards.score import load_reward_fn
+    from reasonrl_fast.runtime.checkpoint import make_run_dir
+
+    check_files(cfg.data.train_files, "data.train_files")
+    check_files(cfg.data.val_files, "data.val_files")
+    load_reward_fn(cfg.data.reward_fn)
+    make_run_dir(cfg.trainer.output_dir)
+
+
+def _tokenizer_length(cfg) -> int | None:
+    """The length of model.path's tokenizer, where the directory has one (None for the embedded
+    model, whose config is built from its tokenizer)."""
+    path = cfg.model.path
+    if not path or not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from reasonrl_fast.models.loading import load_tokenizer
+
+    return len(load_tokenizer(path))
