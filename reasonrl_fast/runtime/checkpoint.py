@@ -48,7 +48,11 @@ def rng_file(path: str, rank: int) -> str:
 
 def save_rng(path: str, rank: int, sched) -> None:
     """This process's torch and Python RNG states and the LR-scheduler state, without pickle."""
-    meta = {"python": json.dumps(random.getstate()), "sched": json.dumps(sched.state_dict())}
+    # default=float: torchao's AdamW (optim.bf16_stochastic_round) holds each group's lr as a 0-d
+    # tensor, so the scheduler's base and last lrs are tensors; loaded back as floats, the
+    # scheduler fills them into the optimizer's tensors all the same.
+    meta = {"python": json.dumps(random.getstate()),
+            "sched": json.dumps(sched.state_dict(), default=float)}
     save_file({"torch": torch.get_rng_state()}, rng_file(path, rank), metadata=meta)
 
 

