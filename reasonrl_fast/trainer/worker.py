@@ -27,6 +27,8 @@ from reasonrl_fast.trainer.fsdp import (compute_dtype, full_tensor, init_distrib
                                         replicate, shard, sharding_mode)
 from reasonrl_fast.trainer import update
 from reasonrl_fast.trainer.policy import Actor, mini_batches, tokens_per_forward
+from reasonrl_fast.trainer.optim import make_optimizer
+from reasonrl_fast.trainer.schedule import advance, make_scheduler
 
 
 class Worker:
@@ -52,15 +54,14 @@ class Worker:
         self.tok = load_tokenizer(self.model_path)
         self.sharding = sharding_mode(cfg.trainer.sharding, self.device, self.world)
         master = master_dtype(cfg.model.dtype)
-        compute = compute_dtype(master, self.device, self.sharding)
+        compute = compute_dtype(cfg.model.compute_dtype, master, self.device, self.sharding)
         attn, attn_msg = attention_implementation(self.device, compute)
-        lm = load_model(self.model_path, master, attn)
+        lm = load_model(self.model_path, master, attn, cfg.model.max_position_embeddings)
         self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id,
                                     self.device, compute, engine_log(cfg, self.rank), log=self._log)
         self.packed, self.one_row, pack_msg = use_packing(cfg.data.packing, lm)
         if cfg.model.gradient_checkpointing:  # after the rollout's copy: only the trained model recomputes
             enable_checkpointing(lm)
-        bf16 = self.device.type == "cuda"
         self.algo = get_algo(cfg.algo)
         self._samples: tuple[list, list, list] | None = None  # the step's (prompts, responses, log-probs)
         # One decision for the run: the update, old and reference log-probs all take the same
@@ -71,19 +72,20 @@ class Worker:
         # Sharded from host memory: fully_shard moves each unit to the device as it shards it, so
         # the device holds one layer's full weights at a time beside the engine, never the model.
         if self.sharding == "fsdp":
-            shard(self.actor, lm, mesh, bf16)
+            shard(self.actor, lm, mesh, compute)
         else:
             self.actor.to(self.device)
         # what the update's forward runs through: DDP averages the gradients when replicated
         self.train_model = replicate(self.actor, mesh, self.device) if self.sharding == "replicate" else self.actor
         self.ref = None
         if self.algo.needs_ref(cfg):  # frozen reference, held the same way, in the dtype it
-            ref_lm = load_model(self.model_path, compute, attn)  # computes in (it has no update)
+            ref_lm = load_model(self.model_path, compute, attn,  # computes in (it has no update)
+                                cfg.model.max_position_embeddings)
             self.ref = Actor(ref_lm, fused=fused).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
             if self.sharding == "fsdp":
-                shard(self.ref, ref_lm, mesh, bf16)
+                shard(self.ref, ref_lm, mesh, compute)
             else:
                 self.ref.to(self.device)
         o = cfg.optim
@@ -92,23 +94,19 @@ class Worker:
         groups = [{"params": lm_params, "lr": o.lr}]
         if z_params:
             groups.append({"params": z_params, "lr": o.lr * cfg.flowrl.zhead_lr_mult})
-        # The fused kernel: one call over all of a group's shards. The default on CPU loops over
-        # the DTensor parameters op by op, several times slower a step (benchmarks/RESULTS.md §9).
-        self.opt = torch.optim.AdamW(groups, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
-                                     fused=self.device.type in ("cpu", "cuda"))
-        warm = max(0, o.warmup_steps)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        self.opt = make_optimizer(groups, cfg, self.device)
+        self.sched = make_scheduler(self.opt, o.warmup_steps)
         return {"params": sum(p.numel() for p in lm_params), "device": str(self.device),
                 "lm_head": head_msg, "sharding": self.sharding, "attention": attn_msg, "packing": pack_msg}
 
     # ------------------------------------------------------------------ rollout
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, seeds: list[int],
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, seeds: list[int],
                  keep: bool = False) -> list[list[int]]:
-        """n responses per prompt (prompt-major), sample i drawn with seeds[i]; `keep`: these are
-        the step's training samples (with the sampler's log-probs), which `train_step` trains on."""
-        r = self.cfg.rollout
-        out = self.rollout.generate(prompts, n, temperature, r.top_p, r.max_new_tokens, seeds)
+        """n responses per prompt (prompt-major), sample i drawn with seeds[i], at the caller's
+        temperature and top-p (training's or validation's); `keep`: these are the step's training
+        samples (with the sampler's log-probs), which `train_step` trains on."""
+        out = self.rollout.generate(prompts, n, temperature, top_p, self.cfg.rollout.max_new_tokens, seeds)
         if keep:
             self._samples = ([p for p in prompts for _ in range(n)], out.tokens, out.logprobs)
         return out.tokens
@@ -168,7 +166,7 @@ class Worker:
             for key, v in st.items():
                 stats.setdefault(key, []).append(v)
         self.opt.zero_grad(set_to_none=True)
-        self.sched.step()
+        lr = advance(self.sched)  # the lr this step's updates used
         t["time/update_s"] = time.perf_counter() - t0
         t["train/micro_batches"] = sum(len(m) for m in plans)
 
@@ -185,7 +183,7 @@ class Worker:
         out[ROLLOUT_SUMS] = pool_sums(sums)  # the driver pools them over workers
         out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         out["train/skipped_updates"] = skipped
-        out["lr"] = self.sched.get_last_lr()[0]
+        out["lr"] = lr
         out["memory/peak_gb"] = self._peak_gb()
         return out
 

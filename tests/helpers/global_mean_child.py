@@ -53,7 +53,7 @@ for name, override in CASES:
     if mode == "fsdp":  # with activation checkpointing, as the big configs run
         enable_checkpointing(actor.lm)
         actor.lm.train()  # transformers checkpoints in training mode only (no dropout in this model)
-        shard(actor, actor.lm, mesh, bf16=False)
+        shard(actor, actor.lm, mesh, torch.float32)
         model = actor
     else:
         model = replicate(actor, mesh, torch.device("cpu"))

@@ -25,7 +25,7 @@ config = Qwen2Config(vocab_size=61, hidden_size=32, intermediate_size=64, num_hi
 lm = Qwen2ForCausalLM(config).to(dtype)
 actor = Actor(lm, zhead_layers=2)
 assert {p.dtype for p in actor.parameters()} == {dtype}, {n: p.dtype for n, p in actor.named_parameters()}
-shard(actor, lm, mesh, bf16=True)
+shard(actor, lm, mesh, torch.bfloat16)
 before = {n: full_tensor(p.detach()).clone() for n, p in actor.named_parameters()}
 # a learning rate every dtype resolves: this checks the sharded path, not rounding
 opt = torch.optim.AdamW(actor.parameters(), lr=1e-2)

@@ -1,0 +1,400 @@
+"""`python -m reasonrl_fast.rehearse CONFIG [key=value ...] [--output-dir DIR]`: a dress rehearsal
+of a recipe on this machine's CPU, in minutes, so that a recipe is known to run before anyone
+books a GPU cluster.
+
+First the recipe as it is goes through the trainer's preflight against its real model's config
+(model.path's config.json, else the shipped shape named like the directory, plan_shapes.SHAPES):
+what would stop the real run before Ray starts stops the rehearsal the same way, with one line.
+Then the recipe runs for real, through the trainer (trainer/loop.py: Ray, two gloo workers,
+FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scaled by one rule:
+
+  settings stay, sizes shrink.
+  - model: the recipe model's architecture (model_type, query:key/value head ratio, tied
+    embeddings, the real vocabulary size, RoPE, the context) with small widths and two layers
+    (models/stand_in.py), random weights, the character tokenizer (a minimal chat template when
+    the records are chat messages), warm-started for a few steps on the stand-in records'
+    reference answers so that some responses are right (FAPO asks its GenRM about right
+    answers only); the embedded model is rehearsed as it is, its warm start shortened;
+  - lengths: every token length (data.max_prompt_length, rollout.max_new_tokens,
+    grpo.overlong_buffer, optim.micro_batch_tokens, fapo.genrm.max_tokens) divided by one factor,
+    the smallest power of two that brings prompt + response to SEQUENCE_TOKENS or fewer, halved
+    while the prompt would not hold the stand-in records' longest one;
+  - batch: at most SAMPLES_PER_STEP samples a step (data.prompts_per_step x rollout.n, the group
+    size kept), optimizer steps per RL step kept where each of the two workers still gets a
+    prompt in every mini-batch, else as many as they can;
+  - data: stand-in records in the recipe's record format with the data_source its files carry
+    (data/prepare.py's names, rewards/score.py's routing), VAL_PROMPTS validation prompts;
+  - GenRM (FAPO): a random stand-in of the GenRM's architecture served by our server's hf
+    backend, started by the trainer itself; its verdicts are mostly unparseable, which the
+    client counts as failures (no penalty), as it would a real GenRM's;
+  - steps: STEPS steps with a checkpoint each, then a second run that resumes from the last
+    checkpoint to step STEPS + 1.
+Every other setting (algorithm, dtypes, packing, gradient checkpointing, fused head, clip
+ratios, loss aggregation, KL, Z-head, warm-up, sampling and validation settings, GenRM client
+settings) is the recipe's. vLLM is used where it is importable, else the hf rollout, said in one
+line. The run directory is a temporary one, removed after a rehearsal that passes (--output-dir
+keeps everything: the stand-in model, the records, the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from reasonrl_fast import cli
+from reasonrl_fast.config import Config, load_config, validate
+from reasonrl_fast.errors import UserError
+
+SEQUENCE_TOKENS = 64
+"""The longest sequence (prompt + response) after scaling. Sampling over the real vocabulary
+costs about rows x vocabulary per token on CPU (the sampler's noise and top-p), so the response
+length, not the model, sets a rehearsal's time."""
+SAMPLES_PER_STEP = 32
+"""Samples a rehearsal step generates at most (prompts x rollout.n): 16 rows per worker."""
+WORKERS = 2
+VAL_PROMPTS = 2
+"""Validation prompts: one per worker, each sampled rollout.val_n times."""
+TRAIN_PROMPTS = 16
+STEPS = 2
+EMBEDDED_SFT_STEPS = 20
+"""The embedded model's warm start in a rehearsal (it runs, it need not teach)."""
+EMBEDDED_TRAIN_SIZE = 256
+WARM_STEPS, WARM_LR = 30, 1e-2
+"""The stand-in model's warm start: enough for about a quarter of its answers to be right."""
+GENRM_SHAPE = "Qwen3-4B-Instruct-2507"
+"""The architecture of the GenRM a FAPO recipe asks at remote addresses: FAPO's GenRM is trained
+from it (configs/fapo_genrm_qwen3_4b.yaml)."""
+
+LENGTHS = ("data.max_prompt_length", "rollout.max_new_tokens", "grpo.overlong_buffer", "optim.micro_batch_tokens",
+           "fapo.genrm.max_tokens")
+"""Every setting counted in tokens: the ones the length factor divides."""
+
+
+class RehearsalError(UserError, RuntimeError):
+    """The recipe ran but did not do what a rehearsal checks (a checkpoint resumed)."""
+
+
+# ---------------------------------------------------------------- the scaling rule (pure)
+
+
+def get(cfg, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def length_factor(cfg: Config, prompt_tokens: int = 1) -> int:
+    """The smallest power of two that divides prompt + response down to SEQUENCE_TOKENS or fewer,
+    halved while the divided prompt length would be below `prompt_tokens` (the stand-in records'
+    longest prompt)."""
+    p, r, f = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens, 1
+    while p + r > f * SEQUENCE_TOKENS:
+        f *= 2
+    while f > 1 and -(-p // f) < prompt_tokens:
+        f //= 2
+    return f
+
+
+def batch(prompts: int, mini: int, n: int) -> tuple[int, int]:
+    """(prompts per step, prompts per mini-batch) for the rehearsal's WORKERS workers: at most
+    SAMPLES_PER_STEP samples (at least a prompt per worker), in the recipe's number of
+    mini-batches where every worker still gets a prompt in each (the trainer's rule, config.py
+    `validate`), else in as many as it allows."""
+    updates = -(-prompts // min(mini, prompts))
+    budget = max(WORKERS, min(prompts, SAMPLES_PER_STEP // n))
+    k = min(updates, budget // WORKERS)
+    return budget // k * k, budget // k
+
+
+def scale(cfg: Config, vllm_importable: bool, prompt_tokens: int = 1) -> dict[str, Any]:
+    """The rehearsal's settings that differ from the recipe's, by dotted key (the module's rule;
+    `prompt_tokens`: the stand-in records' longest prompt; the stand-ins' paths and the run
+    directory are the caller's)."""
+    f = length_factor(cfg, prompt_tokens)
+    out: dict[str, Any] = {k: -(-get(cfg, k) // f) for k in LENGTHS}  # a 0 ("off") stays 0
+    out["data.prompts_per_step"], out["optim.mini_batch_prompts"] = batch(
+        cfg.data.prompts_per_step, cfg.optim.mini_batch_prompts, cfg.rollout.n)
+    out.update({"trainer.nnodes": 1, "trainer.workers_per_node": WORKERS, "trainer.cpus_per_worker": 1,
+                "trainer.sharding": "fsdp", "model.compute_dtype": "bfloat16", "trainer.steps": STEPS,
+                "trainer.save_every": 1, "trainer.resume": "auto", "trainer.ray_address": "",
+                "trainer.progress": False})
+    if cfg.rollout.backend == "vllm" and not vllm_importable:
+        out["rollout.backend"] = "hf"
+    if embedded(cfg):
+        out["sft.steps"] = min(cfg.sft.steps, EMBEDDED_SFT_STEPS)
+        out["data.train_size"] = min(cfg.data.train_size, EMBEDDED_TRAIN_SIZE)
+        out["data.val_size"] = min(cfg.data.val_size, VAL_PROMPTS)
+    return {k: v for k, v in out.items() if get(cfg, k) != v}
+
+
+def embedded(cfg: Config) -> bool:
+    return not cfg.model.path
+
+
+def stand_in_genrm(cfg: Config) -> bool:
+    """Whether the run's GenRM is replaced by a stand-in: a FAPO recipe whose GenRM is a model
+    (remote replicas, or our server's hf backend on a directory), not the embedded rule judge."""
+    from reasonrl_fast.algos import get_algo
+
+    g = cfg.fapo.genrm
+    return get_algo(cfg.algo).uses_genrm and (bool(g.addresses) or g.serve.startswith("hf:"))
+
+
+def apply(cfg: Config, settings: dict[str, Any]) -> Config:
+    """`cfg` with `settings` (dotted keys), type-checked and validated as a loaded config is."""
+    conf = OmegaConf.structured(cfg)
+    for key, value in settings.items():
+        OmegaConf.update(conf, key, value, merge=False)
+    return validate(OmegaConf.to_object(conf))
+
+
+# ---------------------------------------------------------------- stand-in records
+
+
+def data_source_of(path: str) -> str:
+    """The data_source the records of a recipe's file carry: the one data/prepare.py writes for
+    the set its name names (dapo-math-17k -> math_dapo, aime24, humaneval, ...), `genrm` for
+    GenRM training records, else math."""
+    from reasonrl_fast.data.prepare import NAMES
+
+    stem = os.path.basename(path).split(".")[0].lower()
+    for name, (source, _) in sorted(NAMES.items(), key=lambda kv: -len(kv[0])):
+        if source and name in stem:
+            return source
+    return "genrm" if "genrm" in stem else "math"
+
+
+SUMS = [(0, 1), (1, 0), (1, 1), (2, 0), (0, 2)]  # answers 1 or 2: a warm-started guess is often right
+
+
+def stand_in_records(source: str, count: int) -> list[tuple[dict, str]]:
+    """`count` (verl-schema record, reference response) pairs of `source`'s kind (its scorer,
+    rewards/score.py): math answers in \\boxed{}, GenRM judgments (the compact rendering: the
+    full instruction alone is longer than a scaled prompt), or HumanEval-style programs."""
+    from reasonrl_fast.protocol import render
+    from reasonrl_fast.rewards.score import scorer_for
+
+    kind, out = scorer_for(source), []
+    for i in range(count):
+        a, b = SUMS[i % len(SUMS)]
+        if kind == "genrm":
+            flawed = i % 2
+            steps = [f"{a}+{b}={a + b + flawed}"]
+            truth = str(0 if flawed else -1)
+            content = render("compact", f"{a}+{b}", str(a + b), steps)
+            rec = {"ability": "genrm", "ground_truth": truth,
+                   "extra_info": {"problem": f"{a}+{b}", "answer": str(a + b), "steps": steps}}
+            response = f"\\boxed{{{truth}}}"
+        elif kind == "code":
+            fn = f"f{i}"
+            test = f"def check(candidate):\n    assert candidate() == {a + b}\n"
+            content = f"def {fn}():"
+            rec = {"ability": "code", "ground_truth": json.dumps({"test": test, "entry_point": fn}), "extra_info": {}}
+            response = f"```python\ndef {fn}():\n    return {a + b}\n```"
+        else:
+            content = f"{a}+{b}"
+            rec = {"ability": "math", "ground_truth": str(a + b), "extra_info": {}}
+            response = f"\\boxed{{{a + b}}}"
+        record = {"data_source": source, "prompt": [{"role": "user", "content": content}], "ability": rec["ability"],
+                  "reward_model": {"style": "rule", "ground_truth": rec["ground_truth"]},
+                  "extra_info": {**rec["extra_info"], "index": i}}
+        out.append((record, response))
+    return out
+
+
+# ---------------------------------------------------------------- the rehearsal
+
+
+def real_model_config(cfg: Config):
+    """(the transformers config of the recipe's model, where it was read); None for the embedded
+    model, whose config the preflight builds from the model section."""
+    from reasonrl_fast.models.shape import model_fields
+    from reasonrl_fast.models.stand_in import hf_config
+
+    if embedded(cfg):
+        return None, "the embedded model"
+    fields, where, _ = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
+    return hf_config(fields), where
+
+
+def records_for(cfg: Config) -> dict[str, list[tuple[str, list[tuple[dict, str]]]]]:
+    """The stand-in records of each data file setting: {key: [(recipe's file, pairs), ...]}."""
+    return {key: [(path, stand_in_records(data_source_of(path), count)) for path in get(cfg, key)]
+            for key, count in (("data.train_files", TRAIN_PROMPTS), ("data.val_files", VAL_PROMPTS))}
+
+
+def longest_prompt(records: dict, tok) -> int:
+    """The stand-in records' longest prompt in tokens, rendered as the trainer renders it."""
+    from reasonrl_fast.data.records import prompt_ids
+
+    return max((len(prompt_ids(r, tok)) for files in records.values() for _, pairs in files for r, _ in pairs),
+               default=1)
+
+
+def stage(cfg: Config, work: str, records: dict, tok, log) -> tuple[dict[str, Any], list[str]]:
+    """Write the stand-ins the recipe needs into `work`: records, the policy model (warm-started)
+    and the GenRM model. Returns the settings that point the run at them, and a line on each."""
+    from reasonrl_fast.data.prepare import write_records
+    from reasonrl_fast.models import stand_in
+    from reasonrl_fast.models.shape import model_fields
+
+    settings: dict[str, Any] = {}
+    notes: list[str] = []
+    pairs: list[tuple[dict, str]] = []
+    for key, files in records.items():
+        for i, (path, recs) in enumerate(files):
+            out = os.path.join(work, "data", f"{key.split('.')[1]}-{i}.jsonl")
+            write_records([r for r, _ in recs], out)
+            settings.setdefault(key, []).append(out)
+            pairs += recs
+            notes.append(f"{key}: {path} -> {len(recs)} stand-in {recs[0][0]['data_source']!r} records")
+    if not embedded(cfg):
+        fields, where, _ = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
+        small = stand_in.shrink(fields)
+        path = os.path.join(work, "model", os.path.basename(os.path.normpath(cfg.model.path)))
+        stand_in.build(small, path, tok, cfg.trainer.seed)
+        warm_start(path, pairs, log)
+        settings["model.path"] = path
+        notes.append(f"model: {where} -> {describe(small)}, random, warm-started {WARM_STEPS} steps")
+    if stand_in_genrm(cfg):
+        g = cfg.fapo.genrm
+        fields, where, _ = (model_fields(GENRM_SHAPE, "the GenRM") if g.addresses else
+                            model_fields(g.serve[len("hf:"):], f"fapo.genrm.serve={g.serve!r}"))
+        small = stand_in.shrink(fields)
+        # the client asks for fapo.genrm.model; our server serves its directory's name
+        path = stand_in.build(small, os.path.join(work, g.model or "genrm"), stand_in.tokenizer(False),
+                              cfg.trainer.seed + 1)
+        settings.update({"fapo.genrm.addresses": [], "fapo.genrm.serve": f"hf:{path}"})
+        notes.append(f"GenRM: {', '.join(g.addresses) or g.serve} -> our server's hf backend on a random "
+                     f"{describe(small)} ({where})")
+    return settings, notes
+
+
+def describe(fields: dict) -> str:
+    return (f"{fields['model_type']} {fields['num_hidden_layers']} layers x {fields['hidden_size']} "
+            f"({fields['num_attention_heads']}:{fields.get('num_key_value_heads') or fields['num_attention_heads']} "
+            f"heads, vocabulary {fields['vocab_size']}{', tied' if fields.get('tie_word_embeddings') else ''})")
+
+
+def warm_start(path: str, pairs: list[tuple[dict, str]], log) -> None:
+    """WARM_STEPS supervised steps of the stand-in model at `path` on the records' reference
+    responses (prompts rendered as the trainer renders them), saved in place. An untied input
+    embedding stays as initialised: the real vocabulary's table is half the model, and the
+    layers and the head learn the few answers without it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from reasonrl_fast.data.records import prompt_ids
+    from reasonrl_fast.models.loading import load_tokenizer
+
+    t0, threads = time.time(), torch.get_num_threads()
+    torch.set_num_threads(1)  # as the SFT warm start: on a small shared CPU one thread is faster
+    tok = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    seqs = dict.fromkeys((tuple(prompt_ids(r, tok)), tuple(tok(resp, add_special_tokens=False)["input_ids"]))
+                         for r, resp in pairs)  # the records repeat a few problems
+    width = max(len(p) + len(r) for p, r in seqs) + 1
+    ids = torch.full((len(seqs), width), tok.pad_token_id)
+    labels, mask = torch.full_like(ids, -100), torch.zeros_like(ids)
+    for i, (p, r) in enumerate(seqs):
+        full = list(p) + list(r) + [tok.eos_token_id]
+        ids[i, :len(full)] = torch.tensor(full)
+        labels[i, len(p):len(full)] = torch.tensor(full[len(p):])
+        mask[i, :len(full)] = 1
+    if not model.config.tie_word_embeddings:
+        model.get_input_embeddings().weight.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=WARM_LR)
+    model.train()
+    for _ in range(WARM_STEPS):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.save_pretrained(path)
+    torch.set_num_threads(threads)
+    log(f"[rehearse] warm start: {WARM_STEPS} steps on {len(seqs)} prompts, loss {loss.item():.3f} "
+        f"({time.time() - t0:.0f}s)")
+
+
+def rehearse(config: str, overrides: list[str], output_dir: str | None = None, log=print) -> dict:
+    """Preflight the recipe at `config` (with `overrides`), then rehearse it scaled (module
+    docstring); returns the resumed run's last metrics row."""
+    from reasonrl_fast.models import stand_in
+    from reasonrl_fast.preflight import preflight
+
+    t0 = time.time()
+    cfg = load_config(config, overrides)
+    real, where = real_model_config(cfg)
+    preflight(cfg, real, files=False)  # what stops the real run before Ray stops this one
+    records = records_for(cfg)
+    chat = any(isinstance(r["prompt"], list) for files in records.values() for _, pairs in files for r, _ in pairs)
+    tok = stand_in.tokenizer(chat)
+    prompt_tokens = longest_prompt(records, tok)
+    scaled = scale(cfg, importlib.util.find_spec("vllm") is not None, prompt_tokens)
+    f = length_factor(cfg, prompt_tokens)
+    work = os.path.abspath(output_dir) if output_dir else tempfile.mkdtemp(prefix="reasonrl-rehearse-")
+    os.makedirs(work, exist_ok=True)
+    try:
+        log(f"[rehearse] {config}: preflight passed against {where}; rehearsing in {work}")
+        if "rollout.backend" in scaled:
+            log("[rehearse] rollout: the recipe names vllm, which is not importable here: the hf rollout samples")
+        paths, notes = stage(cfg, work, records, tok, log)
+        settings = {**scaled, **paths, "trainer.output_dir": os.path.join(work, "run")}
+        if embedded(cfg):
+            settings["sft.cache_dir"] = os.path.join(work, "sft")
+        small = apply(cfg, {**settings, "trainer.overwrite": True})  # a rehearsal starts afresh
+        for line in [f"lengths / {f} (prompt + response {cfg.data.max_prompt_length + cfg.rollout.max_new_tokens}"
+                     f" -> {small.data.max_prompt_length + small.rollout.max_new_tokens} tokens)",
+                     *notes, *(f"{k}: {get(cfg, k)!r} -> {v!r}" for k, v in scaled.items())]:
+            log(f"[rehearse] {line}")
+        preflight(small)  # as the train command runs it, on the stand-ins
+        from reasonrl_fast.trainer.loop import run
+
+        t_run = time.time()
+        run(small, log)
+        lines: list[str] = []
+
+        def keep(line) -> None:
+            lines.append(str(line))
+            log(line)
+
+        last = run(apply(small, {"trainer.steps": STEPS + 1, "trainer.overwrite": False}), keep)
+        if not any(line.startswith("resumed from ") for line in lines) or last.get("step") != STEPS + 1:
+            raise RehearsalError(f"the second run did not resume from checkpoint-{STEPS} to step {STEPS + 1}")
+        log(f"[rehearse] passed in {time.time() - t0:.0f}s ({time.time() - t_run:.0f}s in the trainer): "
+            f"{STEPS} steps, checkpoint-{STEPS} resumed to step {STEPS + 1}; lengths / {f}, "
+            f"{small.data.prompts_per_step} prompts x {small.rollout.n} a step in "
+            f"{-(-small.data.prompts_per_step // small.optim.mini_batch_prompts)} mini-batches")
+    except BaseException:
+        log(f"[rehearse] its files are kept in {work}")
+        raise
+    if not output_dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return last
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return cli.main(_main, argv)
+
+
+def _main(argv: list[str]) -> dict:
+    p = argparse.ArgumentParser(prog="python -m reasonrl_fast.rehearse",
+                                description="Rehearse a recipe on CPU in minutes (scaled down, run for real).")
+    p.add_argument("config", help="the recipe (configs/*.yaml)")
+    p.add_argument("overrides", nargs="*", help="key=value settings, applied before scaling")
+    p.add_argument("--output-dir", help="keep the stand-in model, records and run here (default: a temporary "
+                                        "directory, removed after a rehearsal that passes)")
+    a = p.parse_args(argv)
+    return rehearse(a.config, a.overrides, a.output_dir)
+
+
+if __name__ == "__main__":
+    main()

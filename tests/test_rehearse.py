@@ -1,0 +1,219 @@
+"""The CPU rehearsal of a recipe (reasonrl_fast.rehearse): its scaling rule and stand-ins as pure
+functions, the compute-dtype decision it relies on (bf16 compute on CPU under FSDP2), the
+preflight failure it shares with the train command, and every shipped config rehearsed end to
+end (e2e: Ray, two gloo workers, a checkpoint resumed; a minute or two each)."""
+
+import glob
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from reasonrl_fast import rehearse
+from reasonrl_fast.config import ConfigError, load_config
+from reasonrl_fast.data.prepare import NAMES, write_records
+from reasonrl_fast.data.records import load_records
+from reasonrl_fast.models import stand_in
+from reasonrl_fast.models.shape import check_shape, model_fields
+from reasonrl_fast.plan_shapes import SHAPES
+from reasonrl_fast.rewards.score import default_compute_score, scorer_for
+from reasonrl_fast.trainer.fsdp import compute_dtype
+from tests.helpers.train import ROOT, repo_env
+
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
+NAME = [os.path.basename(c) for c in CONFIGS]
+
+# What a rehearsal may change besides the token lengths: sizes, and where and how the run is held.
+RUN_SHAPE = {"data.prompts_per_step", "optim.mini_batch_prompts", "trainer.nnodes", "trainer.workers_per_node",
+             "trainer.cpus_per_worker", "trainer.sharding", "model.compute_dtype", "trainer.steps",
+             "trainer.save_every", "trainer.resume", "trainer.ray_address", "trainer.progress", "rollout.backend",
+             "sft.steps", "data.train_size", "data.val_size"}
+
+
+def _stand_ins(cfg):
+    records = rehearse.records_for(cfg)
+    chat = any(isinstance(r["prompt"], list) for files in records.values() for _, pairs in files for r, _ in pairs)
+    return records, rehearse.longest_prompt(records, stand_in.tokenizer(chat))
+
+
+# ---------------------------------------------------------------- the scaling rule
+
+
+def _powers(limit):
+    f = 1
+    while f <= limit:
+        yield f
+        f *= 2
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_length_factor_is_the_smallest_power_of_two_that_fits_and_keeps_the_prompt(trial):
+    rng = random.Random(trial)
+    p, r, need = rng.randint(1, 20000), rng.randint(1, 40000), rng.randint(1, 40)
+    cfg = load_config(None, [f"data.max_prompt_length={p}", f"rollout.max_new_tokens={r}"])
+    f = rehearse.length_factor(cfg, need)
+    fits = [g for g in _powers(2 * (p + r)) if p + r <= g * rehearse.SEQUENCE_TOKENS]
+    keeps = [g for g in _powers(fits[0]) if -(-p // g) >= need]
+    assert f == (max(keeps) if keeps else 1)
+
+
+@pytest.mark.parametrize("name", NAME)
+def test_every_length_is_divided_by_the_one_factor_and_the_records_fit(name):
+    cfg = load_config(os.path.join(ROOT, "configs", name))
+    _, prompt_tokens = _stand_ins(cfg)
+    scaled = rehearse.scale(cfg, vllm_importable=False, prompt_tokens=prompt_tokens)
+    f = rehearse.length_factor(cfg, prompt_tokens)
+    assert f & (f - 1) == 0
+    for key in rehearse.LENGTHS:
+        assert scaled.get(key, rehearse.get(cfg, key)) == math.ceil(rehearse.get(cfg, key) / f), key
+    small = rehearse.apply(cfg, scaled)
+    assert small.data.max_prompt_length >= prompt_tokens
+    assert set(scaled) - set(rehearse.LENGTHS) <= RUN_SHAPE, "a rehearsal keeps every other setting"
+    assert (small.trainer.sharding, small.model.compute_dtype, small.trainer.workers_per_node) == (
+        "fsdp", "bfloat16", rehearse.WORKERS)
+    assert small.model.dtype == cfg.model.dtype and small.rollout.n == cfg.rollout.n
+    if cfg.rollout.backend == "vllm":
+        assert small.rollout.backend == "hf"
+        assert "rollout.backend" not in rehearse.scale(cfg, vllm_importable=True, prompt_tokens=prompt_tokens)
+
+
+@pytest.mark.parametrize("trial", range(60))
+def test_batch_rule(trial):
+    rng = random.Random(1000 + trial)
+    prompts, n = rng.randint(1, 1024), rng.choice([1, 2, 4, 8, 16, 32, 64])
+    mini = rng.randint(1, prompts)
+    p, m = rehearse.batch(prompts, mini, n)
+    w = rehearse.WORKERS
+    assert p >= w and p % m == 0
+    assert p * n <= rehearse.SAMPLES_PER_STEP or p == w
+    assert p <= max(prompts, w)
+    updates, kept = -(-prompts // mini), -(-p // m)
+    assert kept == min(updates, p // w), (prompts, mini, n, p, m)
+    # the trainer's own rule takes it: every worker a prompt in every mini-batch
+    rehearse.apply(load_config(), {"data.prompts_per_step": p, "optim.mini_batch_prompts": m,
+                                   "trainer.nnodes": 1, "trainer.workers_per_node": w})
+
+
+# ---------------------------------------------------------------- stand-ins
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_shrink_keeps_the_architecture(name):
+    real = {k: v for k, v in SHAPES[name].items() if not k.startswith("_")}
+    small = stand_in.shrink(real)
+    kv = real.get("num_key_value_heads") or real["num_attention_heads"]
+    assert small["num_attention_heads"] * kv == real["num_attention_heads"] * small["num_key_value_heads"]
+    assert small["hidden_size"] == small["num_attention_heads"] * stand_in.HEAD_DIM
+    assert small["num_hidden_layers"] == stand_in.LAYERS
+    ratio = real["intermediate_size"] / real["hidden_size"]
+    assert abs(small["intermediate_size"] - ratio * small["hidden_size"]) <= 4
+    for key in set(real) - {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                            "num_key_value_heads", "head_dim"}:
+        assert small[key] == real[key], key  # vocabulary, tied embeddings, RoPE, context, ...
+    config = stand_in.hf_config(small)
+    check_shape(config, name, vocab=len(stand_in.tokenizer(True)))
+    assert config.model_type == real["model_type"] and config.vocab_size == real["vocab_size"]
+
+
+def test_an_unknown_model_without_config_json_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no shipped shape is named 'Mystery-9B'"):
+        model_fields(str(tmp_path / "Mystery-9B"), "model.path")
+    (tmp_path / "Mine").mkdir()
+    (tmp_path / "Mine" / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 8}))
+    assert model_fields(str(tmp_path / "Mine"), "model.path")[0]["hidden_size"] == 8
+    fields, _, note = model_fields("/models/Qwen2.5-7B", "model.path")  # the shipped shape, without its source
+    assert fields["hidden_size"] == 3584 and "_source" not in fields and "Qwen/Qwen2.5-7B" in note
+
+
+def test_ids_beyond_the_tokenizer_decode_to_nothing():
+    tok = stand_in.tokenizer(chat=True)
+    vocab = SHAPES["Qwen2.5-7B"]["vocab_size"]
+    text = "1+1"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    mixed = [len(tok), *ids[:1], vocab - 1, *ids[1:], random.randrange(len(tok), vocab)]
+    assert tok.decode(mixed, skip_special_tokens=True) == text
+
+
+def test_data_source_follows_the_prepared_set_names():
+    for name, (source, _) in NAMES.items():
+        if source:
+            assert rehearse.data_source_of(f"/data/{name}.parquet") == source
+    assert scorer_for(rehearse.data_source_of("/data/fapo_genrm_train.parquet")) == "genrm"
+    assert rehearse.data_source_of("/data/my_problems.jsonl") == "math"
+
+
+@pytest.mark.parametrize("source", ["math_dapo", "aime24", "math", "genrm", "humaneval"])
+def test_stand_in_records_load_as_the_trainer_loads_them(source, tmp_path):
+    pairs = rehearse.stand_in_records(source, 7)
+    path = str(tmp_path / "records.jsonl")
+    write_records([r for r, _ in pairs], path)
+    loaded = load_records(path)
+    assert [r["data_source"] for r in loaded] == [source] * 7
+    assert all(isinstance(r["prompt"], list) for r in loaded)
+    if scorer_for(source) != "code":  # code runs in the sandbox: the e2e rehearsal scores it
+        for rec, (_, response) in zip(loaded, pairs):
+            assert default_compute_score(source, response, rec["answer"], rec["extra_info"])["acc"]
+
+
+# ---------------------------------------------------------------- the compute dtype
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("master", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sharding", ["fsdp", "replicate", "none"])
+def test_compute_dtype_setting(device, master, sharding):
+    dev = torch.device(device)
+    auto = compute_dtype("auto", master, dev, sharding)
+    assert auto == (torch.bfloat16 if device == "cuda" and sharding == "fsdp" else master)
+    if master == torch.bfloat16 or sharding == "fsdp":
+        assert compute_dtype("bfloat16", master, dev, sharding) == torch.bfloat16
+    else:  # only FSDP2's policy casts float32 masters to bf16 for the forward
+        with pytest.raises(ConfigError, match="trainer.sharding"):
+            compute_dtype("bfloat16", master, dev, sharding)
+    if master == torch.float32:
+        assert compute_dtype("float32", master, dev, sharding) == torch.float32
+    else:
+        with pytest.raises(ConfigError, match="model.dtype"):
+            compute_dtype("float32", master, dev, sharding)
+
+
+def test_compute_dtype_is_checked_with_the_config():
+    assert load_config(None, ["model.compute_dtype=bfloat16"]).model.compute_dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="model.compute_dtype"):
+        load_config(None, ["model.compute_dtype=float16"])
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_a_context_too_short_fails_in_preflight_with_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        rehearse.main([os.path.join(ROOT, "configs", "fapo_qwen2.5_math_7b.yaml"),
+                       "model.max_position_embeddings=4096"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert "model.max_position_embeddings" in err
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", NAME)
+def test_every_config_rehearses(name, tmp_path):
+    out = tmp_path / "rehearsal"
+    p = subprocess.run([sys.executable, "-m", "reasonrl_fast.rehearse", os.path.join("configs", name),
+                        "--output-dir", str(out)], cwd=ROOT, env=repo_env(), capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert "[rehearse] passed" in p.stdout and "resumed from " in p.stdout, p.stdout[-3000:]
+    run = out / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(rehearse.STEPS + 2))
+    assert (run / f"checkpoint-{rehearse.STEPS + 1}").is_dir()
+    cfg = load_config(os.path.join(ROOT, "configs", name))
+    if rehearse.stand_in_genrm(cfg):  # the stand-in GenRM was started by the trainer and asked
+        assert "[fapo] GenRM server (hf:" in p.stdout
+        assert sum(r.get("fapo/sent", 0) for r in rows) > 0, rows
