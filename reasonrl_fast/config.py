@@ -572,8 +572,8 @@ def validate(cfg: Config) -> Config:
 # about lr (|m / sqrt(v)| ~ 1 while its gradient keeps a sign, less when it does not), and an
 # LLM's weights sit around |w| ~ 0.01-0.02 (init std 0.02: median |w| 0.0135, in [2^-7, 2^-6)):
 # half the spacing there is 2^-7 * 2^-8 = 2^-15 ~ 3.05e-5. Below it the median weight never moves
-# (measured with this trainer: GRPO at lr 1e-6 changed 0.5 % of bf16 weights over a step against
-# 98 % of float32 ones); at it, about half of them (|w| < 2^-6) can.
+# (benchmarks/RESULTS.md §18: at lr 1e-6 about 2 % of the elements of a 0.02-std matrix do); at
+# it, about half of them (|w| < 2^-6) can.
 BF16_MIN_LR = 2.0 ** -15
 
 
