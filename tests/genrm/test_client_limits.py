@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from aiohttp import web
 
 from reasonrl_fast.tasks.addition import addition_steps, make_prompt
 from reasonrl_fast.genrm.client import MAX_REPLY_BYTES, GenRMClient, failure_kind
+from tests.helpers.loopback import app_server
 
 pytestmark = pytest.mark.proc  # a real server on loopback
 
@@ -79,31 +79,15 @@ async def chat(request: web.Request) -> web.StreamResponse:
 @pytest.fixture
 def replica():
     """replica(mode) -> (address, stats); the server runs on its own thread until the test ends."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    runners = []
+    def start(serve, mode: str):
+        app = web.Application(client_max_size=1 << 20)
+        stats = {"mode": mode, "calls": 0}
+        app[STATS] = stats
+        app.router.add_post("/v1/chat/completions", chat)
+        return serve(app, shutdown_timeout=0.5), stats
 
-    def start(mode: str):
-        async def up():
-            app = web.Application(client_max_size=1 << 20)
-            stats = {"mode": mode, "calls": 0}
-            app[STATS] = stats
-            app.router.add_post("/v1/chat/completions", chat)
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            runners.append(runner)
-            return f"127.0.0.1:{runner.addresses[0][1]}", stats
-        return asyncio.run_coroutine_threadsafe(up(), loop).result(10)
-
-    yield start
-    for r in runners:
-        asyncio.run_coroutine_threadsafe(r.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    loop.close()
+    with app_server() as serve:
+        yield lambda mode: start(serve, mode)
 
 
 def requests(n: int) -> list[tuple[str, str, list[str]]]:

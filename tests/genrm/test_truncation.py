@@ -6,9 +6,6 @@ published verdict rule applied, and the rule judge's refusal of a prompt without
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
 import pytest
 
 from reasonrl_fast.config import load_config
@@ -18,6 +15,7 @@ from reasonrl_fast.genrm.serve import make_app
 from reasonrl_fast.protocol import Completion, Sampling, last_user_text, parse_request
 from reasonrl_fast.tasks.addition import addition_steps, first_wrong_step, make_prompt, parse_problem
 from reasonrl_fast.trainer.fapo import Judge
+from tests.helpers.loopback import app_server
 
 pytestmark = pytest.mark.proc  # real servers on loopback
 
@@ -51,30 +49,11 @@ class Scripted:
 def serve():
     """serve(backend) -> address of our server's app around it (or of an aiohttp app given as it
     is), on a thread of this process."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    runners = []
+    from aiohttp import web
 
-    def start(backend) -> str:
-        async def up():
-            from aiohttp import web
-
-            app = backend if isinstance(backend, web.Application) else make_app(backend, backend.default_name,
-                                                                                 None, "scripted")
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            runners.append(runner)
-            return f"127.0.0.1:{runner.addresses[0][1]}"
-        return asyncio.run_coroutine_threadsafe(up(), loop).result(10)
-
-    yield start
-    for r in runners:
-        asyncio.run_coroutine_threadsafe(r.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    loop.close()
+    with app_server() as start:
+        yield lambda backend: start(backend if isinstance(backend, web.Application)
+                                    else make_app(backend, backend.default_name, None, "scripted"))
 
 
 @pytest.fixture(scope="module")

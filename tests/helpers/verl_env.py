@@ -12,16 +12,21 @@ from pathlib import Path
 
 from tests.helpers.venvs import VenvError, child_env
 
-# Runs inside the venv. It loads math_dapo.py by file path instead of `import verl...`: importing
-# any verl submodule runs verl/__init__.py first, which imports DataProto and with it Ray and
-# tensordict, which the scorer never uses (the module itself needs only `re` and `typing`).
-_DAPO_DRIVER = r"""
+# The start of the drivers below that run inside the venv. It loads math_dapo.py by file path
+# instead of `import verl...`: importing any verl submodule runs verl/__init__.py first, which
+# imports DataProto and with it Ray and tensordict, which the scorer never uses (the module itself
+# needs only `re` and `typing`).
+_LOAD_MATH_DAPO = r"""
 import importlib.util, json, os, sys, sysconfig
 path = os.path.join(sysconfig.get_paths()["purelib"], "verl", "utils", "reward_score",
                     "math_dapo.py")
 spec = importlib.util.spec_from_file_location("verl_math_dapo", path)
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
+"""
+
+# Runs inside the venv: verl's DAPO scorer on each case.
+_DAPO_DRIVER = _LOAD_MATH_DAPO + r"""
 out = []
 for case in json.load(sys.stdin):
     try:
@@ -70,22 +75,31 @@ print("\n@@rows@@\n" + json.dumps(rows))
 """
 
 
+def _drive(python: Path, driver: str, cases: list[dict], what: str, timeout: float):
+    """`driver` run in the venv's python on `cases` (JSON on stdin); its JSON answer, or a
+    VenvError naming `what` when it fails or overruns."""
+    try:
+        proc = subprocess.run([str(python), "-c", driver], input=json.dumps(cases),
+                              capture_output=True, text=True, timeout=timeout, env=child_env())
+    except subprocess.TimeoutExpired:
+        raise VenvError(f"verl's {what} gave no answer within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise VenvError(f"verl's {what} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def _one_per_case(out: list, cases: list[dict], what: str) -> list:
+    if len(out) != len(cases):
+        raise VenvError(f"verl's {what} answered {len(out)} of {len(cases)} cases")
+    return out
+
+
 def verl_dapo_scores(python: Path, cases: list[dict], timeout: float = 300.0) -> tuple[list[dict], dict]:
     """verl's math_dapo.compute_score(**case) for each case, as {"result": dict} or
     {"error": exception type name}, computed in the venv's python; and the module's
     normalisation tables (name -> list of entries)."""
-    try:
-        proc = subprocess.run([str(python), "-c", _DAPO_DRIVER], input=json.dumps(cases),
-                              capture_output=True, text=True, timeout=timeout, env=child_env())
-    except subprocess.TimeoutExpired:
-        raise VenvError(f"verl's scorer gave no answer within {timeout:.0f} s") from None
-    if proc.returncode != 0:
-        raise VenvError(f"verl's scorer failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    answer = json.loads(proc.stdout)
-    out = answer["results"]
-    if len(out) != len(cases):
-        raise VenvError(f"verl's scorer answered {len(out)} of {len(cases)} cases")
-    return out, answer["tables"]
+    answer = _drive(python, _DAPO_DRIVER, cases, "scorer", timeout)
+    return _one_per_case(answer["results"], cases, "scorer"), answer["tables"]
 
 
 def verl_dataset_rows(python: Path, parquet: str, tokenizer_dir: str, max_prompt_length: int = 1024,
@@ -112,13 +126,7 @@ def verl_dataset_rows(python: Path, parquet: str, tokenizer_dir: str, max_prompt
 # Runs inside the venv: the published FAPO runs' verifier (verl recipe/fapo/reward_fn_reasoning.py
 # `verify`, which verl's package does not ship) written out over verl 0.9.1's own math_dapo
 # helpers: the last 300 characters, the last \boxed{} in them, DAPO-normalised, compared as text.
-_BOX_DRIVER = r"""
-import importlib.util, json, os, sys, sysconfig
-path = os.path.join(sysconfig.get_paths()["purelib"], "verl", "utils", "reward_score",
-                    "math_dapo.py")
-spec = importlib.util.spec_from_file_location("verl_math_dapo", path)
-mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mod)
+_BOX_DRIVER = _LOAD_MATH_DAPO + r"""
 out = []
 for case in json.load(sys.stdin):
     tail = case["solution_str"][-300:]
@@ -134,14 +142,4 @@ json.dump(out, sys.stdout)
 def verl_box_verdicts(python: Path, cases: list[dict], timeout: float = 300.0) -> list[dict]:
     """The published FAPO verifier's {"acc", "pred", "boxed"} for each {"solution_str",
     "ground_truth"} case, computed with verl's own helpers in the venv's python."""
-    try:
-        proc = subprocess.run([str(python), "-c", _BOX_DRIVER], input=json.dumps(cases),
-                              capture_output=True, text=True, timeout=timeout, env=child_env())
-    except subprocess.TimeoutExpired:
-        raise VenvError(f"verl's box verifier gave no answer within {timeout:.0f} s") from None
-    if proc.returncode != 0:
-        raise VenvError(f"verl's box verifier failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout)
-    if len(out) != len(cases):
-        raise VenvError(f"verl's box verifier answered {len(out)} of {len(cases)} cases")
-    return out
+    return _one_per_case(_drive(python, _BOX_DRIVER, cases, "box verifier", timeout), cases, "box verifier")
