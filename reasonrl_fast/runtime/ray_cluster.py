@@ -171,7 +171,10 @@ def as_completed(refs: list, what: str):
         except ray.exceptions.RayActorError as e:
             raise WorkerError(f"worker rank {r} died during {what}: {str(e).splitlines()[0]}", rank=r) from e
         except ray.exceptions.RayTaskError as e:
-            raise WorkerError(f"worker rank {r} failed during {what}: {getattr(e, 'cause', e)!r}", rank=r) from e
+            cause = getattr(e, "cause", e)
+            if isinstance(cause, UserError):  # a setting a worker found wrong: the user's one line
+                raise cause from None
+            raise WorkerError(f"worker rank {r} failed during {what}: {cause!r}", rank=r) from e
 
 
 def gather(refs: list, what: str) -> list:

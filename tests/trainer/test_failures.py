@@ -62,6 +62,21 @@ def test_dead_worker_is_named_at_once(ray_local):
     assert time.time() - t < 60
 
 
+def test_a_setting_a_worker_refuses_reaches_the_driver_as_the_user_error(ray_local):
+    from reasonrl_fast.errors import ConfigError
+    from reasonrl_fast.runtime.ray_cluster import gather
+
+    class Rank:  # a worker that finds a setting wrong only once it knows its device (compute_dtype)
+        def setup(self, refuse: bool) -> int:
+            if refuse:
+                raise ConfigError("model.compute_dtype=bfloat16 over torch.float32 master weights needs FSDP2")
+            return 0
+
+    actors = [ray_local.remote(num_cpus=0)(Rank).remote() for _ in range(2)]
+    with pytest.raises(ConfigError, match=r"^model\.compute_dtype=bfloat16 over torch\.float32 master weights"):
+        gather([a.setup.remote(i == 1) for i, a in enumerate(actors)], "setup")
+
+
 def test_worker_killed_mid_run_ends_the_run_naming_its_rank(train, tmp_path):
     out = tmp_path / "run"
     t = time.time()
