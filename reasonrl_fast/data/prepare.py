@@ -167,7 +167,9 @@ def _humaneval_rows(path: str | None) -> list[tuple[int, dict]]:
 def _humaneval_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
     if not all(isinstance(r.get(k), str) for k in ("prompt", "test", "entry_point")):
         raise Skip("no prompt/test/entry_point")
-    truth = json.dumps({"test": r["test"], "entry_point": r["entry_point"]})
+    # The prompt rides along: the scorer runs it before the program and before the tests, so
+    # the helpers the tests use (HumanEval/32's poly) are the problem's, not the program's.
+    truth = json.dumps({"test": r["test"], "entry_point": r["entry_point"], "prompt": r["prompt"]})
     content = f"{instruction}\n\n```python\n{r['prompt']}```" if instruction else r["prompt"]
     return [{"role": "user", "content": content}], truth, {"task_id": r.get("task_id")}
 
@@ -313,6 +315,10 @@ def _main(argv: list[str]) -> dict:
     p.add_argument("--answer-key", default="answer", help="jsonl: the answer's field")
     p.add_argument("--data-source", default="math", help="jsonl: the data_source written (selects the scorer)")
     a = p.parse_args(argv)
+    if a.limit is not None and a.limit < 1:
+        raise DataError(f"--limit {a.limit}: expected at least 1 record (leave it out for all of them)")
+    if os.path.isdir(a.output):
+        raise DataError(f"--output {a.output} is a directory: name the .parquet or .jsonl file to write")
     counts = prepare(a.name, a.input, a.output, a.instruction, a.split, a.limit,
                      a.prompt_key, a.answer_key, a.data_source, a.boxed)
     dropped = ", ".join(f"{n} {why}" for why, n in counts["dropped"].items()) or "none"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import warnings
 from typing import Any
 
@@ -64,6 +65,8 @@ def _check_path(path: str) -> None:
         raise DataError(f"{path}: no such file")
     if os.path.isdir(path):
         raise DataError(f"{path} is a directory, not a jsonl or parquet file")
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or device: reading it could wait for ever
+        raise DataError(f"{path} is not a regular file (a pipe or device?), not a jsonl or parquet file")
 
 
 def _parquet_file(path: str):
@@ -194,36 +197,13 @@ def _is_answer(a: Any) -> bool:
 
 
 def _check_code(gt: Any, where: str) -> str:
-    if isinstance(gt, str):
-        try:
-            spec = json.loads(gt)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: a code ground truth must be a JSON string ({e})") from None
-    else:
-        spec = gt
-    if not isinstance(spec, dict):
-        raise DataError(f"{where}: a code ground truth must be a JSON object, "
-                         f"{{\"inputs\", \"outputs\"}} or {{\"test\", \"entry_point\"}}, got {type(spec).__name__}")
-    if "test" in spec:
-        entry = spec.get("entry_point")
-        if not isinstance(spec["test"], str) or not isinstance(entry, str) or not entry.isidentifier():
-            raise DataError(f"{where}: a HumanEval-style code ground truth needs a string `test` and an "
-                             f"identifier `entry_point`, got entry_point={entry!r}")
-    elif "inputs" in spec and "outputs" in spec:
-        ins, outs = spec["inputs"], spec["outputs"]
-        if "fn_name" in spec:
-            raise DataError(f"{where}: call-based code cases (`fn_name`) are not supported, only stdin/stdout")
-        if not isinstance(ins, list) or not isinstance(outs, list) or not ins or len(ins) != len(outs):
-            raise DataError(f"{where}: a code ground truth's `inputs` and `outputs` must be non-empty lists "
-                             f"of the same length, got {_length(ins)} and {_length(outs)}")
-    else:
-        raise DataError(f"{where}: a code ground truth needs `inputs`+`outputs` or `test`+`entry_point`, "
-                         f"got keys {sorted(spec)}")
-    return gt if isinstance(gt, str) else json.dumps(spec)
+    from reasonrl_fast.rewards.code import parse_ground_truth
 
-
-def _length(x: Any) -> str:
-    return f"{len(x)} items" if isinstance(x, list) else type(x).__name__
+    try:
+        parse_ground_truth(gt)
+    except ValueError as e:
+        raise DataError(f"{where}: {e}") from None
+    return gt if isinstance(gt, str) else json.dumps(gt)
 
 
 def _check_genrm(gt: Any, extra: dict | None, where: str) -> str:

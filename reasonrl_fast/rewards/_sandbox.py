@@ -7,6 +7,8 @@ the namespaced modes it is pid 1 of a fresh PID namespace: it makes every mount 
 mounts the private tmpfs dirs, writes the program into its own tmpfs, and after each case kills
 every other process of the namespace (kill(-1)), so a program that setsid()s or daemonises
 cannot outlive its case. In the plain mode it is a child subreaper and kills what it adopts.
+In every mode it first joins a fresh session keyring, and it loads the caller's seccomp filter
+(compiled BPF in the job) into each program and checker just before exec.
 HumanEval-style tests: _run_checked, with the worker and checker scripts below.
 """
 
@@ -27,13 +29,19 @@ _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS = 1, 4
 _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 36, 38
 _SECBIT_NOROOT_LOCKED = 0x3  # uid 0 gains no capabilities at execve, for good
 _SYS_MOUNT_SETATTR, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, 0x8000, 0x1
+_MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 8, 32, 4096
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+# The private /dev of the namespaced modes: these nodes (bound from the host's), the links.
+_DEV_NODES = ("null", "zero", "full", "random", "urandom")
+_DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+              ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"))
 _STDERR_KEEP = 16384  # bytes of a case's stderr kept (the tail)
 _FRAME_CAP = 16 << 20  # bytes of one answer from the program to the checker
 # What an answer may hold (exact types: no subclass, so no __eq__ of the program's own).
 _PLAIN = ("(type(None), bool, int, float, complex, str, bytes, list, tuple, set, frozenset, "
           "dict)")
-# The check both interpreters run on an answer (the worker before sending it, the checker again
-# after loading it), pasted into each script below.
+# The checker's test of an answer after loading it (exact types only), pasted into _CHECKER.
 _PLAIN_CHECK = """\
     plain_types = PLAIN
 
@@ -50,20 +58,79 @@ _PLAIN_CHECK = """\
                 plain(x)
         return v
 """
+# The worker's copy of an answer as plain data, pasted into _WORKER. A subclass of a plain type
+# answers as its base type, rebuilt from its contents (Counter, OrderedDict, defaultdict: dict;
+# a namedtuple: tuple; an IntEnum: int; numpy.float64: float): it equals what the base would,
+# and the checker still takes exact types only, so nothing of the program's class (an __eq__
+# that says yes) reaches the tests. Scalars are copied by their base type's own method, which
+# a subclass cannot override, so an int subclass that equals anything arrives as the int it
+# holds; bool cannot be subclassed and stays bool.
+_PLAIN_COPY = """\
+    plain_types = PLAIN
+    plain_bases = (dict, list, tuple, set, frozenset, int, float, complex, str, bytes)
+    plain_scalar = {int: int.__pos__, float: float.__pos__, complex: complex.__pos__,
+                    str: str.__str__, bytes: lambda b: bytes.__getitem__(b, slice(None))}
+
+    def plain(v):
+        t = type(v)
+        if t not in plain_types:
+            t = next((b for b in plain_bases if issubclass(t, b)), None)
+            if t is None:
+                raise TypeError(f"the answer holds a {type(v).__name__}, which is not plain data")
+            if t in plain_scalar:
+                return plain_scalar[t](v)
+        if t is dict:
+            return {plain(k): plain(x) for k, x in v.items()}
+        if t is list:
+            return [plain(x) for x in v]
+        if t is tuple:
+            return tuple([plain(x) for x in v])
+        if t is set:
+            return {plain(x) for x in v}
+        if t is frozenset:
+            return frozenset([plain(x) for x in v])
+        return v
+"""
+# An exception's traceback on stderr, pasted into both scripts. Not the traceback module: its
+# import would make every failing sample slower than a passing one.
+_REPORT = r"""
+    def report(e, sources):
+        out, tb = [], e.__traceback__
+        while tb is not None:
+            c = tb.tb_frame.f_code
+            out.append(f'  File "{c.co_filename}", line {tb.tb_lineno}, in {c.co_name}\n')
+            lines = sources.get(c.co_filename) or ()
+            if 0 < tb.tb_lineno <= len(lines):
+                out.append("    " + lines[tb.tb_lineno - 1].strip() + "\n")
+            tb = tb.tb_next
+        try:
+            what = type(e).__name__ + (f": {e}" if str(e) else "")
+            if e.__cause__ is not None:
+                what += f" (from {type(e.__cause__).__name__}: {e.__cause__})"
+        except BaseException:
+            what = type(e).__name__
+        text = "Traceback (most recent call last):\n" + "".join(out[-60:]) + what + "\n"
+        data = text.encode(errors="replace")
+        while data:
+            data = data[os.write(2, data):]
+"""
 
 # HumanEval-style tests run in two interpreters. The program's (the worker, below) only
-# computes: it runs solution.py, then answers calls `name(*args, **kwargs)` from the checker
-# with the result as plain data (marshal of the exact builtin types in _PLAIN, which the
-# checker checks again after loading; any other object is an error; json would cost both
-# interpreters its imports, RESULTS §4). The checker (further below) runs the tests with a
-# stand-in for every name they take from the program and alone writes the verdict, on a pipe
-# only it holds. Whatever the program does to its own interpreter (builtins, exec, exit paths,
-# frames, objects that equal anything) changes nothing but the answers it gives; it never sees
-# the test source, and runs as another uid than the checker, or after the checker has made
-# itself non-dumpable, so /proc gives it neither the checker's fds nor its memory.
+# computes: it runs the problem's own code (its prompt: imports, helpers), then solution.py, as
+# HumanEval runs the prompt before the completion, then answers calls `name(*args, **kwargs)`
+# from the checker with the result as plain data (marshal of the exact builtin types in _PLAIN,
+# a subclass sent as its base type, which the checker checks again after loading; any other
+# object is an error; json would cost both interpreters its imports, RESULTS §4). The checker
+# (further below) runs the problem's code itself, then the tests, with a stand-in for the entry
+# point and for every other name the tests take from the program, and alone writes the
+# verdict, on a pipe only it holds. Whatever the program does to its own interpreter (builtins,
+# exec, exit paths, frames, objects that equal anything) changes nothing but the answers it
+# gives; it never sees the test source, and runs as another uid than the checker, or after the
+# checker has made itself non-dumpable, so /proc gives it neither the checker's fds nor its
+# memory.
 _WORKER = r"""
 def _serve():
-    import marshal, os, sys, traceback
+    import marshal, os, sys
     req, resp = int(sys.argv[1]), int(sys.argv[2])
 
     def send(data):
@@ -80,16 +147,20 @@ def _serve():
             out += chunk
         return out
 
-PLAIN_CHECK
-
+PLAIN_COPY
+REPORT
     g = {"__name__": "__main__", "__builtins__": __builtins__}
+    sources = {}
     try:
-        with open("solution.py") as f:
-            src = f.read()
-        exec(compile(src, "solution.py", "exec"), g)
-    except BaseException:  # SystemExit too: the program ended before its tests ran
-        traceback.print_exc()
-        sys.stderr.flush()
+        # stdin: the problem's code (empty without one); the program then reads an empty stdin
+        for name, src in (("prompt.py", sys.stdin.buffer.read().decode()), ("solution.py", None)):
+            if src is None:
+                with open(name) as f:
+                    src = f.read()
+            sources[name] = src.splitlines()
+            exec(compile(src, name, "exec"), g)
+    except BaseException as e:  # SystemExit too: the program ended before its tests ran
+        report(e, sources)
         os._exit(1)
     sys.stdout.flush()
     send(b"loaded")
@@ -104,7 +175,7 @@ PLAIN_CHECK
         sys.stdout.flush()
         send(data)
 _serve()
-""".replace("PLAIN_CHECK", _PLAIN_CHECK).replace("PLAIN", _PLAIN)
+""".replace("REPORT", _REPORT).replace("PLAIN_COPY", _PLAIN_COPY).replace("PLAIN", _PLAIN)
 
 _CHECKER = r"""
 def _check():
@@ -116,7 +187,7 @@ def _check():
         if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
     os.write(verdict, b"ready\n")
-    src = sys.stdin.read()
+    prompt, src = marshal.loads(sys.stdin.buffer.read())  # the problem's code, the tests
     code = compile(src, "tests.py", "exec")
     names, todo = set(), [code]
     while todo:
@@ -140,7 +211,7 @@ def _check():
         return recv(n)
 
 PLAIN_CHECK
-
+REPORT
     def stand_in(name):
         def call(*args, **kwargs):
             try:
@@ -156,10 +227,17 @@ PLAIN_CHECK
                     raise TypeError("reply")
                 if reply[0] == "v":
                     return reply[1]
-                kind = getattr(builtins, str(reply[1]), None)
-                if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                # The program's exception is raised here again only if it is an Exception that
+                # ends no loop: a StopIteration raised in a test's all(map(candidate, ...)) or
+                # filter(candidate, ...) would end it as if it were done, so it becomes a
+                # RuntimeError, as in a generator (PEP 479); so does anything that is not an
+                # Exception (SystemExit, KeyboardInterrupt, GeneratorExit).
+                kind, msg = getattr(builtins, str(reply[1]), None), str(reply[2])[:1000]
+                if not (isinstance(kind, type) and issubclass(kind, Exception)) or \
+                        issubclass(kind, (StopIteration, StopAsyncIteration)):
+                    msg = f"{name}() raised {str(reply[1])[:100]}" + (f": {msg}" if msg else "")
                     kind = RuntimeError
-                err = kind(str(reply[2])[:1000])
+                err = kind(msg)
             except (ValueError, EOFError, TypeError, IndexError, RecursionError,
                     MemoryError) as e:
                 raise RuntimeError(f"{name}(): the program's answer is not plain data") from e
@@ -167,19 +245,26 @@ PLAIN_CHECK
         call.__name__ = call.__qualname__ = name
         return call
 
-    if frame() != b"loaded":
-        raise RuntimeError("the program did not load (see its stderr)")
     g = {"__name__": "__main__", "__builtins__": builtins}
-    g.update((n, stand_in(n)) for n in names if n in theirs or not hasattr(builtins, n))
+    sources = {"prompt.py": prompt.splitlines(), "tests.py": src.splitlines()}
     try:
+        # The problem's own code runs here (trusted data, like the tests): the helpers the tests
+        # use from it (HumanEval/32's poly) are its own, whatever the program defines. From the
+        # program come the entry point (its stub in the prompt replaced) and the names the
+        # tests use that neither the prompt nor the builtins define.
+        exec(compile(prompt, "prompt.py", "exec"), g)
+        if frame() != b"loaded":
+            raise RuntimeError("the program did not load (see its stderr)")
+        g.update((n, stand_in(n)) for n in names
+                 if n in theirs or not (n in g or hasattr(builtins, n)))
         exec(code, g)
-    except AssertionError:
-        import traceback
-        traceback.print_exc()
-        os._exit(3)  # a test failed (any other exception: exit 1, an error)
+    except BaseException as e:
+        report(e, sources)
+        os._exit(3 if isinstance(e, AssertionError) else 1)  # 3: a test failed; 1: an error
     os.write(verdict, b"pass\n")
 _check()
-""".replace("CAP", str(_FRAME_CAP)).replace("PLAIN_CHECK", _PLAIN_CHECK).replace("PLAIN", _PLAIN)
+""".replace("REPORT", _REPORT).replace("CAP", str(_FRAME_CAP)) \
+    .replace("PLAIN_CHECK", _PLAIN_CHECK).replace("PLAIN", _PLAIN)
 _VERDICT_PASS = b"ready\npass\n"
 
 
@@ -205,11 +290,43 @@ def _readonly_root() -> None:
         raise OSError(e, f"mount_setattr(/, rdonly): {os.strerror(e)}")
 
 
+def _mount(source, target: str, flags: int) -> None:
+    if _LIBC.mount(source, target.encode(), None, flags, None) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount {source!r} on {target}: {os.strerror(e)}")
+
+
+def _private_dev() -> None:
+    """A read-only tmpfs over /dev holding only _DEV_NODES (the host's nodes, bound through
+    O_PATH descriptors taken before the tmpfs covers them), the _DEV_LINKS and an empty shm/
+    (its private tmpfs comes with the other world-writable directories). Every other device of
+    the host is out of reach: a GPU's /dev/nvidia*, /dev/tty, /dev/ptmx, /dev/kmsg, /dev/log."""
+    held = {}
+    for name in _DEV_NODES:
+        try:
+            held[name] = os.open("/dev/" + name, os.O_PATH)
+        except FileNotFoundError:
+            pass
+    try:
+        _mount_tmpfs("/dev", "size=64k,nr_inodes=64,mode=755", _MS_NOSUID | _MS_NOEXEC)
+        for name, fd in held.items():
+            os.close(os.open("/dev/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            _mount(f"/proc/self/fd/{fd}".encode(), "/dev/" + name, _MS_BIND)
+    finally:
+        for fd in held.values():
+            os.close(fd)
+    for name, target in _DEV_LINKS:
+        os.symlink(target, "/dev/" + name)
+    os.mkdir("/dev/shm")
+    _mount(None, "/dev", _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC)
+
+
 def _setup_mounts(job: dict) -> str:
     """The whole tree read-only; a private, size- and inode-capped tmpfs over each
     world-writable directory the caller found (and /tmp); empty read-only tmpfs over the
     directories to hide. Returns the working directory (inside the private /tmp)."""
     _readonly_root()
+    _private_dev()
     for d, opts in job["writable"]:
         if os.path.isdir(d) and not os.path.islink(d):
             _mount_tmpfs(d, opts)
@@ -296,7 +413,38 @@ def _limits(job: dict, cpu_s: int, nproc: int):
                          (resource.RLIMIT_NOFILE, (job["nofile"],) * 2),
                          (resource.RLIMIT_CORE, (0, 0))):
             resource.setrlimit(res, val)
+        # Last, just before exec (needs no_new_privs): the seccomp filter (seccomp_filter.py).
+        if _LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(job["seccomp_prog"]),
+                       0, 0) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"prctl(PR_SET_SECCOMP): {os.strerror(e)}")  # fails the sandbox
     return apply
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _seccomp_prog(bpf: bytes) -> _SockFprog:
+    """The struct prctl(PR_SET_SECCOMP) takes, over the caller's compiled filter (it keeps
+    its buffer alive)."""
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = _SockFprog(len(bpf) // 8, ctypes.addressof(buf))
+    prog.buf = buf
+    return prog
+
+
+def _join_fresh_session_keyring(keyctl_nr: int) -> None:
+    """A new anonymous session keyring for this process and all it starts: the caller's (and
+    the keys in it) is inherited through fork, exec, unshare and setuid otherwise. Behind the
+    seccomp filter, which refuses keyctl to the program and the checker outright. Not having
+    keyrings at all (ENOSYS), or being refused keyctl itself (a container's filter, which then
+    binds what we start too) leaves nothing to reach."""
+    if _LIBC.syscall(ctypes.c_long(keyctl_nr), ctypes.c_long(_KEYCTL_JOIN_SESSION_KEYRING),
+                     ctypes.c_void_p(None)) < 0:
+        e = ctypes.get_errno()
+        if e not in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            raise OSError(e, f"keyctl(KEYCTL_JOIN_SESSION_KEYRING): {os.strerror(e)}")
 
 
 def _spawn(job: dict, argv: list, uid, cwd: str, stdin: int, pass_fds: tuple, limit_s: float,
@@ -417,7 +565,10 @@ def _run_checked(job: dict, work: str, limit_s: float) -> dict:
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
     verdict_r, verdict_w = os.pipe()
-    tests_fd = _unlinked_file(work, ".tests", job["tests"].encode())
+    # The checker's stdin: the problem's code (run before the tests; "" without one) and the
+    # tests; the worker's: the problem's code alone, which it runs before the program.
+    prompt = job.get("prompt", "")
+    tests_fd = _unlinked_file(work, ".tests", marshal.dumps((prompt, job["tests"])))
     alone = job["checker_uid"] is None  # the program will share the checker's uid
     procs, why, verdict = [], None, bytearray()
     bufs: dict = {}
@@ -441,13 +592,14 @@ def _run_checked(job: dict, work: str, limit_s: float) -> dict:
             if bytes(verdict) != b"ready\n":
                 why = "timeout" if time.monotonic() >= deadline else "sandbox_error"
         if why is None:
-            null = os.open(os.devnull, os.O_RDONLY)
+            stdin = (_unlinked_file(work, ".prompt", prompt.encode()) if prompt
+                     else os.open(os.devnull, os.O_RDONLY))
             try:
                 worker = _spawn(job, [job["python"], "-I", "-c", _WORKER, str(req_r),
-                                      str(resp_w)], job["uid"], work, null, (req_r, resp_w),
+                                      str(resp_w)], job["uid"], work, stdin, (req_r, resp_w),
                                 max(0.0, deadline - time.monotonic()), job["nproc"], work)
             finally:
-                os.close(null)
+                os.close(stdin)
             procs.append(worker)
     finally:
         os.close(tests_fd)
@@ -491,6 +643,8 @@ def main() -> None:
     # Nothing in the sandbox may read this process's memory (the job: tests, expected output).
     _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     job = marshal.loads(sys.stdin.buffer.read())
+    _join_fresh_session_keyring(job["sys_keyctl"])
+    job["seccomp_prog"] = _seccomp_prog(job["seccomp"])
     if not job["pidns"]:
         _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     work = _setup_mounts(job) if job["mounts"] else job["workdir"]

@@ -4,23 +4,27 @@ sandbox.
 `code_score(response, ground_truth)` takes the program from the response (`extract_program`),
 runs it with `run_tests` and returns {"score", "acc"}. Ground truth is either stdin/stdout cases
 `{"inputs": [...], "outputs": [...]}` (score = fraction passed) or HumanEval style
-`{"test": src, "entry_point": "f"}` (the test source, then `check(f)`; score 1/0). A case's
-stdout matches when it equals the expected output line by line after trailing whitespace is
-stripped from each line and trailing blank lines are dropped (leading and inner whitespace
-count); it must also exit with status 0.
+`{"test": src, "entry_point": "f", "prompt": src}` (the problem's own code, optional, then the
+test source, then `check(f)`; score 1/0). A case's stdout matches when it equals the expected
+output line by line after trailing whitespace is stripped from each line and trailing blank
+lines are dropped (leading and inner whitespace count); it must also exit with status 0.
 
 HumanEval-style tests never run in the program's interpreter (a program can rewrite its own
 builtins, exec, exit paths and frames, and return objects equal to anything). Two processes:
-the worker runs the program and answers calls `f(*args)` with the result as plain data (tagged
-JSON: numbers, strings, lists, tuples, sets, dicts, bytes; any other object is an error); the
-checker runs the test source, where every name the tests take from the program is a stand-in
-that sends the call to the worker, and alone writes the verdict, on a pipe only it holds. The
-test source reaches the checker as an already-unlinked file; the program never sees it. The
-checker runs as a uid of its own (whenever the caller is root), or, sharing the program's uid,
-makes itself non-dumpable before the program starts (no /proc/<checker>/fd, mem or environ).
-The tests reach the program only by calling it: a non-callable global the tests read from the
-program is not supported, and a helper they borrow from it (HumanEval/32's `poly`) is the
-program's, as it is in HumanEval itself.
+the worker runs the prompt, then the program (HumanEval runs the prompt before the completion),
+and answers calls `f(*args)` with the result as plain data (marshal of numbers, strings, lists,
+tuples, sets, dicts, bytes; a subclass of one, Counter or a namedtuple, as its base type; any
+other object is an error); the checker runs the prompt itself (trusted: the helpers the tests
+use, HumanEval/32's `poly`, are the problem's, not the program's), then the test source, where
+the entry point and every other name the tests use that neither the prompt nor the builtins
+define is a stand-in that sends the call to the worker (without a prompt: every name not a
+builtin), and alone writes the verdict, on a pipe only it holds. A StopIteration or a
+non-Exception from the program is a RuntimeError there (it would end a test's all(map(...))
+early). The test source reaches the checker as an already-unlinked file; the program never
+sees it. The checker runs as a uid of its own (whenever the caller is root), or, sharing the
+program's uid, makes itself non-dumpable before the program starts (no /proc/<checker>/fd, mem
+or environ). The tests reach the program only by calling it: a non-callable global the tests
+read from the program is not supported.
 
 The sandbox, layer by layer (`sandbox_mode()` says which mode this machine gets; detected once):
 1. A fresh working directory holding only the program. Namespaced modes: inside the sandbox's
@@ -45,7 +49,10 @@ The sandbox, layer by layer (`sandbox_mode()` says which mode this machine gets;
    found by walking the file system once per caller process (`world_writable_dirs()`: /var/tmp,
    /dev/shm, /run/lock, ...; 8 MB and 256 inodes each), and empty read-only tmpfs over /home,
    /root, /work, /mnt, /media, /srv, /opt and the caller's repository directory. Nothing a
-   program writes outlives its sandbox, and what it writes is capped.
+   program writes outlives its sandbox, and what it writes is capped. A private /dev: a
+   read-only tmpfs holding only null, zero, full, random and urandom (the host's nodes, bound),
+   fd/stdin/stdout/stderr links to /proc/self/fd and a private shm/; no other device of the
+   host (a GPU's /dev/nvidia*, usually 0666; ttys, ptmx, kmsg, /dev/log).
 8. [root caller] The program and the checker run as two unprivileged uids/gids with no
    supplementary groups: they cannot write outside their directory, read or signal each other
    or anyone else. The uids are taken from a range by a lock file per slot, so two sandboxes
@@ -53,15 +60,28 @@ The sandbox, layer by layer (`sandbox_mode()` says which mode this machine gets;
    /usr/bin/python3 (the caller's interpreter may be unreadable to those uids).
 9. [all] `setpriv --pdeathsig KILL` (or prctl in the plain mode): if the caller is killed, even
    with SIGKILL, the launcher dies, and with it (5) the namespace.
+10. [all] A seccomp filter on the program and the checker (`seccomp_filter.py`, compiled once
+   per caller with libseccomp, loaded by the launcher just before exec): no new namespaces
+   (a user namespace would give the program capabilities over its own copies of everything),
+   no kernel keyrings, no sockets but AF_INET/AF_INET6 (no Unix socket reaches the host's
+   pathname sockets: syslog, the journal, the system bus, a container runtime; no netlink,
+   vsock or packet sockets), no ptrace, bpf, perf events, userfaultfd, io_uring, mounts. Each
+   fails with EPERM. Without libseccomp code rewards raise UserError (install libseccomp2).
+11. [all] A fresh anonymous session keyring for the launcher and all it starts: the caller's
+   (and its keys) would otherwise be inherited through fork, exec, unshare and setuid. With
+   (10) no sample can add a key to its uid's user keyring either, so nothing passes from one
+   sample to a later one there.
 Modes: "root" (the caller is root) has every layer. "userns" (not root, unprivileged user
-namespaces allowed) has 5-7 but not 8: the program runs as the caller's uid, mapped to 0 in
-the namespace but with every capability dropped (bounding set, SECBIT_NOROOT), and RLIMIT_NPROC
-is shared with the caller's processes. "plain" (no unshare) has 1-4 and 9, and 8 when the
-caller is root; processes are killed by process group plus a child-subreaper sweep (a daemon
-that escapes both can survive), sockets are refused by an audit hook in the program's
-interpreter (a program using ctypes or another executable can still reach the network), files
-it writes to world-writable directories stay, and, not root, the program can read and write
-whatever the caller can (the caller's files, the scorer's source among them: this mode cannot
+namespaces allowed) has 5-7 and 10-11 but not 8: the program runs as the caller's uid, mapped
+to 0 in the namespace but with every capability dropped (bounding set, SECBIT_NOROOT), and
+RLIMIT_NPROC is shared with the caller's processes. "plain" (no unshare) has 1-4 and 9-11, and
+8 when the caller is root; processes are killed by process group plus a child-subreaper sweep
+(a daemon that escapes both can survive), IP sockets are refused by an audit hook in the
+program's interpreter (a program using ctypes or another executable can still reach the
+network; the filter stops only the other families), the host's /dev is in plain sight (every
+0666 device, a GPU's /dev/nvidia* among them, can be opened), files it writes to
+world-writable directories stay, and, not root, the program can read and write whatever the
+caller can (the caller's files, the scorer's source among them: this mode cannot
 stop a program from changing later rewards that way); the caller makes itself non-dumpable so
 that at least its memory and pipes are out of the program's reach.
 Not covered anywhere: a total memory cap over all the sandbox's processes (needs a cgroup; each
@@ -82,6 +102,8 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+
+from reasonrl_fast.rewards import seccomp_filter
 
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox.py")
 _SYSTEM_PYTHON = "/usr/bin/python3"
@@ -165,6 +187,8 @@ def _tmpfs_plan() -> list[tuple[str, str]]:
             except OSError:
                 continue
             plan.append((d, f"size={_OTHER_MB}m,nr_inodes={_OTHER_INODES},mode={mode:o}"))
+    if not any(d == "/dev/shm" for d, _ in plan):  # the private /dev always has one
+        plan.append(("/dev/shm", f"size={_OTHER_MB}m,nr_inodes={_OTHER_INODES},mode=1777"))
     return plan
 
 
@@ -239,11 +263,14 @@ def _nproc_limit(slot: _UidSlot | None) -> int:
 
 
 def run_tests(program: str, tests: str | list[dict], timeout_s: float = 10.0, *,
-              memory_mb: int = 1024, program_names: tuple[str, ...] = ()) -> CodeResult:
+              memory_mb: int = 1024, program_names: tuple[str, ...] = (),
+              prompt: str = "") -> CodeResult:
     """Run `program` against `tests` in the sandbox. `tests` is Python source (one test:
     passed when it runs to the end), run in its own interpreter where each name it uses that
     is not a builtin calls the program's function of that name (module docstring); names in
     `program_names` (an entry point called like a builtin, `sorted`) are the program's too.
+    `prompt` (the problem's own code) runs before the program and, in the tests' interpreter,
+    before the tests: what it defines is its own there, except `program_names`.
     Or a list of {"input": stdin, "output": expected stdout} cases. `timeout_s` bounds the
     whole call. Never raises on what the program or tests do."""
     if not (isinstance(program_names, tuple)
@@ -251,13 +278,15 @@ def run_tests(program: str, tests: str | list[dict], timeout_s: float = 10.0, *,
         raise ValueError(f"program_names must be a tuple of identifiers, got {program_names!r}")
     if not isinstance(program, str):
         raise TypeError(f"program must be str, got {type(program).__name__}")
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be str, got {type(prompt).__name__}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or \
             not math.isfinite(timeout_s) or timeout_s <= 0:
         raise ValueError(f"timeout_s must be a positive finite number, got {timeout_s!r}")
     if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 64:
         raise ValueError(f"memory_mb must be an int >= 64, got {memory_mb!r}")
     job: dict = {"program": program, "tests": None, "inputs": [], "outputs": [],
-                 "program_names": ",".join(program_names)}
+                 "program_names": ",".join(program_names), "prompt": prompt}
     if isinstance(tests, str):
         job["tests"] = tests
         total = 1
@@ -294,6 +323,8 @@ def _not_dumpable() -> None:
 
 def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResult:
     mode = sandbox_mode()
+    # First: without libseccomp this raises (UserError) before anything is taken or made.
+    seccomp = seccomp_filter.filter_bpf()
     slot = _UidSlot() if _separate_uids(mode) else None
     workdir = None if mode != "plain" else tempfile.mkdtemp(prefix="reasonrl_code_")
     program = job["program"]
@@ -313,7 +344,8 @@ def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResu
                checker_nproc=_CHECKER_NPROC if slot else _nproc_limit(slot),
                drop_caps=mode == "userns", fsize_mb=16, nofile=64,
                writable=_tmpfs_plan() if mode != "plain" else [],
-               python=python,
+               python=python, seccomp=seccomp,
+               sys_keyctl=seccomp_filter.syscall_number("keyctl"),
                env=dict(_PROGRAM_ENV, HOME=workdir or "/tmp/work"))
     if mode == "plain":
         argv = [sys.executable, "-I", "-S", _LAUNCHER]
@@ -382,22 +414,6 @@ def extract_program(response: str) -> str:
     return response if last is None else "\n".join(last) + "\n"
 
 
-def _parse_ground_truth(ground_truth: str | dict) -> dict:
-    if isinstance(ground_truth, str):
-        try:
-            gt = json.loads(ground_truth)
-        except ValueError as e:
-            raise ValueError(f"code ground truth is not valid JSON: {e}") from None
-    elif isinstance(ground_truth, dict):
-        gt = ground_truth
-    else:
-        raise ValueError(f"code ground truth must be a JSON string or dict, "
-                         f"got {type(ground_truth).__name__}")
-    if not isinstance(gt, dict):
-        raise ValueError(f"code ground truth must be a JSON object, got {type(gt).__name__}")
-    return gt
-
-
 def _as_text(value, where: str) -> str:
     if isinstance(value, str):
         return value
@@ -407,31 +423,54 @@ def _as_text(value, where: str) -> str:
                      f"got {type(value).__name__}")
 
 
-def code_score(response: str, ground_truth: str | dict, extra_info=None,
-               timeout_s: float = 10.0) -> dict:
-    """{"score": float, "acc": bool} for a response to a code problem (docs/math.md §Code rewards).
-    Malformed ground truth raises ValueError; whatever the program does scores (0 at worst)."""
-    gt = _parse_ground_truth(ground_truth)
-    program = extract_program(response)
+def parse_ground_truth(ground_truth) -> dict:
+    """The one reading of a code ground truth (the scorer's, and the data loader's check):
+    HumanEval style {"test", "entry_point", "prompt"} or stdin/stdout {"cases": [...]}, or a
+    ValueError naming what is wrong."""
+    if isinstance(ground_truth, str):
+        try:
+            gt = json.loads(ground_truth)
+        except ValueError as e:
+            raise ValueError(f"code ground truth is not valid JSON: {e}") from None
+    else:
+        gt = ground_truth
+    if not isinstance(gt, dict):
+        raise ValueError(f"code ground truth must be a JSON object, {{\"inputs\", \"outputs\"}} or "
+                         f"{{\"test\", \"entry_point\"}}, got {type(gt).__name__}")
     if "test" in gt:
-        test, entry = gt["test"], gt.get("entry_point")
+        test, entry, prompt = gt["test"], gt.get("entry_point"), gt.get("prompt", "")
         if not isinstance(test, str) or not isinstance(entry, str) or not entry.isidentifier():
             raise ValueError("code ground truth: HumanEval style needs str 'test' and an "
                              f"identifier 'entry_point', got entry_point={entry!r}")
-        result = run_tests(program, f"{test}\n\ncheck({entry})\n", timeout_s,
-                           program_names=(entry,))
-        return {"score": float(result.passed == result.total), "acc": result.status == "ok"}
+        if not isinstance(prompt, str):
+            raise ValueError("code ground truth: 'prompt' (the problem's code, run before the "
+                             "program and the tests) must be a string, got "
+                             f"{type(prompt).__name__}")
+        return {"test": test, "entry_point": entry, "prompt": prompt}
     if "inputs" in gt and "outputs" in gt:
         if "fn_name" in gt:
-            raise ValueError("code ground truth: call-based cases (fn_name) are not supported")
+            raise ValueError("code ground truth: call-based cases (fn_name) are not supported, "
+                             "only stdin/stdout")
         ins, outs = gt["inputs"], gt["outputs"]
         if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs) \
                 or not ins:
             raise ValueError("code ground truth: 'inputs' and 'outputs' must be non-empty lists "
                              "of the same length")
-        cases = [{"input": _as_text(i, f"inputs[{k}]"), "output": _as_text(o, f"outputs[{k}]")}
-                 for k, (i, o) in enumerate(zip(ins, outs))]
-        result = run_tests(program, cases, timeout_s)
-        return {"score": result.passed / result.total, "acc": result.passed == result.total}
+        return {"cases": [{"input": _as_text(i, f"inputs[{k}]"), "output": _as_text(o, f"outputs[{k}]")}
+                          for k, (i, o) in enumerate(zip(ins, outs))]}
     raise ValueError(f"code ground truth needs 'test'+'entry_point' or 'inputs'+'outputs', "
                      f"got keys {sorted(gt)}")
+
+
+def code_score(response: str, ground_truth: str | dict, extra_info=None,
+               timeout_s: float = 10.0) -> dict:
+    """{"score": float, "acc": bool} for a response to a code problem (docs/math.md §Code rewards).
+    Malformed ground truth raises ValueError; whatever the program does scores (0 at worst)."""
+    gt = parse_ground_truth(ground_truth)
+    program = extract_program(response)
+    if "test" in gt:
+        result = run_tests(program, f"{gt['test']}\n\ncheck({gt['entry_point']})\n", timeout_s,
+                           program_names=(gt["entry_point"],), prompt=gt["prompt"])
+        return {"score": float(result.passed == result.total), "acc": result.status == "ok"}
+    result = run_tests(program, gt["cases"], timeout_s)
+    return {"score": result.passed / result.total, "acc": result.passed == result.total}

@@ -75,6 +75,9 @@ def test_prepare_humaneval_from_the_package(tmp_path):
     assert {(r["data_source"], r["ability"]) for r in recs} == {("humaneval", "code")}
     truth = json.loads(recs[0]["answer"])
     assert truth["entry_point"] == "has_close_elements" and "def check(" in truth["test"]
+    # The problem's own code rides along: the scorer runs it before the program and the tests.
+    assert truth["prompt"].startswith("from typing import List\n")
+    assert "def has_close_elements(" in truth["prompt"]
     assert "def has_close_elements(" in recs[0]["prompt"][0]["content"]
 
 

@@ -70,7 +70,9 @@ def test_render_with_and_without_chat_template():
 @pytest.mark.parametrize("row,key,message", [
     (verl_row(reward_model={"ground_truth": {"x": 1}}), "reward_model.ground_truth", "must be a string"),
     (verl_row(reward_model={"ground_truth": "  "}), "reward_model.ground_truth", "empty"),
-    (verl_row(ability="code", reward_model={"ground_truth": "not json"}), "reward_model.ground_truth", "JSON string"),
+    (verl_row(ability="code", reward_model={"ground_truth": "not json"}), "reward_model.ground_truth", "not valid JSON"),
+    (verl_row(ability="code", reward_model={"ground_truth": {"test": "x", "entry_point": "f", "prompt": 3}}),
+     "reward_model.ground_truth", "'prompt'.*must be a string"),
     (verl_row(ability="code", reward_model={"ground_truth": {"inputs": ["1"], "outputs": []}}),
      "reward_model.ground_truth", "same length"),
     (verl_row(ability="code", reward_model={"ground_truth": {"test": "x", "entry_point": "no name"}}),

@@ -69,6 +69,86 @@ def _tokens():
 '''
 
 PROGRAMS: dict[str, str] = {
+    # Beyond the namespaces, each from a fresh interpreter (no audit hook of the plain mode in
+    # the way): kernel keyrings (read and overwrite every key, plant a verdict) ...
+    "keyrings_plant_verdict": WRONG + (
+        "import platform, subprocess, sys\n"
+        "if platform.machine() == 'x86_64':\n"
+        "    subprocess.run([sys.executable, '-I', '-c', %r], timeout=3)\n" % (
+            "import ctypes, struct\n"
+            "libc = ctypes.CDLL(None)\n"
+            "libc.syscall.restype = ctypes.c_long\n"
+            "L = ctypes.c_long\n"
+            "buf = ctypes.create_string_buffer(4096)\n"
+            "for ring in (-3, -4, -5):  # session, user, user session\n"
+            "    n = libc.syscall(L(250), L(11), L(ring), buf, L(4096))  # keyctl READ\n"
+            "    for key in (struct.unpack(f'{n // 4}i', buf.raw[:n]) if n > 0 else ()):\n"
+            "        libc.syscall(L(250), L(2), L(key), b'pass', L(4))  # keyctl UPDATE\n"
+            "    libc.syscall(L(248), b'user', b'verdict', b'pass', L(4), L(ring))  # add_key\n")),
+    # ... the host's Unix sockets (syslog, journal, buses, container runtimes) ...
+    "host_unix_sockets": WRONG + (
+        "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-I', '-c', %r], timeout=3)\n" % (
+            "import glob, socket\n"
+            "paths = ['/dev/log', '/run/systemd/journal/socket', '/run/dbus/system_bus_socket',\n"
+            "         '/var/run/docker.sock']\n"
+            "paths += glob.glob('/run/*/*.sock') + glob.glob('/run/*.sock')\n"
+            "for p in paths:\n"
+            "    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):\n"
+            "        try:\n"
+            "            s = socket.socket(socket.AF_UNIX, kind)\n"
+            "            s.settimeout(0.2)\n"
+            "            s.connect(p)\n"
+            "            s.send(b'<13>sandbox: pass\\n')\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "try:\n"
+            "    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+            "    a.sendto(b'<13>sandbox: pass\\n', '/dev/log')\n"
+            "except OSError:\n"
+            "    pass\n")),
+    # ... a user namespace of its own, root there with every capability ...
+    "user_namespace_root": WRONG + (
+        "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-I', '-c', %r], timeout=3)\n" % (
+            "import ctypes, os\n"
+            "libc = ctypes.CDLL(None)\n"
+            "if libc.unshare(0x10000000 | 0x00020000 | 0x40000000) == 0:  # user, mount, net\n"
+            "    for d in ('/', '/tmp', '/proc'):\n"
+            "        libc.mount(b'none', d.encode(), None, 32 | 4096, None)  # remount rw\n"
+            "    for d in ('/etc', '/usr/lib', '/tmp'):\n"
+            "        try:\n"
+            "            open(d + '/sandbox-pass', 'w').write('pass')\n"
+            "        except OSError:\n"
+            "            pass\n")),
+    # ... the kernel's other doors: netlink, vsock, packet sockets, io_uring, bpf, perf ...
+    "kernel_doors": WRONG + (
+        "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-I', '-c', %r], timeout=3)\n" % (
+            "import ctypes, platform, socket\n"
+            "for fam, kind in ((socket.AF_NETLINK, socket.SOCK_RAW), (socket.AF_VSOCK,\n"
+            "                  socket.SOCK_STREAM), (socket.AF_PACKET, socket.SOCK_RAW)):\n"
+            "    try:\n"
+            "        socket.socket(fam, kind)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "if platform.machine() == 'x86_64':\n"
+            "    libc = ctypes.CDLL(None)\n"
+            "    params = ctypes.create_string_buffer(120)\n"
+            "    libc.syscall(425, 8, params)  # io_uring_setup\n"
+            "    libc.syscall(323, 0)  # userfaultfd\n"
+            "    libc.syscall(321, 0, None, 0)  # bpf\n")),
+    # ... and the host's devices (a GPU's /dev/nvidia*, ttys, the kernel log).
+    "host_devices": WRONG + (
+        "import os\n"
+        "for name in os.listdir('/dev'):\n"
+        "    try:\n"
+        "        fd = os.open('/dev/' + name, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)\n"
+        "        if name not in ('null', 'zero', 'full', 'random', 'urandom'):\n"
+        "            os.write(fd, b'pass\\n')\n"
+        "        os.close(fd)\n"
+        "    except OSError:\n"
+        "        pass\n"),
     # The harness's own exec of the tests becomes a no-op.
     "exec_noop": WRONG + "import builtins\nbuiltins.exec = lambda *a, **k: None\n",
     "compile_to_pass": WRONG + (
@@ -228,4 +308,69 @@ PROGRAMS: dict[str, str] = {
         "        _spray(b'ready\\npass\\n')\n"
         "        time.sleep(0.02)\n"
         "    os._exit(0)\n"),
+}
+
+
+# ---------------------------------------------------------------- programs with a task of their own
+
+# Tests that iterate over the program's answers with map() and filter(): a StopIteration from a
+# call, re-raised among the tests, would end that iteration early, as if every answer were in.
+TASK_ALL_MAP = {"test": ("def check(candidate):\n"
+                         "    assert all(map(candidate, [2, 4, 6]))\n"
+                         "    assert not any(map(candidate, [1, 3, 5]))\n"),
+                "entry_point": "is_even"}
+TASK_FILTER = {"test": ("def check(candidate):\n"
+                        "    assert not list(filter(candidate, [1, 3, 5]))\n"
+                        "    assert sum(map(candidate, [1, 3, 5])) == 0\n"),
+               "entry_point": "is_even"}
+RIGHT_IS_EVEN = "def is_even(n):\n    return n % 2 == 0\n"
+
+# name -> (ground truth, wrong program): each scores 0; RIGHT_IS_EVEN scores 1 on each task.
+TASKED: dict[str, tuple[dict, str]] = {
+    "stop_iteration_ends_all_map": (TASK_ALL_MAP, "def is_even(n):\n    raise StopIteration\n"),
+    "stop_iteration_ends_filter": (TASK_FILTER, "def is_even(n):\n    raise StopIteration\n"),
+    "stop_iteration_from_next": (TASK_FILTER, "def is_even(n):\n    return next(iter(()))\n"),
+    "stop_iteration_named": (TASK_ALL_MAP, (
+        "class StopIteration(Exception):\n    pass\n"
+        "def is_even(n):\n    raise StopIteration\n")),
+    "exits_inside_a_call": (TASK_ALL_MAP, "def is_even(n):\n    raise SystemExit(0)\n"),
+    "generator_exit_inside_a_call": (TASK_FILTER, "def is_even(n):\n    raise GeneratorExit\n"),
+}
+
+# HumanEval problems whose tests call a helper their prompt defines (32: poly, 38: encode_cyclic,
+# 50: encode_shift). Wrong: the helper redefined as a no-op next to a wrong answer that the
+# no-op makes right. Right: an answer without the helper, computing it itself or calling the
+# prompt's (which HumanEval runs before the answer).
+HELPER_NOOP: dict[str, str] = {
+    "HumanEval/32": "def poly(xs, x):\n    return 0\ndef find_zero(xs):\n    return 0.0\n",
+    "HumanEval/38": ("def encode_cyclic(s):\n    return s\n"
+                     "def decode_cyclic(s):\n    return s\n"),
+    "HumanEval/50": ("def encode_shift(s):\n    return s\n"
+                     "def decode_shift(s):\n    return s\n"),
+}
+HELPER_FREE_RIGHT: dict[str, list[str]] = {
+    "HumanEval/32": [
+        "def find_zero(xs):\n"
+        "    f = lambda x: sum(c * x ** i for i, c in enumerate(xs))\n"
+        "    lo, hi = -1.0, 1.0\n"
+        "    while f(lo) * f(hi) > 0:\n        lo, hi = lo * 2, hi * 2\n"
+        "    for _ in range(200):\n"
+        "        mid = (lo + hi) / 2\n"
+        "        lo, hi = (mid, hi) if f(mid) * f(lo) > 0 else (lo, mid)\n"
+        "    return lo\n",
+        "def find_zero(xs):\n"
+        "    lo, hi = -1.0, 1.0\n"
+        "    while poly(xs, lo) * poly(xs, hi) > 0:\n        lo, hi = lo * 2, hi * 2\n"
+        "    while hi - lo > 1e-10:\n"
+        "        mid = (lo + hi) / 2\n"
+        "        lo, hi = (mid, hi) if poly(xs, mid) * poly(xs, lo) > 0 else (lo, mid)\n"
+        "    return lo\n"],
+    "HumanEval/38": [
+        "def decode_cyclic(s):\n"
+        "    groups = [s[3 * i:3 * i + 3] for i in range((len(s) + 2) // 3)]\n"
+        "    return ''.join(g[-1] + g[:-1] if len(g) == 3 else g for g in groups)\n",
+        "def decode_cyclic(s: str):\n    return encode_cyclic(encode_cyclic(s))\n"],
+    "HumanEval/50": [
+        "def decode_shift(s):\n"
+        "    return ''.join(chr((ord(c) - ord('a') - 5) % 26 + ord('a')) for c in s)\n"],
 }

@@ -5,6 +5,7 @@ or does not)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -19,8 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from reasonrl_fast.data.prepare import _humaneval_row
 from reasonrl_fast.rewards import code
 from reasonrl_fast.rewards.code import CodeResult, code_score, extract_program, run_tests
+from tests.helpers import hostile_programs as hp
 from tests.helpers.childproc import ROOT, check_no_signal
 
 pytestmark = pytest.mark.proc  # real sandboxed processes
@@ -76,6 +79,11 @@ def problems() -> list[dict]:
     return list(read_problems().values())
 
 
+def _truth(problem: dict) -> dict:
+    """The ground truth `data.prepare humaneval` writes (test, entry point and prompt)."""
+    return json.loads(_humaneval_row(problem, "")[1])
+
+
 def _score_all(programs_and_truths) -> list[dict]:
     # Two at a time: also runs sandboxes concurrently (each holds its own uid slot).
     with ThreadPoolExecutor(2) as ex:
@@ -86,7 +94,8 @@ def _score_all(programs_and_truths) -> list[dict]:
 def test_humaneval_canonical_solutions_pass(problems):
     jobs = []
     for i, p in enumerate(problems):
-        gt = {"test": p["test"], "entry_point": p["entry_point"]}
+        gt = _truth(p)
+        assert gt["prompt"] == p["prompt"]  # the checker runs the problem's own code
         program = p["prompt"] + p["canonical_solution"]
         # Half as a fenced block in a chatty response with a JSON ground truth, as the trainer
         # sends them; half as bare code with a dict.
@@ -104,13 +113,115 @@ def test_humaneval_canonical_solutions_pass(problems):
 
 def test_humaneval_wrong_solutions_fail(problems):
     sample = problems  # the body of each becomes `return None`
-    jobs = [(p["prompt"] + "    return None\n", {"test": p["test"], "entry_point": p["entry_point"]})
-            for p in sample]
+    jobs = [(p["prompt"] + "    return None\n", _truth(p)) for p in sample]
     t0 = time.monotonic()
     scores = _score_all(jobs)
     print(f"\n{len(sample)} wrong HumanEval solutions: {time.monotonic() - t0:.1f} s")
     passed = [p["task_id"] for p, s in zip(sample, scores) if s != {"score": 0.0, "acc": False}]
     assert not passed, passed
+
+
+def test_humaneval_helpers_are_the_problems(problems):
+    # The tests of 32, 38 and 50 call a helper the prompt defines: the prompt's own, so a no-op
+    # one in the program wins nothing, and a right answer need not repeat it (it may call it).
+    by_id = {p["task_id"]: p for p in problems}
+    jobs, want = [], []
+    for tid, noop in hp.HELPER_NOOP.items():
+        gt = _truth(by_id[tid])
+        jobs.append((noop, gt))
+        want.append((tid, "no-op helper", 0.0))
+        for k, right in enumerate(hp.HELPER_FREE_RIGHT[tid]):
+            jobs.append((right, gt))
+            want.append((tid, f"right without the helper #{k}", 1.0))
+    # The prompt's imports, too, come before the program (HumanEval: prompt, then completion).
+    p = by_id["HumanEval/0"]
+    jobs.append(("def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+                 "    s = sorted(numbers)\n"
+                 "    return any(b - a < threshold for a, b in zip(s, s[1:]))\n", _truth(p)))
+    want.append(("HumanEval/0", "typing.List from the prompt", 1.0))
+    scores = _score_all(jobs)
+    wrong = [(w, s) for w, s in zip(want, scores) if s["score"] != w[2]]
+    assert not wrong, wrong
+
+
+def test_ground_truth_without_prompt_takes_every_name_from_the_program():
+    task = {"test": "def check(f):\n    assert f(2) == h(2) + 1\n", "entry_point": "f"}
+    both = "def h(x):\n    return x * 10\ndef f(x):\n    return x * 10 + 1\n"
+    assert code_score(both, task) == {"score": 1.0, "acc": True}
+    assert code_score("def f(x):\n    return 21\n", task)["score"] == 0.0  # no h: an error
+    # With the prompt, h is the prompt's: the program's h changes nothing.
+    prompted = dict(task, prompt="def h(x):\n    return x\n\ndef f(x):\n    pass\n")
+    assert code_score("def f(x):\n    return x + 1\n", prompted)["score"] == 1.0
+    assert code_score(both, prompted)["score"] == 0.0
+
+
+def test_stop_iteration_does_not_end_the_tests():
+    # A StopIteration (or any BaseException) from the program is a RuntimeError among the
+    # tests: it would otherwise end their all(map(...)) or filter(...) early, as if passed.
+    for name in ("stop_iteration_ends_all_map", "stop_iteration_ends_filter"):
+        task, prog = hp.TASKED[name]
+        assert code_score(prog, task) == {"score": 0.0, "acc": False}, name
+        assert code_score(hp.RIGHT_IS_EVEN, task) == {"score": 1.0, "acc": True}, name
+    r = run_tests("def f():\n    raise StopIteration('done')\n",
+                  "try:\n    f()\nexcept RuntimeError as e:\n"
+                  "    assert 'StopIteration: done' in str(e)\n")
+    assert r.status == "ok", r
+
+
+def test_subclasses_answer_as_their_base_type():
+    # Counter, defaultdict, OrderedDict and a namedtuple equal the dict or tuple expected, and
+    # reach the tests as exactly that type; an IntEnum as its int, a str subclass as its str.
+    prog = textwrap.dedent("""
+        import collections, enum
+        Point = collections.namedtuple("Point", "x y")
+        class Colour(enum.IntEnum):
+            RED = 3
+        class Name(str):
+            pass
+        def counts(s):
+            return collections.Counter(s)
+        def groups(words):
+            out = collections.defaultdict(list)
+            for w in words:
+                out[len(w)].append(w)
+            return out
+        def ordered():
+            return collections.OrderedDict([("b", 1), ("a", Point(1, 2))])
+        def point():
+            return Point(1, [Point(2, 3)])
+        def scalars():
+            return [Colour.RED, Name("ab"), True, {Point(0, 0)}]
+    """)
+    tests = textwrap.dedent("""
+        assert counts("abca") == {"a": 2, "b": 1, "c": 1} and type(counts("a")) is dict
+        assert groups(["a", "bc", "d"]) == {1: ["a", "d"], 2: ["bc"]}
+        assert type(groups(["a"])) is dict
+        assert ordered() == {"a": (1, 2), "b": 1} and list(ordered()) == ["b", "a"]
+        assert type(ordered()["a"]) is tuple
+        assert point() == (1, [(2, 3)]) and type(point()) is tuple
+        assert type(point()[1][0]) is tuple
+        got = scalars()
+        assert got == [3, "ab", True, {(0, 0)}], got
+        assert [type(v) for v in got] == [int, str, bool, set] and got[2] is True
+    """)
+    r = run_tests(prog, tests)
+    assert r.status == "ok", r
+
+
+@pytest.mark.parametrize("script", ["_WORKER", "_CHECKER"])
+def test_a_failing_sample_imports_nothing_a_passing_one_does_not(script):
+    # Both interpreters start with `-I -S`, so each module they import is paid for on every
+    # sample; one imported only to report a failure (traceback: ~40 ms) makes a failing sample
+    # dearer than a passing one. Their whole import list is fixed here: what every sample needs.
+    from reasonrl_fast.rewards import _sandbox
+
+    imported = set()
+    for node in ast.walk(ast.parse(getattr(_sandbox, script))):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module)
+    assert imported <= {"builtins", "ctypes", "marshal", "os", "sys"}, imported
 
 
 def test_early_exit_before_the_tests_does_not_pass():
@@ -184,6 +295,8 @@ def test_bad_arguments_and_ground_truth():
         run_tests(b"print(1)", "pass")
     with pytest.raises(TypeError):
         run_tests("print(1)", 3)
+    with pytest.raises(TypeError, match="prompt"):
+        run_tests("print(1)", "pass", prompt=b"import math")
     with pytest.raises(TypeError):
         run_tests("print(1)", [{"input": 1, "output": "1"}])
     with pytest.raises(ValueError):
@@ -195,7 +308,9 @@ def test_bad_arguments_and_ground_truth():
                      ({"inputs": ["1"], "outputs": []}, "same length"),
                      ({"inputs": [1], "outputs": ["1"]}, "inputs[0]"),
                      ({"test": "pass", "entry_point": "f(); import os"}, "entry_point"),
-                     ({"inputs": ["1"], "outputs": ["1"], "fn_name": "f"}, "fn_name"), (3, "dict")]:
+                     ({"test": "pass", "entry_point": "f", "prompt": ["def f(): pass"]},
+                      "'prompt'"),
+                     ({"inputs": ["1"], "outputs": ["1"], "fn_name": "f"}, "fn_name"), (3, "JSON object")]:
         with pytest.raises(ValueError, match=re.escape(what)):
             code_score("print(1)", gt)
 

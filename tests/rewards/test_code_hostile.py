@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from reasonrl_fast.data.prepare import _humaneval_row
 from reasonrl_fast.rewards import code
 from reasonrl_fast.rewards.code import code_score, run_tests
 from tests.helpers import hostile_programs as hp
@@ -27,10 +28,10 @@ _ROOT = os.geteuid() == 0
 _NOBODY = 65534
 _SYSTEM_PY = "/usr/bin/python3"
 # Real HumanEval problems whose tests use what the checker must carry over: tuples (8),
-# floats (2, 4), a helper the tests borrow from the program (32: poly, 38: encode_cyclic),
-# a loop of random calls (53), strings and lists.
-_HUMANEVAL_IDS = ("HumanEval/2", "HumanEval/8", "HumanEval/32", "HumanEval/38", "HumanEval/53",
-                  "HumanEval/107")
+# floats (2, 4), a helper the tests take from the problem's prompt (32: poly, 38: encode_cyclic,
+# 50: encode_shift), a loop of random calls (53), strings and lists.
+_HUMANEVAL_IDS = ("HumanEval/2", "HumanEval/8", "HumanEval/32", "HumanEval/38", "HumanEval/50",
+                  "HumanEval/53", "HumanEval/107")
 
 
 def _humaneval_jobs() -> list[tuple[str, str, dict, float]]:
@@ -39,15 +40,24 @@ def _humaneval_jobs() -> list[tuple[str, str, dict, float]]:
     jobs = []
     for tid in _HUMANEVAL_IDS:
         p = problems[tid]
-        gt = {"test": p["test"], "entry_point": p["entry_point"]}
+        gt = json.loads(_humaneval_row(p, "")[1])  # as `data.prepare humaneval` writes it
         jobs.append((tid + " canonical", p["prompt"] + p["canonical_solution"], gt, 1.0))
         jobs.append((tid + " broken", p["prompt"] + "    return None\n", gt, 0.0))
+        if tid in hp.HELPER_NOOP:
+            jobs.append((tid + " no-op helper", hp.HELPER_NOOP[tid], gt, 0.0))
+    # Ground truth without the prompt: every name the tests use is the program's, as before.
+    p = problems["HumanEval/32"]
+    jobs.append(("HumanEval/32 canonical, no prompt", p["prompt"] + p["canonical_solution"],
+                 {"test": p["test"], "entry_point": p["entry_point"]}, 1.0))
     return jobs
 
 
 def _all_jobs() -> list[tuple[str, str, dict, float]]:
     jobs = [("right", hp.RIGHT, hp.TASK, 1.0), ("wrong", hp.WRONG, hp.TASK, 0.0)]
     jobs += [(name, prog, hp.TASK, 0.0) for name, prog in hp.PROGRAMS.items()]
+    jobs += [(name, prog, task, 0.0) for name, (task, prog) in hp.TASKED.items()]
+    jobs += [(f"right {n}", hp.RIGHT_IS_EVEN, t, 1.0)
+             for n, t in (("all_map", hp.TASK_ALL_MAP), ("filter", hp.TASK_FILTER))]
     return jobs + _humaneval_jobs()
 
 
@@ -88,6 +98,7 @@ def _fork_as_nobody(mode: str | None, prog: str, gt) -> tuple[int, int]:
     """A child of this process that becomes uid 65534, scores one program (`mode` None probes
     the mode an unprivileged caller gets; `gt` a ground truth, or a str: the tests of
     run_tests) and writes the result on a pipe: (pid, read fd)."""
+    code.seccomp_filter.filter_bpf()  # imported here: uid 65534 cannot read our interpreter's
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: no pytest machinery, only os._exit

@@ -1,0 +1,437 @@
+"""The code sandbox's walls beyond files and processes (code.py, layers 10 and 11): kernel
+keyrings, the host's Unix sockets, user namespaces, netlink and vsock sockets, the kernel's
+other doors, and the host's devices. Each attack runs through `run_tests` in every mode this
+machine can run (root; plain as root; userns and plain as an unprivileged caller), and each
+test checks from outside that it failed: the caller's key unchanged and unread, nothing
+planted, nothing received by the listener, the same user namespace."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import struct
+import sys
+import tempfile
+import traceback
+import uuid
+
+import pytest
+
+from reasonrl_fast.errors import UserError
+from reasonrl_fast.rewards import code, seccomp_filter
+from reasonrl_fast.rewards.code import run_tests
+
+pytestmark = pytest.mark.proc  # real sandboxed processes
+
+_ROOT = os.geteuid() == 0
+_NOBODY = 65534
+_SYSTEM_PY = "/usr/bin/python3"
+_KEY_SPEC_SESSION, _KEYCTL_JOIN, _KEYCTL_READ = -3, 1, 11
+_MINIMAL_DEV = {"null", "zero", "full", "random", "urandom", "shm", "fd", "stdin", "stdout",
+                "stderr"}
+
+# The attack runs in an interpreter of its own: plain mode's audit hook (no sockets, no ctypes
+# in the program's interpreter) is no wall, and these attacks are about the walls behind it.
+# It reports what it got as one JSON line on stderr.
+_PROGRAM = """
+import subprocess, sys
+subprocess.run([sys.executable, "-I", "-c", ATTACK])
+print("done")
+"""
+_PRELUDE = """
+import ctypes, errno, json, os, socket, struct, sys
+NR = NUMBERS
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+def sc(name, *args):
+    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    r = _libc.syscall(ctypes.c_long(NR[name]), *args)
+    return r if r >= 0 else -ctypes.get_errno()
+
+def err(r):
+    return errno.errorcode.get(-r, str(r)) if r < 0 else r
+
+def keyctl_read(key):
+    buf = ctypes.create_string_buffer(4096)
+    n = sc("keyctl", 11, key, buf, 4096)
+    return buf.raw[:n] if n >= 0 else err(n)
+
+report = {}
+"""
+
+
+def _program(body: str) -> str:
+    numbers = {n: seccomp_filter.syscall_number(n) for n in
+               ("keyctl", "add_key", "unshare", "io_uring_setup", "bpf", "perf_event_open",
+                "userfaultfd", "ptrace")}
+    attack = _PRELUDE.replace("NUMBERS", repr(numbers)) + body + (
+        "\nsys.stderr.write('REPORT ' + json.dumps(report) + '\\n')\n")
+    return _PROGRAM.replace("ATTACK", repr(attack))
+
+
+def _attack(body: str) -> dict:
+    """Run an attack in the sandbox (in the current caller): what it reported."""
+    r = run_tests(_program(body), [{"input": "", "output": "done"}], timeout_s=20)
+    for line in r.stderr_tail.splitlines():
+        if line.startswith("REPORT "):
+            return json.loads(line[len("REPORT "):])
+    raise AssertionError(f"the attack did not report: {r}")
+
+
+# ---------------------------------------------------------------- the callers
+
+def _in_caller(mode: str, unprivileged: bool, fn):
+    """fn() in a forked caller that scores in `mode`, as uid 65534 when `unprivileged`; its
+    JSON result (this process's keyrings and uid slots stay untouched)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest machinery, only os._exit
+        try:
+            os.close(r)
+            if unprivileged:
+                os.setgroups([])
+                os.setgid(_NOBODY)
+                os.setuid(_NOBODY)
+                ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable, as a caller the user started
+                sys.executable, sys.prefix = _SYSTEM_PY, "/usr"  # ours is out of nobody's reach
+            code._mode = None if mode == "userns" else mode
+            try:
+                out = {"mode": code.sandbox_mode(), "result": fn()}
+            except BaseException:
+                out = {"mode": code._mode, "error": traceback.format_exc()}
+            data = json.dumps(out).encode()
+            while data:
+                data = data[os.write(w, data):]
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    got = json.loads(b"".join(chunks))
+    assert "error" not in got, got["error"]
+    assert got["mode"] == mode, got
+    return got["result"]
+
+
+_CALLERS = {"root": ("root", False), "plain_as_root": ("plain", False),
+            "userns_unprivileged": ("userns", True), "plain_unprivileged": ("plain", True)}
+_usable: dict = {}
+
+
+def _usable_caller(name: str) -> str:
+    """'' if the caller `name` can run here, else why not (probed once)."""
+    if name not in _usable:
+        mode, unprivileged = _CALLERS[name]
+        if not (_ROOT and os.access(_SYSTEM_PY, os.X_OK)):
+            why = "needs root (and the system's python3) to run each mode"
+        elif mode == "root" and code.sandbox_mode() != "root":
+            why = "no root sandbox here"
+        elif unprivileged and not os.access(code._REPO_DIR, os.R_OK | os.X_OK):
+            why = "uid 65534 cannot read the repository"
+        else:
+            why = ""
+            if mode == "userns":
+                probe = os.fork()
+                if probe == 0:
+                    os.setgroups([])
+                    os.setgid(_NOBODY)
+                    os.setuid(_NOBODY)
+                    code._mode = None
+                    os._exit(0 if code.sandbox_mode() == "userns" else 1)
+                if os.waitpid(probe, 0)[1] != 0:
+                    why = "no unprivileged user namespaces here"
+        _usable[name] = why
+    return _usable[name]
+
+
+@pytest.fixture(params=sorted(_CALLERS))
+def caller(request):
+    why = _usable_caller(request.param)
+    if why:
+        pytest.skip(why)
+    mode, unprivileged = _CALLERS[request.param]
+    return lambda fn: _in_caller(mode, unprivileged, fn)
+
+
+@pytest.fixture(autouse=True)
+def _before_fork():
+    code.world_writable_dirs()  # once here, not again in every forked caller
+    # pyseccomp and the modules it imports: uid 65534 cannot read our interpreter's library
+    seccomp_filter.filter_bpf()
+    _program("")
+
+
+# ---------------------------------------------------------------- keyrings
+
+def _keyctl(*args) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    n = libc.syscall(ctypes.c_long(seccomp_filter.syscall_number("keyctl")), *args)
+    if n < 0:
+        raise OSError(ctypes.get_errno(), "keyctl")
+    return n
+
+
+def _add_key(desc: bytes, payload: bytes, keyring: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    n = libc.syscall(ctypes.c_long(seccomp_filter.syscall_number("add_key")), b"user", desc,
+                     payload, ctypes.c_long(len(payload)), ctypes.c_long(keyring))
+    if n < 0:
+        raise OSError(ctypes.get_errno(), "add_key")
+    return n
+
+
+def _read_key(key: int) -> bytes:
+    buf = ctypes.create_string_buffer(4096)
+    n = _keyctl(_KEYCTL_READ, key, buf, 4096)
+    return buf.raw[:n]
+
+
+_STEAL_SESSION_KEYS = """
+listing = keyctl_read(-3)
+report["listing"] = listing if isinstance(listing, str) else len(listing)
+report["read"], report["update"] = [], []
+for key in (struct.unpack(f"{len(listing) // 4}i", listing) if isinstance(listing, bytes) else ()):
+    got = keyctl_read(key)
+    report["read"].append(got.decode(errors="replace") if isinstance(got, bytes) else got)
+    report["update"].append(err(sc("keyctl", 2, key, b"forged", 6)))
+report["plant"] = err(sc("add_key", b"user", b"planted", b"x", 1, -3))
+try:
+    report["proc_keys"] = open("/proc/keys").read()
+except OSError as e:
+    report["proc_keys"] = str(e)
+"""
+
+
+def test_callers_session_keyring_out_of_reach(caller):
+    secret = "secret-" + uuid.uuid4().hex
+
+    def in_caller():
+        _keyctl(_KEYCTL_JOIN, None)  # a session keyring of this caller's own...
+        key = _add_key(b"reasonrl-caller-key", secret.encode(), _KEY_SPEC_SESSION)  # ...a key
+        report = _attack(_STEAL_SESSION_KEYS)
+        listing = _read_key(_KEY_SPEC_SESSION)
+        return {"report": report, "key": key, "payload": _read_key(key).decode(),
+                "keys_after": list(struct.unpack(f"{len(listing) // 4}i", listing))}
+
+    got = caller(in_caller)
+    assert secret not in json.dumps(got["report"]), got  # not read, not listed
+    assert got["payload"] == secret, got                 # not changed
+    assert got["keys_after"] == [got["key"]], got        # nothing planted
+
+
+_PLANT_USER_KEY = """
+report["uid"] = os.getuid()
+report["plant"] = err(sc("add_key", b"user", DESC, b"planted", 7, -4))
+"""
+_FIND_USER_KEY = """
+report["uid"] = os.getuid()
+key = sc("keyctl", 10, -4, b"user", DESC, 0)
+got = keyctl_read(key) if key > 0 else err(key)
+report["found"] = got.decode(errors="replace") if isinstance(got, bytes) else got
+"""
+
+
+def test_user_keyring_keeps_nothing_between_samples(caller):
+    desc = repr(("reasonrl-left-" + uuid.uuid4().hex).encode())
+
+    def in_caller():
+        # Both samples take the same uid (as two samples in a row of one caller would).
+        if not code._separate_uids(code.sandbox_mode()):
+            return (_attack(_PLANT_USER_KEY.replace("DESC", desc)),
+                    _attack(_FIND_USER_KEY.replace("DESC", desc)))
+        slot = code._UidSlot()
+        code._UidSlot = lambda: slot
+        release, slot.release = slot.release, lambda: None
+        try:
+            return (_attack(_PLANT_USER_KEY.replace("DESC", desc)),
+                    _attack(_FIND_USER_KEY.replace("DESC", desc)))
+        finally:
+            release()
+
+    planted, found = caller(in_caller)
+    assert planted["uid"] == found["uid"], (planted, found)
+    assert not isinstance(planted["plant"], int), planted  # no key was added...
+    assert found["found"] != "planted", found             # ...and none reached the next sample
+
+
+# ---------------------------------------------------------------- the host's Unix sockets
+
+def _socket_dir() -> str:
+    """A directory for host sockets that the sandbox neither hides nor covers with a tmpfs
+    (a system directory, not world-writable), open to every uid."""
+    for base in ("/run", "/var/lib", "/var", "/etc"):
+        if os.path.isdir(base) and not os.stat(base).st_mode & 0o002 and \
+                base not in code.world_writable_dirs():
+            d = tempfile.mkdtemp(prefix="reasonrl-sock-", dir=base)
+            os.chmod(d, 0o755)
+            return d
+    pytest.skip("no system directory for a test socket")
+
+
+_REACH_SOCKETS = """
+for kind, path in (("stream", STREAM_PATH), ("dgram", DGRAM_PATH)):
+    try:
+        s = socket.socket(socket.AF_UNIX,
+                          socket.SOCK_STREAM if kind == "stream" else socket.SOCK_DGRAM)
+        if kind == "stream":
+            s.connect(path)
+            s.sendall(b"leak")
+        else:
+            s.sendto(b"leak", path)
+        report[kind] = "sent"
+    except OSError as e:
+        report[kind] = errno.errorcode.get(e.errno, str(e))
+try:  # a datagram pair may still name any socket as its destination
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b"leak", DGRAM_PATH)
+    report["pair"] = "sent"
+except OSError as e:
+    report["pair"] = errno.errorcode.get(e.errno, str(e))
+"""
+
+
+def test_host_unix_sockets_out_of_reach(caller):
+    d = _socket_dir()
+    stream_path, dgram_path = os.path.join(d, "stream.sock"), os.path.join(d, "log.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        listener.bind(stream_path)
+        listener.listen(8)
+        sink.bind(dgram_path)
+        for p in (stream_path, dgram_path):
+            os.chmod(p, 0o777)  # any uid may connect: only the sandbox is in the way
+        body = _REACH_SOCKETS.replace("STREAM_PATH", repr(stream_path)).replace(
+            "DGRAM_PATH", repr(dgram_path))
+        report = caller(lambda: _attack(body))
+        listener.setblocking(False)
+        sink.setblocking(False)
+        with pytest.raises(BlockingIOError):  # nobody connected...
+            listener.accept()
+        with pytest.raises(BlockingIOError):  # ...and no datagram arrived
+            sink.recv(64)
+        assert set(report.values()) == {"EPERM"}, report
+    finally:
+        listener.close()
+        sink.close()
+        for p in (stream_path, dgram_path):
+            if os.path.exists(p):
+                os.unlink(p)
+        os.rmdir(d)
+
+
+# ---------------------------------------------------------------- namespaces and the kernel
+
+_NEW_USER_NAMESPACE = """
+import subprocess
+before = os.readlink("/proc/self/ns/user")
+r = subprocess.run(["unshare", "--user", "readlink", "/proc/self/ns/user"], capture_output=True,
+                   text=True)
+report["unshare_tool"] = r.returncode != 0 or r.stdout.strip() == before
+report["unshare"] = err(sc("unshare", 0x10000000))  # CLONE_NEWUSER
+report["same_namespace"] = os.readlink("/proc/self/ns/user") == before
+"""
+
+
+def _user_namespaces_possible() -> bool:
+    """Whether an unprivileged process here may create a user namespace at all."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(_NOBODY)
+            os.setuid(_NOBODY)
+            os._exit(0 if ctypes.CDLL(None).unshare(0x10000000) == 0 else 1)
+        finally:
+            os._exit(1)
+    return os.waitpid(pid, 0)[1] == 0
+
+
+def test_no_user_namespace_inside(caller):
+    if not _user_namespaces_possible():
+        pytest.skip("unprivileged user namespaces are off here: nothing to refuse")
+    report = caller(lambda: _attack(_NEW_USER_NAMESPACE))
+    assert report == {"unshare": "EPERM", "same_namespace": True, "unshare_tool": True}, report
+
+
+_KERNEL_DOORS = """
+for name, family, kind in (("netlink", socket.AF_NETLINK, socket.SOCK_RAW),
+                           ("vsock", socket.AF_VSOCK, socket.SOCK_STREAM),
+                           ("packet", socket.AF_PACKET, socket.SOCK_RAW)):
+    try:
+        socket.socket(family, kind).close()
+        report[name] = "created"
+    except OSError as e:
+        report[name] = errno.errorcode.get(e.errno, str(e))
+params = ctypes.create_string_buffer(120)
+report["io_uring"] = err(sc("io_uring_setup", 1, params))
+report["bpf"] = err(sc("bpf", 0, None, 0))
+report["perf_event_open"] = err(sc("perf_event_open", None, 0, -1, -1, 0))
+report["userfaultfd"] = err(sc("userfaultfd", 0))
+report["ptrace"] = err(sc("ptrace", 16, os.getppid(), 0, 0))  # PTRACE_ATTACH
+"""
+
+
+def test_netlink_vsock_and_kernel_doors_refused(caller):
+    # The filter's answer to each (a missing module or an off switch would answer otherwise).
+    report = caller(lambda: _attack(_KERNEL_DOORS))
+    assert set(report.values()) == {"EPERM"}, report
+
+
+_OPEN_DEVICES = """
+report["listing"] = sorted(os.listdir("/dev"))
+report["opened"] = []
+for path in HOST_DEVICES:
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY))
+        report["opened"].append(path)
+    except OSError:
+        pass
+"""
+
+
+def test_private_dev_holds_only_the_harmless_nodes(caller, request):
+    if "plain" in request.node.callspec.params["caller"]:
+        pytest.skip("the plain sandbox sees the host's /dev (module docstring of code.py)")
+    # Every character device of the host that anyone may open, and a few more.
+    host = [os.path.join("/dev", n) for n in os.listdir("/dev")]
+    host = sorted(p for p in host if not os.path.islink(p) and os.path.exists(p) and
+                  os.stat(p).st_mode & 0o006 and not os.path.isdir(p))
+    assert "/dev/null" in host
+    body = _OPEN_DEVICES.replace("HOST_DEVICES", repr(host))
+    report = caller(lambda: _attack(body))
+    assert set(report["listing"]) == _MINIMAL_DEV, report
+    assert {os.path.basename(p) for p in report["opened"]} <= _MINIMAL_DEV, report
+
+
+# ---------------------------------------------------------------- no filter, no sandbox
+
+def test_missing_libseccomp_is_a_user_error(monkeypatch):
+    import ctypes.util
+    real = ctypes.util.find_library
+    monkeypatch.setattr(ctypes.util, "find_library",
+                        lambda name: None if name == "seccomp" else real(name))
+    monkeypatch.delitem(sys.modules, "pyseccomp", raising=False)
+    seccomp_filter.filter_bpf.cache_clear()
+    monkeypatch.setattr(code, "_UidSlot", lambda: pytest.fail("a uid slot was taken"))
+    try:
+        with pytest.raises(UserError, match="libseccomp2"):
+            run_tests("print(1)", [{"input": "", "output": "1"}])
+    finally:
+        seccomp_filter.filter_bpf.cache_clear()
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # the package itself missing
+    with pytest.raises(UserError, match="pip install"):
+        seccomp_filter.filter_bpf()
+    seccomp_filter.filter_bpf.cache_clear()
