@@ -1,11 +1,13 @@
 """`reasonrl_fast.merge` on the session's shared run: FSDP2 shards of a FlowRL checkpoint into a
-Hugging Face directory that AutoModelForCausalLM loads, with the Z-head beside it."""
+Hugging Face directory that AutoModelForCausalLM loads, with the Z-head beside it; and, on a
+one-process checkpoint of the tiny model, which of the checkpoint's files merge reads."""
 
 import os
 import shutil
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -14,6 +16,8 @@ from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.ops import ZHead
 from reasonrl_fast.runtime import checkpoint as ckpt
+from reasonrl_fast.config import load_config
+from reasonrl_fast.models.tiny import tiny_model
 
 
 def test_merge_round_trip(trained_run, tmp_path):
@@ -54,3 +58,38 @@ def test_a_real_checkpoint_is_checked_by_content(trained_run, tmp_path):
         f.write(bytes([b[0] ^ 0x01]))
     with pytest.raises(ckpt.CheckpointError, match=rf"{shard.name} \(damaged"):
         merge(str(copy), str(tmp_path / "merged"))
+
+
+def tiny_checkpoint(out):
+    """checkpoint-1 of the tiny model as one process saves it: DCP shards, an RNG file, and
+    hf/ with the real tokenizer and config."""
+    tok = char_tokenizer()
+    model = tiny_model(load_config(None, []).model, len(tok), tok)
+    tmp = ckpt.tmp_path(str(out), 1)
+    dcp.save({"model": {f"lm.{k}": v for k, v in model.state_dict().items()}}, checkpoint_id=tmp, no_dist=True)
+    ckpt.save_rng(tmp, 0, torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))]),
+                                                            lambda s: 1.0))
+    return model, ckpt.finalize(tmp, {"step": 1, "run_id": "r", "world_size": 1}, tok, model.config, 0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_merge_reads_only_the_listed_tokenizer_and_config(tmp_path):
+    model, path = tiny_checkpoint(tmp_path / "run")
+    listed = [rel for rel in ckpt.read_state(path)["files"] if rel.startswith("hf/")]
+    assert "hf/config.json" in listed and "hf/tokenizer.json" in listed
+    # files the save did not write, which transformers would open by name: a link to a file
+    # outside the checkpoint (its text would become the merged model's chat template), a FIFO.
+    # Merge loads from a copy of the listed files only.
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the checkpoint's {{ messages }}")
+    os.symlink(secret, os.path.join(path, "hf", "chat_template.jinja"))
+    os.mkfifo(os.path.join(path, "hf", "added_tokens.json"))
+    merge(path, str(tmp_path / "merged"), trust=True)
+    assert not any("not the checkpoint's" in p.read_text() for p in (tmp_path / "merged").iterdir() if p.is_file()
+                   and p.suffix != ".safetensors")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    for name, p in merged.state_dict().items():
+        torch.testing.assert_close(p, model.state_dict()[name], rtol=0, atol=0)
+    text = "12+34=46"
+    assert load_tokenizer(str(tmp_path / "merged"))(text)["input_ids"] == char_tokenizer()(text)["input_ids"]

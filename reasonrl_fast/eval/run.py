@@ -12,11 +12,11 @@ import shutil
 import tempfile
 import time
 
-from reasonrl_fast.config import check_sandbox_timeout
+from reasonrl_fast.config import check_sandbox
 from reasonrl_fast.data.records import filter_long, load_records, prompt_ids
 from reasonrl_fast.errors import ConfigError, UserError
 from reasonrl_fast.eval.metrics import PromptResult, answer_key, maj_at_n, summarize
-from reasonrl_fast.models.loading import load_model_config, load_tokenizer
+from reasonrl_fast.models.loading import check_weights, load_model_config, load_tokenizer
 from reasonrl_fast.models.shape import check_context
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.math import extract_boxed, math_equal
@@ -47,7 +47,11 @@ def resolved_model(cfg, log=print):
                           "checkpoint-N (the eval command does not train one)")
     if not os.path.isdir(path):
         raise EvalError(f"model.path={path!r}: no such directory")
-    if not os.path.exists(os.path.join(path, ckpt.STATE)):
+    # lexists: a trainer_state.json that is a dangling link, a FIFO, ... still marks a checkpoint
+    # (which then names it), rather than a model directory lacking config.json
+    if not os.path.lexists(os.path.join(path, ckpt.STATE)):
+        if not os.path.lexists(os.path.join(path, "config.json")):
+            raise EvalError(not_a_model(path))
         yield path
         return
     check_checkpoint(path, cfg.trainer.trust_checkpoint, "trainer.trust_checkpoint=true", f"model.path={path!r}")
@@ -59,6 +63,20 @@ def resolved_model(cfg, log=print):
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+_CHECKPOINT_FILES = ".metadata, __R_0.distcp shards, rng_rankR.safetensors and hf/"
+
+
+def not_a_model(path: str) -> str:
+    """Why `path` (neither trainer_state.json nor config.json) cannot be evaluated: named as the
+    checkpoint it looks like (DCP's .metadata, a checkpoint-N folder) or as either kind."""
+    want = (f"a run's checkpoint-N holds trainer_state.json (the list of its files with their sizes and "
+            f"checksums), {_CHECKPOINT_FILES}; a Hugging Face model directory holds config.json")
+    if os.path.lexists(os.path.join(path, ".metadata")) or ckpt.is_checkpoint_name(path):
+        return (f"model.path={path!r}: a checkpoint without trainer_state.json (an unfinished or damaged "
+                f"save; use another checkpoint-N of the run): {want}")
+    return f"model.path={path!r}: neither trainer_state.json nor config.json: {want}"
 
 
 def is_embedded_model(tokenizer) -> bool:
@@ -96,7 +114,7 @@ def load_eval_set(cfg, tokenizer) -> list[dict]:
         except Exception as e:  # noqa: BLE001 - e.g. a damaged parquet file
             raise EvalError(f"eval.files: {path}: cannot be read ({type(e).__name__}: {e})") from None
         records += rows
-    check_sandbox_timeout(cfg, {r["data_source"] for r in records})
+    check_sandbox(cfg, {r["data_source"] for r in records})
     try:
         return filter_long(records, tokenizer, cfg.data.max_prompt_length, "eval.files")
     except ValueError as e:  # nothing left: every prompt was too long
@@ -144,6 +162,7 @@ def run(cfg, log=print) -> dict:
             from reasonrl_fast.rollout.vllm import check_vllm
 
             log(f"[eval] rollout: vLLM {check_vllm(config.architectures)}")
+        check_weights(model_dir, f"model.path={cfg.model.path!r}")  # before Ray, not in a worker
         from reasonrl_fast.eval.generate import generate_all  # imports ray
 
         responses = generate_all(cfg, model_dir, prompts, log)

@@ -7,12 +7,14 @@ command and by eval on a checkpoint.
 A checkpoint directory is trusted input, like any PyTorch checkpoint: torch.distributed.checkpoint's
 `.metadata` is a pickle, and loading it can run code. A checkpoint that other users could have
 written to is refused unless trusted, and one with a missing or damaged file (its size or CRC-32
-differs from what the save recorded) is refused naming the file."""
+differs from what the save recorded, or it is not a regular file) is refused naming the file.
+The config and tokenizer are read from a copy made through checkpoint.read_trusted."""
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -52,26 +54,40 @@ def check_checkpoint(ckpt: str, trust: bool, trust_hint: str = "--trust-checkpoi
         checkpoint.check_trusted(ckpt, trust_hint)
 
 
+def copy_hf(ckpt: str, dest: str) -> None:
+    """The config and tokenizer files trainer_state.json lists under hf/, copied into `dest`
+    through checkpoint.read_trusted (each capped at its listed size), so that transformers, which
+    opens files by name, reads our copy and never a FIFO, a device or a link of the checkpoint,
+    nor a file the save did not write."""
+    files, _ = checkpoint.file_list(checkpoint.read_state(ckpt))
+    for rel, size in files.items():
+        if rel.startswith("hf/"):
+            with open(os.path.join(dest, rel[len("hf/"):]), "wb") as f:
+                f.write(checkpoint.read_trusted(ckpt, rel, size))
+
+
 def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from reasonrl_fast.models.loading import load_tokenizer
 
-    hf = os.path.join(ckpt, "hf")
     check_checkpoint(ckpt, trust)
     tensors = load_model_tensors(ckpt)
     lm_sd = {k[len("lm."):]: v for k, v in tensors.items() if k.startswith("lm.")}
     z_sd = {k[len("proj_z."):]: v.contiguous() for k, v in tensors.items() if k.startswith("proj_z.")}
-    config = AutoConfig.from_pretrained(hf)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(lm_sd, strict=True, assign=True)
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise UserError(f"output directory {out_dir}: cannot be created ({e.strerror}: {e.filename})") from None
-    model.save_pretrained(out_dir, safe_serialization=True)
-    load_tokenizer(hf).save_pretrained(out_dir)
+    # kept until the tokenizer is saved: a tokenizer may copy its files from where it was loaded
+    with tempfile.TemporaryDirectory(prefix="reasonrl_hf_") as hf:
+        copy_hf(ckpt, hf)
+        config = AutoConfig.from_pretrained(hf)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict(lm_sd, strict=True, assign=True)
+        model.save_pretrained(out_dir, safe_serialization=True)
+        load_tokenizer(hf, f"{ckpt}/hf").save_pretrained(out_dir)
     if z_sd:
         os.makedirs(os.path.join(out_dir, ZHEAD_DIR), exist_ok=True)
         save_file(z_sd, os.path.join(out_dir, ZHEAD_DIR, "proj_z.safetensors"))

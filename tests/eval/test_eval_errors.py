@@ -2,6 +2,7 @@
 (a few seconds; the CLI case starts one Python process)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,8 @@ from reasonrl_fast.eval.run import EvalError, load_eval_set, resolved_model
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.runtime.checkpoint import CheckpointError
 from reasonrl_fast.config import ConfigError, load_config
+from tests.helpers.ckpt import cli_error, fake_checkpoint, memory_cap
+from tests.helpers.model_dirs import model_dir
 
 
 def test_k_larger_than_n():
@@ -41,6 +44,32 @@ def test_model_path_empty_or_incomplete_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match=r"checkpoint-3.*missing or damaged: __0_0.distcp, rng_rank0.safetensors"):
         with resolved_model(load_config(None, [f"model.path={ck}"])):
             pass
+
+
+def test_checkpoint_without_trainer_state_names_it(tmp_path, capsys):
+    from reasonrl_fast.eval.__main__ import main
+
+    path = fake_checkpoint(tmp_path, 3, "r1")
+    os.remove(os.path.join(path, "trainer_state.json"))
+    err = cli_error(capsys, main, [f"model.path={path}"])
+    assert "a checkpoint without trainer_state.json" in err and ".metadata" in err and "rng_rank" in err
+    err = cli_error(capsys, main, [f"model.path={tmp_path}"])  # the run directory: neither kind
+    assert "neither trainer_state.json nor config.json" in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero"])
+def test_trainer_state_that_is_no_file_is_named_not_read(tmp_path, capsys, kind):
+    from reasonrl_fast.eval.__main__ import main
+
+    path = fake_checkpoint(tmp_path, 3, "r1")
+    state = os.path.join(path, "trainer_state.json")
+    os.remove(state)
+    os.mkfifo(state) if kind == "fifo" else os.symlink("/dev/zero", state)
+    with memory_cap():
+        err = cli_error(capsys, main, [f"model.path={path}"])
+    what = "a FIFO" if kind == "fifo" else "a symbolic link"
+    assert f"missing or damaged: trainer_state.json ({what}, not a regular file)" in err
 
 
 def _eval_set(files, *extra):
@@ -96,3 +125,16 @@ def test_no_files_needs_the_embedded_model(tmp_path):
         load_eval_set(load_config(None, []), OtherTokenizer())
     val = load_eval_set(load_config(None, ["data.val_size=5"]), char_tokenizer())
     assert len(val) == 5 and all(r["data_source"] == "addition" for r in val)
+
+
+def test_model_directory_without_weights_is_refused_before_ray(tmp_path, capsys, monkeypatch):
+    from reasonrl_fast.eval import generate
+    from reasonrl_fast.eval.__main__ import main
+
+    def no_ray(*a, **k):
+        raise AssertionError("eval reached Ray with a directory it cannot load")
+
+    monkeypatch.setattr(generate, "generate_all", no_ray)
+    path = model_dir(tmp_path / "m", "qwen2", weights=False)
+    err = cli_error(capsys, main, [f"model.path={path}", f"eval.output_dir={tmp_path / 'out'}"])
+    assert "the directory has no weights" in err and path in err

@@ -29,6 +29,7 @@ def test_save_records_a_checksum_per_file(tmp_path):
     state = ckpt.read_state(path)
     assert sorted(state["checksums"]) == sorted(state["files"])
     assert all(len(c) == 8 for c in state["checksums"].values())
+    assert all(ckpt.entry_ok(rel) for rel in state["files"])  # the names the load accepts
     assert ckpt.defects(path) == []
 
 

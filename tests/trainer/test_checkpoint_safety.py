@@ -1,16 +1,18 @@
-"""Checkpoints cannot run code, and resume / merge only read complete checkpoints that no other
-user could have written to."""
+"""Checkpoints cannot run code, resume / merge only read complete checkpoints that no other
+user could have written to, and nothing in a checkpoint makes them read a FIFO, a device, a link
+or a file outside it, or take a damaged RNG state whose checksum was recomputed."""
 
 import json
 import os
 import random
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
 
-from tests.helpers.ckpt import config, fake_checkpoint, scheduler
+from tests.helpers.ckpt import cli_error, config, fake_checkpoint, memory_cap, relist, scheduler
 from reasonrl_fast.runtime import checkpoint as ckpt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -150,3 +152,132 @@ def test_merge_refuses_untrusted_and_incomplete(tmp_path, capsys):
     with pytest.raises(SystemExit):
         merge.main(["--help"])
     assert "trusted input" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- what a checkpoint may make us read
+
+def _fifo(path, name=ckpt.STATE):
+    os.remove(os.path.join(path, name))
+    os.mkfifo(os.path.join(path, name))
+
+
+@pytest.mark.timeout(30)
+def test_fifo_trainer_state_is_named_not_waited_on(tmp_path, capsys):
+    from reasonrl_fast import merge
+
+    path = fake_checkpoint(tmp_path, 2, "r1")
+    _fifo(path)
+    warnings = []
+    assert ckpt.resolve_resume(str(tmp_path), "auto", warn=warnings.append) is None
+    assert "trainer_state.json (a FIFO, not a regular file)" in warnings[0]
+    with pytest.raises(ckpt.CheckpointError, match=r"trainer_state\.json \(a FIFO"):
+        ckpt.prepare_run(config(tmp_path, f"trainer.resume={path}"))
+    err = cli_error(capsys, merge.main, [path, str(tmp_path / "out")])
+    assert "trainer_state.json (a FIFO, not a regular file)" in err
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_or_link_among_the_listed_files_is_not_read(tmp_path):
+    path = fake_checkpoint(tmp_path, 2, "r1")
+    with open(os.path.join(path, "rng_rank0.safetensors"), "rb") as f:
+        rng = f.read()
+    _fifo(path, "hf/config.json")
+    _fifo(path, "rng_rank0.safetensors")
+    assert ckpt.defects(path) == [f"{rel} (a FIFO, not a regular file)"
+                                  for rel in ("hf/config.json", "rng_rank0.safetensors")]
+    with pytest.raises(ckpt.CheckpointError, match=r"rng_rank0\.safetensors: a FIFO, not a regular file"):
+        ckpt.load_rng(path, 0, scheduler())  # what a worker calls
+    os.remove(os.path.join(path, "hf/config.json"))
+    os.remove(os.path.join(path, "rng_rank0.safetensors"))
+    with open(os.path.join(path, "rng_rank0.safetensors"), "wb") as f:
+        f.write(rng)
+    # a folder on the way that is a link: the file behind it is not the checkpoint's
+    os.rename(os.path.join(path, "hf"), tmp_path / "elsewhere")
+    (tmp_path / "elsewhere" / "config.json").write_text("{}")
+    os.symlink(tmp_path / "elsewhere", os.path.join(path, "hf"))
+    assert ckpt.defects(path) == [f"{rel} (hf is a symbolic link, not a folder)"
+                                  for rel in ("hf/config.json", "hf/tokenizer.json")]
+
+
+@pytest.mark.timeout(60)
+def test_trainer_state_linked_to_dev_zero_is_not_read(tmp_path, capsys):
+    from reasonrl_fast import merge
+
+    path = fake_checkpoint(tmp_path, 2, "r1")
+    os.remove(os.path.join(path, ckpt.STATE))
+    os.symlink("/dev/zero", os.path.join(path, ckpt.STATE))
+    with memory_cap():
+        assert ckpt.defects(path) == ["trainer_state.json (a symbolic link, not a regular file)"]
+        err = cli_error(capsys, merge.main, [path, str(tmp_path / "out"), "--trust-checkpoint"])
+    assert "trainer_state.json (a symbolic link" in err
+
+
+@pytest.mark.parametrize("outside", ["relative", "absolute"])
+def test_a_listed_file_outside_the_checkpoint_is_refused_unread(tmp_path, capsys, outside):
+    from reasonrl_fast import merge
+
+    path = fake_checkpoint(tmp_path, 2, "r1")
+    target = "/etc/passwd"
+    rel = os.path.relpath(target, path) if outside == "relative" else target
+    relist(path, rel, crc="00000000")  # its true size: only a read would tell it apart
+    with open(target, "rb") as f:
+        secret = f.read()
+    err = cli_error(capsys, merge.main, [path, str(tmp_path / "out")])
+    assert f"`files` entry {rel!r} is not a file name in the checkpoint" in err
+    assert f"{zlib.crc32(secret):08x}" not in err and secret.split(b"\n")[0].decode() not in err
+    with pytest.raises(ckpt.CheckpointError, match="is not a file name in the checkpoint"):
+        ckpt.resolve_resume(str(tmp_path), path)
+    for bad in ["", "hf/", "a/b", "hf/../x", "./x", "x\0y", "hf/sub/x"]:
+        assert not ckpt.entry_ok(bad), bad
+
+
+def _rng_file(torch_state=None, python=None, sched=None):
+    """An RNG file as save_rng writes it, with any of its parts replaced."""
+    from safetensors.torch import save
+
+    meta = {"python": json.dumps(random.getstate()), "sched": json.dumps(scheduler().state_dict())}
+    if python is not None:
+        meta["python"] = json.dumps(python)
+    if sched is not None:
+        meta["sched"] = json.dumps(sched)
+    return save({"torch": torch.get_rng_state() if torch_state is None else torch_state}, metadata=meta)
+
+
+@pytest.mark.parametrize("damage, named", [
+    (dict(torch_state=torch.zeros(16, dtype=torch.uint8)), "a uint8 tensor of 5056 values expected, found uint8 [16]"),
+    (dict(torch_state=torch.zeros(5056, dtype=torch.float32)), "found float32 [5056]"),
+    (dict(python=[3, [1, 2, 3], None]), "Python's random state must be"),
+    (dict(python=[3, [2**40] * 625, None]), "Python's random state must be"),
+    # the scheduler's state is checked against the worker's scheduler (the driver has none)
+    (dict(sched={"base_lrs": "0.1", "last_epoch": 0}), "sched.base_lrs: a list of 1 expected"),
+    (dict(sched={"base_lrs": [0.1], "last_epoch": "3"}), "sched.last_epoch: an integer expected"),
+    (dict(sched=[0.1]), "sched: an object expected"),
+])
+def test_rng_file_with_a_recomputed_checksum_is_checked_by_content(tmp_path, damage, named):
+    path = fake_checkpoint(tmp_path, 2, "r1")
+    relist(path, "rng_rank1.safetensors", _rng_file(**damage))
+    assert ckpt.defects(path) == []  # the checksums cannot see it
+    before, sched = torch.get_rng_state(), scheduler()
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load_rng(path, 1, sched)
+    assert str(e.value).startswith(os.path.join(path, "rng_rank1.safetensors") + ": not an RNG state file")
+    assert named in str(e.value) and "\n" not in str(e.value)
+    assert torch.equal(torch.get_rng_state(), before) and sched.state_dict() == scheduler().state_dict()
+    ckpt.load_rng(path, 0, sched)  # the other rank's file is intact
+    # the driver checks every rank's file before any worker starts, as far as it can
+    if "sched" in damage and isinstance(damage["sched"], dict):
+        assert ckpt.prepare_run(config(tmp_path))[0] == path
+    else:
+        with pytest.raises(ckpt.CheckpointError, match=r"rng_rank1\.safetensors: not an RNG state file"):
+            ckpt.prepare_run(config(tmp_path))
+
+
+def test_trainer_state_with_a_recomputed_checksum_is_checked_by_content(tmp_path):
+    path = fake_checkpoint(tmp_path, 2, "r1")
+    state = ckpt.read_state(path)
+    state["python_rng"] = [3, [0] * 10, None]
+    with open(os.path.join(path, ckpt.STATE), "w") as f:
+        json.dump(state, f)
+    with pytest.raises(ckpt.CheckpointError, match=r"trainer_state\.json: not what the trainer writes "
+                                                   r"\(Python's random state must be"):
+        ckpt.prepare_run(config(tmp_path))
