@@ -6,8 +6,10 @@ model directory's ModelPathError). The train command runs it first; the rehearsa
 on a machine without the weights or the data.
 
 Cheap first: the model's config (its shape, then its context against the prompt and response),
-the GenRM's context; then, on the user's machine, the data files, the reward function, the run
-directory and the tokenizer; then the fused LM head (the model built on the meta device), torchao
+the GenRM's context, packing forced on a family that cannot pack; then, on the user's machine,
+more nodes than a local instance has, the data files, the reward function, the run directory,
+the model's weight files and the tokenizer; then the model built on
+the meta device (a class the trainer cannot train, a head it cannot fuse), torchao
 for bf16 stochastic rounding and vLLM (imported). What needs the warm-started model (the data against its tokenizer) or the run
 directory's checkpoints stays in the trainer (trainer/loop.py)."""
 
@@ -27,7 +29,8 @@ def preflight(cfg, model_config=None, *, files: bool = True):
     `model_config`: the policy's `transformers.PretrainedConfig`; None reads model.path's
     config.json, or for the embedded tiny model (model.path empty) builds the config its model
     section gives. `files=False` skips what only the user's machine can answer: the data files,
-    the reward function, the run directory, the tokenizer's size and vLLM's install."""
+    the reward function, the run directory, the weight files, the tokenizer's size, vLLM's install
+    and trainer.nnodes against a local instance (a recipe names the nodes of its cluster)."""
     if model_config is None:
         model_config, source = _policy_config(cfg)
     else:
@@ -35,15 +38,29 @@ def preflight(cfg, model_config=None, *, files: bool = True):
     check_shape(model_config, source)
     check_context(cfg, model_config, source)
     _check_genrm(cfg)
+    if cfg.data.packing == "true":  # a model family whose attention cannot read packed rows
+        from reasonrl_fast.models.loading import config_packing_blocker, packing_refusal
+
+        blocker = config_packing_blocker(model_config)
+        if blocker:
+            raise packing_refusal(blocker)
     if files:
+        from reasonrl_fast.runtime.ray_cluster import check_local_nodes
+
+        check_local_nodes(cfg)  # a local instance is one node
         _check_files(cfg)
+        if cfg.model.path:  # weights the workers could load (the embedded model gets its own)
+            from reasonrl_fast.models.loading import check_weights
+
+            check_weights(cfg.model.path)
         vocab = _tokenizer_length(cfg)
         if vocab is not None:
             check_shape(model_config, source, vocab)
-    if cfg.model.fused_lm_head == "true":  # a head it cannot fuse
-        from reasonrl_fast.models.lm_head import check_model
+    # The model built on the meta device: a class the trainer cannot train (no decoder or output
+    # layer it can find), and with model.fused_lm_head=true a head it cannot fuse.
+    from reasonrl_fast.models.lm_head import check_model
 
-        check_model(cfg.model.fused_lm_head, model_config)
+    check_model(cfg.model.fused_lm_head, model_config)
     if cfg.optim.bf16_stochastic_round:  # torchao is an extra of its own: missing, say so now
         from reasonrl_fast.trainer.optim import stochastic_adamw
 

@@ -14,13 +14,18 @@ import torch
 
 from reasonrl_fast.models.loading import load_model, load_tokenizer, master_dtype
 from reasonrl_fast.rollout import make_rollout, sample_seeds
-from reasonrl_fast.runtime.ray_cluster import WorkerError, start_ray, stop_ray
+from reasonrl_fast.runtime.ray_cluster import WorkerError, gather, start_ray, stop_ray, user_error
 
 
 class Generator:
-    """One Ray actor: a rollout engine over the model at `model_path`."""
+    """One Ray actor: a rollout engine over the model at `model_path`, built by `setup` (not the
+    constructor: an error there reaches the driver only as text, a method's as itself)."""
 
     def __init__(self, cfg, model_path: str):
+        self.cfg, self.model_path = cfg, model_path
+
+    def setup(self) -> None:
+        cfg, model_path = self.cfg, self.model_path
         cuda = torch.cuda.is_available()
         if not cuda:
             torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
@@ -31,7 +36,8 @@ class Generator:
         dtype = torch.bfloat16 if auto and cuda else master_dtype(cfg.model.dtype)
         lm = (load_model(model_path, dtype, max_position_embeddings=cfg.model.max_position_embeddings).to(device)
               if cfg.rollout.backend == "hf" else None)
-        self.engine = make_rollout(cfg, lm, model_path, tok.pad_token_id, tok.eos_token_id, device, dtype)
+        self.engine = make_rollout(cfg, lm, model_path, tok.pad_token_id, tok.eos_token_id, device, dtype,
+                                   sequences=cfg.eval.prompts_per_batch * cfg.eval.n)  # one batch at once
         del lm  # the engine holds its own copy
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
@@ -64,6 +70,7 @@ def generate_all(cfg, model_path: str, prompts: list[list[int]], log=print) -> l
         count = max(1, min(count, len(batches)))
         remote = ray.remote(Generator)
         actors = [remote.options(**opts).remote(cfg, model_path) for _ in range(count)]
+        gather([a.setup.remote() for a in actors], "eval setup")  # a worker's UserError as itself
         t0 = time.perf_counter()
         log(f"[eval] {len(prompts)} prompts x {e.n} samples on {count} {'GPU' if gpus else 'CPU'} worker(s)")
         # An actor runs its calls one after another: batch b goes to actor b mod count.
@@ -77,6 +84,8 @@ def generate_all(cfg, model_path: str, prompts: list[list[int]], log=print) -> l
             except ray.exceptions.RayActorError as err:
                 raise WorkerError(f"eval worker {b % count} died: {_why(err)}") from err
             except ray.exceptions.RayTaskError as err:
+                if user_error(err) is not None:
+                    raise user_error(err) from None
                 raise WorkerError(f"eval worker {b % count} failed on batch {b}: "
                                       f"{getattr(err, 'cause', err)!r}") from err
         log(f"[eval] generated {len(out)} responses in {time.perf_counter() - t0:.1f}s")

@@ -51,15 +51,67 @@ def _configs(lm: nn.Module) -> list:
     return out
 
 
+def decoder_of(lm: nn.Module) -> nn.Module | None:
+    """The causal LM's decoder: the base model whose output's `last_hidden_state` is what the
+    head reads (after the last norm). Found through transformers' own API, so any layout works
+    (Llama's `model`, GPT-2's `transformer`, a multimodal model's `language_model`):
+    `get_decoder()`, else the sub-module `base_model_prefix` names. None when neither gives a
+    sub-module (get_decoder returns the model itself when it finds nothing)."""
+    found = None
+    get = getattr(lm, "get_decoder", None)
+    if callable(get):
+        try:
+            found = get()
+        except (AttributeError, NotImplementedError, ValueError, TypeError):
+            found = None
+    if not isinstance(found, nn.Module) or found is lm:
+        prefix = getattr(lm, "base_model_prefix", "") or ""
+        found = getattr(lm, prefix, None) if prefix else None
+    return found if isinstance(found, nn.Module) and found is not lm else None
+
+
+def head_of(lm: nn.Module) -> nn.Module | None:
+    """The causal LM's output layer (transformers' `get_output_embeddings()`, `lm_head` for most
+    models), or None."""
+    get = getattr(lm, "get_output_embeddings", None)
+    try:
+        head = get() if callable(get) else None
+    except (AttributeError, NotImplementedError):
+        head = None
+    return head if isinstance(head, nn.Module) else None
+
+
+def trainable_blocker(lm: nn.Module) -> str | None:
+    """Why the trainer cannot train `lm` (None: it can): it reads the final hidden states from
+    the decoder (fused head, Z-head) and runs the output layer on the positions it needs."""
+    name = type(lm).__name__
+    if head_of(lm) is None:
+        return f"{name} has no output layer (get_output_embeddings() gives none): not a causal LM with a head"
+    if decoder_of(lm) is None:
+        prefix = getattr(lm, "base_model_prefix", "") or ""
+        return (f"{name} exposes no decoder: get_decoder() gives the model itself and base_model_prefix "
+                f"{prefix!r} names no sub-module, so its final hidden states cannot be read")
+    return None
+
+
+def check_trainable(lm: nn.Module, what: str = "model.path") -> None:
+    """ConfigError (one line, naming the model class and what it lacks) for a model the trainer
+    cannot train; checked when the model is loaded, and on the meta device before Ray starts."""
+    blocker = trainable_blocker(lm)
+    if blocker is not None:
+        raise ConfigError(f"{what}: the trainer cannot train this model: {blocker}")
+
+
 def head_blocker(lm: nn.Module) -> str | None:
-    """Why `lm`'s logits are not `final hidden @ lm_head.weight.T` (None: they are)."""
-    head = getattr(lm, "lm_head", None)
-    if head is None or not hasattr(lm, "model"):
-        return f"{type(lm).__name__} has no `model` + `lm_head` pair"
+    """Why `lm`'s logits are not `final hidden @ head.weight.T` (None: they are)."""
+    untrainable = trainable_blocker(lm)
+    if untrainable is not None:
+        return untrainable
+    head = head_of(lm)
     if type(head) is not nn.Linear:  # a subclass (quantised, ...) may compute something else
-        return f"lm_head is a {type(head).__name__}, not a plain nn.Linear"
+        return f"the output layer is a {type(head).__name__}, not a plain nn.Linear"
     if head.bias is not None:
-        return "lm_head has a bias"
+        return "the output layer has a bias"
     for c in _configs(lm):
         for key in _SOFTCAP:
             if getattr(c, key, None) is not None:
@@ -92,7 +144,7 @@ def use_fused(setting: str, lm: nn.Module, device: torch.device, tokens: int) ->
         return True, "fused LM head on (model.fused_lm_head=true)"
     if device.type != "cpu":
         return True, f"fused LM head on (auto: {device.type})"
-    vocab = lm.lm_head.weight.shape[0]
+    vocab = head_of(lm).weight.shape[0]
     elements = tokens * vocab
     if elements >= FUSED_CPU_MIN_ELEMENTS:
         return True, f"fused LM head on (auto: {tokens} tokens x {vocab} vocabulary on CPU)"
@@ -102,15 +154,17 @@ def use_fused(setting: str, lm: nn.Module, device: torch.device, tokens: int) ->
 
 def check_model(setting: str, config) -> str | None:
     """Driver-side check before any worker starts: builds the model on the meta device from its
-    Hugging Face config (no weights, no memory) and applies `head_blocker`. Raises ConfigError
-    for 'true' and a head that is not plain; returns the fallback line for 'auto', else None."""
+    Hugging Face config (no weights, no memory), refuses a model the trainer cannot train
+    (`check_trainable`) and applies `head_blocker`. Raises ConfigError for those and, for 'true',
+    a head that is not plain; returns the fallback line for 'auto', else None."""
     setting = parse_setting(setting)
-    if setting == "false":
-        return None
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config)
+    check_trainable(lm)
+    if setting == "false":
+        return None
     blocker = head_blocker(lm)
     if blocker is not None and setting == "true":
         raise _refusal(blocker)

@@ -30,6 +30,22 @@ def check_model_dir(path: str, what: str | None = None) -> None:
                                 f"directory is expected; nothing is downloaded)")
 
 
+# The weight files `from_pretrained` reads (transformers.utils' SAFE_WEIGHTS_NAME, ...): one of
+# them, or a sharded checkpoint's index, must be in a model directory.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def check_weights(path: str, what: str | None = None) -> None:
+    """ModelPathError naming the directory when it holds no weights `load_model` could read.
+    Checked by the preflight, before the warm start and Ray, and again where a worker loads the
+    model (a glance at file names; the files themselves are read only there)."""
+    check_model_dir(path, what)
+    if not any(os.path.isfile(os.path.join(path, f)) for f in WEIGHT_FILES):
+        raise ModelPathError(f"{what or f'model.path={path!r}'}: the directory has no weights (none of "
+                             f"{', '.join(WEIGHT_FILES)}; a local Hugging Face model directory is expected)")
+
+
 def load_tokenizer(path: str, what: str | None = None):
     """AutoTokenizer, except for a plain `tokenizers` tokenizer (our character tokenizer):
     transformers 5 swaps in the model type's class (Qwen2Tokenizer for a qwen2 config.json),
@@ -57,7 +73,7 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, attn: str = "sdpa"
                max_position_embeddings: int | None = None):
     """The causal LM at `path`; `max_position_embeddings` (model.max_position_embeddings)
     replaces config.json's context when set (models/shape.py `context_overrides`)."""
-    check_model_dir(path)
+    check_weights(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn,
                                                 **context_overrides(max_position_embeddings))
 
@@ -110,14 +126,29 @@ masks for sdpa and eager, flash-attn's variable-length boundaries), checked agai
 forward in tests/trainer/test_packing.py."""
 
 
-def packing_blocker(model) -> str | None:
-    """Why a micro-batch of `model` cannot run as one packed row, or None when it can."""
-    c = model.config
+def config_packing_blocker(c) -> str | None:
+    """What in the model's config (a transformers config) rules packing out, or None: the part
+    of `packing_blocker` the preflight can judge before any model is loaded."""
     if c.model_type not in PACKED_FAMILIES:
         return f"model_type {c.model_type!r} is not one of {PACKED_FAMILIES}"
     if any(t != "full_attention" for t in (getattr(c, "layer_types", None) or [])) or \
             (c.model_type == "mistral" and getattr(c, "sliding_window", None)):
         return "sliding-window attention"
+    return None
+
+
+def packing_refusal(blocker: str) -> ConfigError:
+    """data.packing=true on a model that cannot pack: one line, the same in preflight and worker."""
+    return ConfigError(f"data.packing=true: {blocker}; packed rows are not read right by this model "
+                       f"(set data.packing=auto or false)")
+
+
+def packing_blocker(model) -> str | None:
+    """Why a micro-batch of `model` cannot run as one packed row, or None when it can."""
+    c = model.config
+    blocker = config_packing_blocker(c)
+    if blocker:
+        return blocker
     impl = getattr(c, "_attn_implementation", None)
     if impl not in ("sdpa", "eager", "flash_attention_2", "flash_attention_3"):
         return f"attention implementation {impl!r}"
@@ -125,9 +156,18 @@ def packing_blocker(model) -> str | None:
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
-    """The transformer blocks FSDP shards one by one (Qwen2/Llama-style `model.model.layers`,
-    else any module whose class name ends with DecoderLayer)."""
-    inner = getattr(model, "model", None)
-    if inner is not None and hasattr(inner, "layers"):
-        return list(inner.layers)
-    return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    """The transformer blocks FSDP shards one by one: the modules whose classes the model lists
+    in transformers' `_no_split_modules` (Qwen2DecoderLayer, GPT2Block, ...: the units it keeps
+    whole across devices, as accelerate's and verl's FSDP wrap policies read them), the
+    outermost only; else any module whose class name ends with DecoderLayer. Empty when neither
+    finds one: the root unit then holds the whole model (correct, without the per-layer saving)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    found: list[torch.nn.Module] = []
+    inside: set[int] = set()  # modules under a block already found
+    for m in model.modules():
+        if id(m) in inside:
+            continue
+        if type(m).__name__ in names:
+            found.append(m)
+            inside.update(id(x) for x in m.modules())
+    return found or [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]

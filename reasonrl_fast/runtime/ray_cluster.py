@@ -27,6 +27,23 @@ class ClusterError(UserError, RuntimeError):
     """The Ray cluster cannot run this configuration: unreachable, too few nodes or resources."""
 
 
+def ray_address(cfg) -> str:
+    """The cluster the run joins: `trainer.ray_address`, else $RAY_ADDRESS; empty for a local
+    instance."""
+    return cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS", "")
+
+
+def check_local_nodes(cfg) -> None:
+    """ClusterError when the run would start a local instance (no cluster address) but asks for
+    more than one node: a local instance is one node. Cheap and without Ray, so the preflight
+    runs it before the warm start, and `start_ray` before ray.init."""
+    n = cfg.trainer.nnodes
+    if n > 1 and not ray_address(cfg):
+        raise ClusterError(f"trainer.nnodes={n}, but without trainer.ray_address or RAY_ADDRESS the run starts "
+                           f"a local Ray instance, which is one node: join a multi-node cluster "
+                           f"(trainer.ray_address=HOST:PORT) or set trainer.nnodes=1")
+
+
 def start_ray(cfg) -> bool:
     """Join `trainer.ray_address` / $RAY_ADDRESS, else start a local instance (no dashboard,
     every service on 127.0.0.1, ended with the driver). Returns True when we called ray.init
@@ -34,7 +51,8 @@ def start_ray(cfg) -> bool:
     if ray.is_initialized():
         return False
     key = "trainer.ray_address" if cfg.trainer.ray_address else "RAY_ADDRESS"
-    address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS", "")
+    address = ray_address(cfg)
+    check_local_nodes(cfg)
     # Workers import reasonrl_fast from the same place as the driver.
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
@@ -157,24 +175,38 @@ class WorkerError(RuntimeError):
         self.rank = rank
 
 
+def user_error(e: BaseException) -> UserError | None:
+    """The UserError a remote call raised, when `e` (from ray.get) carries one: Ray wraps a
+    worker's exception in a RayTaskError whose `cause` is the original (the class Ray makes
+    also derives from it). Every driver path that reads a worker's result unwraps it through
+    here, so a setting a worker finds wrong ends the run as the user's one line."""
+    for err in (getattr(e, "cause", None), e):
+        if isinstance(err, UserError):
+            return err
+    return None
+
+
 def as_completed(refs: list, what: str):
     """(rank, result) of one call per rank, in the order they finish, failing as soon as any
     rank fails. A plain ray.get on the list would wait for rank 0 first, and rank 0 may be
-    blocked in a collective with the dead rank until the collective timeout runs out."""
+    blocked in a collective with the dead rank until the collective timeout runs out. A
+    UserError a rank raised is raised as itself; any other failure is a WorkerError naming the
+    rank (with the traceback of its cause)."""
     rank_of = {ref: r for r, ref in enumerate(refs)}
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         r = rank_of[ready[0]]
         try:
-            yield r, ray.get(ready[0])
+            value = ray.get(ready[0])
         except ray.exceptions.RayActorError as e:
             raise WorkerError(f"worker rank {r} died during {what}: {str(e).splitlines()[0]}", rank=r) from e
         except ray.exceptions.RayTaskError as e:
-            cause = getattr(e, "cause", e)
-            if isinstance(cause, UserError):  # a setting a worker found wrong: the user's one line
-                raise cause from None
-            raise WorkerError(f"worker rank {r} failed during {what}: {cause!r}", rank=r) from e
+            mine = user_error(e)
+            if mine is not None:  # a setting a worker found wrong: the user's one line
+                raise mine.with_traceback(None) from None
+            raise WorkerError(f"worker rank {r} failed during {what}: {getattr(e, 'cause', e)!r}", rank=r) from e
+        yield r, value
 
 
 def gather(refs: list, what: str) -> list:

@@ -41,11 +41,18 @@ class Cluster:
                            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
                            ).remote(cfg, i, world, model_path)
             for i in range(world)]
-        addr, port = ray.get(self.workers[0].address.remote())
-        with self._engine_notes():
-            self.setup_info = gather([w.setup.remote(addr, port) for w in self.workers], "setup")[0]
-        # the workers' config, context override included: checkpoints save it as config.json
-        self.hf_config = load_model_config(model_path, cfg.model.max_position_embeddings)
+        try:
+            # Every call to the workers goes through `gather` (runtime/ray_cluster.py), which
+            # raises a worker's UserError as itself: a model directory without weights, a
+            # setting only the device can judge, a model the trainer cannot train.
+            addr, port = gather([self.workers[0].address.remote()], "startup")[0]
+            with self._engine_notes():
+                self.setup_info = gather([w.setup.remote(addr, port) for w in self.workers], "setup")[0]
+            # the workers' config, context override included: checkpoints save it as config.json
+            self.hf_config = load_model_config(model_path, cfg.model.max_position_embeddings)
+        except BaseException:
+            self.shutdown()  # the run ends here: its workers, placement group and Ray with it
+            raise
         self.world = world
         self._kept: list[range] | None = None  # each worker's samples of the step's rollout
 

@@ -8,19 +8,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from reasonrl_fast.models.lm_head import head_blocker
+from reasonrl_fast.models.lm_head import check_trainable, decoder_of, head_blocker, head_of
 from reasonrl_fast.ops import ZHead, linear_token_logprob, token_logprob
 from reasonrl_fast.util import shares
 
 
 class Actor(nn.Module):
-    """`lm` is a Hugging Face causal LM; `proj_z` (FlowRL) is attached before sharding so the
+    """`lm` is a Hugging Face causal LM of any layout: its decoder and output layer are found
+    through transformers' API (models/lm_head.py `decoder_of`, `head_of`), and a model without
+    them is refused here, in one line. `proj_z` (FlowRL) is attached before sharding so the
     same optimiser trains it and the TB loss reaches the backbone through log Z
     (docs/math.md §Z-head). `fused`: log-probs from the hidden states and the head weight,
     without logits (only for a plain linear head, see models/lm_head.py)."""
 
     def __init__(self, lm: nn.Module, zhead_layers: int = 0, fused: bool = False):
         super().__init__()
+        check_trainable(lm)
         self.lm = lm
         # In the LM's dtype: FSDP2 asks one dtype of every parameter a group holds, and the root
         # group holds the Z-head with the embeddings and the head (verl casts the actor after
@@ -34,6 +37,16 @@ class Actor(nn.Module):
         # A head whose logits the model's forward changes (soft-cap, scale) is run through that
         # forward, so the unfused log-probs are the model's own.
         self.plain_head = blocker is None
+
+    # Looked up on each use, not stored: a sub-module assigned here would be registered twice
+    # (under `lm.` and its own name) in the state dict, the checkpoints and FSDP's units.
+    @property
+    def decoder(self) -> nn.Module:
+        return decoder_of(self.lm)
+
+    @property
+    def head(self) -> nn.Module:
+        return head_of(self.lm)
 
     def forward(self, batch: dict, temperature: float = 1.0, entropy: bool = False, log_z: bool = False):
         """Returns (logprob [B, R], entropy [B, R] or None, log_z [B] or None) for the response
@@ -49,14 +62,14 @@ class Actor(nn.Module):
             if self.fused:
                 # Inside the root's forward FSDP2 has unsharded the head: a plain tensor here
                 # (the tied embedding when there is one), whose gradient FSDP reduces as usual.
-                w = self.lm.lm_head.weight
+                w = self.head.weight
                 if hasattr(w, "full_tensor"):
                     raise RuntimeError("fused LM head: lm_head.weight is still sharded in the "
                                        "forward; shard the head with the root module")
                 res = linear_token_logprob(hr, w, targets, temperature=temperature,
                                            return_entropy=entropy)
             else:
-                res = token_logprob(self.lm.lm_head(hr), targets, temperature=temperature,
+                res = token_logprob(self.head(hr), targets, temperature=temperature,
                                     return_entropy=entropy)
         else:
             h, logits = self._model_logits(batch, targets.shape[1])
@@ -75,10 +88,10 @@ class Actor(nn.Module):
         if self.plain_head:
             h = self._hidden(batch).flatten(0, 1)  # the rows end to end
             if self.fused:
-                res = linear_token_logprob(h[at], self.lm.lm_head.weight, targets, temperature=temperature,
+                res = linear_token_logprob(h[at], self.head.weight, targets, temperature=temperature,
                                            return_entropy=entropy)
             else:
-                res = token_logprob(self.lm.lm_head(h[at]), targets, temperature=temperature,
+                res = token_logprob(self.head(h[at]), targets, temperature=temperature,
                                     return_entropy=entropy)
         else:
             h, logits = self._model_logits(batch, 0)  # logits of every row position
@@ -93,23 +106,23 @@ class Actor(nn.Module):
         return lp, ent, z
 
     def _hidden(self, batch: dict) -> torch.Tensor:
-        """Final hidden states (after the last norm), without running the head."""
+        """Final hidden states (after the last norm), from the decoder, without running the head."""
         # A packed row has no attention mask: transformers then builds the block-diagonal one
         # (or flash-attn's variable-length boundaries) from the restarting position ids.
-        out = self.lm.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                            position_ids=batch["position_ids"], use_cache=False)
+        out = self.decoder(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                           position_ids=batch["position_ids"], use_cache=False)
         return out.last_hidden_state
 
     def _model_logits(self, batch: dict, r: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(final hidden states, logits of the positions predicting the r response tokens) from
         the causal LM's own forward, so its logit transforms apply; the hidden states are caught
-        on the way out of the base model (the Z-head reads them)."""
+        on the way out of the decoder (the Z-head reads them)."""
         caught = {}
 
         def hook(_module, _args, out):
             caught["h"] = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
-        handle = self.lm.model.register_forward_hook(hook)
+        handle = self.decoder.register_forward_hook(hook)
         try:
             out = self.lm(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                           position_ids=batch["position_ids"], use_cache=False, logits_to_keep=r + 1 if r else 0)

@@ -15,6 +15,7 @@ import time
 import torch
 
 from reasonrl_fast.config import config_hash
+from reasonrl_fast.models.lm_head import decoder_of, head_of
 from reasonrl_fast.models.tiny import char_tokenizer, tiny_context, tiny_model
 from reasonrl_fast.ops import token_logprob
 from reasonrl_fast.tasks import get_task
@@ -81,9 +82,9 @@ def _train(model, tok, cfg, log):
             prompts.append(tok(prompt)["input_ids"])
             responses.append(tok(response)["input_ids"] + [tok.eos_token_id])
         batch = make_batch(prompts, responses, tok.pad_token_id, "cpu")
-        h = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        position_ids=batch["position_ids"]).last_hidden_state
-        logits = model.lm_head(h[:, batch["prompt_len"] - 1:-1])
+        h = decoder_of(model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              position_ids=batch["position_ids"]).last_hidden_state
+        logits = head_of(model)(h[:, batch["prompt_len"] - 1:-1])
         lp = token_logprob(logits, batch["targets"])
         loss = -(lp.sum() / batch["response_mask"].sum())
         opt.zero_grad(set_to_none=True)

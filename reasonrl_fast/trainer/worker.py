@@ -17,10 +17,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from reasonrl_fast.algos import get_algo
 from reasonrl_fast.algos.correction import pool_sums
-from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.lm_head import use_fused
+from reasonrl_fast.models.lm_head import check_trainable, use_fused
 from reasonrl_fast.models.loading import (attention_implementation, enable_checkpointing, load_model, load_tokenizer,
-                                          master_dtype, packing_blocker)
+                                          master_dtype, packing_blocker, packing_refusal)
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer.fsdp import (compute_dtype, full_tensor, init_distributed, iter_full, rendezvous_socket,
@@ -32,6 +31,10 @@ from reasonrl_fast.trainer.schedule import advance, make_scheduler
 
 
 class Worker:
+    # The constructor only stores its arguments: what can fail on bad input (loading the model,
+    # a setting only the device can judge) runs in `setup`, a method call, whose exception Ray
+    # hands to the driver as itself (runtime/ray_cluster.py `as_completed`), while an error in
+    # an actor's constructor reaches it only as text.
     def __init__(self, cfg, rank: int, world: int, model_path: str):
         self.cfg, self.rank, self.world, self.model_path = cfg, rank, world, model_path
         if not torch.cuda.is_available():
@@ -57,6 +60,7 @@ class Worker:
         compute = compute_dtype(cfg.model.compute_dtype, master, self.device, self.sharding)
         attn, attn_msg = attention_implementation(self.device, compute)
         lm = load_model(self.model_path, master, attn, cfg.model.max_position_embeddings)
+        check_trainable(lm, f"model.path={self.model_path!r}")  # before anything is built on it
         self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id,
                                     self.device, compute, engine_log(cfg, self.rank), log=self._log)
         self.packed, self.one_row, pack_msg = use_packing(cfg.data.packing, lm)
@@ -241,7 +245,7 @@ def use_packing(setting: str, lm) -> tuple[bool, bool, str]:
     longest sequence (policy.make_packed_batch says why)."""
     blocker = packing_blocker(lm)
     if setting == "true" and blocker:
-        raise ConfigError(f"data.packing=true: {blocker}; packed rows are not read right by this model")
+        raise packing_refusal(blocker)
     if setting == "false" or blocker:
         return False, False, f"packing: off ({'data.packing=false' if setting == 'false' else blocker})"
     if lm.config._attn_implementation.startswith("flash_attention"):

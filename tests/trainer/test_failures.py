@@ -1,5 +1,7 @@
 """Failures that used to pass silently or hang: non-finite rewards (the step was thrown away on
-every rank), a dead worker (the driver waited for the collective timeout)."""
+every rank), a dead worker (the driver waited for the collective timeout); and bad input found
+late, which ends the run as one line and exit 2: more nodes than a local instance has (before
+Ray starts), a model a worker cannot load or pack (raised in the worker)."""
 
 import glob
 import math
@@ -10,6 +12,7 @@ import time
 import pytest
 
 from tests.helpers.train import read_metrics
+from tests.helpers.model_dirs import model_dir
 from reasonrl_fast.trainer.loop import finite_rewards
 
 
@@ -88,3 +91,47 @@ def test_worker_killed_mid_run_ends_the_run_naming_its_rank(train, tmp_path):
     assert p.returncode != 0 and re.search(r"worker rank [01] died during (generate|train_step)", p.stderr), \
         p.stderr[-3000:]
     assert time.time() - t < 200  # not the collective timeout
+
+
+def test_more_nodes_than_a_local_instance_is_refused_before_ray_starts(monkeypatch, tmp_path, capsys):
+    import ray
+
+    from reasonrl_fast import train
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("ray.init was called")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    path = model_dir(tmp_path / "model", "qwen2")
+    out = tmp_path / "run"
+    capsys.readouterr()  # save_pretrained's progress bar
+    with pytest.raises(SystemExit) as e:
+        train.main([f"model.path={path}", "trainer.nnodes=3", f"trainer.output_dir={out}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: trainer.nnodes=3, but without trainer.ray_address"), err
+    assert "one node" in err and not out.exists()  # before the run directory, the warm start and Ray
+
+
+def test_a_model_a_worker_refuses_ends_the_run_in_one_line(ray_local, tmp_path, capsys):
+    """Raised in the worker's setup (the preflight refuses both earlier; a cluster's other
+    callers and a directory changed after the preflight have only the worker's check): the
+    driver prints the worker's UserError as one line, exits 2, and leaves no worker or
+    placement group behind."""
+    from reasonrl_fast import cli
+    from reasonrl_fast.config import load_config
+    from reasonrl_fast.trainer.cluster import Cluster
+
+    cases = [(model_dir(tmp_path / "bare", "qwen2", weights=False), [], r"model\.path=.*bare.*has no weights"),
+             (model_dir(tmp_path / "gpt2"), ["data.packing=true"], r"data\.packing=true: model_type 'gpt2'")]
+    capsys.readouterr()  # save_pretrained's progress bar
+    for path, extra, want in cases:
+        cfg = load_config(None, ["trainer.workers_per_node=1", f"model.path={path}", *extra])
+        with pytest.raises(SystemExit) as e:
+            cli.main(lambda argv: Cluster(cfg, path), [])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and re.match("error: " + want, err), err
+    groups = ray_local.util.placement_group_table().values()
+    assert groups and all(g["state"] == "REMOVED" for g in groups)

@@ -185,11 +185,14 @@ def test_unreachable_ray_address_fails_naming_it(monkeypatch):
 
 
 def test_more_nodes_than_the_cluster_has_fails_fast():
-    """trainer.nnodes=2 on a local (one-node) instance: an error naming both numbers, long before
-    the placement group's timeout."""
+    """trainer.nnodes=2 on a running one-node cluster: an error naming both numbers, long before
+    the placement group's timeout. (Without a cluster, the run refuses before starting a local
+    instance: tests/trainer/test_failures.py.)"""
     code = (
         "from reasonrl_fast.runtime.ray_cluster import ClusterError\nfrom reasonrl_fast.trainer.cluster import Cluster\n"
         "from reasonrl_fast.config import load_config\n"
+        "import ray\n"
+        "ray.init(num_cpus=1, include_dashboard=False, _node_ip_address='127.0.0.1', log_to_driver=False)\n"
         "try:\n"
         "    Cluster(load_config(None, ['trainer.nnodes=2', 'trainer.workers_per_node=1']), '/nonexistent')\n"
         "except ClusterError as e:\n"
