@@ -12,9 +12,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
+import re
+import stat
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, get_type_hints
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -113,6 +116,9 @@ class ModelConfig(_Checks):
     def check(self, at: str = "model.") -> None:
         self._one_of(at, "dtype", ("auto", "float32", "bfloat16"))
         self._one_of(at, "compute_dtype", ("auto", "float32", "bfloat16"))
+        # the embedded model's sizes: transformers' own config check would stop a count below 1
+        # with a message that names none of them
+        self._positive(at, "hidden_size", "num_layers", "num_heads", "intermediate_size")
         self.fused_lm_head = parse_setting(self.fused_lm_head)
         if self.max_position_embeddings is not None:
             self._positive(at, "max_position_embeddings")
@@ -215,10 +221,16 @@ class RolloutConfig(_Checks):
     val_n: int = 1
     """Samples per validation prompt."""
     gpu_memory_utilization: Optional[float] = None
-    """vllm only: the fraction of the device's memory the engine may take, weights and KV cache
-    (vLLM's own option). On CPU vLLM reads it as the fraction of host memory for its KV cache.
-    Unset: 0.5 on a GPU (the trainer's shard and optimiser share it, the engine sleeps during the
-    update), 0.05 per engine on CPU (room for the trainer beside several engines)."""
+    """vllm on a GPU only: the fraction of the device's memory the engine may take, weights and KV
+    cache (vLLM's own option). Unset: 0.5 (the trainer's shard and optimiser share the rest, the
+    engine sleeps during the update). Ignored when kv_cache_memory_bytes is set, and on CPU."""
+    kv_cache_memory_bytes: Optional[int] = None
+    """vllm only: the engine's KV cache in bytes (vLLM's own option). Unset: on CPU, what the
+    rollout batch needs at its longest (each worker's prompts x rollout.n sequences of
+    data.max_prompt_length + rollout.max_new_tokens tokens; rollout/vllm.py `kv_cache_bytes`,
+    which `python -m reasonrl_fast.plan --device cpu` shows); on a GPU, gpu_memory_utilization
+    decides. Fewer bytes make vLLM queue the sequences that do not fit; at least one full-length
+    sequence must."""
     sync_every: int = 1
     """Load the policy's weights into the rollout engine every this many steps. 1: every sample
     is drawn from the current policy. k > 1 leaves the engine up to k - 1 updates behind (a
@@ -241,6 +253,8 @@ class RolloutConfig(_Checks):
                 _fail(f"{at}{name}", value, "must be in (0, 1]")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             _fail(f"{at}gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
+        if self.kv_cache_memory_bytes is not None:
+            self._positive(at, "kv_cache_memory_bytes")
 
     def val_sampling(self) -> tuple[float, float]:
         """(temperature, top-p) of validation samples: the one place val_top_p falls back to
@@ -422,8 +436,8 @@ class OptimConfig(_Checks):
     parameter shape at the first step (a few seconds each)."""
 
     def check(self, at: str = "optim.") -> None:
-        self._positive(at, "mini_batch_prompts")
-        self._not_negative(at, "micro_batch_tokens", "warmup_steps")
+        self._positive(at, "mini_batch_prompts", "grad_clip")
+        self._not_negative(at, "micro_batch_tokens", "warmup_steps", "lr", "weight_decay")
 
 
 @dataclass
@@ -550,6 +564,7 @@ class Config(_Checks):
 
 def validate(cfg: Config) -> Config:
     """Each section's checks, then the rules that tie sections together."""
+    _check_finite(cfg)
     cfg.check()
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
     p = cfg.data.prompts_per_step
@@ -561,7 +576,7 @@ def validate(cfg: Config) -> Config:
     check_bf16_lr(cfg)
     if not cfg.data.train_files:  # the embedded task: its scorer's sandbox limit, its own limits
         task = get_task(cfg.data.task)
-        check_sandbox_timeout(cfg, [task.source])
+        check_sandbox(cfg, [task.source])
         task.check_config(cfg)
     return cfg
 
@@ -603,18 +618,23 @@ def check_bf16_lr(cfg: Config) -> None:
 SANDBOX_SHARE = 3
 
 
-def check_sandbox_timeout(cfg: Config, data_sources) -> None:
-    """ConfigError when reward.sandbox_timeout_s is not below reward.timeout_s and one of
-    `data_sources` is scored in the sandbox (the default routing, a code source)."""
+def check_sandbox(cfg: Config, data_sources) -> None:
+    """When one of `data_sources` is scored in the code sandbox (the default routing, a code
+    source): a ConfigError when reward.sandbox_timeout_s is not below reward.timeout_s, and the
+    UserError of a sandbox this machine cannot build (no libseccomp for its filter), now rather
+    than as a reward error on every sample."""
     r = cfg.reward
-    if cfg.data.reward_fn or r.sandbox_timeout_s < r.timeout_s:
+    code = None if cfg.data.reward_fn else next((s for s in set(data_sources) if scorer_for(s) == "code"), None)
+    if code is None:
         return
-    code = next((s for s in set(data_sources) if scorer_for(s) == "code"), None)
-    if code is not None:
+    if r.sandbox_timeout_s >= r.timeout_s:
         raise ConfigError(f"reward.sandbox_timeout_s={r.sandbox_timeout_s} must be below "
                           f"reward.timeout_s={r.timeout_s}: {code!r} records run in the code sandbox, "
                           f"which must report a slow program before the pool's limit kills its worker "
                           f"(leave reward.sandbox_timeout_s unset for a third of reward.timeout_s)")
+    from reasonrl_fast.rewards.seccomp_filter import filter_bpf
+
+    filter_bpf()
 
 
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -625,10 +645,12 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         if path:
             merged.append(_load_yaml(path))
         if overrides:
-            bad = [o for o in overrides if "=" not in o]
-            if bad:
-                raise ConfigError(f"overrides must be key=value, got {bad}")
+            for o in overrides:
+                _check_override(o)
             merged.append(OmegaConf.from_dotlist(list(overrides)))
+        for raw in merged[1:]:  # before OmegaConf reads 2 or "yes" as true
+            _check_bools(OmegaConf.to_container(raw, resolve=False), Config)
+            _check_sections(OmegaConf.to_container(raw, resolve=False), Config)
         cfg = OmegaConf.merge(*merged)
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -636,6 +658,62 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         msg = str(e).splitlines()[0]
         raise ConfigError(f"config key {key!r}: {msg}" if key else msg) from None
     return validate(obj)
+
+
+def _check_finite(section, at: str = "") -> None:
+    """Every number a finite one. A section's range checks compare (lr > 0, temperature > 0),
+    and inf passes those while nan fails none of `not x < 0`: no setting means either."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, f"{at}{f.name}.")
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                _fail(f"{at}{f.name}", value, "must be a finite number")
+
+
+def _check_bools(raw, cls, at: str = "") -> None:
+    """A bool setting takes true or false (YAML's, or the words quoted) and nothing else.
+    OmegaConf alone reads any number but 0, "yes", "on", "y" and "1" as true: a value meant
+    for another key, or a count, would switch the setting on without a word. (int and float
+    settings already refuse a bool.)"""
+    if not isinstance(raw, dict):
+        return
+    hints = get_type_hints(cls)
+    for key, value in raw.items():
+        kind = hints.get(key)
+        if kind is None:  # an unknown key: the merge names it
+            continue
+        if dataclasses.is_dataclass(kind):
+            _check_bools(value, kind, f"{at}{key}.")
+        elif kind is bool and not isinstance(value, bool) and not (
+                isinstance(value, str) and (value.lower() in ("true", "false") or value.startswith("${"))):
+            _fail(f"{at}{key}", value, "must be true or false")
+
+
+# A dotted key: names joined by dots (OmegaConf would read `a..b` or `=v` as a key '' of some section)
+_OVERRIDE_KEY = re.compile(r"\w+(\.\w+)*")
+
+
+def _check_override(override: str) -> None:
+    """A ConfigError unless `override` is `dotted.key=value` (the value may be empty: null)."""
+    key, eq, _ = override.partition("=")
+    if not eq or not _OVERRIDE_KEY.fullmatch(key):
+        raise ConfigError(f"override {override!r}: expected key=value with a dotted key, such as trainer.steps=3")
+
+
+def _check_sections(raw, cls, at: str = "") -> None:
+    """A section (model, trainer, fapo.genrm, ...) is given as a mapping of its settings: a lone
+    value in its place (`trainer=5`) is named here, where OmegaConf's merge names no key."""
+    if not isinstance(raw, dict):
+        return
+    hints = get_type_hints(cls)
+    for key, value in raw.items():
+        kind = hints.get(key)
+        if kind is not None and dataclasses.is_dataclass(kind):
+            if value is not None and not isinstance(value, dict):
+                _fail(f"{at}{key}", value, f"a section, not a value: give its settings ({at}{key}.NAME=VALUE)")
+            _check_sections(value, kind, f"{at}{key}.")
 
 
 def _load_yaml(path: str) -> DictConfig:
@@ -647,6 +725,12 @@ def _load_yaml(path: str) -> DictConfig:
         raise ConfigError(f"{where}: no such file{hint}")
     if os.path.isdir(path):
         raise ConfigError(f"{where} is a directory, not a YAML file")
+    try:  # a FIFO or a device would block the read, or never end it: refused before it is opened
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot be read ({e.strerror})") from None
+    if not regular:
+        raise ConfigError(f"{where} is not a regular file (a FIFO, socket or device): give a YAML file")
     try:
         loaded = OmegaConf.load(path)
     except yaml.YAMLError as e:
@@ -659,6 +743,9 @@ def _load_yaml(path: str) -> DictConfig:
         raise ConfigError(f"{where}: cannot be read ({e.strerror})") from None
     if not isinstance(loaded, DictConfig):
         raise ConfigError(f"{where}: {_NOT_SECTIONS}, got a list")
+    if not loaded:  # an empty or truncated file is more likely a mistake than a wish for the defaults
+        raise ConfigError(f"{where} is empty (no settings): give its sections, or leave the file out for "
+                          f"the defaults")
     return loaded
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import sys
 from dataclasses import dataclass, field
 
@@ -310,10 +311,16 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     # the rollout engine
     rows = len(shares(cfg.data.prompts_per_step, world)[0]) * cfg.rollout.n
     seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    eb = 2 if gpu else b  # vLLM's dtype on a GPU is bf16; on CPU the weights'
+    eb = 2 if gpu else c  # vLLM's dtype: bf16 on a GPU, on CPU the trainer's compute dtype (rollout/__init__.py)
     if cfg.rollout.backend == "vllm":
-        if gpu:
-            util = cfg.rollout.gpu_memory_utilization or 0.5
+        from reasonrl_fast.rollout.vllm import GPU_UTILIZATION, kv_cache_bytes
+
+        set_bytes = cfg.rollout.kv_cache_memory_bytes
+        if set_bytes is not None and set_bytes < kv_bytes(s, 1, seq, eb):
+            est.problems.append(f"rollout.kv_cache_memory_bytes={set_bytes} holds less than one {seq}-token "
+                                f"sequence's KV cache ({kv_bytes(s, 1, seq, eb)} bytes): vLLM would not start")
+        if gpu and set_bytes is None:
+            util = cfg.rollout.gpu_memory_utilization or GPU_UTILIZATION
             engine = util * memory_gib
             need = _gib(lm * eb + kv_bytes(s, 1, seq, eb)) + VLLM_OVERHEAD_GIB
             room = engine - _gib(lm * eb) - VLLM_OVERHEAD_GIB
@@ -325,10 +332,18 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
                                     f"weights, one {seq}-token sequence's KV cache and ~{VLLM_OVERHEAD_GIB:g} GiB "
                                     f"of overhead need {need:.1f} GiB: set it to at least "
                                     f"{need / memory_gib + 0.005:.2f}")
-        else:
-            util = cfg.rollout.gpu_memory_utilization or 0.05
-            engine = _gib(lm * eb) + util * host_memory_gib()
-            add(Term("vLLM engine", engine, engine, f"weights + {util:g} of host memory (no sleep on CPU)", "engine"))
+        else:  # the KV cache in bytes, as the worker sizes it (rollout/__init__.py make_rollout)
+            kv = kv_cache_bytes(cfg, (s.layers, s.kv_heads, s.head_dim), eb)
+            what = ("rollout.kv_cache_memory_bytes" if set_bytes is not None
+                    else f"{rows} sequences x {seq} tokens, in blocks")
+            if gpu:
+                engine = _gib(lm * eb + kv) + VLLM_OVERHEAD_GIB
+                add(Term("vLLM engine", engine, 0, f"weights + {_gib(kv):.2f} GiB KV cache ({what}) + "
+                         f"~{VLLM_OVERHEAD_GIB:g} GiB; asleep in the update", "engine"))
+            else:
+                engine = _gib(lm * eb + kv)
+                add(Term("vLLM engine", engine, engine, f"weights + {_gib(kv):.3g} GiB KV cache ({what}); "
+                         f"no sleep on CPU", "engine"))
         if mode == "fsdp":
             add(Term("weight sync buckets", _gib(2 * SYNC_BUCKET), 0, "one bucket gathered + its full tensors"))
     else:
@@ -386,9 +401,16 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
         elif term.knob == "logits" and phase == "update" and cfg.model.fused_lm_head != "true":
             if fits_with(model__fused_lm_head="true").fits:
                 return out + ["set model.fused_lm_head=true"]
+        elif (term.knob == "engine" and phase == "rollout" and cfg.rollout.backend == "vllm"
+              and cfg.rollout.kv_cache_memory_bytes is not None):
+            kv = cfg.rollout.kv_cache_memory_bytes - int((est.rollout - limit) * GIB) - 2 ** 20
+            if kv > 0 and fits_with(rollout__kv_cache_memory_bytes=kv).fits:
+                return out + [f"lower rollout.kv_cache_memory_bytes to {kv}"]
         elif term.knob == "engine" and phase == "rollout" and cfg.rollout.backend == "vllm" and device == "gpu":
+            from reasonrl_fast.rollout.vllm import GPU_UTILIZATION
+
             over = est.rollout - limit
-            util = (cfg.rollout.gpu_memory_utilization or 0.5) - over / est.memory_gib
+            util = (cfg.rollout.gpu_memory_utilization or GPU_UTILIZATION) - over / est.memory_gib
             if fits_with(rollout__gpu_memory_utilization=round(util - 0.005, 2)).fits:
                 return out + [f"lower rollout.gpu_memory_utilization to {util - 0.005:.2f}"]
         elif term.knob == "states":
@@ -432,6 +454,17 @@ def gpu_overrides(value: str) -> list[str]:
     return [f"trainer.nnodes={max(1, n // 8)}", f"trainer.workers_per_node={min(n, 8)}"]
 
 
+def gpu_memory(value: str) -> float:
+    """--gpu-memory-gb as a number: finite (inf would fit anything, nan nothing) and above 0."""
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = math.nan
+    if not (math.isfinite(gib) and gib > 0):
+        raise ConfigError(f"--gpu-memory-gb {value}: expected a finite number of GiB above 0 (80 for an 80 GB card)")
+    return gib
+
+
 def main(argv: list[str] | None = None) -> Estimate:
     return cli.main(_main, argv)
 
@@ -440,9 +473,10 @@ def _main(argv: list[str]) -> Estimate:
     p = _Parser(prog="python -m reasonrl_fast.plan", description=__doc__.splitlines()[2])
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] key=value ...")
     p.add_argument("--gpus", help="GPUs in all (sets trainer.nnodes and trainer.workers_per_node)")
-    p.add_argument("--gpu-memory-gb", type=float, default=None, help="memory per GPU in GiB (default 80)")
+    p.add_argument("--gpu-memory-gb", help="memory per GPU in GiB (default 80)")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value settings before, between or after the flags
+    given_mem = gpu_memory(a.gpu_memory_gb) if a.gpu_memory_gb is not None else None
     path = a.args[0] if a.args and "=" not in a.args[0] else None
     overrides = (a.args[1:] if path else a.args) + (gpu_overrides(a.gpus) if a.gpus is not None else [])
     cfg = load_config(path, overrides)
@@ -458,6 +492,7 @@ def _main(argv: list[str]) -> Estimate:
     else:
         from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_config
 
+        check_shape(tiny_config(cfg.model), TINY_SOURCE)  # as the trainer's preflight checks it
         s = tiny_shape(cfg.model)
         problems.append(context_problem(cfg, tiny_config(cfg.model), TINY_SOURCE))
     genrm = None
@@ -468,10 +503,10 @@ def _main(argv: list[str]) -> Estimate:
             print(note)
         genrm = shape_from_config(d, where)
         problems.append(genrm_context_problem(cfg, d, where))
-    mem = a.gpu_memory_gb if a.gpu_memory_gb is not None else (80.0 if a.device == "gpu" else
-                                                               host_memory_gib() / cfg.trainer.workers_per_node)
-    if mem <= 0:
-        raise ConfigError(f"--gpu-memory-gb {a.gpu_memory_gb}: must be > 0")
+    mem = given_mem if given_mem is not None else (80.0 if a.device == "gpu" else
+                                                   host_memory_gib() / cfg.trainer.workers_per_node)
+    if mem <= 0:  # --device cpu on a machine whose /proc/meminfo cannot be read
+        raise ConfigError("the host's memory is unknown (no /proc/meminfo): give --gpu-memory-gb")
     est = estimate(cfg, s, a.device, mem, genrm)
     est.problems += [p for p in problems if p]
     print(f"{cfg.algo} on {est.world} {'GPU' if a.device == 'gpu' else 'CPU worker'}"

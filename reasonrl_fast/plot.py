@@ -85,9 +85,13 @@ def plot(run_dirs: list[str], out: str, metrics: tuple[str, ...] = METRICS) -> l
     for ax in list(axes.flat)[len(drawn):]:
         ax.set_visible(False)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        fig.savefig(out, dpi=100)
+    except OSError as e:  # a file where its directory should be, no permission, a full disk
+        raise PlotError(f"--output {out}: cannot write the figure ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
     return drawn
 
 
@@ -128,14 +132,20 @@ def _main(argv: list[str]) -> None:
     p.add_argument("-o", "--output", required=True, help="PNG file to write")
     p.add_argument("--summary", metavar="FILE", help="also write a Markdown table of the runs (-: stdout)")
     args = p.parse_args(argv)
+    for flag, path in (("--output", args.output), ("--summary", args.summary)):
+        if path and path != "-" and os.path.isdir(path):  # matplotlib would write PATH.png beside it
+            raise PlotError(f"{flag} {path} is a directory: name the file to write")
     plot(args.run_dirs, args.output)
     table = summary(args.run_dirs) if args.summary else ""
     print(args.output)
     if args.summary == "-":
         print(table, end="")
     elif args.summary:
-        with open(args.summary, "w") as f:
-            f.write(table)
+        try:
+            with open(args.summary, "w") as f:
+                f.write(table)
+        except OSError as e:
+            raise PlotError(f"--summary {args.summary}: cannot write the table ({e.strerror or e})") from None
         print(args.summary)
 
 

@@ -341,7 +341,11 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
     scaled = scale(cfg, importlib.util.find_spec("vllm") is not None, prompt_tokens)
     f = length_factor(cfg, prompt_tokens)
     work = os.path.abspath(output_dir) if output_dir else tempfile.mkdtemp(prefix="reasonrl-rehearse-")
-    os.makedirs(work, exist_ok=True)
+    try:
+        os.makedirs(work, exist_ok=True)
+    except OSError as e:  # a file in its place, a parent that is a file, no permission
+        why = "a file is there" if os.path.exists(work) else e.strerror
+        raise RehearsalError(f"--output-dir {output_dir}: cannot be the rehearsal's directory ({why})") from None
     try:
         log(f"[rehearse] {config}: preflight passed against {where}; rehearsing in {work}")
         if "rollout.backend" in scaled:
@@ -392,7 +396,7 @@ def _main(argv: list[str]) -> dict:
     p.add_argument("overrides", nargs="*", help="key=value settings, applied before scaling")
     p.add_argument("--output-dir", help="keep the stand-in model, records and run here (default: a temporary "
                                         "directory, removed after a rehearsal that passes)")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value settings before, between or after the flags
     return rehearse(a.config, a.overrides, a.output_dir)
 
 

@@ -26,6 +26,7 @@ other reasonrl_fast module: setup.py loads it by file path before the package is
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -415,17 +416,19 @@ def private_runtime_problem(facts: dict) -> str | None:
 
 
 def main(argv: list | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in args) or len(args) > 1:
-        print(__doc__)
-        return 0 if args and args[0] in ("-h", "--help") else 2
+    p = argparse.ArgumentParser(prog="python -m reasonrl_fast.toolchain", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("library", nargs="?", help="a built _C.so whose ELF facts to add")
+    a = p.parse_args(sys.argv[1:] if argv is None else [str(x) for x in argv])
+    if a.library and not os.path.isfile(a.library):
+        p.error(f"{a.library}: no such file")
     try:  # the libstdc++ that matters is the one torch's libraries load
         import torch  # noqa: F401
     except ImportError:
         pass
     out = {"toolchain": describe()}
-    if args:
-        facts = elf_facts(args[0])
+    if a.library:
+        facts = elf_facts(a.library)
         out["elf"] = facts
         out["private_runtime_problem"] = private_runtime_problem(facts)
     print(json.dumps(out, indent=2))

@@ -195,6 +195,23 @@ def test_user_errors_share_one_base_and_print_one_line(capsys):
         cli.main(bug, [])
 
 
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    """A KeyboardInterrupt is the user's own act: `interrupted` and the shell's 128 + SIGINT, no
+    traceback, from the wrapper and from a command running through it."""
+    from reasonrl_fast import cli, plan
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(interrupted, [])
+    assert exit_.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    monkeypatch.setattr(plan, "estimate", lambda *a, **k: interrupted(a))
+    with pytest.raises(SystemExit) as exit_:
+        plan.main(["--device", "cpu", "--gpu-memory-gb", "8"])
+    assert exit_.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
 # Every `python -m` command, each given one bad argument: one line naming it, exit status 2.
 EVERY_CLI = [
     ("train", lambda t: ["reasonrl_fast.train", "algo=dapo", f"trainer.output_dir={t / 'run'}"],

@@ -2,6 +2,7 @@
 transformers, its activation bytes against what autograd saves, its CLI errors, the configs under
 configs/ fitting 80 GB GPUs, and (e2e) its CPU estimate against the peak a real run measures."""
 
+import json
 import os
 import subprocess
 import sys
@@ -200,6 +201,59 @@ def test_bad_gpu_counts_are_one_line(bad, capsys):
     assert e.value.code == 2 and err.startswith(f"error: --gpus {bad}:") and err.count("\n") == 1, err
 
 
+def _refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        plan.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, (e.value.code, err)
+    return err
+
+
+@pytest.mark.parametrize("flag", ["--gpu-memory-gb=inf", "--gpu-memory-gb=-inf", "--gpu-memory-gb=nan",
+                                  "--gpu-memory-gb=1e999", "--gpu-memory-gb=x", "--gpu-memory-gb=-1",
+                                  "--gpu-memory-gb=0", "--gpus=0", "--gpus=inf", "--gpus=1.5", "--gpus=true"])
+def test_numeric_flags_are_finite_and_positive(flag, capsys):
+    """inf memory fits anything and nan nothing: each is refused naming the flag and the value."""
+    name, value = flag.split("=")
+    assert f"error: {name} {value}: expected" in _refused([flag], capsys)
+
+
+@pytest.mark.parametrize("setting, says", [
+    ("model.hidden_size=-8", "model.hidden_size=-8"), ("model.hidden_size=0", "model.hidden_size=0"),
+    ("model.num_layers=0", "model.num_layers=0"), ("model.num_layers=-2", "model.num_layers=-2"),
+    ("model.num_heads=0", "model.num_heads=0"), ("model.intermediate_size=0", "model.intermediate_size=0"),
+    ("model.num_heads=3", "hidden_size=128 is not num_attention_heads=3 x a head size")])
+def test_an_impossible_embedded_shape_is_refused(setting, says, capsys):
+    """The embedded model's section, checked as the trainer's preflight checks it: never "fits"."""
+    assert says in _refused([setting], capsys)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("hidden_size", -64), ("hidden_size", 64.5), ("hidden_size", True), ("hidden_size", "64"), ("hidden_size", [64]),
+    ("num_attention_heads", 3), ("num_key_value_heads", 3), ("vocab_size", 0), ("intermediate_size", False),
+    ("num_hidden_layers", 0), ("max_position_embeddings", -1), ("head_dim", "16"),
+    ("tie_word_embeddings", "false"), ("attention_bias", "no"), ("mlp_bias", 1), ("use_sliding_window", "x")])
+def test_an_impossible_config_json_is_refused(field, value, tmp_path, capsys):
+    """Every field the estimate reads: sizes positive integers (no bool, float or string), heads in
+    whole groups per key/value head and splitting the hidden size, switches true or false (a
+    quoted "false" is true to Python)."""
+    d = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, field: value}
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    err = _refused([f"model.path={tmp_path}"], capsys)
+    assert f"{field}={value!r}" in err or f"num_attention_heads={value}" in err, err
+
+
+def test_settings_may_follow_the_flags(capsys):
+    """`plan CONFIG --gpus 8 key=value`: the setting applies wherever it stands."""
+    recipe = os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml")
+    before = plan.main([recipe, "model.gradient_checkpointing=false", "--gpus", "8"])
+    after = plan.main([recipe, "--gpus", "8", "model.gradient_checkpointing=false", "--device", "gpu"])
+    capsys.readouterr()
+    assert after.update == before.update and not after.fits  # checkpointing off: over 80 GB
+    assert plan.main([recipe, "--gpus", "8"]).fits
+
+
 @pytest.mark.parametrize("text, says", [("{", "config.json cannot be read"), ("[1]", "not a JSON object"),
                                          ('{"model_type": "qwen2"}', "no hidden_size")])
 def test_a_bad_config_json_is_one_line(tmp_path, capsys, text, says):
@@ -279,3 +333,47 @@ def test_cpu_estimate_within_25_percent_of_measured_peaks(train, tmp_path, capsy
             print(f"{name}: measured {measured:.3f} GiB, estimate {est:.3f} GiB ({est / measured:.2f}x)")
     for name, measured, est in table:
         assert abs(est - measured) / measured <= 0.25, table
+
+
+# ---------------------------------------------------------------- the vLLM engine's KV cache
+
+
+@pytest.mark.parametrize("name", ["embedded", "Qwen2.5-7B"])
+def test_cpu_vllm_term_is_the_workers_kv_cache_in_bytes(name, monkeypatch):
+    """On CPU the engine holds its weights and the KV cache the worker asks vLLM for
+    (rollout/vllm.py kv_cache_bytes, from the model's config.json as the worker reads it), the same
+    on any host: not a fraction of its memory."""
+    from reasonrl_fast.models.tiny import tiny_config
+    from reasonrl_fast.rollout.vllm import kv_cache_bytes, kv_shape
+
+    cfg = load_config(None, ["rollout.backend=vllm", "data.prompts_per_step=8", "trainer.workers_per_node=2"])
+    if name == "embedded":
+        s, config = plan.tiny_shape(cfg.model), tiny_config(cfg.model).to_dict()
+    else:
+        s, config = plan.shape_from_config(SHAPES[name], name), SHAPES[name]
+    want = (s.params * 4 + kv_cache_bytes(cfg, kv_shape(config), 4)) / 2**30
+    for host_gib in (16.0, 512.0):
+        monkeypatch.setattr(plan, "host_memory_gib", lambda: host_gib)
+        t = {x.name: x for x in plan.estimate(cfg, s, "cpu", 64.0).terms}
+        assert t["vLLM engine"].rollout == t["vLLM engine"].update == pytest.approx(want)
+
+
+def test_gpu_vllm_term_with_the_kv_cache_in_bytes():
+    """Set in bytes on a GPU: bf16 weights + the bytes + vLLM's overhead while generating, the
+    fraction ignored; too many is lowered to what fits, fewer than one sequence is a problem."""
+    path = os.path.join(CONFIGS, "grpo_baseline_qwen2.5_math_7b.yaml")
+    s = plan.shape_from_config(SHAPES["Qwen2.5-7B"], "x")
+    cfg = load_config(path, ["rollout.backend=vllm", "rollout.kv_cache_memory_bytes=20000000000"])
+    t = {x.name: x for x in plan.estimate(cfg, s, "gpu", 80.0).terms}
+    assert t["vLLM engine"].rollout == pytest.approx((s.params * 2 + 20e9) / 2**30 + plan.VLLM_OVERHEAD_GIB)
+    assert t["vLLM engine"].update == 0
+    big = load_config(path, ["rollout.backend=vllm", "rollout.kv_cache_memory_bytes=70000000000"])
+    est = plan.estimate(big, s, "gpu", 80.0)
+    advice = plan.advise(big, s, est, "gpu", None)
+    assert not est.fits and len(advice) == 1 and advice[0].startswith("lower rollout.kv_cache_memory_bytes to ")
+    lowered = int(advice[0].split()[-1])
+    assert plan.estimate(load_config(path, ["rollout.backend=vllm", f"rollout.kv_cache_memory_bytes={lowered}"]),
+                         s, "gpu", 80.0).fits
+    small = plan.estimate(load_config(path, ["rollout.backend=vllm", "rollout.kv_cache_memory_bytes=1000"]),
+                          s, "gpu", 80.0)
+    assert any("rollout.kv_cache_memory_bytes=1000 holds less than one" in p for p in small.problems)

@@ -20,6 +20,10 @@ SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention
 
 _OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
 
+_FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
+"""Switches the parameter count and the attention read, each true or false when set: a quoted
+"false" would read as true."""
+
 
 def text_part(config):
     """The decoder's own settings: a multimodal config's text config, else the config itself."""
@@ -34,12 +38,20 @@ def read(config, key: str):
     """`key` of `config`'s text part, None when unset. A PretrainedConfig answers through its
     attribute map (GPT-2's n_positions is its max_position_embeddings); a dict as written."""
     c = text_part(config)
-    return c.get(key) if isinstance(c, Mapping) else getattr(c, key, None)
+    mapping = isinstance(c, Mapping)
+    get = c.get if mapping else lambda k: getattr(c, k, None)
+    value = get(key)
+    if value is None and key == "intermediate_size" and ("n_inner" in c if mapping else hasattr(c, "n_inner")):
+        # GPT-2's family names its MLP width n_inner, None meaning 4 x the hidden size
+        hidden = get("hidden_size") or get("n_embd")
+        value = get("n_inner") or (4 * hidden if isinstance(hidden, int) else None)
+    return value
 
 
 def check_shape(config, where: str, vocab: int | None = None) -> None:
     """A ConfigError naming the first field that cannot belong to a decoder-only causal LM:
-    a missing or non-positive size, query heads that do not split into whole groups per key/value
+    a missing size or one that is not a positive integer (a bool, a float, a string), a switch
+    that is not true or false, query heads that do not split into whole groups per key/value
     head, a hidden size that is not heads x head size where the config gives no head_dim, or (with
     `vocab`, the tokenizer's length) a vocabulary too small for the tokenizer's ids. `where`
     names the config in the message (`model.path='/x': config.json`)."""
@@ -50,6 +62,9 @@ def check_shape(config, where: str, vocab: int | None = None) -> None:
            and (isinstance(v, bool) or not isinstance(v, int) or v < 1)]
     if bad:
         raise ConfigError(f"{where}: {', '.join(bad)}: sizes must be positive integers")
+    bad = [f"{k}={v!r}" for k in _FLAGS if (v := read(config, k)) is not None and not isinstance(v, bool)]
+    if bad:
+        raise ConfigError(f"{where}: {', '.join(bad)}: must be true or false")
     hidden, heads = read(config, "hidden_size"), read(config, "num_attention_heads")
     kv = read(config, "num_key_value_heads") or heads
     if heads % kv:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from reasonrl_fast.config import check_sandbox_timeout
+from reasonrl_fast.config import check_sandbox
 from reasonrl_fast.data.records import filter_long, load_records, render_prompt
 from reasonrl_fast.tasks import get_task
 
@@ -30,7 +30,7 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     # the embedded code task was checked with the config; files once their sources are known
     # (a caller that scores nothing may pass a config without a reward section)
     if (d.train_files or d.val_files) and hasattr(cfg, "reward"):
-        check_sandbox_timeout(cfg, {r["data_source"] for r in train + val})
+        check_sandbox(cfg, {r["data_source"] for r in train + val})
     # Rendered once here (the chat template when the tokenizer has one): everything downstream
     # encodes `prompt` as text; the messages stay under `messages`.
     train, val = _rendered(train, tokenizer), _rendered(val, tokenizer)

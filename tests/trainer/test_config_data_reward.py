@@ -35,6 +35,28 @@ def test_bad_config_names_the_key(override, key):
         load_config(None, [override])
 
 
+@pytest.mark.parametrize("override", ["model.gradient_checkpointing=2", "data.shuffle=0", "trainer.progress=1",
+                                      "trainer.overwrite=maybe", "grpo.norm_by_std=[true]"])
+def test_a_bool_setting_takes_true_or_false_only(override, tmp_path):
+    """OmegaConf alone reads 2 or 1 as true and 0 as false; a bool setting refuses them, from the
+    command line and from a config file, naming the key."""
+    key, value = override.split("=")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.*must be true or false$"):
+        load_config(None, [override])
+    section, name = key.split(".")
+    y = tmp_path / "c.yaml"
+    y.write_text(f"{section}:\n  {name}: {value}\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}="):
+        load_config(str(y))
+    cfg = load_config(None, [f"{key}=true"])
+    assert getattr(getattr(cfg, section), name) is True
+    y.write_text(f"{section}:\n  {name}: false\n")
+    assert getattr(getattr(load_config(str(y)), section), name) is False
+    # an int or float setting already refuses a bool
+    with pytest.raises(ConfigError, match="trainer.nnodes"):
+        load_config(None, ["trainer.nnodes=true"])
+
+
 def test_bad_yaml_key(tmp_path):
     y = tmp_path / "c.yaml"
     y.write_text("trainer:\n  nodes: 2\n")
@@ -288,3 +310,21 @@ def test_sandbox_limit_follows_the_reward_limit_and_only_code_checks_it(tmp_path
     with pytest.raises(ConfigError, match=r"'code' records run in the code sandbox"):
         load_datasets(load_config(None, [*both, f"data.train_files=[{math_file}]",
                                          f"data.val_files=[{code_file}]"]), char_tokenizer())
+
+
+def test_a_sandbox_without_its_filter_fails_at_load_not_per_sample(monkeypatch):
+    # without libseccomp (or its binding) the code sandbox cannot be built: a run that scores
+    # code must stop at its config, not score every sample 0 as a reward error
+    import sys
+
+    from reasonrl_fast.errors import UserError
+    from reasonrl_fast.rewards import seccomp_filter
+
+    seccomp_filter.filter_bpf.cache_clear()
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # import fails as when not installed
+    try:
+        assert load_config(None, ["data.task=addition"])  # no code scored: nothing to build
+        with pytest.raises(UserError, match="pyseccomp"):
+            load_config(None, ["data.task=code"])
+    finally:
+        seccomp_filter.filter_bpf.cache_clear()

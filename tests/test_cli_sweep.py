@@ -1,0 +1,410 @@
+"""Every `python -m reasonrl_fast.<command>`, each given bad input of every kind it takes (config
+files, settings, flags, paths): refused with one line `error: ...` on stderr and exit status 2,
+or, for an argument the argument parser itself rejects, argparse's usage lines and its one
+`PROG: error: ...` line with the same status. Never a traceback, another status, a hang or a
+start: each command runs in-process through its own entry (cli.main), and the work it would
+start (training, generation, a server, the error-path children) is replaced by a stop that
+fails the case, so a case costs milliseconds once the imports are in."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from tests.helpers.train import ROOT
+
+RECIPE = os.path.join(ROOT, "configs", "grpo_qwen2.5_32b_dapo.yaml")
+
+
+class Reached(BaseException):
+    """The command got past every check to its work: the input was not refused."""
+
+
+def _stop(*args, **kwargs):
+    raise Reached
+
+
+# the work each command would start once its checks pass
+STOPS = {
+    "train": ["reasonrl_fast.trainer.loop:run"],
+    "rehearse": ["reasonrl_fast.trainer.loop:run", "reasonrl_fast.rehearse:stage"],
+    "eval": ["reasonrl_fast.eval.generate:generate_all"],
+    "genrm.serve": ["reasonrl_fast.genrm.serve:serve"],
+    "errpath": ["reasonrl_fast.errpath:check", "reasonrl_fast.errpath:child"],
+    "toolchain": ["reasonrl_fast.toolchain:describe"],  # runs the compilers
+}
+ENTRY = {"eval": "reasonrl_fast.eval.__main__"}
+
+
+def run_command(command: str, argv: list[str], monkeypatch) -> object:
+    """The exit status `python -m reasonrl_fast.<command> ARGV` would end with, or "reached its
+    work"; stderr stays in capsys."""
+    for target in STOPS.get(command, []):
+        module, name = target.split(":")
+        monkeypatch.setattr(importlib.import_module(module), name, _stop)
+    main = importlib.import_module(ENTRY.get(command, f"reasonrl_fast.{command}")).main
+    try:
+        result = main([str(a) for a in argv])
+    except SystemExit as e:
+        return e.code
+    except Reached:
+        return "reached its work"
+    if command == "plan":
+        return 0 if result.fits else 1
+    return result if isinstance(result, int) else 0
+
+
+def assert_refused(status, err: str, says=()) -> str:
+    """Exit status 2 and either one line `error: ...` or argparse's usage + `PROG: error: ...`;
+    the error line holds each of `says`."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2 and "Traceback" not in err, (status, err[-2000:])
+    if lines and lines[0].startswith("usage: "):
+        errors = [line for line in lines if ": error: " in line]
+        assert len(errors) == 1 and errors[0] == lines[-1], lines
+    else:
+        assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for fragment in says:
+        assert fragment in lines[-1], (fragment, lines[-1])
+    return lines[-1]
+
+
+class Files:
+    """The inputs of one case, under tmp_path. A FIFO is watched: a command that opens one for
+    reading (and would block there) is unblocked with an empty write side and the case fails."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.fifo_opened: list[str] = []
+        self._fifos: list[str] = []
+        self._done = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def text(self, name: str, text: str):
+        (self.tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (self.tmp / name).write_text(text)
+        return self.tmp / name
+
+    def bytes(self, name: str, data: bytes):
+        (self.tmp / name).write_bytes(data)
+        return self.tmp / name
+
+    def dir(self, name: str):
+        (self.tmp / name).mkdir(parents=True, exist_ok=True)
+        return self.tmp / name
+
+    def fifo(self, name: str):
+        path = self.tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+        self._fifos.append(str(path))
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, daemon=True)
+            self._watcher.start()
+        return path
+
+    def _watch(self):
+        while not self._done.is_set():
+            for path in self._fifos:
+                try:  # succeeds only while a reader has it open
+                    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                except OSError:
+                    continue
+                self.fifo_opened.append(path)
+                os.close(fd)
+            time.sleep(0.01)
+
+    def close(self):
+        self._done.set()
+        if self._watcher is not None:
+            self._watcher.join()
+
+    def model(self, name: str = "model"):
+        """A model directory the eval command reads up to generation: config.json and the
+        character tokenizer (no weights)."""
+        from transformers import Qwen2Config
+
+        from reasonrl_fast.models.tiny import char_tokenizer
+
+        path = self.dir(name)
+        tok = char_tokenizer()
+        Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512).save_pretrained(path)
+        tok.save_pretrained(path)
+        return path
+
+    def shape(self, **fields):
+        """A model directory whose config.json is a small Qwen2's with `fields` changed (None:
+        left out)."""
+        d = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 4096}
+        d.update(fields)
+        d = {k: v for k, v in d.items() if v is not None}
+        return self.text("shaped/config.json", json.dumps(d)).parent
+
+
+# ---------------------------------------------------------------- the cases
+
+# A config file that cannot be one: (id, make(files) -> path, what the line says)
+BAD_CONFIG_FILES = [
+    ("missing", lambda f: f.tmp / "nope.yaml", ["nope.yaml", "no such file"]),
+    ("directory", lambda f: f.dir("cfgdir"), ["cfgdir", "is a directory"]),
+    ("fifo", lambda f: f.fifo("pipe.yaml"), ["pipe.yaml", "not a regular file"]),
+    ("empty", lambda f: f.text("empty.yaml", ""), ["empty.yaml", "empty"]),
+    ("comments only", lambda f: f.text("comments.yaml", "# nothing set\n\n"), ["comments.yaml", "empty"]),
+    ("binary garbage", lambda f: f.bytes("bin.yaml", b"\xff\xfe\x00\x01garbage\x00"), ["bin.yaml"]),
+    ("invalid yaml", lambda f: f.text("bad.yaml", "trainer: [steps\n"), ["bad.yaml", "not valid YAML"]),
+    ("list yaml", lambda f: f.text("list.yaml", "- trainer.steps=3\n"), ["list.yaml", "expected a mapping"]),
+    ("scalar yaml", lambda f: f.text("scalar.yaml", "42\n"), ["scalar.yaml", "expected a mapping"]),
+    ("unknown section", lambda f: f.text("unknown.yaml", "nosuch: 1\n"), ["nosuch"]),
+    ("unknown key", lambda f: f.text("unknown2.yaml", "trainer:\n  nosuch: 1\n"), ["nosuch"]),
+    ("string for int", lambda f: f.text("str.yaml", "trainer:\n  steps: many\n"), ["trainer.steps", "many"]),
+    ("bool for int", lambda f: f.text("bool.yaml", "trainer:\n  steps: true\n"), ["trainer.steps", "True"]),
+    ("section not a mapping", lambda f: f.text("sect.yaml", "trainer: 5\n"), ["trainer=5", "a section"]),
+]
+
+# A bad `key=value` (id, the override, what the line says)
+BAD_OVERRIDES = [
+    ("no key", "=5", ["'=5'", "key=value"]),
+    ("empty segment", "a..b=1", ["'a..b=1'", "key=value"]),
+    ("trailing dot", "trainer.=1", ["'trainer.=1'", "key=value"]),
+    ("leading space", " trainer.steps=1", ["' trainer.steps=1'", "key=value"]),
+    ("unknown key", "nosuch.key=1", ["nosuch"]),
+    ("string for int", "trainer.steps=abc", ["trainer.steps", "abc"]),
+    ("float for int", "trainer.steps=1.5", ["trainer.steps", "1.5"]),
+    ("bool for int", "trainer.steps=true", ["trainer.steps", "True"]),
+    ("list for int", "trainer.steps=[1,2]", ["trainer.steps"]),
+    ("null for int", "trainer.steps=null", ["trainer.steps", "None"]),
+    ("negative count", "trainer.steps=-1", ["trainer.steps=-1"]),
+    ("zero workers", "trainer.workers_per_node=0", ["trainer.workers_per_node=0"]),
+    ("nan temperature", "rollout.temperature=nan", ["rollout.temperature=nan"]),
+    ("bad enum", "algo=dapo", ["algo='dapo'"]),
+    ("bad backend", "rollout.backend=xyz", ["rollout.backend='xyz'"]),
+    ("section as value", "trainer=5", ["trainer=5", "a section"]),
+    ("nan lr", "optim.lr=nan", ["optim.lr=nan"]),
+    ("inf lr", "optim.lr=inf", ["optim.lr=inf"]),
+    ("negative lr", "optim.lr=-1", ["optim.lr=-1"]),
+    ("inf temperature", "rollout.temperature=inf", ["rollout.temperature=inf"]),
+]
+
+
+def _xfail(reason):
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
+def _config_files(command, after=()):
+    """A command that takes [CONFIG] key=value ...: each bad config file."""
+    return [pytest.param(command, lambda f, m=make: [m(f), *after], says, id=f"{command}: config {name}")
+            for name, make, says in BAD_CONFIG_FILES]
+
+
+def _overrides(command, base=(), after=(), tag=""):
+    """... and each bad override (after `base`, before `after`)."""
+    return [pytest.param(command, lambda f, o=override: [*base, o, *after], says,
+                         id=f"{command}: override {name}{tag}") for name, override, says in BAD_OVERRIDES]
+
+
+def _out(f, name="run"):
+    return f"trainer.output_dir={f.tmp / name}"
+
+
+TRAIN = _config_files("train") + _overrides("train") + [
+    pytest.param("train", lambda f: [RECIPE, "--output-dir", f.tmp / "x"], ["--output-dir"], id="train: a flag"),
+    pytest.param("train", lambda f: ["trainer.steps", "trainer.seed=1"], ["'trainer.steps'", "key=value"],
+                 id="train: override without ="),
+    pytest.param("train", lambda f: [f"model.path={f.tmp / 'nowhere'}", _out(f)], ["nowhere"],
+                 id="train: model.path missing"),
+    pytest.param("train", lambda f: [f"model.path={f.shape(hidden_size=-64)}", _out(f)], ["hidden_size=-64"],
+                 id="train: negative hidden_size"),
+    pytest.param("train", lambda f: ["model.hidden_size=-8", _out(f)], ["hidden_size=-8"], id="train: tiny -8"),
+    pytest.param("train", lambda f: ["model.num_heads=3", _out(f)], ["num_attention_heads=3"],
+                 id="train: tiny heads"),
+    pytest.param("train", lambda f: ["model.num_layers=-2", _out(f)], ["model.num_layers=-2"],
+                 id="train: tiny layers -2"),
+    pytest.param("train", lambda f: ["model.num_heads=0", _out(f)], ["num_heads=0"], id="train: tiny heads 0"),
+    pytest.param("train", lambda f: [f"data.train_files=[{f.tmp / 'none.jsonl'}]", _out(f)], ["none.jsonl"],
+                 id="train: data file missing"),
+    pytest.param("train", lambda f: [f"data.train_files=[{f.fifo('pipe.jsonl')}]", _out(f)], ["pipe.jsonl"],
+                 id="train: data file fifo"),
+    pytest.param("train", lambda f: [f"trainer.output_dir={f.text('afile', 'x')}"], ["is not a directory"],
+                 id="train: output_dir a file"),
+]
+
+EVAL = _config_files("eval", after=("model.path=/nonexistent",)) + _overrides("eval") + [
+    pytest.param("eval", lambda f: ["eval.n=0"], ["eval.n=0"], id="eval: n 0"),
+    pytest.param("eval", lambda f: ["eval.n=true"], ["eval.n"], id="eval: n bool"),
+    pytest.param("eval", lambda f: ["eval.k=[0]"], ["eval.k"], id="eval: k 0"),
+    pytest.param("eval", lambda f: ["eval.top_p=nan"], ["eval.top_p"], id="eval: top_p nan"),
+    pytest.param("eval", lambda f: [], ["model.path"], id="eval: no model"),
+    pytest.param("eval", lambda f: [f"model.path={f.tmp / 'nowhere'}"], ["nowhere", "no such directory"],
+                 id="eval: model.path missing"),
+    pytest.param("eval", lambda f: [f"model.path={f.text('afile', 'x')}"], ["afile"], id="eval: model.path a file"),
+    pytest.param("eval", lambda f: [f"model.path={f.dir('emptydir')}"], ["emptydir"],
+                 id="eval: model.path empty dir"),
+    pytest.param("eval", lambda f: [f"model.path={f.model()}", f"eval.files=[{f.tmp / 'none.jsonl'}]",
+                                    f"eval.output_dir={f.tmp / 'out'}"], ["none.jsonl"], id="eval: files missing"),
+]
+
+PLAN = _config_files("plan") + _overrides("plan") + _overrides("plan", (RECIPE,), ("--gpu-memory-gb", "80"),
+                                                              " (recipe)") + [
+    pytest.param("plan", lambda f: [RECIPE, "--gpus", "8", "algo=dapo"], ["algo='dapo'"],
+                 id="plan: override after a flag"),
+]
+# every numeric flag: finite and positive
+for flag, values in {"--gpu-memory-gb": ["inf", "-inf", "nan", "-1", "0", "x", "1e999"],
+                     "--gpus": ["0", "-8", "12", "x", "1.5", "inf", "nan", "true"]}.items():
+    for v in values:
+        # `--flag=-inf`: argparse takes a lone `-inf` for an option
+        argv = [f"{flag}={v}"] if v.startswith("-") else [flag, v]
+        PLAN.append(pytest.param("plan", lambda f, a=argv: a, [f"{flag} {v}"], id=f"plan: {flag} {v}"))
+PLAN.append(pytest.param("plan", lambda f: ["--device", "tpu"], ["tpu"], id="plan: --device tpu"))
+PLAN.append(pytest.param("plan", lambda f: ["--bogus"], ["--bogus"], id="plan: unknown flag"))
+# every shape field of the embedded model's section and of a config.json
+for setting, says in {"model.hidden_size=-8": "model.hidden_size=-8", "model.hidden_size=0": "model.hidden_size=0",
+                      "model.num_heads=3": "num_attention_heads=3", "model.num_heads=0": "model.num_heads=0",
+                      "model.num_layers=0": "model.num_layers=0", "model.num_layers=-2": "model.num_layers=-2",
+                      "model.intermediate_size=0": "model.intermediate_size=0",
+                      "model.max_position_embeddings=0": "max_position_embeddings=0",
+                      "model.max_position_embeddings=-5": "max_position_embeddings=-5"}.items():
+    PLAN.append(pytest.param("plan", lambda f, s=setting: [s], [says], id=f"plan: {setting}"))
+for field_, value in [("hidden_size", -64), ("hidden_size", 0), ("hidden_size", 64.0), ("hidden_size", 64.5),
+                      ("hidden_size", True), ("hidden_size", "64"), ("hidden_size", [64]), ("hidden_size", None),
+                      ("num_attention_heads", 3), ("num_attention_heads", -4), ("num_key_value_heads", 3),
+                      ("num_key_value_heads", 0), ("num_key_value_heads", 8), ("head_dim", 0), ("head_dim", "16"),
+                      ("vocab_size", 0), ("vocab_size", -1), ("vocab_size", False), ("intermediate_size", 0),
+                      ("intermediate_size", 1.5), ("num_hidden_layers", 0), ("num_hidden_layers", True),
+                      ("max_position_embeddings", 0), ("max_position_embeddings", "4096"),
+                      ("max_position_embeddings", float("inf"))]:
+    says = field_ if value is None else f"{field_}={value!r}"
+    PLAN.append(pytest.param("plan", lambda f, k=field_, v=value: [f"model.path={f.shape(**{k: v})}"], [says],
+                             id=f"plan: config.json {field_}={value!r}"))
+
+REHEARSE = _config_files("rehearse") + _overrides("rehearse", (RECIPE,)) + [
+    pytest.param("rehearse", lambda f: [RECIPE, "--output-dir", f.tmp / "r", "algo=dapo"], ["algo='dapo'"],
+                 id="rehearse: override after a flag"),
+    pytest.param("rehearse", lambda f: [], [], id="rehearse: no config"),
+    pytest.param("rehearse", lambda f: [RECIPE, "--output-dir", f.text("afile", "x")], ["afile"],
+                 id="rehearse: output-dir a file"),
+]
+
+MERGE = [
+    pytest.param("merge", lambda f: [f.tmp / "run" / "checkpoint-7", f.tmp / "merged"], ["checkpoint-7"],
+                 id="merge: missing checkpoint"),
+    pytest.param("merge", lambda f: [f.text("ckfile", "x"), f.tmp / "merged"], ["ckfile"], id="merge: a file"),
+    pytest.param("merge", lambda f: [f.dir("checkpoint-3"), f.tmp / "merged"], ["checkpoint-3"],
+                 id="merge: empty directory"),
+    pytest.param("merge", lambda f: [f.fifo("checkpoint-4"), f.tmp / "merged"], ["checkpoint-4"], id="merge: fifo"),
+    pytest.param("merge", lambda f: [], [], id="merge: no arguments"),
+    pytest.param("merge", lambda f: [f.tmp / "c", f.tmp / "m", "--bogus"], ["--bogus"], id="merge: unknown flag"),
+]
+
+
+def _run_dir(f, name="run", metrics=None):
+    d = f.dir(name)
+    if metrics is not None:
+        f.text(f"{name}/metrics.jsonl", metrics)
+    return d
+
+
+GOOD_METRICS = "".join(json.dumps({"step": s, "reward/mean": s / 10}) + "\n" for s in (1, 2))
+PLOT = [
+    pytest.param("plot", lambda f: [f.tmp / "no_run", "-o", f.tmp / "p.png"], ["no_run"], id="plot: missing run"),
+    pytest.param("plot", lambda f: [_run_dir(f), "-o", f.tmp / "p.png"], ["metrics.jsonl"], id="plot: no metrics"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics=""), "-o", f.tmp / "p.png"], ["run"], id="plot: empty metrics"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics="{garbage\n" + GOOD_METRICS), "-o", f.tmp / "p.png"],
+                 ["metrics.jsonl"], id="plot: garbage metrics"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics="[1, 2]\n"), "-o", f.tmp / "p.png"], ["run"],
+                 id="plot: metrics not objects"),
+    pytest.param("plot", lambda f: [(f.fifo("run/metrics.jsonl"), f.tmp / "run")[1], "-o", f.tmp / "p.png"],
+                 ["metrics.jsonl"], id="plot: metrics fifo"),
+    pytest.param("plot", lambda f: [(f.dir("run/metrics.jsonl"), f.tmp / "run")[1], "-o", f.tmp / "p.png"],
+                 ["metrics.jsonl"], id="plot: metrics a directory"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS), "-o", f.dir("outdir")], ["outdir"],
+                 id="plot: output a directory"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS), "-o", f.text("afile", "x") / "p.png"],
+                 ["afile"], id="plot: output under a file"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS), "-o", f.tmp / "p.png", "--summary",
+                                    f.dir("sumdir")], ["sumdir"], id="plot: summary a directory"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS)], ["--output"], id="plot: no output"),
+]
+
+PREPARE = [
+    pytest.param("data.prepare", lambda f: ["sudoku", "--output", f.tmp / "o.jsonl"], ["sudoku"],
+                 id="prepare: unknown set"),
+    pytest.param("data.prepare", lambda f: ["gsm8k", "--input", f.tmp / "none.jsonl", "--output", f.tmp / "o.jsonl"],
+                 ["none.jsonl"], id="prepare: input missing"),
+    pytest.param("data.prepare", lambda f: ["gsm8k", "--input", f.dir("indir"), "--output", f.tmp / "o.jsonl"],
+                 ["indir"], id="prepare: input a directory"),
+    pytest.param("data.prepare", lambda f: ["gsm8k", "--input", f.fifo("in.jsonl"), "--output", f.tmp / "o.jsonl"],
+                 ["in.jsonl"], id="prepare: input fifo"),
+    pytest.param("data.prepare", lambda f: ["gsm8k", "--input", f.text("e.jsonl", ""), "--output", f.tmp / "o.jsonl"],
+                 ["e.jsonl"], id="prepare: input empty"),
+    pytest.param("data.prepare", lambda f: ["gsm8k", "--input", f.bytes("g.jsonl", b"\xff\x00junk"), "--output",
+                                            f.tmp / "o.jsonl"], ["g.jsonl"], id="prepare: input garbage"),
+    pytest.param("data.prepare", lambda f: ["smoke", "--output", f.tmp / "o.txt"], ["o.txt"],
+                 id="prepare: output extension"),
+    pytest.param("data.prepare", lambda f: ["smoke", "--output", f.dir("o.jsonl")], ["o.jsonl"],
+                 id="prepare: output a directory"),
+    pytest.param("data.prepare", lambda f: ["smoke", "--output", f.tmp / "o.jsonl", "--limit", "-1"], ["--limit -1"],
+                 id="prepare: limit -1"),
+    pytest.param("data.prepare", lambda f: ["smoke", "--output", f.tmp / "o.jsonl", "--limit", "0"], ["--limit 0"],
+                 id="prepare: limit 0"),
+    pytest.param("data.prepare", lambda f: ["smoke", "--output", f.tmp / "o.jsonl", "--limit", "x"], ["--limit"],
+                 id="prepare: limit x"),
+    pytest.param("data.prepare", lambda f: ["smoke", "--output", f.tmp / "o.jsonl", "--split", "dev"], ["dev"],
+                 id="prepare: split dev"),
+    pytest.param("data.prepare", lambda f: ["smoke"], ["--output"], id="prepare: no output"),
+]
+
+SERVE_PENDING = _xfail("genrm/serve.py lets an infinite timeout through")
+SERVE = [
+    pytest.param("genrm.serve", lambda f: ["--backend", "rule:sudoku", "--port", "0"], ["rule:sudoku"],
+                 id="serve: unknown rule"),
+    pytest.param("genrm.serve", lambda f: ["--backend", "bogus", "--port", "0"], ["bogus"], id="serve: bad backend"),
+    pytest.param("genrm.serve", lambda f: ["--backend", f"hf:{f.tmp / 'nowhere'}", "--port", "0"], ["nowhere"],
+                 id="serve: hf missing"),
+    pytest.param("genrm.serve", lambda f: ["--port", "0"], ["--backend"], id="serve: no backend"),
+] + [
+    pytest.param("genrm.serve", lambda f, a=args: ["--backend", "rule:addition", *a], [args[0]],
+                 id=f"serve: {' '.join(args)}", marks=[SERVE_PENDING] if args[1] == "inf" else [])
+    for args in [("--port", "-1"), ("--port", "70000"), ("--port", "x"), ("--max-batch", "0"),
+                 ("--max-in-flight", "0"), ("--max-queued", "-1"), ("--queue-timeout-s", "nan"),
+                 ("--queue-timeout-s", "-1"), ("--idle-timeout-s", "0"), ("--body-timeout-s", "nan"),
+                 ("--completion-timeout-s", "inf"), ("--device", "tpu")]
+]
+
+ERRPATH = [
+    pytest.param("errpath", lambda f, a=args: list(a), [args[0]], id=f"errpath: {' '.join(args)}",
+)
+    for args in [("--timeout", "nan"), ("--timeout", "inf"), ("--timeout", "0"), ("--timeout", "x"),
+                 ("--threads", "0"), ("--repeat", "-1"), ("--device", "tpu"), ("--library", "/nonexistent/_C.so")]
+]
+
+TOOLCHAIN = [
+    pytest.param("toolchain", lambda f: [f.tmp / "none.so"], ["none.so"], id="toolchain: missing file"),
+    pytest.param("toolchain", lambda f: ["a.so", "b.so"], ["b.so"], id="toolchain: two files"),
+]
+
+CASES = TRAIN + EVAL + PLAN + REHEARSE + MERGE + PLOT + PREPARE + SERVE + ERRPATH + TOOLCHAIN
+
+
+@pytest.fixture
+def files(tmp_path):
+    f = Files(tmp_path)
+    yield f
+    f.close()
+
+
+@pytest.mark.parametrize("command,make,says", CASES)
+def test_bad_input_is_refused_in_one_line(command, make, says, files, monkeypatch, capsys):
+    monkeypatch.chdir(files.tmp)  # nothing a command writes by default lands in the checkout
+    argv = make(files)
+    status = run_command(command, argv, monkeypatch)
+    files.close()
+    assert not files.fifo_opened, f"opened the FIFO {files.fifo_opened} and waited for a writer"
+    assert_refused(status, capsys.readouterr().err, says)
