@@ -20,6 +20,7 @@ import os
 import random
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -230,10 +231,16 @@ class GenRMClient:
         # The session and its connector bind to the running loop, so they are made on it.
         # TCPConnector limit = the semaphore's: one kept-alive connection per request in flight.
         self._sem = asyncio.Semaphore(self._max_concurrency)
+        # auto_decompress=False: the client decodes gzip and deflate itself, with the reply cap on
+        # the decoded bytes (_read_capped), whatever aiohttp's version (3.13.2 inflated all that had
+        # come at once: a 300 KB gzip reply took 250 MB). Accept-Encoding names only those two,
+        # which aiohttp would widen to br and zstd when their packages are installed.
+        headers = {"Accept-Encoding": "gzip, deflate"}
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self._max_concurrency),
-            timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-            headers={"Authorization": f"Bearer {self._key}"} if self._key else None)
+            timeout=aiohttp.ClientTimeout(total=self._timeout_s), headers=headers, auto_decompress=False)
 
     async def _shutdown(self) -> None:
         await asyncio.sleep(0)  # requests submitted just before close() start, so they get cancelled
@@ -377,19 +384,28 @@ class GenRMClient:
         return extract(data)
 
     async def _read_capped(self, resp: aiohttp.ClientResponse, cap: int | None = None) -> bytes:
-        """The reply's body, or _Retryable once it passes `cap` (max_reply_bytes; declared or
-        read): what one faulty replica sends must not fill the driver's memory."""
+        """The reply's body, decoded, or _Retryable once it passes `cap` (max_reply_bytes), declared,
+        sent or decoded: what one faulty replica sends must not fill the driver's memory. A refused
+        reply's connection is closed at once, neither read further nor drained for reuse."""
         cap = cap or self._max_reply_bytes
-        too_large = _Retryable(f"reply over {cap} bytes")
-        if resp.content_length is not None and resp.content_length > cap:
-            raise too_large
-        chunks, size = [], 0
-        while chunk := await resp.content.read(min(1 << 16, cap + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > cap:
-                raise too_large
-        return b"".join(chunks)
+        try:
+            inflate = _Inflater.for_encoding(resp.headers.get("Content-Encoding", ""))
+            if resp.content_length is not None and resp.content_length > cap:
+                raise _Retryable(f"reply over {cap} bytes")
+            chunks, sent, size = [], 0, 0
+            # A piece at a time: what aiohttp holds unread is bounded by its read_bufsize (64 KiB,
+            # twice that before it stops reading the socket), so a reply costs about `cap` at most.
+            while chunk := await resp.content.read(_PIECE):
+                sent += len(chunk)
+                pieces = [chunk] if inflate is None else inflate.feed(chunk, cap + 1 - size)
+                size += sum(map(len, pieces))
+                if sent > cap or size > cap:
+                    raise _Retryable(f"reply over {cap} bytes")
+                chunks += pieces
+            return b"".join(chunks)
+        except _Retryable:
+            resp.close()
+            raise
 
     def _reset_counters(self) -> None:
         self._requests = self._failures = self._unparseable = self._truncated = self._retries = 0
@@ -410,6 +426,8 @@ def failure_kind(error: str) -> str:
     return error
 
 
+_PIECE = 1 << 16
+"""The most bytes read, or decoded, at a time."""
 ERROR_BYTES = 16 << 10
 """The most of a refusal's body read for its reason: an error message is a line or two."""
 REASON_CHARS = 300
@@ -430,6 +448,52 @@ def _server_reason(raw: bytes) -> str:
         return ""
     reason = " ".join(reason.split())
     return ": " + (reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS] + "...")
+
+
+class _Inflater:
+    """Decodes a gzip or deflate body a piece at a time, never more than asked for at once: a
+    compressed reply of a few hundred kilobytes may stand for gigabytes."""
+
+    def __init__(self, wbits: int) -> None:
+        self._wbits = wbits
+        self._d = zlib.decompressobj(wbits)
+        self._started = False
+
+    @staticmethod
+    def for_encoding(header: str) -> _Inflater | None:
+        """An inflater for a Content-Encoding, None for none; _Retryable for one not asked for."""
+        encoding = header.strip().lower()
+        if encoding in ("", "identity"):
+            return None
+        if encoding in ("gzip", "x-gzip"):
+            return _Inflater(16 + zlib.MAX_WBITS)
+        if encoding == "deflate":
+            return _Inflater(zlib.MAX_WBITS)
+        raise _Retryable(f"reply in an encoding not asked for: {encoding[:40]}")
+
+    def feed(self, data: bytes, limit: int) -> list[bytes]:
+        """At most `limit` bytes decoded from what came so far plus `data` (limit >= 1), in pieces
+        of at most _PIECE bytes: one piece as large as the cap would be made twice over."""
+        if not self._started and data:
+            self._started = True
+            if self._wbits == zlib.MAX_WBITS and data[0] & 0x0F != 8:
+                self._d = zlib.decompressobj(-zlib.MAX_WBITS)  # "deflate" sent raw, without zlib's header
+        out: list[bytes] = []
+        try:
+            data = self._d.unconsumed_tail + data
+            while data and limit > 0:
+                piece = self._d.decompress(data, min(limit, _PIECE))
+                out.append(piece)
+                limit -= len(piece)
+                data = self._d.unconsumed_tail
+                if not data and self._d.eof and self._d.unused_data:
+                    if self._wbits <= zlib.MAX_WBITS:
+                        raise _Retryable("reply: broken compressed body")  # data after its deflate stream
+                    data = self._d.unused_data  # gzip members one after another (RFC 1952)
+                    self._d = zlib.decompressobj(self._wbits)
+        except zlib.error:
+            raise _Retryable("reply: broken compressed body") from None
+        return out
 
 
 def _content(data: Any) -> tuple[str, str | None]:

@@ -2,8 +2,8 @@
 
     python -m reasonrl_fast.genrm.serve --backend rule:addition|hf:PATH [--host 127.0.0.1]
         [--port 8000] [--max-batch 64] [--api-key KEY] [--served-model-name NAME] [--device auto]
-        [--max-in-flight 64] [--max-queued 1024] [--queue-timeout-s 10] [--idle-timeout-s 15]
-        [--body-timeout-s 15] [--completion-timeout-s 300]
+        [--max-in-flight 64] [--max-reading 256] [--max-queued 1024] [--queue-timeout-s 10]
+        [--idle-timeout-s 15] [--body-timeout-s 15] [--completion-timeout-s 300]
 
 Backends:
 - `rule:addition`: the exact judge of the embedded addition task (no model, tasks/addition.py): it
@@ -22,9 +22,12 @@ not end at them.
 
 No client can hold the server (`Limits`): a connection that sends no complete request headers
 within the idle timeout is closed, a body that does not arrive within the body timeout is answered
-408, a declared body over the cap 413 before it is read, a request that finds every in-flight slot
-taken waits (its body unread) and past the queue's length or time limit gets 503 with
-`Retry-After`, and a completion over its time limit 504. The rule judge runs in a worker thread
+408, a declared body over the cap 413 before it is read (and before `100 Continue`). A request
+first takes a reading place (bodies being read or waiting for a slot, `max_reading`), waiting for
+one with its body unread; only with its body read and parsed does it take an in-flight slot, so
+clients that send their bodies slowly hold reading places, never the slots that completions need.
+A wait past the queue's length or time limit gets 503 with `Retry-After`, and a completion over
+its time limit 504. The rule judge runs in a worker thread
 and parses in linear time, so the event loop (and `/health`) keeps answering while it works.
 A host other than loopback needs an API key, or `--allow-open-without-key`.
 """
@@ -36,6 +39,7 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import math
 import os
 import resource
 import signal
@@ -46,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from reasonrl_fast import cli
 from reasonrl_fast.errors import UserError
@@ -60,6 +64,8 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 # for this long (or the body timeout, if shorter) so that the client sees the answer rather than
 # a reset; then the socket closes.
 _LINGER_S = 2.0
+# Set on a request that asked `Expect: 100-continue`: read_body sends it when the body is wanted.
+_CONTINUE = "genrm.send_100_continue"
 
 # aiohttp keeps an idle keep-alive connection's last request and answer until its next request:
 # after a request or answer this large the connection closes, so that many idle clients of
@@ -74,12 +80,17 @@ class Limits:
     max_body_bytes: int = MAX_BODY_BYTES
     """Largest request body; a larger declared Content-Length is refused before it is read."""
     max_in_flight: int = 64
-    """Chat completions being read, judged or generated at once, which bounds the memory the
-    bodies and their parsing take; more wait for a slot, their bodies unread."""
+    """Chat completions judged or generated, and their answers sent, at once; a request takes a
+    slot only once its body is read and parsed."""
+    max_reading: int = 256
+    """Chat completions whose body is being read, or read and waiting for a slot: with
+    max_in_flight this bounds the memory that bodies and their parsing take, and it is the number
+    of clients sending bodies slowly (each for at most body_timeout_s) that it takes to hold
+    requests back; more wait for a place, their bodies unread."""
     max_queued: int = 1024
-    """Requests waiting for a slot; one more is answered 503 (with Retry-After) at once."""
+    """Requests waiting for a reading place; one more is answered 503 (with Retry-After) at once."""
     queue_timeout_s: float = 10.0
-    """Longest wait for a slot; then 503 (with Retry-After)."""
+    """Longest wait for a reading place, and then for a slot; over either, 503 (with Retry-After)."""
     idle_timeout_s: float = 15.0
     """A connection without complete request headers this long after it opened (or after its
     last answer) is closed: this also ends a client that sends its headers slowly."""
@@ -90,10 +101,11 @@ class Limits:
     """One completion (judging or generating); over it the request is answered 504."""
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_in_flight", "queue_timeout_s", "idle_timeout_s", "body_timeout_s",
-                     "completion_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
+        for name in ("max_body_bytes", "max_in_flight", "max_reading", "queue_timeout_s", "idle_timeout_s",
+                     "body_timeout_s", "completion_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):  # inf: a wait that never ends
+                raise ValueError(f"{name}={value!r}: must be a finite number > 0")
         if self.max_queued < 0:
             raise ValueError(f"max_queued={self.max_queued!r}: must be >= 0")
 
@@ -248,18 +260,28 @@ def parse_json(raw: bytes) -> Any:
 
 def make_app(backend: Backend, served_name: str, api_key: str | None, backend_spec: str,
              limits: Limits = Limits()) -> web.Application:
-    state = {"completions": 0, "in_flight": 0, "queued": 0, "busy": 0}
-    slots = asyncio.Semaphore(limits.max_in_flight)  # first come, first served
+    state = {"completions": 0, "in_flight": 0, "reading": 0, "queued": 0, "busy": 0}
+    # Two stages, each first come, first served: a reading place while the body arrives and is
+    # parsed (and then waits for a slot), and a slot for judging or generating. A client that sends
+    # its body slowly holds a reading place for at most body_timeout_s, and never a slot.
+    reading = asyncio.Semaphore(limits.max_reading)
+    slots = asyncio.Semaphore(limits.max_in_flight)
     want = f"Bearer {api_key}".encode() if api_key else None
+
+    def unauthorized(request: web.Request) -> web.Response | None:
+        if want is None or not request.path.startswith("/v1/"):
+            return None
+        if hmac.compare_digest(request.headers.get("Authorization", "").encode(), want):
+            return None
+        return error_response(RequestError("missing or wrong API key (send 'Authorization: Bearer KEY')",
+                                           None, 401, "invalid_api_key", "AuthenticationError"))
 
     @web.middleware
     async def guard(request: web.Request, handler):
         v1 = request.path.startswith("/v1/")
-        if v1 and want is not None:
-            got = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(got, want):
-                return error_response(RequestError("missing or wrong API key (send 'Authorization: Bearer KEY')",
-                                                   None, 401, "invalid_api_key", "AuthenticationError"))
+        refused = unauthorized(request)
+        if refused is not None:
+            return refused
         try:
             return await handler(request)
         except RequestError as e:
@@ -277,14 +299,39 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
             return error_response(RequestError(f"internal error: {type(e).__name__}", None, 500, "internal_error",
                                                "InternalServerError"), close=True)
 
-    async def read_body(request: web.Request) -> bytes:
+    def too_large(request: web.Request) -> RequestError | None:
         declared = request.content_length
-        if declared is not None and declared > limits.max_body_bytes:  # refused before a byte is read
-            raise RequestError(f"the request body is larger than {limits.max_body_bytes} bytes "
-                               f"(Content-Length: {declared})", None, 413, "413", "HTTPRequestEntityTooLarge",
-                               close=True)
+        if declared is None or declared <= limits.max_body_bytes:
+            return None
+        return RequestError(f"the request body is larger than {limits.max_body_bytes} bytes "
+                            f"(Content-Length: {declared})", None, 413, "413", "HTTPRequestEntityTooLarge",
+                            close=True)
+
+    async def expect(request: web.Request) -> web.Response | None:
+        """`Expect: 100-continue`: aiohttp's own handler sends `100 Continue` as soon as the request
+        is routed, inviting a body the server may refuse. Here a wrong key (401) or a declared body
+        over the cap (413) is answered at once instead, and `100 Continue` waits until the body is
+        about to be read (read_body), after the wait for a reading place."""
+        refused = unauthorized(request)
+        if refused is not None:
+            refused.force_close()  # the body will not come: its client waits for 100 Continue
+            return refused
+        error = too_large(request)
+        if error is not None:
+            return error_response(error, close=True)
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            return error_response(RequestError(f"Expect: {request.headers.get('Expect')!r} is not supported "
+                                               f"(only 100-continue)", None, 417, "417", "ExpectationFailed"),
+                                  close=True)
+        request[_CONTINUE] = request.version == HttpVersion11
+        return None
+
+    async def read_body(request: web.Request) -> bytes:
         try:
             async with asyncio.timeout(limits.body_timeout_s):
+                if request.get(_CONTINUE):
+                    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    request.writer.output_size = 0  # the answer's own size is counted from here
                 return await request.read()  # over client_max_size: HTTPRequestEntityTooLarge (413)
         except TimeoutError:
             raise RequestError(f"the request body did not arrive within {limits.body_timeout_s:g} s", None, 408,
@@ -299,20 +346,37 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
                                            "ServiceUnavailableError"), headers={"Retry-After": "1"})
 
     async def chat(request: web.Request) -> web.Response:
-        # A slot is taken before the body is read: what waits holds a socket, not a body.
-        if slots.locked() and state["queued"] >= limits.max_queued:
-            return busy(f"{limits.max_in_flight} requests in flight and {state['queued']} waiting")
+        error = too_large(request)  # refused before a byte is read, and before any wait
+        if error is not None:
+            raise error
+        # A request waits for a reading place with its body unread: what waits holds a socket.
+        if reading.locked() and state["queued"] >= limits.max_queued:
+            return busy(f"{limits.max_reading} requests being read or waiting for a slot and "
+                        f"{state['queued']} waiting to be read")
         state["queued"] += 1
         try:
             async with asyncio.timeout(limits.queue_timeout_s):
-                await slots.acquire()
+                await reading.acquire()
         except TimeoutError:
-            return busy(f"no free slot within {limits.queue_timeout_s:g} s")
+            return busy(f"no place to read the request within {limits.queue_timeout_s:g} s")
         finally:
             state["queued"] -= 1
+        state["reading"] += 1
+        try:
+            raw = await read_body(request)
+            messages, sampling, stops = parse_chat(parse_json(raw), served_name)
+            size = len(raw)
+            try:
+                async with asyncio.timeout(limits.queue_timeout_s):
+                    await slots.acquire()
+            except TimeoutError:
+                return busy(f"no free slot within {limits.queue_timeout_s:g} s")
+        finally:
+            state["reading"] -= 1
+            reading.release()
         state["in_flight"] += 1
         try:
-            resp = await complete(request)
+            resp = await complete(messages, sampling, stops, size)
             # The answer is sent inside the slot too (else answers nobody reads yet pile up in
             # memory), and within the body time limit: a client that does not read is cut off.
             try:
@@ -327,9 +391,8 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
             state["in_flight"] -= 1
             slots.release()
 
-    async def complete(request: web.Request) -> web.Response:
-        raw = await read_body(request)
-        messages, sampling, stops = parse_chat(parse_json(raw), served_name)
+    async def complete(messages: list[dict[str, str]], sampling: Sampling, stops: list[str],
+                       body_size: int) -> web.Response:
         try:
             async with asyncio.timeout(limits.completion_timeout_s):
                 c = await backend.complete(messages, sampling)
@@ -355,7 +418,7 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
             "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
                       "total_tokens": c.prompt_tokens + c.completion_tokens},
         })
-        if len(raw) + len(resp.body) > _KEEP_ALIVE_MAX_BYTES:
+        if body_size + len(resp.body) > _KEEP_ALIVE_MAX_BYTES:
             resp.force_close()
         return resp
 
@@ -366,11 +429,12 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "backend": backend_spec, "model": served_name,
                                   "completions": state["completions"], "in_flight": state["in_flight"],
-                                  "queued": state["queued"], "busy_refused": state["busy"], **backend.stats()})
+                                  "reading": state["reading"], "queued": state["queued"],
+                                  "busy_refused": state["busy"], **backend.stats()})
 
     created = int(time.time())
     app = web.Application(middlewares=[guard], client_max_size=limits.max_body_bytes)
-    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/chat/completions", chat, expect_handler=expect)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     return app
@@ -469,28 +533,31 @@ def _main(argv: list[str]) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="hf: where the model runs")
     p.add_argument("--max-in-flight", type=int, default=None,
                    help=f"completions at once, more get 503 (default: the larger of {d.max_in_flight} and --max-batch)")
+    p.add_argument("--max-reading", type=int, default=d.max_reading,
+                   help="completions whose body is being read, or read and waiting for a slot")
     p.add_argument("--max-queued", type=int, default=d.max_queued,
-                   help="completions waiting for a slot; one more gets 503 at once")
-    p.add_argument("--queue-timeout-s", type=float, default=d.queue_timeout_s,
-                   help="answer 503 to a completion that waited this long for a slot")
-    p.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
+                   help="completions waiting to be read; one more gets 503 at once")
+    p.add_argument("--queue-timeout-s", type=cli.positive_number, default=d.queue_timeout_s,
+                   help="answer 503 to a completion that waited this long to be read, or then for a slot")
+    p.add_argument("--idle-timeout-s", type=cli.positive_number, default=d.idle_timeout_s,
                    help="close a connection without complete request headers this long")
-    p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
+    p.add_argument("--body-timeout-s", type=cli.positive_number, default=d.body_timeout_s,
                    help="answer 408 to a request body not all there this long after its headers")
-    p.add_argument("--completion-timeout-s", type=float, default=d.completion_timeout_s,
+    p.add_argument("--completion-timeout-s", type=cli.positive_number, default=d.completion_timeout_s,
                    help="answer 504 to a completion that takes longer")
     a = p.parse_args(argv)
     if not 0 <= a.port <= 65535:
         p.error(f"--port {a.port}: expected 0..65535")
     if a.max_batch < 1:
         p.error(f"--max-batch {a.max_batch}: expected >= 1")
-    for flag in ("max_in_flight", "queue_timeout_s", "idle_timeout_s", "body_timeout_s", "completion_timeout_s"):
+    for flag in ("max_in_flight", "max_reading"):
         v = getattr(a, flag)
         if v is not None and not v > 0:
             p.error(f"--{flag.replace('_', '-')} {v}: expected > 0")
     if a.max_queued < 0:
         p.error(f"--max-queued {a.max_queued}: expected >= 0")
-    limits = Limits(max_in_flight=a.max_in_flight or max(d.max_in_flight, a.max_batch), max_queued=a.max_queued,
+    limits = Limits(max_in_flight=a.max_in_flight or max(d.max_in_flight, a.max_batch), max_reading=a.max_reading,
+                    max_queued=a.max_queued,
                     queue_timeout_s=a.queue_timeout_s, idle_timeout_s=a.idle_timeout_s,
                     body_timeout_s=a.body_timeout_s, completion_timeout_s=a.completion_timeout_s)
     if not is_loopback(a.host) and not a.api_key:

@@ -1,14 +1,22 @@
 """GenRMClient against replicas that send what no verdict needs: a reply far over the size cap
-(valid, with a verdict, or endless), a declared length over it, JSON nested past the recursion
-limit; each costs its requests their verdicts (retried, counted, one log line per kind and step),
-never the driver's memory. The replica is an aiohttp server on a thread of the test process."""
+(valid, with a verdict, or endless), a declared length over it, a gzip reply that inflates to
+300 MB, JSON nested past the recursion limit; each costs its requests their verdicts (retried,
+counted, one log line per kind and step), never the driver's memory. The replica is an aiohttp
+server on a thread of the test process; where the client's memory is measured, the client runs
+in a child process."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import gzip
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
+import zlib
 
 import pytest
 from aiohttp import web
@@ -65,6 +73,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
         await resp.prepare(request)
         await asyncio.sleep(30)
         return resp
+    if mode.startswith("big_"):
+        return await big_reply(request, stats)
+    if mode in ENCODED:  # a normal reply, compressed
+        return web.Response(body=ENCODED[mode][1](reply("\\boxed{-1}")), content_type="application/json",
+                            headers={"Content-Encoding": ENCODED[mode][0]})
     if mode == "deep":
         return web.Response(body=b"[" * 100_000 + b"]" * 100_000, content_type="application/json")
     if mode == "http503":
@@ -76,12 +89,77 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return web.Response(body=reply("\\boxed{-1}"), content_type="application/json")
 
 
+ENCODED = {  # mode: (Content-Encoding, how the body is made)
+    "gzip": ("gzip", gzip.compress),
+    "deflate": ("deflate", zlib.compress),
+    "raw_deflate": ("deflate", lambda b: zlib.compress(b)[2:-4]),  # without zlib's header, as some servers send
+    "gzip_members": ("gzip", lambda b: gzip.compress(b[:9]) + gzip.compress(b[9:])),
+    "br": ("br", lambda b: b),
+    "broken_gzip": ("gzip", lambda b: gzip.compress(b)[:12] + b"not gzip" * 4),
+}
+
+
+@pytest.mark.parametrize("mode, error", [("gzip", ""), ("deflate", ""), ("raw_deflate", ""), ("gzip_members", ""),
+                                         ("br", "reply in an encoding not asked for: br"),
+                                         ("broken_gzip", "reply: broken compressed body")])
+def test_compressed_replies_are_decoded_by_the_client(replica, mode, error):
+    """The client decodes gzip and deflate itself (so that the cap applies to the decoded bytes):
+    a compressed verdict reads as one; an encoding it did not ask for, or a broken body, is a
+    retried failure."""
+    address, stats = replica(mode)
+    with GenRMClient([address], max_retries=1, **FAST) as c:
+        verdicts = c.judge(requests(2))
+    assert [(v.step, v.error) for v in verdicts] == [(None if error else -1, error)] * 2, verdicts
+    assert stats["calls"] == (4 if error else 2)
+
+
+BIG = 300 << 20
+PIECE = 1 << 16
+
+
+@functools.lru_cache(maxsize=1)
+def gzip_bomb() -> bytes:
+    """A chat completion with a verdict, padded to BIG bytes and gzipped: 1.3 MB on the wire."""
+    z = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    out = [z.compress(reply("\\boxed{-1}"))]
+    pad = b" " * (1 << 20)
+    out += [z.compress(pad) for _ in range(BIG >> 20)]
+    return b"".join(out) + z.flush()
+
+
+async def big_reply(request: web.Request, stats: dict) -> web.StreamResponse:
+    """BIG bytes written PIECE at a time (the server never holds them): with their length declared
+    (big_declared), chunked without one (big_chunked), or gzipped (big_gzip). stats["sent"] counts
+    the bytes written; stats["ended"] says how the writing ended."""
+    mode = stats["mode"]
+    headers = {"Content-Type": "application/json"}
+    if mode == "big_declared":
+        headers["Content-Length"] = str(BIG)
+    if mode == "big_gzip":
+        headers["Content-Encoding"] = "gzip"
+    resp = web.StreamResponse(headers=headers)
+    if mode != "big_declared":
+        resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    body = gzip_bomb() if mode == "big_gzip" else None
+    try:
+        for i in range(0, len(body) if body else BIG, PIECE):
+            piece = body[i:i + PIECE] if body else b" " * PIECE
+            await resp.write(piece)
+            stats["sent"] += len(piece)
+        await resp.write_eof()
+        stats["ended"] = "sent"
+    except ConnectionError:
+        stats["ended"] = "closed"
+    return resp
+
+
 @pytest.fixture
 def replica():
     """replica(mode) -> (address, stats); the server runs on its own thread until the test ends."""
     def start(serve, mode: str):
         app = web.Application(client_max_size=1 << 20)
-        stats = {"mode": mode, "calls": 0}
+        stats = {"mode": mode, "calls": 0, "sent": 0, "ended": None}
         app[STATS] = stats
         app.router.add_post("/v1/chat/completions", chat)
         return serve(app, shutdown_timeout=0.5), stats
@@ -121,6 +199,83 @@ def test_reply_over_the_cap_is_a_retried_failure(replica, mode):
     assert m["genrm/failures"] == n and m["genrm/retries"] == n * retries
     assert stats["calls"] == n * (retries + 1)
     assert wall < 4.0, wall  # no attempt waited for its time limit (or read 20 MB, or read forever)
+
+
+# The client in a child process, so that its peak resident memory is its own and not the server's.
+# Writing 5 to /proc/self/clear_refs resets the peak (VmHWM) to the memory in use now: a peak left
+# from the imports would hide what a reply adds under it.
+CHILD = r"""
+import json, re, sys
+from reasonrl_fast.genrm.client import GenRMClient
+
+def kib(field):
+    with open("/proc/self/status") as f:
+        return int(re.search(field + r":\s+(\d+)", f.read()).group(1))
+
+def ask(address):
+    with GenRMClient([address], model="m", template="compact", max_retries=0, timeout_s=20) as c:
+        verdict = c.judge([("11+22=", "33", ["3", "3"])])[0]
+        out = {"step": verdict.step, "error": verdict.error, "failures": c.metrics()["genrm/failures"]}
+        print(json.dumps(out), flush=True)
+        sys.stdin.readline()  # the parent looks at the server's side while this client still lives
+
+ask(sys.argv[1])  # a normal reply first: what any request costs is in the baseline
+for address in sys.argv[2:]:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = kib("VmRSS")
+    ask(address)
+    print(json.dumps({"grown": (kib("VmHWM") - base) * 1024}), flush=True)
+"""
+
+
+def test_a_refused_reply_is_not_read_past_the_cap():
+    """300 MB replies, declared, chunked without a length, and gzipped (1.3 MB that inflates to
+    300 MB): each is refused at the cap, counted as one failure, and the client's peak memory
+    grows by under 3x the cap; the connection is closed (the server's writing ends with a closed
+    connection while the client still lives), after far less than the reply was sent."""
+    modes = ["big_declared", "big_chunked", "big_gzip"]
+    gzip_bomb()  # built before the clock matters
+    with app_server() as serve:
+        servers = []
+        for mode in ["ok", *modes]:
+            app = web.Application()
+            stats = {"mode": mode, "calls": 0, "sent": 0, "ended": None}
+            app[STATS] = stats
+            app.router.add_post("/v1/chat/completions", chat)
+            servers.append((serve(app, shutdown_timeout=0.5), stats))
+        child = subprocess.Popen([sys.executable, "-c", CHILD, *(a for a, _ in servers)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        try:
+            results = {}
+            for (_, stats) in servers:
+                mode = stats["mode"]
+                line = child.stdout.readline()
+                assert line, f"the client process ended early ({mode})"
+                results[mode] = json.loads(line)
+                if mode in ("big_declared", "big_chunked"):
+                    deadline = time.monotonic() + 5
+                    while stats["ended"] is None and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    results[mode].update(ended=stats["ended"], sent=stats["sent"])
+                child.stdin.write("\n")
+                child.stdin.flush()
+                if mode != "ok":
+                    results[mode].update(json.loads(child.stdout.readline()))
+            assert child.wait(10) == 0
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    print("\n" + "\n".join(f"{m}: {r}" for m, r in results.items()))
+    assert results["ok"] == {"step": -1, "error": "", "failures": 0}
+    for mode in modes:
+        r = results[mode]
+        assert (r["step"], r["error"], r["failures"]) == (None, f"reply over {MAX_REPLY_BYTES} bytes", 1), r
+        assert r["grown"] < 3 * MAX_REPLY_BYTES, (mode, r)
+    for mode in ("big_declared", "big_chunked"):
+        assert results[mode]["ended"] == "closed" and results[mode]["sent"] < BIG // 10, results[mode]
 
 
 def test_default_cap_accepts_a_normal_reply(replica):

@@ -200,6 +200,50 @@ def test_declared_length_over_the_cap_is_413_before_the_body(small):
     assert waited < 1.0, waited
 
 
+def expect_continue(port: int, content_length: int, key: str | None = None) -> tuple[socket.socket, bytes]:
+    """A socket that sent a chat request's headers with `Expect: 100-continue`, and the first line
+    the server answered."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+              f"Expect: 100-continue\r\nContent-Length: {content_length}\r\n\r\n".encode())
+    data = b""
+    while b"\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return s, data.split(b"\r\n", 1)[0]
+
+
+def test_expect_100_continue_is_answered_413_when_the_body_is_too_large(small):
+    """A declared 1 GB body with `Expect: 100-continue` gets 413 as its first answer, not a
+    `100 Continue` inviting the gigabyte (aiohttp's own handler sent that before any check); a body
+    within the cap still gets `100 Continue` and then its completion."""
+    s, first = expect_continue(small.port, 10**9)
+    s.close()
+    assert first.startswith(b"HTTP/1.1 413"), first
+    data = body(compact(12, 34))
+    s, first = expect_continue(small.port, len(data))
+    try:
+        assert first == b"HTTP/1.1 100 Continue", first
+        s.sendall(data)
+        status, r, _ = read_reply(s, 5)
+    finally:
+        s.close()
+    assert status == 200 and r["choices"][0]["message"]["content"].endswith("\\boxed{-1}"), r
+
+
+def test_expect_100_continue_with_a_wrong_key_is_401_first():
+    with launch("rule:addition", api_key="k") as server:
+        s, first = expect_continue(server.port, 1000, key="wrong")
+        s.close()
+        assert first.startswith(b"HTTP/1.1 401"), first
+        s, first = expect_continue(server.port, 1000, key="k")
+        s.close()
+        assert first == b"HTTP/1.1 100 Continue", first
+
+
 def test_slow_body_is_408_and_a_silent_connection_is_closed(small):
     t0 = time.monotonic()
     slow = open_request(small.port, 1000, b'{"messages": ')  # 0.5 s to send the rest
@@ -223,17 +267,17 @@ def test_slow_body_is_408_and_a_silent_connection_is_closed(small):
         assert "Traceback" not in f.read()
 
 
-def test_requests_over_the_in_flight_cap_wait_then_get_503_with_retry_after():
-    """2 slots, 1 place in the queue: with both slots held by bodies that do not come, one request
-    waits (its body unread) and is served when a slot frees; past the queue's length a request is
+def test_requests_over_the_reading_cap_wait_then_get_503_with_retry_after():
+    """2 reading places, 1 place in the queue: with both held by bodies that do not come, one request
+    waits (its body unread) and is served when a place frees; past the queue's length a request is
     503 at once, past its time limit 503 too, both with Retry-After."""
-    with launch("rule:addition", extra_args=["--max-in-flight", "2", "--max-queued", "1", "--queue-timeout-s", "1",
+    with launch("rule:addition", extra_args=["--max-reading", "2", "--max-queued", "1", "--queue-timeout-s", "1",
                                              "--body-timeout-s", "30"]) as server:
         port = server.port
         held = [open_request(port, 1000, b"{") for _ in range(2)]
         try:
             deadline = time.monotonic() + 5
-            while health(port)["in_flight"] < 2 and time.monotonic() < deadline:
+            while health(port)["reading"] < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
 
             async def run():
@@ -245,7 +289,7 @@ def test_requests_over_the_in_flight_cap_wait_then_get_503_with_retry_after():
                 refused = await loop.run_in_executor(None, post, port, body(compact(12, 34)))
                 at_once = time.monotonic() - t
                 await asyncio.sleep(0.2)
-                held.pop().close()  # a slot frees: the waiting request is served
+                held.pop().close()  # a place frees: the waiting request is served
                 return await waiting, refused, at_once
 
             (w_status, _, w), (r_status, r_headers, r), at_once = asyncio.run(run())
@@ -253,9 +297,9 @@ def test_requests_over_the_in_flight_cap_wait_then_get_503_with_retry_after():
             assert r_status == 503 and is_openai_error(r) and r["error"]["code"] == "server_busy", r
             assert r_headers.get("Retry-After") == "1" and "waiting" in r["error"]["message"] and at_once < 0.5
 
-            deadline = time.monotonic() + 5  # the last holder and a new one take both slots again
+            deadline = time.monotonic() + 5  # the last holder and a new one take both places again
             held.append(open_request(port, 1000, b"{"))
-            while health(port)["in_flight"] < 2 and time.monotonic() < deadline:
+            while health(port)["reading"] < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
             t = time.monotonic()
             status, headers, r = post(port, body(compact(12, 34)))
@@ -267,13 +311,84 @@ def test_requests_over_the_in_flight_cap_wait_then_get_503_with_retry_after():
                 s.close()
 
 
-def test_memory_is_bounded_by_the_in_flight_cap():
-    """40 concurrent 4 MB requests (each answer echoes its 4 MB step) through a server that judges
-    4 at a time: its peak memory stays near 4 requests' worth (a dozen MB each), where without
-    the cap all 40 were read and judged at once and each idle connection kept its last request
+def test_slow_bodies_do_not_hold_the_in_flight_slots():
+    """64 connections that sent their headers and half a body, against a server with 4 in-flight
+    slots: a valid completion is answered at once. (When a slot was taken before the body was read,
+    the 64 held every slot until the body timeout, and the completion got 503 after its wait.)"""
+    with launch("rule:addition", extra_args=["--max-in-flight", "4", "--queue-timeout-s", "2",
+                                             "--body-timeout-s", "10"]) as server:
+        port = server.port
+        half = body(compact(12, 34))
+        held = [open_request(port, len(half), half[:len(half) // 2]) for _ in range(64)]
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                h = health(port)
+                if h["in_flight"] + h["queued"] + h.get("reading", 0) >= 64:
+                    break
+                time.sleep(0.01)
+            t = time.monotonic()
+            status, _, r = post(port, body(compact(12, 34)))
+            waited = time.monotonic() - t
+            h = health(port)
+        finally:
+            for s in held:
+                s.close()
+    assert status == 200 and r["choices"][0]["message"]["content"].endswith("\\boxed{-1}"), r
+    assert waited < 1.0, waited
+    assert h["reading"] == 64 and h["in_flight"] == 0, h
+
+
+def test_a_read_body_waits_for_a_slot_then_gets_503(monkeypatch):
+    """In process, with one slot held by a slow judge: the next request's body is read and parsed
+    while it waits for the slot (it holds a reading place, not a slot), and past the queue time
+    limit it gets 503 with Retry-After."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from reasonrl_fast.genrm import serve
+
+    backend = serve.RuleBackend()
+    real = backend.judge
+
+    def slow(text):
+        time.sleep(1.0)
+        return real(text)
+
+    monkeypatch.setattr(backend, "judge", slow)
+    app = serve.make_app(backend, "rule:addition", None, "rule:addition",
+                         serve.Limits(max_in_flight=1, queue_timeout_s=0.3))
+
+    async def run():
+        async with TestClient(TestServer(app, host="127.0.0.1")) as c:
+            first = asyncio.ensure_future(c.post(CHAT, data=body(compact(12, 34))))
+            await asyncio.sleep(0.1)
+            t0 = time.monotonic()
+            second = asyncio.ensure_future(c.post(CHAT, data=body(compact(12, 34))))
+            await asyncio.sleep(0.15)
+            h = await (await c.get("/health")).json()
+            r2 = await second
+            waited = time.monotonic() - t0
+            r1 = await first
+            return h, r2.status, dict(r2.headers), await r2.json(), waited, r1.status
+
+    try:
+        h, status, headers, reply, waited, first_status = asyncio.run(run())
+    finally:
+        backend.close()
+    assert (h["in_flight"], h["reading"], h["queued"]) == (1, 1, 0), h
+    assert status == 503 and is_openai_error(reply) and "no free slot within 0.3 s" in reply["error"]["message"]
+    assert headers.get("Retry-After") == "1" and 0.25 < waited < 0.9, waited
+    assert first_status == 200
+
+
+def test_memory_is_bounded_by_the_reading_and_in_flight_caps():
+    """40 concurrent 4 MB requests (each answer echoes its 4 MB step) through a server that reads
+    4 at a time and judges 4 at a time: its peak memory stays near 8 requests' worth, where without
+    the caps all 40 were read and judged at once and each idle connection kept its last request
     and answer (200 such requests: 87 MB -> 1.0 GB)."""
     big = body("12+34=46|" + "x" * 3_900_000 + "|")
-    with launch("rule:addition", extra_args=["--max-in-flight", "4", "--queue-timeout-s", "60"]) as server:
+    with launch("rule:addition", extra_args=["--max-in-flight", "4", "--max-reading", "4",
+                                             "--queue-timeout-s", "60"]) as server:
         def peak_mb() -> float:
             with open(f"/proc/{server.pid}/status") as f:
                 return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) / 1024
@@ -291,7 +406,7 @@ def test_memory_is_bounded_by_the_in_flight_cap():
 
         statuses = asyncio.run(run())
         grown = peak_mb() - before
-    print(f"\n40 concurrent 4 MB requests, 4 in flight: server peak grew {grown:.0f} MB")
+    print(f"\n40 concurrent 4 MB requests, 4 read and 4 in flight: server peak grew {grown:.0f} MB")
     assert statuses == [200] * 40
     assert grown < 160, grown
 
