@@ -345,6 +345,15 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
         return error_response(RequestError(f"the server is busy ({why}): retry later", None, 503, "server_busy",
                                            "ServiceUnavailableError"), headers={"Retry-After": "1"})
 
+    async def acquire_in_time(semaphore: asyncio.Semaphore) -> bool:
+        """Whether `semaphore` was taken within the queue time limit."""
+        try:
+            async with asyncio.timeout(limits.queue_timeout_s):
+                await semaphore.acquire()
+            return True
+        except TimeoutError:
+            return False
+
     async def chat(request: web.Request) -> web.Response:
         error = too_large(request)  # refused before a byte is read, and before any wait
         if error is not None:
@@ -355,21 +364,17 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
                         f"{state['queued']} waiting to be read")
         state["queued"] += 1
         try:
-            async with asyncio.timeout(limits.queue_timeout_s):
-                await reading.acquire()
-        except TimeoutError:
-            return busy(f"no place to read the request within {limits.queue_timeout_s:g} s")
+            placed = await acquire_in_time(reading)
         finally:
             state["queued"] -= 1
+        if not placed:
+            return busy(f"no place to read the request within {limits.queue_timeout_s:g} s")
         state["reading"] += 1
         try:
             raw = await read_body(request)
             messages, sampling, stops = parse_chat(parse_json(raw), served_name)
             size = len(raw)
-            try:
-                async with asyncio.timeout(limits.queue_timeout_s):
-                    await slots.acquire()
-            except TimeoutError:
+            if not await acquire_in_time(slots):
                 return busy(f"no free slot within {limits.queue_timeout_s:g} s")
         finally:
             state["reading"] -= 1
