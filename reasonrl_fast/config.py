@@ -649,8 +649,7 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
                 _check_override(o)
             merged.append(OmegaConf.from_dotlist(list(overrides)))
         for raw in merged[1:]:  # before OmegaConf reads 2 or "yes" as true
-            _check_bools(OmegaConf.to_container(raw, resolve=False), Config)
-            _check_sections(OmegaConf.to_container(raw, resolve=False), Config)
+            _check_raw(OmegaConf.to_container(raw, resolve=False), Config)
         cfg = OmegaConf.merge(*merged)
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -672,20 +671,27 @@ def _check_finite(section, at: str = "") -> None:
                 _fail(f"{at}{f.name}", value, "must be a finite number")
 
 
-def _check_bools(raw, cls, at: str = "") -> None:
-    """A bool setting takes true or false (YAML's, or the words quoted) and nothing else.
-    OmegaConf alone reads any number but 0, "yes", "on", "y" and "1" as true: a value meant
-    for another key, or a count, would switch the setting on without a word. (int and float
-    settings already refuse a bool.)"""
+def _check_raw(raw, cls, at: str = "") -> None:
+    """What the merge would let through or name badly, in one file's or the overrides' settings
+    as written, against the dataclass `cls` of their section:
+    - a bool setting takes true or false (YAML's, or the words quoted) and nothing else.
+      OmegaConf alone reads any number but 0, "yes", "on", "y" and "1" as true: a value meant for
+      another key, or a count, would switch the setting on without a word (int and float settings
+      already refuse a bool);
+    - a section (model, trainer, fapo.genrm, ...) is given as a mapping of its settings: a lone
+      value in its place (`trainer=5`) is named here, where OmegaConf's merge names no key.
+    Unknown keys are left to the merge, which names them."""
     if not isinstance(raw, dict):
         return
     hints = get_type_hints(cls)
     for key, value in raw.items():
         kind = hints.get(key)
-        if kind is None:  # an unknown key: the merge names it
+        if kind is None:
             continue
         if dataclasses.is_dataclass(kind):
-            _check_bools(value, kind, f"{at}{key}.")
+            if value is not None and not isinstance(value, dict):
+                _fail(f"{at}{key}", value, f"a section, not a value: give its settings ({at}{key}.NAME=VALUE)")
+            _check_raw(value, kind, f"{at}{key}.")
         elif kind is bool and not isinstance(value, bool) and not (
                 isinstance(value, str) and (value.lower() in ("true", "false") or value.startswith("${"))):
             _fail(f"{at}{key}", value, "must be true or false")
@@ -700,20 +706,6 @@ def _check_override(override: str) -> None:
     key, eq, _ = override.partition("=")
     if not eq or not _OVERRIDE_KEY.fullmatch(key):
         raise ConfigError(f"override {override!r}: expected key=value with a dotted key, such as trainer.steps=3")
-
-
-def _check_sections(raw, cls, at: str = "") -> None:
-    """A section (model, trainer, fapo.genrm, ...) is given as a mapping of its settings: a lone
-    value in its place (`trainer=5`) is named here, where OmegaConf's merge names no key."""
-    if not isinstance(raw, dict):
-        return
-    hints = get_type_hints(cls)
-    for key, value in raw.items():
-        kind = hints.get(key)
-        if kind is not None and dataclasses.is_dataclass(kind):
-            if value is not None and not isinstance(value, dict):
-                _fail(f"{at}{key}", value, f"a section, not a value: give its settings ({at}{key}.NAME=VALUE)")
-            _check_sections(value, kind, f"{at}{key}.")
 
 
 def _load_yaml(path: str) -> DictConfig:

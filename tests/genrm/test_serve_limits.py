@@ -139,6 +139,21 @@ def test_hostile_request_texts_are_answered_at_once_and_the_loop_stays_free(smal
     assert wall < 5 and health_s < 1.5, (wall, health_s)
 
 
+def _slow_judge(monkeypatch, seconds: float):
+    """The addition rule backend whose every judge takes `seconds` (in a thread of the server)."""
+    from reasonrl_fast.genrm import serve
+
+    backend = serve.RuleBackend()
+    real = backend.judge
+
+    def slow(text):
+        time.sleep(seconds)
+        return real(text)
+
+    monkeypatch.setattr(backend, "judge", slow)
+    return backend
+
+
 def test_judge_runs_off_the_event_loop_with_a_time_cap(monkeypatch):
     """In process (a judge made slow on purpose): /health answers while a judge runs, and a
     judge over completion_timeout_s answers 504 in the API's error format."""
@@ -146,14 +161,7 @@ def test_judge_runs_off_the_event_loop_with_a_time_cap(monkeypatch):
 
     from reasonrl_fast.genrm import serve
 
-    backend = serve.RuleBackend()
-    real = backend.judge
-
-    def slow(text):
-        time.sleep(1.5)
-        return real(text)
-
-    monkeypatch.setattr(backend, "judge", slow)
+    backend = _slow_judge(monkeypatch, 1.5)
     app = serve.make_app(backend, "rule:addition", None, "rule:addition",
                          serve.Limits(completion_timeout_s=0.5))
 
@@ -347,14 +355,7 @@ def test_a_read_body_waits_for_a_slot_then_gets_503(monkeypatch):
 
     from reasonrl_fast.genrm import serve
 
-    backend = serve.RuleBackend()
-    real = backend.judge
-
-    def slow(text):
-        time.sleep(1.0)
-        return real(text)
-
-    monkeypatch.setattr(backend, "judge", slow)
+    backend = _slow_judge(monkeypatch, 1.0)
     app = serve.make_app(backend, "rule:addition", None, "rule:addition",
                          serve.Limits(max_in_flight=1, queue_timeout_s=0.3))
 
