@@ -4,7 +4,10 @@ cross-section `validate`.
 
 OmegaConf structured configs give us type checking for free: an unknown key or a value of the
 wrong type raises an error that names the key (we re-raise it as a short ConfigError). The
-choices of `algo` and `data.task` are the keys of the ALGOS and TASKS registries.
+choices of `algo` and `data.task` are the keys of the ALGOS and TASKS registries, whose entries
+are imported only when asked for: loading the settings imports neither torch nor the compiled
+extension, so a config error is reported (and `python -m reasonrl_fast.plan` runs) where they
+are not installed.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from reasonrl_fast.algos import ALGOS
+from reasonrl_fast.algos import ALGOS, get_algo
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.lm_head import parse_setting
 from reasonrl_fast.protocol import TEMPLATES, normalize_address
-from reasonrl_fast.rewards.score import scorer_for
+from reasonrl_fast.rewards.score import SANDBOX_SHARE, check_sandbox
+from reasonrl_fast.rollout.registry import ROLLOUTS
 from reasonrl_fast.tasks import TASKS, get_task
 
 __all__ = ["Config", "ConfigError", "load_config", "validate", "to_yaml", "config_hash"]
@@ -38,6 +41,14 @@ __all__ = ["Config", "ConfigError", "load_config", "validate", "to_yaml", "confi
 
 def _fail(key: str, value, what: str):
     raise ConfigError(f"{key}={value!r}: {what}")
+
+
+def tristate(value, key: str) -> str:
+    """'auto', 'true' or 'false' from the config value of `key` (YAML booleans included)."""
+    v = str(value).strip().lower()
+    if v not in ("auto", "true", "false"):
+        raise ConfigError(f"{key}={value!r}: must be auto, true or false")
+    return v
 
 
 class _Checks:
@@ -62,6 +73,11 @@ class _Checks:
         for name in names:
             if not 0 <= getattr(self, name) <= 1:
                 _fail(f"{at}{name}", getattr(self, name), "must be in [0, 1]")
+
+    def _tristate(self, at: str, *names: str) -> None:
+        # normalised in place: whoever reads the setting compares with "auto", "true", "false"
+        for name in names:
+            setattr(self, name, tristate(getattr(self, name), f"{at}{name}"))
 
 
 
@@ -119,7 +135,7 @@ class ModelConfig(_Checks):
         # the embedded model's sizes: transformers' own config check would stop a count below 1
         # with a message that names none of them
         self._positive(at, "hidden_size", "num_layers", "num_heads", "intermediate_size")
-        self.fused_lm_head = parse_setting(self.fused_lm_head)
+        self._tristate(at, "fused_lm_head")
         if self.max_position_embeddings is not None:
             self._positive(at, "max_position_embeddings")
 
@@ -187,7 +203,7 @@ class DataConfig(_Checks):
 
     def check(self, at: str = "data.") -> None:
         self._one_of(at, "task", TASKS)
-        self.packing = parse_setting(self.packing, f"{at}packing")
+        self._tristate(at, "packing")
         self._positive(at, "prompts_per_step")
         self._probability(at, "flaw_prob", "carry_slip_prob", "carry_frac")
         if self.reward_fn and ":" not in self.reward_fn:
@@ -243,7 +259,7 @@ class RolloutConfig(_Checks):
     """The truncation of the rollout importance weights: min(ratio, is_cap)."""
 
     def check(self, at: str = "rollout.") -> None:
-        self._one_of(at, "backend", ("hf", "vllm"))
+        self._one_of(at, "backend", tuple(ROLLOUTS))  # read when checked: a registered engine counts
         self._one_of(at, "decoder", ("auto", "model"))
         self._one_of(at, "correction", ("none", "token_tis", "seq_tis"))
         self._positive(at, "n", "max_new_tokens", "temperature", "sync_every", "is_cap")
@@ -296,7 +312,8 @@ class GRPOConfig(_Checks):
     kl_coef: float = 0.0
     """Coefficient of the k3 KL to the reference policy (0: no reference model)."""
     overlong_buffer: int = 0
-    """DAPO overlong shaping buffer L_buf in tokens (0: off)."""
+    """DAPO overlong shaping buffer L_buf in tokens (0: off), for algo=grpo and fapo (FlowRL has
+    its own, flowrl.overlong_buffer)."""
     overlong_factor: float = 1.0
     """DAPO overlong penalty factor."""
     norm_by_std: bool = True
@@ -325,6 +342,11 @@ class FlowRLConfig:
     """Layers of the Z-head MLP."""
     zhead_lr_mult: float = 1.0
     """Learning-rate multiplier for the Z-head parameters."""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping of FlowRL's rewards: buffer L_buf in tokens (0: off; the published
+    FlowRL runs shape with 4096, as DAPO)."""
+    overlong_factor: float = 1.0
+    """DAPO overlong penalty factor of FlowRL's rewards."""
 
 
 @dataclass
@@ -554,6 +576,17 @@ class Config(_Checks):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
+    @property
+    def embedded_model(self) -> bool:
+        """The run's model is the embedded tiny one (model.path empty), warm-started on
+        data.task's demonstrations."""
+        return not self.model.path
+
+    @property
+    def embedded_task(self) -> bool:
+        """The run trains on the embedded task data.task (data.train_files empty)."""
+        return not self.data.train_files
+
     def check(self) -> None:
         """Every section's own checks (the cross-section rules are `validate`'s)."""
         self._one_of("", "algo", ALGOS)
@@ -574,7 +607,8 @@ def validate(cfg: Config) -> Config:
                           f"(optim.mini_batch_prompts={cfg.optim.mini_batch_prompts}) leaves a worker a "
                           f"mini-batch without prompts: each needs at least one prompt per mini-batch")
     check_bf16_lr(cfg)
-    if not cfg.data.train_files:  # the embedded task: its scorer's sandbox limit, its own limits
+    get_algo(cfg.algo).check_config(cfg)
+    if cfg.embedded_task:  # its scorer's sandbox limit, its own limits
         task = get_task(cfg.data.task)
         check_sandbox(cfg, [task.source])
         task.check_config(cfg)
@@ -604,7 +638,7 @@ def check_bf16_lr(cfg: Config) -> None:
     if not bf16 or o.bf16_stochastic_round:
         return
     lrs = {"optim.lr": o.lr}
-    if ALGOS[cfg.algo].zhead:
+    if get_algo(cfg.algo).zhead:
         lrs["optim.lr x flowrl.zhead_lr_mult"] = o.lr * cfg.flowrl.zhead_lr_mult
     for key, lr in lrs.items():
         if 0 < lr < BF16_MIN_LR:  # 0: a group meant not to move
@@ -612,29 +646,6 @@ def check_bf16_lr(cfg: Config) -> None:
                               f"bf16's spacing at a typical weight (|w| ~ 0.01), an AdamW step rounds away "
                               f"and the weights do not train; set model.dtype=float32, or "
                               f"optim.bf16_stochastic_round=true")
-
-
-# The derived sandbox limit is this fraction of the pool's: the old fixed defaults (30 s, 10 s).
-SANDBOX_SHARE = 3
-
-
-def check_sandbox(cfg: Config, data_sources) -> None:
-    """When one of `data_sources` is scored in the code sandbox (the default routing, a code
-    source): a ConfigError when reward.sandbox_timeout_s is not below reward.timeout_s, and the
-    UserError of a sandbox this machine cannot build (no libseccomp for its filter), now rather
-    than as a reward error on every sample."""
-    r = cfg.reward
-    code = None if cfg.data.reward_fn else next((s for s in set(data_sources) if scorer_for(s) == "code"), None)
-    if code is None:
-        return
-    if r.sandbox_timeout_s >= r.timeout_s:
-        raise ConfigError(f"reward.sandbox_timeout_s={r.sandbox_timeout_s} must be below "
-                          f"reward.timeout_s={r.timeout_s}: {code!r} records run in the code sandbox, "
-                          f"which must report a slow program before the pool's limit kills its worker "
-                          f"(leave reward.sandbox_timeout_s unset for a third of reward.timeout_s)")
-    from reasonrl_fast.rewards.seccomp_filter import filter_bpf
-
-    filter_bpf()
 
 
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -753,3 +764,10 @@ def config_hash(*parts) -> str:
     blob = json.dumps([dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts],
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_argv(argv: list[str] | tuple[str, ...]) -> Config:
+    """A command's `[config.yaml] key=value ...` arguments (train, eval, plan): the first is the
+    YAML file unless it is a setting (it has no `=`), the rest are dotted overrides."""
+    path = argv[0] if argv and "=" not in argv[0] else None
+    return load_config(path, list(argv[1:] if path else argv))

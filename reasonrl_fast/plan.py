@@ -3,12 +3,14 @@
 The memory one worker (one GPU, or one CPU process) of a training run needs, term by term, in
 the two phases of a step: the rollout (the engine generating) and the update (log-prob passes,
 forward and backward, optimiser step). It reads the model's config.json only, never weights: from
-`model.path`, else the shipped shape of a model the configs name (`plan_shapes.py`). Exit status
+`model.path`, else the shipped shape of a model the configs name (models/shipped_shapes.py). Exit status
 0 when the peak fits the device, 1 when it does not (with the first knob to turn), 2 on bad input.
 docs/scaling.md explains every row and the knobs.
 
 The estimate is an upper bound of the worst step: every sequence at data.max_prompt_length +
-rollout.max_new_tokens. On CPU it is what the worker's `memory/peak_gb` (its max RSS) measures,
+rollout.max_new_tokens. What the workers hold and how they run it (sharding, dtypes, attention,
+packing, the fused head, the engine's memory) is the Layout the workers build from
+(models/layout.py `resolve`); this module only counts its bytes. It imports no torch. On CPU it is what the worker's `memory/peak_gb` (its max RSS) measures,
 checked against real runs by tests/test_plan.py."""
 
 from __future__ import annotations
@@ -20,10 +22,16 @@ import sys
 from dataclasses import dataclass, field
 
 from reasonrl_fast import cli
-from reasonrl_fast.config import Config, load_config
+from reasonrl_fast.algos import get_algo
+from reasonrl_fast.config import Config, load_argv
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.shape import check_shape, context_problem, genrm_context_problem, model_fields
-from reasonrl_fast.util import meminfo_bytes, rollout_sequences, shares
+from reasonrl_fast.genrm.launch import DEFAULT_MAX_BATCH
+from reasonrl_fast.models.layout import SYNC_BUCKET_BYTES, Layout, dtype_bytes, largest_mini_batch, resolve
+from reasonrl_fast.models.shape import (Shape, context_problem, genrm_context_problem, model_fields,
+                                        shape_from_config, tiny_shape, zhead_params)
+from reasonrl_fast.rollout.registry import get_rollout
+from reasonrl_fast.trainer.micro import split
+from reasonrl_fast.util import chunk_width, meminfo_bytes, rollout_sequences
 
 GIB = 2 ** 30
 # On a GPU: room the estimate leaves for what it does not count: the CUDA context (one per
@@ -38,79 +46,6 @@ CPU_BASELINE_GIB = 0.54
 # vLLM needs beyond its weights and KV cache: the activations of its profiling batch, the
 # sampler's logits and CUDA graphs (about 1-2 GiB for 4-32B models at the default batch limits).
 VLLM_OVERHEAD_GIB = 2.0
-SYNC_BUCKET = 256 * 2 ** 20  # trainer/fsdp.py iter_full's bucket of full tensors
-GENRM_MAX_BATCH = 64  # genrm/hf_backend.py's default batch of verdicts
-
-
-# ---------------------------------------------------------------- the model's shape
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the estimate reads of a decoder-only (Llama-family) model's config.json."""
-
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool
-    model_type: str
-    attn_bias: bool  # q/k/v biases (Qwen2; attention_bias elsewhere)
-    qk_norm: bool  # RMSNorm on q and k per head (Qwen3)
-    sliding: bool = False
-    o_bias: bool = False  # o_proj's bias (attention_bias in Llama, Mistral, Qwen3; never Qwen2)
-    mlp_bias: bool = False
-
-    @property
-    def layer_params(self) -> int:
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attn = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if self.attn_bias else 0) + (h if self.o_bias else 0)
-        qk = 2 * self.head_dim if self.qk_norm else 0
-        mlp = 3 * h * self.intermediate + ((2 * self.intermediate + h) if self.mlp_bias else 0)
-        return attn + qk + mlp + 2 * h  # + the two RMSNorms
-
-    @property
-    def root_params(self) -> int:
-        """Embeddings, final norm and LM head: FSDP2's root unit."""
-        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
-
-    @property
-    def params(self) -> int:
-        return self.layers * self.layer_params + self.root_params
-
-
-def shape_from_config(d: dict, where: str) -> Shape:
-    """A Shape from config.json's fields (a multimodal config's text_config when it has one),
-    after the trainer's own shape check (models/shape.py `check_shape`)."""
-    if "hidden_size" not in d and isinstance(d.get("text_config"), dict):
-        d = {**d["text_config"], "tie_word_embeddings": d.get("tie_word_embeddings", False)}
-    check_shape(d, where)
-    mt = d.get("model_type", "")
-    heads = d["num_attention_heads"]
-    return Shape(hidden=d["hidden_size"], intermediate=d["intermediate_size"], layers=d["num_hidden_layers"],
-                 heads=heads, kv_heads=d.get("num_key_value_heads") or heads,
-                 head_dim=d.get("head_dim") or d["hidden_size"] // heads, vocab=d["vocab_size"],
-                 tied=bool(d.get("tie_word_embeddings", False)), model_type=mt,
-                 attn_bias=mt == "qwen2" or bool(d.get("attention_bias")), qk_norm=mt == "qwen3",
-                 o_bias=mt != "qwen2" and bool(d.get("attention_bias")), mlp_bias=bool(d.get("mlp_bias")),
-                 sliding=bool(d.get("use_sliding_window")) or (mt == "mistral" and bool(d.get("sliding_window"))))
-
-
-def tiny_shape(m) -> Shape:
-    """The embedded tiny model of models/tiny.py, from the config's model section."""
-    from reasonrl_fast.models.tiny import char_tokenizer
-
-    return Shape(hidden=m.hidden_size, intermediate=m.intermediate_size, layers=m.num_layers, heads=m.num_heads,
-                 kv_heads=max(1, m.num_heads // 2), head_dim=m.hidden_size // m.num_heads,
-                 vocab=len(char_tokenizer()), tied=False, model_type="qwen2", attn_bias=True, qk_norm=False)
-
-
-def zhead_params(hidden: int, layers: int) -> int:
-    """ops/zhead.py: (layers - 1) x [Linear(H, H), LayerNorm(H)] + Linear(H, 1)."""
-    return (layers - 1) * (hidden * hidden + 3 * hidden) + hidden + 1 if layers else 0
 
 
 # ---------------------------------------------------------------- one forward's tokens
@@ -124,28 +59,28 @@ class Forward:
     mask: int  # elements of the attention mask sdpa reads (0 with flash-attn)
 
 
-def forward_tokens(cfg: Config, world: int, packed: bool, flash: bool) -> Forward:
-    """The worst forward of the update: the largest mini-batch of the largest worker's share, or a
-    micro-batch of optim.micro_batch_tokens, every sequence at its longest."""
-    from reasonrl_fast.trainer.policy import mini_batches
-
+def forward_tokens(cfg: Config, layout: Layout) -> Forward:
+    """The worst forward of the update: the largest mini-batch of the largest worker's share, cut
+    into micro-batches of optim.micro_batch_tokens as the workers cut it (trainer/micro.py), every
+    sequence at its longest."""
     p, r = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
     seq = p + r
-    most = len(shares(cfg.data.prompts_per_step, world)[0])
-    rows = max(s.stop - s.start for s in mini_batches(cfg, most))
+    rows = largest_mini_batch(cfg, layout.world)
     budget = cfg.optim.micro_batch_tokens
-    if packed:
-        tokens = min(max(budget, seq), rows * seq) if budget else rows * seq  # a longer sequence runs alone
+    if layout.packed:
+        # a packed micro-batch holds up to the budget of real tokens, more sequences than the
+        # longest ones when they are shorter (or one sequence longer than the budget, alone)
+        tokens = min(max(budget, seq), rows * seq) if budget else rows * seq
         # a packed micro-batch of short prompts holds more responses: at most R of every R + 1 tokens
         logit_rows = min(rows * r, tokens * r // (r + 1))
-        if flash:  # one row, flash-attn's variable-length kernels: no mask
+        if layout.one_row:  # one row, flash-attn's variable-length kernels: no mask
             return Forward(-(-tokens // seq), tokens, logit_rows, 0)
         # sdpa: rows as long as the longest sequence (trainer/policy.py make_packed_batch), each with
         # its block-diagonal mask
         packed_rows = -(-tokens // seq)
         return Forward(packed_rows, packed_rows * seq, logit_rows, packed_rows * seq * seq)
-    if budget:
-        rows = max(1, min(rows, budget // seq))
+    rows = max(len(g) for g in split([seq] * rows, budget, False))
+    flash = layout.attention.startswith("flash")
     return Forward(rows, rows * seq, rows * r, 0 if flash else rows * seq * seq)
 
 
@@ -174,16 +109,12 @@ def activation_bytes(s: Shape, f: Forward, c: int, ckpt: bool, flash: bool) -> i
 
 def logits_bytes(s: Shape, f: Forward, c: int, fused: bool, gpu: bool) -> int:
     """Unfused: the [rows, vocab] logits the op saves and their gradient, in compute dtype, plus the
-    head's input rows. Fused: one vocabulary chunk of linear_token_logprob's backward (`_chunk`)
-    and its float32 dh accumulator."""
-    import torch
-
-    from reasonrl_fast.ops.linear_token_logprob import _chunk
-
+    head's input rows. Fused: one vocabulary chunk of linear_token_logprob's backward
+    (util.chunk_width) and its float32 dh accumulator."""
     n = f.logit_rows
     if not fused:
         return 2 * n * s.vocab * c + n * s.hidden * c
-    width = _chunk(n, s.hidden, s.vocab, torch.device("cuda" if gpu else "cpu"))
+    width = chunk_width(n, s.hidden, s.vocab, gpu)
     chunk = n * width * c if gpu else 3 * n * (width + 1) * c  # CPU: logits, padded copy, dz
     return chunk + n * s.hidden * (4 + 2 * c)
 
@@ -213,6 +144,7 @@ class Estimate:
     terms: list[Term] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # impossible settings, whatever the total
+    layout: Layout | None = None  # what the workers would resolve (models/layout.py)
 
     @property
     def rollout(self) -> float:
@@ -243,28 +175,25 @@ def host_memory_gib() -> float:
     return meminfo_bytes("MemTotal") / GIB
 
 
+def plan_layout(cfg: Config, s: Shape, device: str) -> Layout:
+    """The Layout the workers of `cfg` would resolve on `device` ("gpu" or "cpu") for a model of
+    shape `s`: the same `resolve` they call, on the config it was read from (no model is built,
+    so an output layer only a built model shows as not plain is not seen here)."""
+    t = cfg.trainer
+    return resolve(cfg, s.config, "cuda" if device == "gpu" else "cpu", t.nnodes * t.workers_per_node,
+                   get_rollout(cfg.rollout.backend))
+
+
 def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.0,
              genrm: Shape | None = None) -> Estimate:
     """Per-worker memory of `cfg` for a model of shape `s` (`genrm`: a GenRM the run starts itself
     with the hf backend, on the first GPU)."""
-    from reasonrl_fast.algos import get_algo
-    from reasonrl_fast.models.lm_head import FUSED_CPU_MIN_ELEMENTS
-    from reasonrl_fast.models.loading import PACKED_FAMILIES, master_dtype
-    import torch
-
-    from reasonrl_fast.trainer.fsdp import compute_dtype, sharding_mode
-    from reasonrl_fast.trainer.policy import tokens_per_forward
-
-    gpu = device == "gpu"
-    t = cfg.trainer
-    world = t.nnodes * t.workers_per_node
-    dev = torch.device("cuda" if gpu else "cpu")
-    mode = sharding_mode(t.sharding, dev, world)  # the workers' own rules, here and below
-    master = master_dtype(cfg.model.dtype)
-    b = master.itemsize  # master weights, their gradients and Adam states
-    c = compute_dtype(cfg.model.compute_dtype, master, dev, mode).itemsize  # the workers' own rule
-    flash = gpu and c == 2  # models/loading.py attention_implementation: flash-attn for bf16 compute on CUDA
-    est = Estimate(device, world, memory_gib, GPU_RESERVE_GIB if gpu else 0.0)
+    layout = plan_layout(cfg, s, device)
+    gpu, world, mode = device == "gpu", layout.world, layout.sharding
+    b = dtype_bytes(layout.weight_dtype)  # master weights, their gradients and Adam states
+    c = dtype_bytes(layout.compute_dtype)
+    flash = layout.attention.startswith("flash")
+    est = Estimate(device, world, memory_gib, GPU_RESERVE_GIB if gpu else 0.0, layout=layout)
     algo = get_algo(cfg.algo)
     zl = cfg.flowrl.zhead_layers if algo.zhead else 0
     lm, pol = s.params, s.params + zhead_params(s.hidden, zl)
@@ -291,70 +220,67 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
         add(Term("reference model", _gib(ref), _gib(ref), "frozen, held like the policy in the compute dtype"))
 
     # the update's forward
-    packed = cfg.data.packing == "true" or (cfg.data.packing == "auto" and s.model_type in PACKED_FAMILIES
-                                            and not s.sliding)
-    f = forward_tokens(cfg, world, packed, flash)
+    f = forward_tokens(cfg, layout)
     ckpt = cfg.model.gradient_checkpointing
-    fused = cfg.model.fused_lm_head == "true" or (
-        cfg.model.fused_lm_head == "auto" and (gpu or tokens_per_forward(cfg, world) * s.vocab >= FUSED_CPU_MIN_ELEMENTS))
-    layout = f"packed {f.tokens} tokens" if packed else f"{f.rows} rows x {f.tokens // f.rows}"
+    rows = f"packed {f.tokens} tokens" if layout.packed else f"{f.rows} rows x {f.tokens // f.rows}"
     add(Term("activations", 0, _gib(activation_bytes(s, f, c, ckpt, flash)),
-             f"{layout}; checkpointing {'on' if ckpt else 'off'}; "
+             f"{rows}; checkpointing {'on' if ckpt else 'off'}; "
              + ("flash-attn" if flash else f"sdpa, {f.mask / 1e6:.3g} M-element mask"), "activations"))
-    add(Term("logits", 0, _gib(logits_bytes(s, f, c, fused, gpu)),
-             f"{'fused: one vocabulary chunk' if fused else f'unfused: {f.logit_rows} x {s.vocab}'}", "logits"))
+    add(Term("logits", 0, _gib(logits_bytes(s, f, c, layout.fused, gpu)),
+             f"{'fused: one vocabulary chunk' if layout.fused else f'unfused: {f.logit_rows} x {s.vocab}'}", "logits"))
 
-    # the rollout engine
-    rows = rollout_sequences(cfg)
+    # the rollout engine: one that holds memory of its own (sized in bytes or by a share of the
+    # device), or a copy of the trainer's model with a KV cache as long as its batch
+    batch = rollout_sequences(cfg)
     seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    eb = 2 if gpu else c  # vLLM's dtype: bf16 on a GPU, on CPU the trainer's compute dtype (rollout/__init__.py)
-    if cfg.rollout.backend == "vllm":
-        from reasonrl_fast.rollout.vllm import GPU_UTILIZATION, kv_cache_bytes
-
-        set_bytes = cfg.rollout.kv_cache_memory_bytes
-        one = kv_bytes(s, 1, seq, eb)  # the KV cache of one full-length sequence
-        if set_bytes is not None and set_bytes < one:
-            est.problems.append(f"rollout.kv_cache_memory_bytes={set_bytes} holds less than one {seq}-token "
-                                f"sequence's KV cache ({one} bytes): vLLM would not start")
-        if gpu and set_bytes is None:
-            util = cfg.rollout.gpu_memory_utilization or GPU_UTILIZATION
-            engine = util * memory_gib
-            need = _gib(lm * eb + one) + VLLM_OVERHEAD_GIB
-            room = engine - _gib(lm * eb) - VLLM_OVERHEAD_GIB
-            tokens = int(room * GIB / kv_bytes(s, 1, 1, eb)) if room > 0 else 0
-            add(Term("vLLM engine", engine, 0, f"{util:g} of {memory_gib:g} GiB; KV room ~{tokens} tokens "
-                     f"({tokens / seq:.1f} sequences of {seq}); asleep in the update", "engine"))
-            if engine < need:
-                est.problems.append(f"rollout.gpu_memory_utilization={util:g} gives vLLM {engine:.1f} GiB, but its "
-                                    f"weights, one {seq}-token sequence's KV cache and ~{VLLM_OVERHEAD_GIB:g} GiB "
-                                    f"of overhead need {need:.1f} GiB: set it to at least "
-                                    f"{need / memory_gib + 0.005:.2f}")
-        else:  # the KV cache in bytes, as the worker sizes it (rollout/__init__.py make_rollout)
-            kv = kv_cache_bytes(cfg, (s.layers, s.kv_heads, s.head_dim), eb)
-            what = ("rollout.kv_cache_memory_bytes" if set_bytes is not None
-                    else f"{rows} sequences x {seq} tokens, in blocks")
-            if gpu:
-                engine = _gib(lm * eb + kv) + VLLM_OVERHEAD_GIB
-                add(Term("vLLM engine", engine, 0, f"weights + {_gib(kv):.2f} GiB KV cache ({what}) + "
-                         f"~{VLLM_OVERHEAD_GIB:g} GiB; asleep in the update", "engine"))
-            else:
-                engine = _gib(lm * eb + kv)
-                add(Term("vLLM engine", engine, engine, f"weights + {_gib(kv):.3g} GiB KV cache ({what}); "
-                         f"no sleep on CPU", "engine"))
-        if mode == "fsdp":
-            add(Term("weight sync buckets", _gib(2 * SYNC_BUCKET), 0, "one bucket gathered + its full tensors"))
+    eb = dtype_bytes(layout.rollout_dtype)
+    engine_of = get_rollout(cfg.rollout.backend)
+    name = engine_of.label or engine_of.name
+    one = kv_bytes(s, 1, seq, eb)  # the KV cache of one full-length sequence
+    kv, util = layout.kv_cache_bytes, layout.engine_share
+    if kv is not None and kv < one:
+        est.problems.append(f"rollout.kv_cache_memory_bytes={kv} holds less than one {seq}-token "
+                            f"sequence's KV cache ({one} bytes): the {name} engine would not start")
+    if util is not None:
+        engine = util * memory_gib
+        need = _gib(lm * eb + one) + VLLM_OVERHEAD_GIB
+        room = engine - _gib(lm * eb) - VLLM_OVERHEAD_GIB
+        tokens = int(room * GIB / kv_bytes(s, 1, 1, eb)) if room > 0 else 0
+        add(Term(f"{name} engine", engine, 0, f"{util:g} of {memory_gib:g} GiB; KV room ~{tokens} tokens "
+                 f"({tokens / seq:.1f} sequences of {seq}); asleep in the update", "engine"))
+        if engine < need:
+            est.problems.append(f"rollout.gpu_memory_utilization={util:g} gives the {name} engine {engine:.1f} GiB, "
+                                f"but its weights, one {seq}-token sequence's KV cache and ~{VLLM_OVERHEAD_GIB:g} "
+                                f"GiB of overhead need {need:.1f} GiB: set it to at least "
+                                f"{need / memory_gib + 0.005:.2f}")
+    elif kv is not None:
+        what = ("rollout.kv_cache_memory_bytes" if cfg.rollout.kv_cache_memory_bytes is not None
+                else f"{batch} sequences x {seq} tokens, in blocks")
+        if gpu:
+            engine = _gib(lm * eb + kv) + VLLM_OVERHEAD_GIB
+            add(Term(f"{name} engine", engine, 0, f"weights + {_gib(kv):.2f} GiB KV cache ({what}) + "
+                     f"~{VLLM_OVERHEAD_GIB:g} GiB; asleep in the update", "engine"))
+        else:
+            engine = _gib(lm * eb + kv)
+            add(Term(f"{name} engine", engine, engine, f"weights + {_gib(kv):.3g} GiB KV cache ({what}); "
+                     f"no sleep on CPU", "engine"))
     else:
-        kv = kv_bytes(s, rows, seq, c) + rows * s.vocab * 40  # + the sampler's fp32 logits, fp64 noise, int64 hashes
-        add(Term("HF rollout copy", _gib(lm * c), _gib(lm * c), "full weights in the compute dtype, refreshed every sync"))
-        add(Term("HF rollout KV cache", _gib(kv), 0, f"{rows} rows x {seq} tokens", "engine"))
+        cache = kv_bytes(s, batch, seq, eb) + batch * s.vocab * 40  # + the sampler's fp32 logits, fp64 noise, int64 hashes
+        add(Term(f"{name} rollout copy", _gib(lm * eb), _gib(lm * eb),
+                 f"full weights in {layout.rollout_dtype}, refreshed every sync"))
+        add(Term(f"{name} rollout KV cache", _gib(cache), 0, f"{batch} rows x {seq} tokens", "engine"))
+    if mode == "fsdp":  # every engine takes its weights from the shards, gathered a bucket at a time
+        add(Term("weight sync buckets", _gib(2 * SYNC_BUCKET_BYTES), 0, "one bucket gathered + its full tensors"))
     if genrm is not None and gpu:
-        g = _gib(genrm.params * 2 + kv_bytes(genrm, GENRM_MAX_BATCH, seq + cfg.fapo.genrm.max_tokens, 2))
-        add(Term("GenRM (hf, on the first GPU)", g, g, f"bf16 weights + KV of {GENRM_MAX_BATCH} verdicts"))
+        g = _gib(genrm.params * 2 + kv_bytes(genrm, DEFAULT_MAX_BATCH, seq + cfg.fapo.genrm.max_tokens, 2))
+        add(Term("GenRM (hf, on the first GPU)", g, g, f"bf16 weights + KV of {DEFAULT_MAX_BATCH} verdicts"))
 
     # The setup is no phase of its own: the worker shards from host memory (fully_shard moves one
     # unit at a time to the device, trainer/worker.py), so beside the engine it holds the shards
     # and one unit's full weights, less than the rollout phase's shards and AdamW states.
-    if not gpu:
+    if gpu:  # flash-attn or sdpa: as installed where this runs (pip install 'reasonrl_fast[gpu]' on the workers)
+        est.notes.append(f"{layout.notes['attention']}, as installed here")
+    else:
         est.notes.append("CPU: a worker's max RSS; the GenRM and the reward workers live in other processes")
     return est
 
@@ -398,16 +324,14 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
         elif term.knob == "logits" and phase == "update" and cfg.model.fused_lm_head != "true":
             if fits_with(model__fused_lm_head="true").fits:
                 return out + ["set model.fused_lm_head=true"]
-        elif (term.knob == "engine" and phase == "rollout" and cfg.rollout.backend == "vllm"
+        elif (term.knob == "engine" and phase == "rollout" and est.layout.kv_cache_bytes is not None
               and cfg.rollout.kv_cache_memory_bytes is not None):
             kv = cfg.rollout.kv_cache_memory_bytes - int((est.rollout - limit) * GIB) - 2 ** 20
             if kv > 0 and fits_with(rollout__kv_cache_memory_bytes=kv).fits:
                 return out + [f"lower rollout.kv_cache_memory_bytes to {kv}"]
-        elif term.knob == "engine" and phase == "rollout" and cfg.rollout.backend == "vllm" and device == "gpu":
-            from reasonrl_fast.rollout.vllm import GPU_UTILIZATION
-
+        elif term.knob == "engine" and phase == "rollout" and est.layout.engine_share is not None:
             over = est.rollout - limit
-            util = (cfg.rollout.gpu_memory_utilization or GPU_UTILIZATION) - over / est.memory_gib
+            util = est.layout.engine_share - over / est.memory_gib
             if fits_with(rollout__gpu_memory_utilization=round(util - 0.005, 2)).fits:
                 return out + [f"lower rollout.gpu_memory_utilization to {util - 0.005:.2f}"]
         elif term.knob == "states":
@@ -474,27 +398,24 @@ def _main(argv: list[str]) -> Estimate:
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     a = p.parse_intermixed_args(argv)  # key=value settings before, between or after the flags
     given_mem = gpu_memory(a.gpu_memory_gb) if a.gpu_memory_gb is not None else None
-    path = a.args[0] if a.args and "=" not in a.args[0] else None
-    overrides = (a.args[1:] if path else a.args) + (gpu_overrides(a.gpus) if a.gpus is not None else [])
-    cfg = load_config(path, overrides)
+    cfg = load_argv(a.args + (gpu_overrides(a.gpus) if a.gpus is not None else []))
     # the contexts are read as the trainer's preflight reads them (models/shape.py); a run past
     # one is flagged as a problem: it would not start
     problems = []
-    if cfg.model.path:
+    if not cfg.embedded_model:
         d, where, note = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
         if note:
             print(note)
         s = shape_from_config(d, where)
         problems.append(context_problem(cfg, d, where))
     else:
-        from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_config
+        from reasonrl_fast.models.tiny import TINY_SOURCE
 
-        check_shape(tiny_config(cfg.model), TINY_SOURCE)  # as the trainer's preflight checks it
-        s = tiny_shape(cfg.model)
-        problems.append(context_problem(cfg, tiny_config(cfg.model), TINY_SOURCE))
+        s = tiny_shape(cfg.model)  # checked as the trainer's preflight checks it
+        problems.append(context_problem(cfg, s.config, TINY_SOURCE))
     genrm = None
     g = cfg.fapo.genrm
-    if cfg.algo == "fapo" and not g.addresses and g.serve.startswith("hf:"):
+    if get_algo(cfg.algo).uses_genrm and not g.addresses and g.serve.startswith("hf:"):
         d, where, note = model_fields(g.serve[3:], f"fapo.genrm.serve={g.serve!r}")
         if note:
             print(note)

@@ -10,8 +10,9 @@ the GenRM's context, packing forced on a family that cannot pack; then, on the u
 more nodes than a local instance has, the data files, the reward function, the run directory,
 the model's weight files and the tokenizer; then the model built on
 the meta device (a class the trainer cannot train, a head it cannot fuse), torchao
-for bf16 stochastic rounding and vLLM (imported). What needs the warm-started model (the data against its tokenizer) or the run
-directory's checkpoints stays in the trainer (trainer/loop.py)."""
+for bf16 stochastic rounding and the rollout engine's own check (vLLM: imported, and the
+architecture against its list). What needs the warm-started model (the data against its
+tokenizer) or the run directory's checkpoints stays in the trainer (trainer/loop.py)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def preflight(cfg, model_config=None, *, files: bool = True):
     `model_config`: the policy's `transformers.PretrainedConfig`; None reads model.path's
     config.json, or for the embedded tiny model (model.path empty) builds the config its model
     section gives. `files=False` skips what only the user's machine can answer: the data files,
-    the reward function, the run directory, the weight files, the tokenizer's size, vLLM's install
-    and trainer.nnodes against a local instance (a recipe names the nodes of its cluster)."""
+    the reward function, the run directory, the weight files, the tokenizer's size, the rollout
+    engine's install (`Rollout.preflight`) and trainer.nnodes against a local instance (a recipe
+    names the nodes of its cluster)."""
     if model_config is None:
         model_config, source = _policy_config(cfg)
     else:
@@ -39,9 +41,9 @@ def preflight(cfg, model_config=None, *, files: bool = True):
     check_context(cfg, model_config, source)
     _check_genrm(cfg)
     if cfg.data.packing == "true":  # a model family whose attention cannot read packed rows
-        from reasonrl_fast.models.loading import config_packing_blocker, packing_refusal
+        from reasonrl_fast.models.layout import packing_blocker, packing_refusal
 
-        blocker = config_packing_blocker(model_config)
+        blocker = packing_blocker(model_config)
         if blocker:
             raise packing_refusal(blocker)
     if files:
@@ -49,7 +51,7 @@ def preflight(cfg, model_config=None, *, files: bool = True):
 
         check_local_nodes(cfg)  # a local instance is one node
         _check_files(cfg)
-        if cfg.model.path:  # weights the workers could load (the embedded model gets its own)
+        if not cfg.embedded_model:  # weights the workers could load (the embedded model gets its own)
             from reasonrl_fast.models.loading import check_weights
 
             check_weights(cfg.model.path)
@@ -65,16 +67,16 @@ def preflight(cfg, model_config=None, *, files: bool = True):
         from reasonrl_fast.trainer.optim import stochastic_adamw
 
         stochastic_adamw()
-    if files and cfg.rollout.backend == "vllm":  # not installed, or cannot load this architecture
-        from reasonrl_fast.rollout.vllm import check_vllm
+    if files:  # the rollout engine: not installed, or cannot load this architecture
+        from reasonrl_fast.rollout import get_rollout
 
-        check_vllm(model_config.architectures)
+        get_rollout(cfg.rollout.backend).preflight(model_config.architectures)
     return model_config
 
 
 def _policy_config(cfg):
     """(the policy's config, where it was read, for messages)."""
-    if not cfg.model.path:
+    if cfg.embedded_model:
         from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_config
 
         return tiny_config(cfg.model), TINY_SOURCE

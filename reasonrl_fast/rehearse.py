@@ -3,7 +3,7 @@ of a recipe on this machine's CPU, in minutes, so that a recipe is known to run 
 books a GPU cluster.
 
 First the recipe as it is goes through the trainer's preflight against its real model's config
-(model.path's config.json, else the shipped shape named like the directory, plan_shapes.SHAPES):
+(model.path's config.json, else the shipped shape named like the directory, shipped_shapes.SHAPES):
 what would stop the real run before Ray starts stops the rehearsal the same way, with one line.
 Then the recipe runs for real, through the trainer (trainer/loop.py: Ray, two gloo workers,
 FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scaled by one rule:
@@ -16,9 +16,10 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
     reference answers so that some responses are right (FAPO asks its GenRM about right
     answers only); the embedded model is rehearsed as it is, its warm start shortened;
   - lengths: every token length (data.max_prompt_length, rollout.max_new_tokens,
-    grpo.overlong_buffer, optim.micro_batch_tokens, fapo.genrm.max_tokens) divided by one factor,
-    the smallest power of two that brings prompt + response to SEQUENCE_TOKENS or fewer, halved
-    while the prompt would not hold the stand-in records' longest one;
+    grpo.overlong_buffer, flowrl.overlong_buffer, optim.micro_batch_tokens, fapo.genrm.max_tokens)
+    divided by one factor, the smallest power of two that brings prompt + response to
+    SEQUENCE_TOKENS or fewer, halved while the prompt would not hold the stand-in records' longest
+    one;
   - batch: at most SAMPLES_PER_STEP samples a step (data.prompts_per_step x rollout.n, the group
     size kept), optimizer steps per RL step kept where each of the two workers still gets a
     prompt in every mini-batch, else as many as they can;
@@ -31,15 +32,14 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
     checkpoint to step STEPS + 1.
 Every other setting (algorithm, dtypes, packing, gradient checkpointing, fused head, clip
 ratios, loss aggregation, KL, Z-head, warm-up, sampling and validation settings, GenRM client
-settings) is the recipe's. vLLM is used where it is importable, else the hf rollout, said in one
-line. The run directory is a temporary one, removed after a rehearsal that passes (--output-dir
-keeps everything: the stand-in model, the records, the run).
+settings) is the recipe's. The recipe's rollout engine (vLLM) is used where it is importable, else
+the hf rollout, said in one line. The run directory is a temporary one, removed after a rehearsal
+that passes (--output-dir keeps everything: the stand-in model, the records, the run).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -52,6 +52,7 @@ from omegaconf import OmegaConf
 from reasonrl_fast import cli
 from reasonrl_fast.config import Config, load_config, validate
 from reasonrl_fast.errors import UserError
+from reasonrl_fast.rollout.registry import FALLBACK, get_rollout
 
 SEQUENCE_TOKENS = 64
 """The longest sequence (prompt + response) after scaling. Sampling over the real vocabulary
@@ -73,8 +74,8 @@ GENRM_SHAPE = "Qwen3-4B-Instruct-2507"
 """The architecture of the GenRM a FAPO recipe asks at remote addresses: FAPO's GenRM is trained
 from it (configs/fapo_genrm_qwen3_4b.yaml)."""
 
-LENGTHS = ("data.max_prompt_length", "rollout.max_new_tokens", "grpo.overlong_buffer", "optim.micro_batch_tokens",
-           "fapo.genrm.max_tokens")
+LENGTHS = ("data.max_prompt_length", "rollout.max_new_tokens", "grpo.overlong_buffer", "flowrl.overlong_buffer",
+           "optim.micro_batch_tokens", "fapo.genrm.max_tokens")
 """Every setting counted in tokens: the ones the length factor divides."""
 
 
@@ -114,10 +115,11 @@ def batch(prompts: int, mini: int, n: int) -> tuple[int, int]:
     return budget // k * k, budget // k
 
 
-def scale(cfg: Config, vllm_importable: bool, prompt_tokens: int = 1) -> dict[str, Any]:
+def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[str, Any]:
     """The rehearsal's settings that differ from the recipe's, by dotted key (the module's rule;
-    `prompt_tokens`: the stand-in records' longest prompt; the stand-ins' paths and the run
-    directory are the caller's)."""
+    `engine_importable`: whether the recipe's rollout engine is installed here, else the one that
+    runs everywhere samples; `prompt_tokens`: the stand-in records' longest prompt; the stand-ins'
+    paths and the run directory are the caller's)."""
     f = length_factor(cfg, prompt_tokens)
     out: dict[str, Any] = {k: -(-get(cfg, k) // f) for k in LENGTHS}  # a 0 ("off") stays 0
     out["data.prompts_per_step"], out["optim.mini_batch_prompts"] = batch(
@@ -126,17 +128,13 @@ def scale(cfg: Config, vllm_importable: bool, prompt_tokens: int = 1) -> dict[st
                 "trainer.sharding": "fsdp", "model.compute_dtype": "bfloat16", "trainer.steps": STEPS,
                 "trainer.save_every": 1, "trainer.resume": "auto", "trainer.ray_address": "",
                 "trainer.progress": False})
-    if cfg.rollout.backend == "vllm" and not vllm_importable:
-        out["rollout.backend"] = "hf"
-    if embedded(cfg):
+    if not engine_importable:
+        out["rollout.backend"] = FALLBACK
+    if cfg.embedded_model:
         out["sft.steps"] = min(cfg.sft.steps, EMBEDDED_SFT_STEPS)
         out["data.train_size"] = min(cfg.data.train_size, EMBEDDED_TRAIN_SIZE)
         out["data.val_size"] = min(cfg.data.val_size, VAL_PROMPTS)
     return {k: v for k, v in out.items() if get(cfg, k) != v}
-
-
-def embedded(cfg: Config) -> bool:
-    return not cfg.model.path
 
 
 def stand_in_genrm(cfg: Config) -> bool:
@@ -219,7 +217,7 @@ def real_model_config(cfg: Config):
     from reasonrl_fast.models.shape import model_fields
     from reasonrl_fast.models.stand_in import hf_config
 
-    if embedded(cfg):
+    if cfg.embedded_model:
         return None, "the embedded model"
     fields, where, _ = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
     return hf_config(fields), where
@@ -256,7 +254,7 @@ def stage(cfg: Config, work: str, records: dict, tok, log) -> tuple[dict[str, An
             settings.setdefault(key, []).append(out)
             pairs += recs
             notes.append(f"{key}: {path} -> {len(recs)} stand-in {recs[0][0]['data_source']!r} records")
-    if not embedded(cfg):
+    if not cfg.embedded_model:
         fields, where, _ = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
         small = stand_in.shrink(fields)
         path = os.path.join(work, "model", os.path.basename(os.path.normpath(cfg.model.path)))
@@ -338,7 +336,7 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
     chat = any(isinstance(r["prompt"], list) for files in records.values() for _, pairs in files for r, _ in pairs)
     tok = stand_in.tokenizer(chat)
     prompt_tokens = longest_prompt(records, tok)
-    scaled = scale(cfg, importlib.util.find_spec("vllm") is not None, prompt_tokens)
+    scaled = scale(cfg, get_rollout(cfg.rollout.backend).available(), prompt_tokens)
     f = length_factor(cfg, prompt_tokens)
     work = os.path.abspath(output_dir) if output_dir else tempfile.mkdtemp(prefix="reasonrl-rehearse-")
     try:
@@ -349,10 +347,11 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
     try:
         log(f"[rehearse] {config}: preflight passed against {where}; rehearsing in {work}")
         if "rollout.backend" in scaled:
-            log("[rehearse] rollout: the recipe names vllm, which is not importable here: the hf rollout samples")
+            log(f"[rehearse] rollout: the recipe names {cfg.rollout.backend}, which is not importable here: "
+                f"the {FALLBACK} rollout samples")
         paths, notes = stage(cfg, work, records, tok, log)
         settings = {**scaled, **paths, "trainer.output_dir": os.path.join(work, "run")}
-        if embedded(cfg):
+        if cfg.embedded_model:
             settings["sft.cache_dir"] = os.path.join(work, "sft")
         small = apply(cfg, {**settings, "trainer.overwrite": True})  # a rehearsal starts afresh
         for line in [f"lengths / {f} (prompt + response {cfg.data.max_prompt_length + cfg.rollout.max_new_tokens}"

@@ -9,7 +9,7 @@ Bad input (config, model context, data files, run directory, checkpoint) ends it
 from __future__ import annotations
 
 from reasonrl_fast import cli
-from reasonrl_fast.config import load_config
+from reasonrl_fast.config import load_argv
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -17,8 +17,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _main(argv: list[str]) -> dict:
-    path = argv[0] if argv and "=" not in argv[0] else None
-    cfg = load_config(path, argv[1:] if path else argv)
+    cfg = load_argv(argv)
     from reasonrl_fast.preflight import preflight
 
     preflight(cfg)  # before the trainer's imports, the warm start, the GenRM and Ray

@@ -101,3 +101,30 @@ def extract_boxed(text: str) -> str | None:
             if depth == 0:
                 return text[start:token.start()]
     return None
+
+
+def chunk_width(rows: int, hidden: int, vocab: int, cuda: bool, tracing: bool = False) -> int:
+    """Vocabulary columns per chunk of the fused LM head (ops/linear_token_logprob.py) for `rows`
+    rows of width `hidden`: the op and the memory planner (plan.py) read it here, where torch is
+    not needed. REASONRL_LINEAR_LOGPROB_CHUNK sets it by hand."""
+    env = os.environ.get("REASONRL_LINEAR_LOGPROB_CHUNK")
+    if env:
+        try:
+            c = int(env)
+        except ValueError:
+            c = 0
+        if c < 1:
+            raise ValueError(f"REASONRL_LINEAR_LOGPROB_CHUNK must be a positive number of columns, got {env!r}")
+        return min(c, max(vocab, 1))
+    if tracing:
+        # A width that depends on the rows would pin them under torch.compile(dynamic=True): one
+        # recompilation per batch size. Under compile the width depends on hidden and vocab only.
+        c = -(-max(hidden, 4096) // 128) * 128 if cuda else 2048
+    elif cuda:
+        # dz chunk of about the size of hidden (rows x hidden), at least 16M elements, whole tiles.
+        c = max(hidden, (1 << 24) // max(rows, 1))
+        c = -(-c // 128) * 128
+    else:
+        c = max(256, (1 << 22) // max(rows, 1))  # 16 MiB of float32 per chunk
+    return max(1, min(c, vocab))
+

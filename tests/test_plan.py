@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 
 from reasonrl_fast import plan
 from reasonrl_fast.config import load_config
-from reasonrl_fast.plan_shapes import SHAPES
+from reasonrl_fast.models.shape import shape_from_config, tiny_shape, zhead_params
+from reasonrl_fast.models.shipped_shapes import SHAPES
 from tests.helpers.train import ROOT, read_metrics, repo_env
 
 CONFIGS = os.path.join(ROOT, "configs")
@@ -33,14 +34,14 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
     Qwen3Config(**SMALL, head_dim=32, attention_bias=True), LlamaConfig(**SMALL, attention_bias=True, mlp_bias=True),
     LlamaConfig(**SMALL, tie_word_embeddings=True)], ids=["qwen2", "qwen2-tied", "qwen3-bias", "llama-biases", "llama-tied"])
 def test_parameter_count_equals_the_built_model(config):
-    assert plan.shape_from_config(config.to_dict(), "x").params == _meta_params(config)
+    assert shape_from_config(config.to_dict(), "x").params == _meta_params(config)
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_shipped_shapes_count_like_transformers(name):
     d = {k: v for k, v in SHAPES[name].items() if not k.startswith("_")}
     config = (Qwen3Config if d["model_type"] == "qwen3" else Qwen2Config)(**d)
-    assert plan.shape_from_config(SHAPES[name], name).params == _meta_params(config)
+    assert shape_from_config(SHAPES[name], name).params == _meta_params(config)
 
 
 def test_embedded_tiny_shape_is_the_trainer_model():
@@ -49,10 +50,10 @@ def test_embedded_tiny_shape_is_the_trainer_model():
     cfg = load_config(None, ["model.hidden_size=64", "model.num_layers=3", "model.intermediate_size=96"])
     tok = char_tokenizer()
     model = tiny_model(cfg.model, len(tok), tok)
-    assert plan.tiny_shape(cfg.model).params == sum(p.numel() for p in model.parameters())
+    assert tiny_shape(cfg.model).params == sum(p.numel() for p in model.parameters())
     from reasonrl_fast.ops import ZHead
 
-    assert plan.zhead_params(64, 3) == sum(p.numel() for p in ZHead(64, num_layers=3).parameters())
+    assert zhead_params(64, 3) == sum(p.numel() for p in ZHead(64, num_layers=3).parameters())
 
 
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
@@ -79,7 +80,7 @@ def test_layer_bytes_match_what_autograd_saves(packed):
         model.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     measured = sum(n for ptr, n in saved.items() if ptr not in params)
-    s = plan.shape_from_config(config.to_dict(), "x")
+    s = shape_from_config(config.to_dict(), "x")
     f = plan.Forward(rows, rows * seq, 0, (rows * seq) ** 2 if packed else rows * seq * seq)
     est = plan.activation_bytes(s, f, 4, ckpt=False, flash=False)
     assert abs(est - measured) / measured < 0.10, (est, measured)
@@ -91,7 +92,7 @@ def test_terms_by_hand():
     """7.6 B float32 master parameters over 8 FSDP2 ranks: parameters 4 B, gradients 4 B, Adam 8 B
     per parameter and rank; the vLLM engine takes its fraction of the card in the rollout only."""
     cfg = load_config(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"), ["algo=grpo"])
-    s = plan.shape_from_config(SHAPES["Qwen2.5-7B"], "x")
+    s = shape_from_config(SHAPES["Qwen2.5-7B"], "x")
     est = plan.estimate(cfg, s, "gpu", 80.0)
     t = {x.name: x for x in est.terms}
     assert t["policy parameters"].update == pytest.approx(s.params * 4 / 8 / 2**30)
@@ -105,47 +106,27 @@ def test_terms_by_hand():
     assert not off.fits and off.phase == "update"
 
 
-def test_float32_masters_compute_in_bf16_under_fsdp_on_gpu():
+def test_float32_masters_compute_in_bf16_under_fsdp_on_gpu(monkeypatch):
     """fp32 master weights and AdamW states (4 B), but bf16 compute under FSDP2: the reference
-    model and the sampler's copy held in bf16 (2 B), flash-attn kept; on CPU (DDP) everything in
-    the masters' dtype."""
-    s = plan.shape_from_config(SHAPES["Qwen2.5-7B"], "x")
+    model and the sampler's copy held in bf16 (2 B), flash-attn kept where it is installed; on
+    CPU (DDP) everything in the masters' dtype."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" else real(name, *a))
+    s = shape_from_config(SHAPES["Qwen2.5-7B"], "x")
     cfg = load_config(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"), ["model.dtype=float32", "rollout.backend=hf"])
     gpu = {x.name: x for x in plan.estimate(cfg, s, "gpu", 80.0).terms}
-    pol = s.params + plan.zhead_params(s.hidden, cfg.flowrl.zhead_layers)
+    pol = s.params + zhead_params(s.hidden, cfg.flowrl.zhead_layers)
     assert gpu["policy parameters"].update == pytest.approx(pol * 4 / 8 / 2**30)
     assert gpu["AdamW states (2)"].update == pytest.approx(2 * gpu["policy parameters"].update)
     assert gpu["reference model"].update == pytest.approx(s.params * 2 / 8 / 2**30)
-    assert gpu["HF rollout copy"].rollout == pytest.approx(s.params * 2 / 2**30)
+    assert gpu["hf rollout copy"].rollout == pytest.approx(s.params * 2 / 2**30)
     assert "flash-attn" in gpu["activations"].note
     cpu = {x.name: x for x in plan.estimate(load_config(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"), [
         "model.dtype=float32", "rollout.backend=hf", "trainer.workers_per_node=2"]), s, "cpu", 80.0).terms}
     assert cpu["reference model"].update == pytest.approx(s.params * 4 / 2**30)  # replicated, fp32
     assert "sdpa" in cpu["activations"].note
-
-
-@pytest.mark.parametrize("master,device,sharding,want", [
-    (torch.float32, "cuda", "fsdp", torch.bfloat16), (torch.bfloat16, "cuda", "fsdp", torch.bfloat16),
-    (torch.float32, "cuda", "replicate", torch.float32), (torch.float32, "cuda", "none", torch.float32),
-    (torch.float32, "cpu", "fsdp", torch.float32), (torch.bfloat16, "cpu", "replicate", torch.bfloat16)])
-def test_compute_dtype(master, device, sharding, want):
-    from reasonrl_fast.trainer.fsdp import compute_dtype
-
-    assert compute_dtype("auto", master, torch.device(device), sharding) == want
-
-
-def test_attention_follows_the_compute_dtype(monkeypatch):
-    import importlib.util
-
-    from reasonrl_fast.models import loading
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" else real(name, *a))
-    cuda = torch.device("cuda")
-    assert loading.attention_implementation(cuda, torch.bfloat16)[0] == "flash_attention_2"
-    attn, why = loading.attention_implementation(cuda, torch.float32)
-    assert attn == "sdpa" and "computes in torch.float32" in why and "trainer.sharding=fsdp" in why
-    assert loading.attention_implementation(torch.device("cpu"), torch.bfloat16)[0] == "sdpa"
 
 
 # fp32 masters and one full-weight engine per GPU with the published 20480-token responses need
@@ -348,9 +329,9 @@ def test_cpu_vllm_term_is_the_workers_kv_cache_in_bytes(name, monkeypatch):
 
     cfg = load_config(None, ["rollout.backend=vllm", "data.prompts_per_step=8", "trainer.workers_per_node=2"])
     if name == "embedded":
-        s, config = plan.tiny_shape(cfg.model), tiny_config(cfg.model).to_dict()
+        s, config = tiny_shape(cfg.model), tiny_config(cfg.model).to_dict()
     else:
-        s, config = plan.shape_from_config(SHAPES[name], name), SHAPES[name]
+        s, config = shape_from_config(SHAPES[name], name), SHAPES[name]
     want = (s.params * 4 + kv_cache_bytes(cfg, kv_shape(config), 4)) / 2**30
     for host_gib in (16.0, 512.0):
         monkeypatch.setattr(plan, "host_memory_gib", lambda: host_gib)
@@ -362,7 +343,7 @@ def test_gpu_vllm_term_with_the_kv_cache_in_bytes():
     """Set in bytes on a GPU: bf16 weights + the bytes + vLLM's overhead while generating, the
     fraction ignored; too many is lowered to what fits, fewer than one sequence is a problem."""
     path = os.path.join(CONFIGS, "grpo_baseline_qwen2.5_math_7b.yaml")
-    s = plan.shape_from_config(SHAPES["Qwen2.5-7B"], "x")
+    s = shape_from_config(SHAPES["Qwen2.5-7B"], "x")
     cfg = load_config(path, ["rollout.backend=vllm", "rollout.kv_cache_memory_bytes=20000000000"])
     t = {x.name: x for x in plan.estimate(cfg, s, "gpu", 80.0).terms}
     assert t["vLLM engine"].rollout == pytest.approx((s.params * 2 + 20e9) / 2**30 + plan.VLLM_OVERHEAD_GIB)

@@ -12,8 +12,8 @@ from transformers import GPT2Config, Qwen2Config, Qwen3Config
 
 from reasonrl_fast.config import load_config
 from reasonrl_fast.errors import ConfigError, UserError
-from reasonrl_fast.models.shape import check_shape, context_overrides, model_context
-from reasonrl_fast.plan_shapes import SHAPES
+from reasonrl_fast.models.shape import check_shape, context_overrides, model_context, shape_from_config
+from reasonrl_fast.models.shipped_shapes import SHAPES
 from reasonrl_fast.preflight import preflight
 from tests.helpers.train import ROOT
 
@@ -174,7 +174,7 @@ def test_planner_refuses_what_preflight_refuses():
     from reasonrl_fast import plan
 
     with pytest.raises(ConfigError, match="is not a multiple of num_key_value_heads=3"):
-        plan.shape_from_config({**GOOD, "num_key_value_heads": 3}, "x")
+        shape_from_config({**GOOD, "num_key_value_heads": 3}, "x")
 
 
 def test_preflight_checks_the_embedded_shape():
@@ -270,7 +270,9 @@ def test_override_reaches_the_hf_model_and_its_config(tmp_path):
 
 
 def test_override_reaches_the_vllm_engine_arguments(monkeypatch):
-    from reasonrl_fast.rollout import make_rollout
+    from reasonrl_fast.models.layout import resolve
+    from reasonrl_fast.models.shape import model_fields
+    from reasonrl_fast.rollout import get_rollout, make_rollout
     from reasonrl_fast.rollout import vllm as rollout_vllm
 
     cpu = torch.device("cpu")
@@ -290,7 +292,9 @@ def test_override_reaches_the_vllm_engine_arguments(monkeypatch):
 
     monkeypatch.setattr(rollout_vllm, "VLLMRollout", Recorder)
     cfg = math_7b_run("rollout.backend=vllm", "model.max_position_embeddings=32768")
-    make_rollout(cfg, None, "/models/Qwen2.5-Math-7B", 0, 1, cpu, torch.float32)  # its shipped shape
+    config = model_fields("/models/Qwen2.5-Math-7B", "x")[0]  # its shipped shape
+    layout = resolve(cfg, config, "cpu", 8, get_rollout("vllm"))
+    make_rollout(cfg, layout, None, "/models/Qwen2.5-Math-7B", 0, 1, cpu)
     assert seen["args"]["hf_overrides"] == {"max_position_embeddings": 32768}
     assert seen["args"]["max_model_len"] == 2048 + 8192
 

@@ -27,7 +27,7 @@ PUBLISHED = {
     "flowrl_qwen2.5_7b_math.yaml": {
         **VERL, "algo": "flowrl", "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "rollout.n": 8,
         "data.prompts_per_step": 512, "optim.mini_batch_prompts": 32, "data.max_prompt_length": 2048,
-        "rollout.max_new_tokens": 8192, "grpo.overlong_buffer": 4096, "grpo.overlong_factor": 1.0,
+        "rollout.max_new_tokens": 8192, "flowrl.overlong_buffer": 4096, "flowrl.overlong_factor": 1.0,
         "rollout.temperature": 1.0, "rollout.top_p": 1.0, "flowrl.beta": 15.0, "rollout.val_n": 16,
         "rollout.val_temperature": 0.6, "rollout.val_top_p": 0.95, "trainer.val_every": 10},
     "fapo_qwen2.5_math_7b.yaml": {

@@ -1,5 +1,5 @@
 """The CPU rehearsal of a recipe (reasonrl_fast.rehearse): its scaling rule and stand-ins as pure
-functions, the compute-dtype decision it relies on (bf16 compute on CPU under FSDP2), the
+functions, the compute-dtype setting it relies on (bf16 compute on CPU under FSDP2, models/layout.py), the
 preflight failure it shares with the train command, and every shipped config rehearsed end to
 end (e2e: Ray, two gloo workers, a checkpoint resumed; a minute or two each)."""
 
@@ -20,9 +20,8 @@ from reasonrl_fast.data.prepare import NAMES, write_records
 from reasonrl_fast.data.records import load_records
 from reasonrl_fast.models import stand_in
 from reasonrl_fast.models.shape import check_shape, model_fields
-from reasonrl_fast.plan_shapes import SHAPES
+from reasonrl_fast.models.shipped_shapes import SHAPES
 from reasonrl_fast.rewards.score import default_compute_score, scorer_for
-from reasonrl_fast.trainer.fsdp import compute_dtype
 from tests.helpers.train import ROOT, repo_env
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
@@ -66,7 +65,7 @@ def test_length_factor_is_the_smallest_power_of_two_that_fits_and_keeps_the_prom
 def test_every_length_is_divided_by_the_one_factor_and_the_records_fit(name):
     cfg = load_config(os.path.join(ROOT, "configs", name))
     _, prompt_tokens = _stand_ins(cfg)
-    scaled = rehearse.scale(cfg, vllm_importable=False, prompt_tokens=prompt_tokens)
+    scaled = rehearse.scale(cfg, engine_importable=False, prompt_tokens=prompt_tokens)
     f = rehearse.length_factor(cfg, prompt_tokens)
     assert f & (f - 1) == 0
     for key in rehearse.LENGTHS:
@@ -79,7 +78,7 @@ def test_every_length_is_divided_by_the_one_factor_and_the_records_fit(name):
     assert small.model.dtype == cfg.model.dtype and small.rollout.n == cfg.rollout.n
     if cfg.rollout.backend == "vllm":
         assert small.rollout.backend == "hf"
-        assert "rollout.backend" not in rehearse.scale(cfg, vllm_importable=True, prompt_tokens=prompt_tokens)
+        assert "rollout.backend" not in rehearse.scale(cfg, engine_importable=True, prompt_tokens=prompt_tokens)
 
 
 @pytest.mark.parametrize("trial", range(60))
@@ -161,25 +160,6 @@ def test_stand_in_records_load_as_the_trainer_loads_them(source, tmp_path):
 
 
 # ---------------------------------------------------------------- the compute dtype
-
-
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-@pytest.mark.parametrize("master", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("sharding", ["fsdp", "replicate", "none"])
-def test_compute_dtype_setting(device, master, sharding):
-    dev = torch.device(device)
-    auto = compute_dtype("auto", master, dev, sharding)
-    assert auto == (torch.bfloat16 if device == "cuda" and sharding == "fsdp" else master)
-    if master == torch.bfloat16 or sharding == "fsdp":
-        assert compute_dtype("bfloat16", master, dev, sharding) == torch.bfloat16
-    else:  # only FSDP2's policy casts float32 masters to bf16 for the forward
-        with pytest.raises(ConfigError, match="trainer.sharding"):
-            compute_dtype("bfloat16", master, dev, sharding)
-    if master == torch.float32:
-        assert compute_dtype("float32", master, dev, sharding) == torch.float32
-    else:
-        with pytest.raises(ConfigError, match="model.dtype"):
-            compute_dtype("float32", master, dev, sharding)
 
 
 def test_compute_dtype_is_checked_with_the_config():

@@ -1,16 +1,24 @@
 """What every algorithm shares: the reward shaping and group advantage of docs/math.md, and the
 `Algo` interface the trainer calls. Pure functions of tensors; an algorithm reads its own config
-section (`cfg.grpo`, `cfg.flowrl`, `cfg.fapo`) and nothing of the trainer."""
+section (`cfg.grpo`, `cfg.flowrl`, `cfg.fapo`) and nothing of the trainer.
+
+An algorithm's facts (`zhead`, `uses_genrm`, `per_sequence`, `needs_ref`, `loss_units`,
+`norm_by_std`) answer without torch: the memory planner and the config read them where torch may
+not be installed. So this module and the algorithms' imports torch only inside the functions
+that compute on tensors."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from reasonrl_fast.ops import group_advantage
+if TYPE_CHECKING:
+    import torch
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
     """DAPO overlong shaping: min(-(L - (L_max - L_buf)) / L_buf * factor, 0) per response."""
+    import torch
+
     if buffer <= 0:
         return torch.zeros_like(lengths, dtype=torch.float32)
     over = lengths.float() - (max_len - buffer)
@@ -19,12 +27,15 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: f
 
 def advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True) -> torch.Tensor:
     """Group-normalised advantage per response (GRPO's A and FlowRL's r-hat)."""
+    from reasonrl_fast.ops import group_advantage
+
     return group_advantage(rewards.float(), group_ids, eps=1e-6, norm_by_std=norm_by_std)
 
 
 class Algo:
     """One RL algorithm: how a step's rewards are formed, how advantages are normalised, which
-    loss the update minimises and which extra parts the policy carries."""
+    loss the update minimises and which extra parts the policy carries. A new one subclasses
+    this, overrides what differs, and takes one line in `algos.ALGOS`."""
 
     name = ""
     uses_genrm = False
@@ -35,14 +46,32 @@ class Algo:
     """The loss weighs whole trajectories, so a rollout correction gives it one weight per
     response (algos/correction.py)."""
 
+    def check_config(self, cfg) -> None:
+        """A ConfigError when the run's settings cannot hold this algorithm (config.validate)."""
+
     def needs_ref(self, cfg) -> bool:
         """Whether the update needs the frozen reference policy's log-probs."""
-        return cfg.grpo.kl_coef > 0
+        return False
 
-    def rewards(self, cfg, scores: list[float], acc: list[bool], flagged: list[bool] | None) -> torch.Tensor:
-        """Each response's reward before shaping, from the scorers' scores and acc flags (and the
-        GenRM's flags, for an algorithm that uses it)."""
+    def outcome_rewards(self, cfg, scores: list[float], acc: list[bool], flagged: list[bool] | None) -> torch.Tensor:
+        """Each response's reward from the scorers' scores and acc flags (and the GenRM's flags,
+        for an algorithm that uses it), before any shaping by length."""
+        import torch
+
         return torch.tensor(scores)
+
+    def overlong(self, cfg) -> tuple[int, float]:
+        """(L_buf, factor) of the DAPO overlong shaping, from the algorithm's own section
+        ((0, 1.0): off)."""
+        return 0, 1.0
+
+    def rewards(self, cfg, scores: list[float], acc: list[bool], flagged: list[bool] | None,
+                lengths: torch.Tensor) -> torch.Tensor:
+        """The step's reward per response: `outcome_rewards` plus the overlong penalty of its
+        length in tokens (`lengths`), against rollout.max_new_tokens."""
+        buffer, factor = self.overlong(cfg)
+        return (self.outcome_rewards(cfg, scores, acc, flagged)
+                + overlong_penalty(lengths, cfg.rollout.max_new_tokens, buffer, factor))
 
     def norm_by_std(self, cfg) -> bool:
         """Divide the group-centred rewards by the group's std."""

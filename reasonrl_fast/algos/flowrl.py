@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-import torch
-
 from reasonrl_fast.algos.base import Algo
-from reasonrl_fast.ops import tb_loss
+from reasonrl_fast.errors import ConfigError
 
 
 def flowrl_loss(log_z, logprob, ref_logprob, old_logprob, adv, mask, beta=15.0, max_is_weight=10.0,
                 is_clip_eps=None, rollout_weight=None):
     """The TB loss of one mini-batch; `rollout_weight` [B] (detached): the rollout correction,
     multiplied into each trajectory's importance weight. Returns (loss, stats)."""
+    from reasonrl_fast.ops import tb_loss
+
     mask = mask.to(logprob.dtype)
     if rollout_weight is not None:
         old_logprob, max_is_weight, is_clip_eps = _carry_weight(logprob, old_logprob, mask, rollout_weight,
@@ -31,6 +31,8 @@ def _carry_weight(logprob, old_logprob, mask, rollout_weight, max_is_weight, is_
     lp - log(c[b] w[b]) / n[b] on the response tokens and the op's own clip is lifted (w is
     clipped here first, by the same rule). A response without tokens keeps weight 1, which is
     also its rollout weight (an empty sum of log-ratios)."""
+    import torch
+
     with torch.no_grad():
         dt = torch.promote_types(logprob.dtype, torch.float32)  # fp32 at least: n log-ratios are summed
         lp, m = logprob.detach().to(dt), mask.to(dt)
@@ -48,6 +50,17 @@ class FlowRL(Algo):
 
     def needs_ref(self, cfg) -> bool:  # the TB loss reads the reference log-probs
         return True
+
+    def overlong(self, cfg) -> tuple[int, float]:
+        return cfg.flowrl.overlong_buffer, cfg.flowrl.overlong_factor
+
+    def check_config(self, cfg) -> None:
+        # FlowRL's overlong shaping was once read from the grpo section: a config written then
+        # would lose its shaping without a word, so it is named instead.
+        if cfg.grpo.overlong_buffer > 0:
+            raise ConfigError(f"grpo.overlong_buffer={cfg.grpo.overlong_buffer} is GRPO's overlong shaping, which "
+                              f"algo=flowrl does not read: set flowrl.overlong_buffer (and "
+                              f"flowrl.overlong_factor) for FlowRL's, and grpo.overlong_buffer=0")
 
     def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None):
         f = cfg.flowrl

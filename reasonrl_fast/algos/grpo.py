@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from reasonrl_fast.algos.base import Algo
+
+if TYPE_CHECKING:
+    import torch
 
 
 def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -23,6 +26,8 @@ def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Te
 
 def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     """k3 estimator of KL(pi || pi_ref) per token: exp(ref - lp) - (ref - lp) - 1 (>= 0)."""
+    import torch
+
     d = (ref_logprob - logprob).clamp(-20, 20)
     return torch.exp(d) - d - 1
 
@@ -41,6 +46,8 @@ def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg
     (not the KL term); `clip_ratio_c` (> 1, or None: off): the dual clip, which bounds a token's
     loss at -A * clip_ratio_c where A < 0 (verl's compute_policy_loss_vanilla, after Ye et al.
     2020, arXiv:1912.09729). Returns (loss, stats)."""
+    import torch
+
     ratio = torch.exp((logprob - old_logprob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     a = adv.unsqueeze(-1).to(logprob.dtype)
     clipped_obj = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
@@ -74,6 +81,12 @@ def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg
 
 class GRPO(Algo):
     name = "grpo"
+
+    def needs_ref(self, cfg) -> bool:  # the k3 KL term reads the reference log-probs
+        return cfg.grpo.kl_coef > 0
+
+    def overlong(self, cfg) -> tuple[int, float]:
+        return cfg.grpo.overlong_buffer, cfg.grpo.overlong_factor
 
     def norm_by_std(self, cfg) -> bool:
         return cfg.grpo.norm_by_std

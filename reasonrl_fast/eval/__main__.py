@@ -6,7 +6,7 @@ Samples `eval.n` responses per prompt and reports mean@n, se@n, pass@k, maj@n pe
 from __future__ import annotations
 
 from reasonrl_fast import cli
-from reasonrl_fast.config import load_config
+from reasonrl_fast.config import load_argv
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -14,8 +14,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _main(argv: list[str]) -> dict:
-    path = argv[0] if argv and "=" not in argv[0] else None
-    cfg = load_config(path, argv[1:] if path else argv)
+    cfg = load_argv(argv)
     from reasonrl_fast.eval.run import run
 
     return run(cfg)

@@ -12,17 +12,19 @@ import time
 import ray
 import torch
 
-from reasonrl_fast.models.loading import load_model, load_tokenizer, master_dtype
-from reasonrl_fast.rollout import make_rollout, sample_seeds
+from reasonrl_fast.models.layout import resolve
+from reasonrl_fast.models.loading import load_model, load_model_config, load_tokenizer, torch_dtype
+from reasonrl_fast.rollout import Rollout, make_rollout, sample_seeds
 from reasonrl_fast.runtime.ray_cluster import WorkerError, gather, start_ray, stop_ray, user_error
 
 
 class Generator:
-    """One Ray actor: a rollout engine over the model at `model_path`, built by `setup` (not the
+    """One Ray actor: the engine `rollout` (the driver's registry entry, so an engine registered
+    there reaches the actor) over the model at `model_path`, built by `setup` (not the
     constructor: an error there reaches the driver only as text, a method's as itself)."""
 
-    def __init__(self, cfg, model_path: str):
-        self.cfg, self.model_path = cfg, model_path
+    def __init__(self, cfg, model_path: str, rollout: Rollout):
+        self.cfg, self.model_path, self.rollout = cfg, model_path, rollout
 
     def setup(self) -> None:
         cfg, model_path = self.cfg, self.model_path
@@ -31,13 +33,17 @@ class Generator:
             torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         tok = load_tokenizer(model_path)
-        # auto: bf16 on GPU (sampling does not need fp32 weights), fp32 on CPU
-        auto = cfg.model.dtype == "auto"
-        dtype = torch.bfloat16 if auto and cuda else master_dtype(cfg.model.dtype)
-        lm = (load_model(model_path, dtype, max_position_embeddings=cfg.model.max_position_embeddings).to(device)
-              if cfg.rollout.backend == "hf" else None)
-        self.engine = make_rollout(cfg, lm, model_path, tok.pad_token_id, tok.eos_token_id, device, dtype,
-                                   sequences=cfg.eval.prompts_per_batch * cfg.eval.n)  # one batch at once
+        # Sampled as the run's workers sample: the engine's dtype and memory from the Layout of
+        # the run's config (models/layout.py), its KV cache sized for one batch at once
+        t = cfg.trainer
+        config = load_model_config(model_path, cfg.model.max_position_embeddings)
+        layout = resolve(cfg, config, device.type, t.nnodes * t.workers_per_node, self.rollout,
+                         sequences=cfg.eval.prompts_per_batch * cfg.eval.n)
+        lm = (load_model(model_path, torch_dtype(layout.compute_dtype), layout.attention,
+                         cfg.model.max_position_embeddings).to(device)
+              if self.rollout.needs_trainer_copy else None)
+        self.engine = make_rollout(cfg, layout, lm, model_path, tok.pad_token_id, tok.eos_token_id, device,
+                                   rollout=self.rollout)
         del lm  # the engine holds its own copy
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
@@ -53,8 +59,9 @@ def _why(err: Exception) -> str:
     return (lines[0] if lines else type(err).__name__) + (f" ({cause})" if cause else "")
 
 
-def generate_all(cfg, model_path: str, prompts: list[list[int]], log=print) -> list[list[int]]:
-    """`eval.n` responses per prompt (token ids, prompt-major, in the prompts' order)."""
+def generate_all(cfg, model_path: str, prompts: list[list[int]], rollout: Rollout, log=print) -> list[list[int]]:
+    """`eval.n` responses per prompt (token ids, prompt-major, in the prompts' order), sampled by
+    the engine `rollout`."""
     e, r = cfg.eval, cfg.rollout
     owned = start_ray(cfg)
     actors = []
@@ -69,7 +76,7 @@ def generate_all(cfg, model_path: str, prompts: list[list[int]], log=print) -> l
         batches = [prompts[i:i + size] for i in range(0, len(prompts), size)]
         count = max(1, min(count, len(batches)))
         remote = ray.remote(Generator)
-        actors = [remote.options(**opts).remote(cfg, model_path) for _ in range(count)]
+        actors = [remote.options(**opts).remote(cfg, model_path, rollout) for _ in range(count)]
         gather([a.setup.remote() for a in actors], "eval setup")  # a worker's UserError as itself
         t0 = time.perf_counter()
         log(f"[eval] {len(prompts)} prompts x {e.n} samples on {count} {'GPU' if gpus else 'CPU'} worker(s)")

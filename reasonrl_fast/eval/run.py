@@ -12,7 +12,6 @@ import shutil
 import tempfile
 import time
 
-from reasonrl_fast.config import check_sandbox
 from reasonrl_fast.data.records import filter_long, load_records, prompt_ids
 from reasonrl_fast.errors import ConfigError, UserError
 from reasonrl_fast.eval.metrics import PromptResult, answer_key, maj_at_n, summarize
@@ -21,7 +20,8 @@ from reasonrl_fast.models.shape import check_context
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.math import extract_boxed, math_equal
 from reasonrl_fast.rewards.pool import RewardPool
-from reasonrl_fast.rewards.score import ANSWER_SCORERS, load_reward_fn, scorer_for
+from reasonrl_fast.rewards.score import ANSWER_SCORERS, check_sandbox, load_reward_fn, scorer_for
+from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime.datasets import load_datasets  # the embedded task's splits
 from reasonrl_fast.runtime.merge import check_checkpoint, merge
@@ -158,14 +158,14 @@ def run(cfg, log=print) -> dict:
         check_context(cfg, config, f"config.json of model.path={cfg.model.path!r}")
         records = load_eval_set(cfg, tok)
         prompts = [prompt_ids(rec, tok) for rec in records]  # the chat template, as in training
-        if cfg.rollout.backend == "vllm":  # not installed, or cannot load this model: say so now
-            from reasonrl_fast.rollout.vllm import check_vllm
-
-            log(f"[eval] rollout: vLLM {check_vllm(config.architectures)}")
+        rollout = get_rollout(cfg.rollout.backend)
+        version = rollout.preflight(config.architectures)  # not installed, or cannot load this model: now
+        if version:
+            log(f"[eval] rollout: {version}")
         check_weights(model_dir, f"model.path={cfg.model.path!r}")  # before Ray, not in a worker
         from reasonrl_fast.eval.generate import generate_all  # imports ray
 
-        responses = generate_all(cfg, model_dir, prompts, log)
+        responses = generate_all(cfg, model_dir, prompts, rollout, log)
     texts = tok.batch_decode(responses, skip_special_tokens=True)
     t_score = time.time()
     scored, counts = score_all(cfg, records, texts)

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from reasonrl_fast.genrm.launch import DEFAULT_MAX_BATCH
 from reasonrl_fast.protocol import Completion, RequestError, Sampling, last_user_text
 from reasonrl_fast.rollout.base import GREEDY_BELOW  # greedy below it, as vLLM does
 
@@ -37,7 +38,7 @@ class HFBackend:
     """A local causal LM behind the server; loads at construction (the server prints its
     'listening' line only once the model is ready)."""
 
-    def __init__(self, path: str, device: str = "auto", max_batch: int = 64, gather_ms: float = 5.0) -> None:
+    def __init__(self, path: str, device: str = "auto", max_batch: int = DEFAULT_MAX_BATCH, gather_ms: float = 5.0) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 

@@ -26,6 +26,10 @@ from typing import Sequence
 from reasonrl_fast.errors import UserError
 from reasonrl_fast.protocol import API_KEY_ENV
 
+DEFAULT_MAX_BATCH = 64
+"""Verdicts the hf backend generates in one batch, unless --max-batch says otherwise (the memory
+planner counts their KV cache)."""
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -106,7 +110,7 @@ def _tail(path: str, n: int = 2000) -> str:
 
 
 def launch(backend: str, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-           max_batch: int = 64, extra_args: Sequence[str] = (), start_timeout_s: float = 60.0,
+           max_batch: int = DEFAULT_MAX_BATCH, extra_args: Sequence[str] = (), start_timeout_s: float = 60.0,
            log_path: str | None = None) -> GenRMServer:
     """Start `python -m reasonrl_fast.genrm.serve --backend BACKEND ...` and return once it
     answers GET /health; GenRMStartError with the end of its log if it exits or is not up within

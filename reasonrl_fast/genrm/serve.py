@@ -54,9 +54,10 @@ from aiohttp import HttpVersion11, web
 
 from reasonrl_fast import cli
 from reasonrl_fast.errors import UserError
+from reasonrl_fast.genrm.launch import DEFAULT_MAX_BATCH
 from reasonrl_fast.protocol import (API_KEY_ENV, Backend, Completion, RequestError, Sampling, last_user_text,
                                     step_verdict)
-from reasonrl_fast.tasks import TASKS
+from reasonrl_fast.tasks import TASKS, get_task
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a GenRM request is a problem and a solution: far below this
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -116,9 +117,9 @@ class RuleBackend:
     stop the event loop while it is read."""
 
     def __init__(self, task: str = "addition") -> None:
-        judge = getattr(TASKS.get(task), "rule_judge", None)
+        judge = get_task(task).rule_judge if task in TASKS else None
         if judge is None:
-            known = [f"rule:{name}" for name, t in TASKS.items() if t.rule_judge is not None]
+            known = [f"rule:{name}" for name in TASKS if get_task(name).rule_judge is not None]
             raise ValueError(f"no task {task!r} with a rule judge: the rule judges are {', '.join(known)}")
         self.default_name, self.judge = f"rule:{task}", judge
         self.executor = ThreadPoolExecutor(2, thread_name_prefix="genrm-judge")
@@ -529,7 +530,7 @@ def _main(argv: list[str]) -> None:
     p.add_argument("--backend", required=True, help="rule:addition or hf:PATH (a local model directory)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=8000, help="0 takes a free port")
-    p.add_argument("--max-batch", type=int, default=64, help="hf: most requests in one generate call")
+    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="hf: most requests in one generate call")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
                    help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})")
     p.add_argument("--allow-open-without-key", action="store_true",

@@ -1,4 +1,5 @@
-"""Whether the trainer computes log-probs with the fused LM head (`model.fused_lm_head`).
+"""The parts of a causal LM the trainer reads (its decoder and output layer), and what in a built
+model keeps the fused LM head (`model.fused_lm_head`) off; models/layout.py makes the decision.
 
 Fused: `linear_token_logprob(h, lm_head.weight, ids)` turns the final hidden states into
 log-probs and entropies without the [tokens, vocabulary] logits. That is exact only when the
@@ -12,43 +13,15 @@ import torch
 from torch import nn
 
 from reasonrl_fast.errors import ConfigError
-
-# CPU only: `auto` fuses when one forward's response tokens x vocabulary reach this (2^27, 512 MiB
-# of float32 logits). Read off benchmarks/bench_fused_lm_head.py's measurements of the update's
-# forward + backward (benchmarks/RESULTS.md §7): on CPU the fused op was never clearly faster, as
-# it forms the logits twice (forward and backward). What it buys is memory, several times less
-# peak where the logits are large, for somewhat more time; where they are small it saves nothing
-# and costs time. The embedded default (2,048 x 99 = 0.2 M) stays unfused.
-FUSED_CPU_MIN_ELEMENTS = 1 << 27
-
-# Config attributes (of the model's config or its text config) that change the logits after
-# the head. A value of None, or 1 for the scale factors, leaves them alone.
-_SOFTCAP = ("final_logit_softcapping",)  # Gemma 2/3/4, VaultGemma, ...
-_SCALES = ("logit_scale",         # Cohere, Cohere2
-           "logits_scaling",      # Granite family, MiniCPM3, HyperCLOVA X
-           "lm_head_multiplier",  # Falcon-H1
-           "output_multiplier")
+from reasonrl_fast.models.layout import config_head_blocker, head_refusal
 
 
 def parse_setting(value, key: str = "model.fused_lm_head") -> str:
-    """'auto', 'true' or 'false' from the config value of `key` (YAML booleans included)."""
-    v = str(value).strip().lower()
-    if v not in ("auto", "true", "false"):
-        raise ConfigError(f"{key}={value!r}: must be auto, true or false")
-    return v
+    """'auto', 'true' or 'false' from the config value of `key`: the config's own check
+    (config.tristate), which a loaded config has applied already."""
+    from reasonrl_fast.config import tristate
 
-
-def _configs(lm: nn.Module) -> list:
-    cfg = getattr(lm, "config", None)
-    if cfg is None:
-        return []
-    out = [cfg]
-    get_text = getattr(cfg, "get_text_config", None)
-    if callable(get_text):
-        text = get_text()
-        if text is not None and text is not cfg:
-            out.append(text)
-    return out
+    return tristate(value, key)
 
 
 def decoder_of(lm: nn.Module) -> nn.Module | None:
@@ -112,62 +85,31 @@ def head_blocker(lm: nn.Module) -> str | None:
         return f"the output layer is a {type(head).__name__}, not a plain nn.Linear"
     if head.bias is not None:
         return "the output layer has a bias"
-    for c in _configs(lm):
-        for key in _SOFTCAP:
-            if getattr(c, key, None) is not None:
-                return f"config.{key}={getattr(c, key)} soft-caps the logits"
-        for key in _SCALES:
-            v = getattr(c, key, None)
-            if v is not None and float(v) != 1.0:
-                return f"config.{key}={v} scales the logits"
-    return None
+    return config_head_blocker(lm.config) if getattr(lm, "config", None) is not None else None
 
 
-def _refusal(blocker: str) -> ConfigError:
-    return ConfigError(f"model.fused_lm_head=true, but {blocker}: the fused head computes "
-                       f"hidden @ lm_head.weight.T only; use model.fused_lm_head=auto or false")
-
-
-def use_fused(setting: str, lm: nn.Module, device: torch.device, tokens: int) -> tuple[bool, str]:
-    """(fuse?, one line saying why). `tokens`: the most response tokens one forward sees.
-
-    Raises ConfigError when `setting` is 'true' and the head is not a plain linear layer."""
-    setting = parse_setting(setting)
-    if setting == "false":
-        return False, "fused LM head off (model.fused_lm_head=false)"
-    blocker = head_blocker(lm)
-    if blocker is not None:
-        if setting == "true":
-            raise _refusal(blocker)
-        return False, f"fused LM head off: {blocker} (logits from the model's own forward)"
-    if setting == "true":
-        return True, "fused LM head on (model.fused_lm_head=true)"
-    if device.type != "cpu":
-        return True, f"fused LM head on (auto: {device.type})"
-    vocab = head_of(lm).weight.shape[0]
-    elements = tokens * vocab
-    if elements >= FUSED_CPU_MIN_ELEMENTS:
-        return True, f"fused LM head on (auto: {tokens} tokens x {vocab} vocabulary on CPU)"
-    return False, (f"fused LM head off (auto: {tokens} tokens x {vocab} vocabulary = {elements} "
-                   f"< {FUSED_CPU_MIN_ELEMENTS} on CPU)")
-
-
-def check_model(setting: str, config) -> str | None:
-    """Driver-side check before any worker starts: builds the model on the meta device from its
-    Hugging Face config (no weights, no memory), refuses a model the trainer cannot train
-    (`check_trainable`) and applies `head_blocker`. Raises ConfigError for those and, for 'true',
-    a head that is not plain; returns the fallback line for 'auto', else None."""
-    setting = parse_setting(setting)
+def meta_model(config) -> nn.Module:
+    """The causal LM of a Hugging Face config built on the meta device: its modules, no weights,
+    no memory."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        lm = AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def check_model(setting: str, config) -> str | None:
+    """Driver-side check before any worker starts: builds the model on the meta device, refuses a
+    model the trainer cannot train (`check_trainable`) and applies `head_blocker`. Raises
+    ConfigError for those and, for 'true', a head that is not plain; returns the fallback line for
+    'auto', else None."""
+    setting = parse_setting(setting)
+    lm = meta_model(config)
     check_trainable(lm)
     if setting == "false":
         return None
     blocker = head_blocker(lm)
     if blocker is not None and setting == "true":
-        raise _refusal(blocker)
+        raise head_refusal(blocker)
     if blocker is None:
         return None
     return f"fused LM head off: {blocker} (logits from the model's own forward)"

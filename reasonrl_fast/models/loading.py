@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
@@ -10,6 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from reasonrl_fast.errors import ConfigError, UserError
+from reasonrl_fast.models import layout
 from reasonrl_fast.models.shape import context_overrides
 
 
@@ -63,10 +63,14 @@ def load_tokenizer(path: str, what: str | None = None):
     return tok
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a dtype name of the Layout (models/layout.py)."""
+    return getattr(torch, name)
+
+
 def master_dtype(setting: str) -> torch.dtype:
-    """`model.dtype` as a torch dtype: the weights a model loads in, and in the trainer the master
-    weights' (so AdamW's states'); "auto" is float32."""
-    return torch.bfloat16 if setting == "bfloat16" else torch.float32
+    """`model.dtype` as a torch dtype (models/layout.py `master_dtype`)."""
+    return torch_dtype(layout.master_dtype(setting))
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32, attn: str = "sdpa",
@@ -90,23 +94,6 @@ def load_model_config(path: str, max_position_embeddings: int | None = None, wha
                              f"({' '.join(str(e).split())})") from None
 
 
-def attention_implementation(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
-    """(transformers' attn_implementation, a log line saying which and why). flash-attn (the
-    optional `[gpu]` extra) where it can run: on CUDA when the forward computes in bf16 (`dtype`:
-    trainer/fsdp.py `compute_dtype`; it has no float32 kernels). Float32 master weights under
-    FSDP2 compute in bf16, and the reference model and the sampler's copy are held in bf16 then;
-    a single worker without FSDP computes in its weights' dtype. Packed rows then go through its
-    variable-length kernels; sdpa reads them through a block-diagonal mask instead."""
-    if device.type != "cuda":
-        return "sdpa", "attention: sdpa"
-    if importlib.util.find_spec("flash_attn") is None:
-        return "sdpa", "attention: sdpa (flash-attn is not installed: pip install 'reasonrl_fast[gpu]')"
-    if dtype != torch.bfloat16:
-        return "sdpa", (f"attention: sdpa (flash-attn needs bf16 compute; this worker computes in {dtype}: "
-                        "bf16 compute over float32 master weights is FSDP2's, trainer.sharding=fsdp)")
-    return "flash_attention_2", "attention: flash_attention_2 (packed rows through flash-attn's variable-length kernels)"
-
-
 def enable_checkpointing(model) -> None:
     """Activation checkpointing of every decoder layer, non-reentrant (so it composes with FSDP2's
     hooks and with inputs that need no gradient); transformers' own switch, under its current
@@ -118,41 +105,6 @@ def enable_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-PACKED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
-"""Model types whose attention reads packed rows from restarting position ids (transformers'
-masks for sdpa and eager, flash-attn's variable-length boundaries), checked against the padded
-forward in tests/trainer/test_packing.py."""
-
-
-def config_packing_blocker(c) -> str | None:
-    """What in the model's config (a transformers config) rules packing out, or None: the part
-    of `packing_blocker` the preflight can judge before any model is loaded."""
-    if c.model_type not in PACKED_FAMILIES:
-        return f"model_type {c.model_type!r} is not one of {PACKED_FAMILIES}"
-    if any(t != "full_attention" for t in (getattr(c, "layer_types", None) or [])) or \
-            (c.model_type == "mistral" and getattr(c, "sliding_window", None)):
-        return "sliding-window attention"
-    return None
-
-
-def packing_refusal(blocker: str) -> ConfigError:
-    """data.packing=true on a model that cannot pack: one line, the same in preflight and worker."""
-    return ConfigError(f"data.packing=true: {blocker}; packed rows are not read right by this model "
-                       f"(set data.packing=auto or false)")
-
-
-def packing_blocker(model) -> str | None:
-    """Why a micro-batch of `model` cannot run as one packed row, or None when it can."""
-    c = model.config
-    blocker = config_packing_blocker(c)
-    if blocker:
-        return blocker
-    impl = getattr(c, "_attn_implementation", None)
-    if impl not in ("sdpa", "eager", "flash_attention_2", "flash_attention_3"):
-        return f"attention implementation {impl!r}"
-    return None
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:

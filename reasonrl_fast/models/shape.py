@@ -1,6 +1,6 @@
 """What a model's config says about its shape and its context, read one way by the trainer's
 preflight (preflight.py), the planner (plan.py, also for the shipped shapes of models without
-weights) and the eval command.
+weights, shipped_shapes.py) and the eval command; and `Shape`, the sizes the planner counts.
 
 A config is a transformers `PretrainedConfig` or config.json's dict; a multimodal one is read
 through its text part. The context is the longest sequence, prompt and response together, a run
@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.plan_shapes import SHAPES
+from reasonrl_fast.models.shipped_shapes import SHAPES
 
 SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 """The fields every decoder-only causal LM's config has, each a positive integer."""
@@ -82,7 +83,7 @@ def check_shape(config, where: str, vocab: int | None = None) -> None:
 def model_fields(path: str, what: str) -> tuple[dict, str, str | None]:
     """(config.json's fields of the model at `path`, where they come from for messages, a note when
     the shipped shape stands in): its directory's config.json when there is one, else the shipped
-    shape named like the directory (plan_shapes.SHAPES: the planner and the CPU rehearsal read the
+    shape named like the directory (shipped_shapes.SHAPES: the planner and the CPU rehearsal read the
     recipes' models without their weights), else a ConfigError naming `what`
     (`model.path='/models/X'`)."""
     cfg_file = os.path.join(path, "config.json")
@@ -97,7 +98,7 @@ def model_fields(path: str, what: str) -> tuple[dict, str, str | None]:
         return d, f"{what}: config.json", None
     name = os.path.basename(os.path.normpath(path))
     if name in SHAPES:
-        return ({k: v for k, v in SHAPES[name].items() if not k.startswith("_")}, f"plan_shapes.SHAPES[{name!r}]",
+        return ({k: v for k, v in SHAPES[name].items() if not k.startswith("_")}, f"shipped_shapes.SHAPES[{name!r}]",
                 f"{what} has no config.json here: using the shipped shape of {SHAPES[name]['_source']}")
     raise ConfigError(f"{what}: no config.json there, and no shipped shape is named {name!r} "
                       f"(shipped: {', '.join(SHAPES)}); give a local model directory (only its config.json is read)")
@@ -157,3 +158,72 @@ def check_context(cfg, config, source: str) -> None:
     problem = context_problem(cfg, config, source)
     if problem:
         raise ConfigError(problem)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the memory planner (plan.py) reads of a decoder-only (Llama-family) model's config.json."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    model_type: str
+    attn_bias: bool  # q/k/v biases (Qwen2; attention_bias elsewhere)
+    qk_norm: bool  # RMSNorm on q and k per head (Qwen3)
+    sliding: bool = False
+    o_bias: bool = False  # o_proj's bias (attention_bias in Llama, Mistral, Qwen3; never Qwen2)
+    mlp_bias: bool = False
+    config: dict = field(default_factory=dict, compare=False, repr=False)
+    """The config.json fields it was read from (what models/layout.py `resolve` reads)."""
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if self.attn_bias else 0) + (h if self.o_bias else 0)
+        qk = 2 * self.head_dim if self.qk_norm else 0
+        mlp = 3 * h * self.intermediate + ((2 * self.intermediate + h) if self.mlp_bias else 0)
+        return attn + qk + mlp + 2 * h  # + the two RMSNorms
+
+    @property
+    def root_params(self) -> int:
+        """Embeddings, final norm and LM head: FSDP2's root unit."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.root_params
+
+
+def shape_from_config(d: dict, where: str) -> Shape:
+    """A Shape from config.json's fields (a multimodal config's text_config when it has one),
+    after the trainer's own shape check (`check_shape`); the config it was read from is kept."""
+    if "hidden_size" not in d and isinstance(d.get("text_config"), dict):
+        d = {**d["text_config"], "tie_word_embeddings": d.get("tie_word_embeddings", False)}
+    check_shape(d, where)
+    mt = d.get("model_type", "")
+    heads = d["num_attention_heads"]
+    return Shape(hidden=d["hidden_size"], intermediate=d["intermediate_size"], layers=d["num_hidden_layers"],
+                 heads=heads, kv_heads=d.get("num_key_value_heads") or heads,
+                 head_dim=d.get("head_dim") or d["hidden_size"] // heads, vocab=d["vocab_size"],
+                 tied=bool(d.get("tie_word_embeddings", False)), model_type=mt,
+                 attn_bias=mt == "qwen2" or bool(d.get("attention_bias")), qk_norm=mt == "qwen3",
+                 o_bias=mt != "qwen2" and bool(d.get("attention_bias")), mlp_bias=bool(d.get("mlp_bias")),
+                 sliding=bool(d.get("use_sliding_window")) or (mt == "mistral" and bool(d.get("sliding_window"))),
+                 config=d)
+
+
+def tiny_shape(m) -> Shape:
+    """The embedded tiny model of models/tiny.py, from the config's model section."""
+    from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_config
+
+    return shape_from_config(tiny_config(m).to_dict(), TINY_SOURCE)
+
+
+def zhead_params(hidden: int, layers: int) -> int:
+    """ops/zhead.py: (layers - 1) x [Linear(H, H), LayerNorm(H)] + Linear(H, 1)."""
+    return (layers - 1) * (hidden * hidden + 3 * hidden) + hidden + 1 if layers else 0

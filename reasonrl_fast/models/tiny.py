@@ -1,12 +1,15 @@
 """The embedded tiny model: a Qwen2-architecture causal LM built from a config, and a
-character-level tokenizer saved as a standard `tokenizer.json` (loads with AutoTokenizer)."""
+character-level tokenizer saved as a standard `tokenizer.json` (loads with AutoTokenizer).
+tokenizers and transformers are imported where they are used: the config's checks read this
+module's constants where torch is not installed."""
 
 from __future__ import annotations
 
 import string
+from typing import TYPE_CHECKING
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 # EOS is spelled like Qwen2's so that AutoTokenizer (which picks Qwen2Tokenizer for a qwen2
 # config.json) finds it in the vocabulary instead of appending a token the model does not have.
@@ -16,6 +19,9 @@ CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 def char_tokenizer() -> PreTrainedTokenizerFast:
     """One token per character (printable ASCII) plus pad/bos/eos; unknown chars are dropped."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {PAD: 0, BOS: 1, EOS: 2}
     for c in CHARS:
         vocab.setdefault(c, len(vocab))
@@ -45,6 +51,8 @@ def tiny_config(cfg, tokenizer=None, vocab_size: int | None = None) -> Qwen2Conf
     trainer's preflight and the planner read (`tokenizer`: the character tokenizer when None;
     `vocab_size`: its length when None). Untied embeddings, so FSDP shards embedding and LM head
     independently."""
+    from transformers import Qwen2Config
+
     tokenizer = tokenizer if tokenizer is not None else char_tokenizer()
     return Qwen2Config(
         vocab_size=len(tokenizer) if vocab_size is None else vocab_size,
@@ -64,4 +72,6 @@ def tiny_config(cfg, tokenizer=None, vocab_size: int | None = None) -> Qwen2Conf
 
 def tiny_model(cfg, vocab_size: int, tokenizer) -> Qwen2ForCausalLM:
     """A small Qwen2 (GQA, RoPE, RMSNorm, SwiGLU) from `cfg` (ModelConfig), as `tiny_config`."""
+    from transformers import Qwen2ForCausalLM
+
     return Qwen2ForCausalLM(tiny_config(cfg, tokenizer, vocab_size))

@@ -32,6 +32,7 @@ from typing import Optional
 
 import torch
 
+from reasonrl_fast.util import chunk_width
 from reasonrl_fast.ops._checks import (acc_dtype, check_linear_backward_inputs, check_linear_inputs,
                                      linear_targets, tracing)
 
@@ -71,28 +72,7 @@ def _wrap():
 
 
 def _chunk(N: int, H: int, V: int, device: torch.device, tracing: bool = False) -> int:
-    env = os.environ.get("REASONRL_LINEAR_LOGPROB_CHUNK")
-    if env:
-        try:
-            c = int(env)
-        except ValueError:
-            c = 0
-        if c < 1:
-            raise ValueError(
-                f"REASONRL_LINEAR_LOGPROB_CHUNK must be a positive number of columns, got {env!r}"
-            )
-        return min(c, max(V, 1))
-    if tracing:
-        # A width that depends on N would pin N under torch.compile(dynamic=True): one
-        # recompilation per batch size. Under compile the width depends on H and V only.
-        c = -(-max(H, 4096) // 128) * 128 if device.type == "cuda" else 2048
-    elif device.type == "cuda":
-        # dz chunk of about the size of hidden (N x H), at least 16M elements, whole tiles.
-        c = max(H, (1 << 24) // max(N, 1))
-        c = -(-c // 128) * 128
-    else:
-        c = max(256, (1 << 22) // max(N, 1))  # 16 MiB of float32 per chunk
-    return max(1, min(c, V))
+    return chunk_width(N, H, V, device.type == "cuda", tracing)
 
 
 def _valid_rows(valid: torch.Tensor) -> Optional[torch.Tensor]:

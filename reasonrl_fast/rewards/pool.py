@@ -20,7 +20,7 @@ import time
 from collections import deque
 from multiprocessing.connection import Connection, wait
 
-from reasonrl_fast.rewards.score import load_reward_fn
+from reasonrl_fast.rewards.score import load_reward_fn, routes
 from reasonrl_fast.util import quantile
 
 Sample = tuple  # (data_source, solution_str, ground_truth, extra_info)
@@ -45,7 +45,8 @@ class RewardPool:
         if reward_fn:
             load_reward_fn(reward_fn)  # a bad spec fails here, named, not in every worker
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
-        config = {"reward_fn": reward_fn, "sandbox_timeout_s": sandbox_timeout_s}
+        # the embedded tasks' routes as this process knows them: the workers import no task
+        config = {"reward_fn": reward_fn, "sandbox_timeout_s": sandbox_timeout_s, "routes": routes()}
         self._backend = _RayBackend(config) if backend == "ray" else _ProcessBackend(config)
         self._slots = [self._backend.start() for _ in range(num_workers)]
         self._starting = {id(s): time.monotonic() for s in self._slots}

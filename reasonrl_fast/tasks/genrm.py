@@ -105,16 +105,25 @@ def check_config(cfg) -> None:
     for key, (have, n) in need.items():
         if have < n:
             raise ConfigError(f"{key}={have}: data.task=genrm with data.digits={d} needs >= {n}")
-    if not cfg.model.path:  # the embedded model's context is known now (a real model's: preflight.py)
+    if cfg.embedded_model:  # the embedded model's context is known now (a real model's: preflight.py)
         from reasonrl_fast.models.shape import check_context
-        from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_config
+        from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_context
 
-        check_context(cfg, tiny_config(cfg.model), TINY_SOURCE)
-
-
-def _split(d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike
-    return genrm_split(n, d.digits, seed, d.carry_frac, d.carry_slip_prob, d.flaw_prob)
+        check_context(cfg, {"max_position_embeddings": tiny_context(cfg.model)}, TINY_SOURCE)
 
 
-TASK = Task(name="genrm", source=SOURCE, split=_split, demonstration=demonstration, sft_key=("genrm",),
-            val_metrics=class_accuracy, check_config=check_config)
+class GenRM(Task):
+    name, source, scorer = "genrm", SOURCE, "genrm"
+    sft_key = ("genrm",)
+
+    def split(self, d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike
+        return genrm_split(n, d.digits, seed, d.carry_frac, d.carry_slip_prob, d.flaw_prob)
+
+    def demonstration(self, rng: random.Random, d) -> tuple[str, str]:
+        return demonstration(rng, d)
+
+    def val_metrics(self, items: list[dict], texts: list[str], acc: list[bool]) -> dict:
+        return class_accuracy(items, texts, acc)
+
+    def check_config(self, cfg) -> None:
+        check_config(cfg)

@@ -4,7 +4,7 @@ the sum of two positive numbers. Every prompt has many right answers (57 = 23+34
 (GRPO): the first should keep several right answers per prompt, the second may settle on one.
 
 Prompt `split 57:`; response: the split column by column from the left, then the two numbers
-boxed, `5:2+3,7:3+4 \\boxed{23+34}`, scored by rewards/partition.py (any two positive numbers
+boxed, `5:2+3,7:3+4 \\boxed{23+34}`, scored by `partition_score` below (any two positive numbers
 with that sum are right, also those the columns cannot show, like 39+18). Each column is a
 digit's own split, so a model that learns it handles numbers it never saw: a fifth of the
 numbers (digit sum a multiple of 5) never appear in training or in the warm start, and make the
@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import random
+import re
+from typing import Any
 
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.tasks.base import Task
+from reasonrl_fast.util import extract_boxed
 
-SOURCE = "partition"
 STYLES = (("halves", 0.6), ("tens", 0.3), ("any", 0.1))
 """How the warm start's demonstrations split each digit, and how often."""
 SLIP_PROB = 0.35
@@ -84,8 +86,8 @@ def split(d, n: int, seed: int, part: str = "train") -> list[dict]:
     rng = random.Random(seed)
     pool = numbers(d.digits, part)
     chosen = [rng.choice(pool) for _ in range(n)]
-    return [{"prompt": make_prompt(t), "answer": json.dumps({"target": t, "parts": 2}), "data_source": SOURCE}
-            for t in chosen]
+    return [{"prompt": make_prompt(t), "answer": json.dumps({"target": t, "parts": 2}),
+             "data_source": Partition.source} for t in chosen]
 
 
 def budgets(digits: int) -> tuple[int, int]:
@@ -105,5 +107,67 @@ def check_config(cfg) -> None:
                               f"needs >= {need}")
 
 
-TASK = Task(name="partition", source=SOURCE, split=split, demonstration=demonstration,
-            sft_key=("partition", 2, STYLES, SLIP_PROB), check_config=check_config)  # 2: demonstration version
+# ---------------------------------------------------------------- the reward (docs/math.md §Partition reward)
+# Write a target as the sum of a given number of positive integers, in the last \boxed{}:
+# `\boxed{23+34}` for 57 in 2 parts. The ground truth is JSON `{"target": T, "parts": k}`. Only the
+# boxed answer counts, and only in its exact form: k positive integers in ASCII digits without
+# leading zeros, joined by `+` (spaces allowed around them), whose sum is T. A bare number,
+# another count of parts, a zero part, a leading zero, a digit of another script, a sign,
+# brackets or anything else scores 0.
+
+MAX_PARTS = 16
+MAX_DIGITS = 18
+"""Longest part read (a ground truth's target has at most this many digits too)."""
+
+_PART = rf"[1-9][0-9]{{0,{MAX_DIGITS - 1}}}"
+_ANSWER = re.compile(rf"[ ]*{_PART}(?:[ ]*\+[ ]*{_PART})*[ ]*")  # ASCII only: no \d, no \s
+_MAX_BOX = MAX_PARTS * (MAX_DIGITS + 3)
+
+
+def parse_truth(ground_truth: Any) -> tuple[int, int]:
+    """(target, parts) of a ground truth; ValueError naming what is wrong."""
+    try:
+        truth = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
+        target, parts = truth["target"], truth["parts"]
+    except (ValueError, TypeError, KeyError):
+        raise ValueError(f'a partition ground truth is JSON {{"target": T, "parts": k}}, '
+                         f"got {ground_truth!r:.80}") from None
+    if not (type(target) is int and type(parts) is int and 1 <= parts <= MAX_PARTS
+            and parts <= target < 10**MAX_DIGITS):
+        raise ValueError(f"partition ground truth {ground_truth!r:.80}: needs integers with "
+                         f"1 <= parts <= {MAX_PARTS} and parts <= target < 10^{MAX_DIGITS}")
+    return target, parts
+
+
+def partition_parts(solution_str: str) -> list[int] | None:
+    """The parts of the last boxed answer when it has the exact form, else None."""
+    box = extract_boxed(solution_str)
+    if box is None or len(box) > _MAX_BOX or not _ANSWER.fullmatch(box):
+        return None
+    return [int(p) for p in box.split("+")]
+
+
+def partition_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
+    """{"score": 1.0 or 0.0, "acc"} of one answer."""
+    target, parts = parse_truth(ground_truth)
+    got = partition_parts(solution_str)
+    right = got is not None and len(got) == parts and sum(got) == target
+    return {"score": float(right), "acc": right}
+
+
+# ---------------------------------------------------------------- the task
+
+
+class Partition(Task):
+    name = source = "partition"
+    scorer = f"{__name__}:partition_score"  # its own scorer, run by the reward workers
+    sft_key = ("partition", 2, STYLES, SLIP_PROB)  # 2: demonstration version
+
+    def split(self, d, n: int, seed: int, part: str = "train") -> list[dict]:
+        return split(d, n, seed, part)
+
+    def demonstration(self, rng: random.Random, d) -> tuple[str, str]:
+        return demonstration(rng, d)
+
+    def check_config(self, cfg) -> None:
+        check_config(cfg)

@@ -13,18 +13,18 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from reasonrl_fast.algos.correction import pool_sums, rollout_metrics
 from reasonrl_fast.models.loading import load_model_config
-from reasonrl_fast.rollout import sample_seeds
-from reasonrl_fast.rollout.vllm import last_line
+from reasonrl_fast.rollout import get_rollout, sample_seeds
 from reasonrl_fast.runtime import ray_cluster as rt
 from reasonrl_fast.runtime.ray_cluster import (ClusterError, WorkerError, as_completed, gather, place_workers,
                                                start_ray, stop_ray)
-from reasonrl_fast.trainer.worker import ROLLOUT_SUMS, Worker, engine_log
+from reasonrl_fast.trainer.worker import ROLLOUT_SUMS, Worker
 from reasonrl_fast.util import shares
 
 
 class Cluster:
     def __init__(self, cfg, model_path: str):
         self.cfg = cfg
+        self.rollout = get_rollout(cfg.rollout.backend)
         self.owns_ray = start_ray(cfg)
         t = cfg.trainer
         world = t.nnodes * t.workers_per_node
@@ -39,7 +39,7 @@ class Cluster:
         self.workers = [
             remote.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
                            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
-                           ).remote(cfg, i, world, model_path)
+                           ).remote(cfg, i, world, model_path, self.rollout)
             for i in range(world)]
         try:
             # Every call to the workers goes through `gather` (runtime/ray_cluster.py), which
@@ -58,32 +58,25 @@ class Cluster:
 
     @contextmanager
     def _engine_notes(self):
-        """A worker's failure, with its vLLM engine's last log line when it has one."""
+        """A worker's failure, with what its rollout engine adds (`Rollout.error_note`: the
+        engine log's last line) when it has something."""
         try:
             yield
         except WorkerError as e:
-            path = engine_log(self.cfg, e.rank) if e.rank is not None else None
-            line = last_line(path) if path else ""
-            if not line:
+            note = self.rollout.error_note(self.cfg.trainer.output_dir, e.rank) if e.rank is not None else None
+            if not note:
                 raise
-            raise WorkerError(f"{e}; its vLLM engine's last log line ({path}): {line}", rank=e.rank) from e
+            raise WorkerError(f"{e}; {note}", rank=e.rank) from e
 
     def call(self, method: str, *args):
         with self._engine_notes():
             return gather([getattr(w, method).remote(*args) for w in self.workers], method)
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
-                 stream: int) -> list[list[int]]:
-        """n samples per prompt (prompt-major), the prompts shared out by `shares`."""
-        out: list[list[int]] = []
-        for _, responses in sorted(self.generate_stream(prompts, n, temperature, top_p, stream), key=lambda s: s[0]):
-            out += responses
-        return out
-
-    def generate_stream(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, stream: int,
+    def generate_stream(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, stream: int | str,
                         keep: bool = False):
-        """Like `generate`, but yields (index of the share's first sample, its responses) as each
-        worker finishes, so the driver can score one share while the others still generate.
+        """Steps 1-2 of the loop's step: n samples per prompt (prompt-major), the prompts shared out
+        by `shares`: yields (index of the share's first sample, its responses) as each worker
+        finishes, so the driver can score one share while the others still generate.
         Sample i of the call is drawn with `sample_seed(trainer.seed, stream, i)`, whichever
         worker draws it. `keep`: the step's training samples; each worker keeps its share for
         `train_step`."""
@@ -99,8 +92,9 @@ class Cluster:
                 yield split[rank].start * n, responses
 
     def train_step(self, adv: list[float], step: int) -> dict:
-        """Each worker trains on the samples it kept from the last `generate_stream(keep=True)`;
-        it is sent only their advantages (`adv`: one per sample of the step, in order)."""
+        """Step 4 of the loop's step: each worker trains on the samples it kept from the last
+        `generate_stream(keep=True)`; it is sent only their advantages (`adv`: one per sample of
+        the step, in order)."""
         kept, self._kept = self._kept, None
         if kept is None or kept[-1].stop != len(adv):
             raise ValueError(f"train_step: {len(adv)} advantages do not match the kept rollout")

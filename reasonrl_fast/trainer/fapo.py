@@ -23,7 +23,7 @@ def template_for(cfg) -> str:
     g = cfg.fapo.genrm
     if g.template != "auto":
         return g.template
-    embedded = not cfg.model.path and not cfg.data.train_files
+    embedded = cfg.embedded_model and cfg.embedded_task
     return get_task(cfg.data.task).genrm_template if embedded else "fapo"
 
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.models.layout import SYNC_BUCKET_BYTES
 from reasonrl_fast.models.loading import decoder_layers
 
 
@@ -66,34 +66,9 @@ def init_distributed(rank: int, world: int, master_addr: str, master_port: int,
     return device, init_device_mesh(device.type, (world,))
 
 
-def compute_dtype(setting: str, master: torch.dtype, device: torch.device, sharding: str) -> torch.dtype:
-    """The dtype the trainer's forward and backward run in, from `model.compute_dtype` (`setting`),
-    the master weights' dtype and the resolved sharding (`sharding_mode`). auto: bf16 under FSDP2
-    on a GPU (`shard`'s mixed-precision policy casts the master weights as it gathers them), else
-    the master weights' own; bfloat16: the same policy on any device (a CPU rehearsal of a GPU
-    run). Attention, the frozen reference model and the sampler's copy follow it, not the master
-    dtype: float32 masters on a GPU still compute in bf16. ConfigError where the setting cannot
-    be had: bf16 compute over float32 masters is FSDP2's cast (a replicated or whole model
-    computes in its weights' dtype), and float32 compute over bf16 masters would only upcast
-    rounded weights."""
-    if setting == "auto":
-        return torch.bfloat16 if device.type == "cuda" and sharding == "fsdp" else master
-    want = torch.bfloat16 if setting == "bfloat16" else torch.float32
-    if want == master:
-        return want
-    if want == torch.float32:
-        raise ConfigError("model.compute_dtype=float32 needs float32 master weights (model.dtype=float32), "
-                          f"got {master}")
-    if sharding != "fsdp":
-        raise ConfigError(f"model.compute_dtype=bfloat16 over {master} master weights needs FSDP2's "
-                          f"mixed precision (trainer.sharding=fsdp); this run's workers hold the model "
-                          f"as {sharding!r}")
-    return want
-
-
 def shard(module: torch.nn.Module, layers_of: torch.nn.Module, mesh, compute: torch.dtype) -> torch.nn.Module:
-    """fully_shard each decoder layer of `layers_of`, then `module` as the root. `compute`:
-    `compute_dtype`'s; bf16 gets the mixed-precision policy (the gathered weights cast to bf16,
+    """fully_shard each decoder layer of `layers_of`, then `module` as the root. `compute`: the
+    Layout's compute dtype (models/layout.py); bf16 gets the mixed-precision policy (the gathered weights cast to bf16,
     gradients reduced in float32, on a GPU's nccl or a CPU's gloo alike)."""
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if compute == torch.bfloat16
           else MixedPrecisionPolicy())
@@ -101,21 +76,6 @@ def shard(module: torch.nn.Module, layers_of: torch.nn.Module, mesh, compute: to
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(module, mesh=mesh, mp_policy=mp)
     return module
-
-
-def sharding_mode(setting: str, device: torch.device, world: int) -> str:
-    """trainer.sharding resolved for this run: "fsdp", "replicate" or "none". One worker holds the
-    model whole, unless fsdp is asked for by name: FSDP2 over a one-rank mesh then gives one GPU
-    bf16 compute over float32 master weights (and runs the sharded code path on one card)."""
-    if world == 1:
-        return "fsdp" if setting == "fsdp" else "none"
-    if setting == "auto":
-        # On CPU the 0.8 M-parameter test model's update (32 sequences x 22 tokens, 2 gloo ranks x
-        # 1 thread) is slower with per-layer FSDP2 than replicated (DDP): each gather or
-        # reduce-scatter of a layer is a costly gloo collective there (benchmarks/RESULTS.md §9).
-        # On GPU, FSDP's memory saving decides.
-        return "fsdp" if device.type == "cuda" else "replicate"
-    return setting
 
 
 def replicate(module: torch.nn.Module, mesh, device: torch.device) -> torch.nn.Module:
@@ -176,7 +136,7 @@ def gather_full(params: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def iter_full(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = 256 * 2**20):
+def iter_full(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = SYNC_BUCKET_BYTES):
     """(name, full tensor) for sharded parameters, gathered a bucket of about `bucket_bytes` of
     full tensors at a time: one collective per bucket, and at most one bucket of full tensors
     alive beyond what the consumer keeps (a 7B model's sync never holds the whole model twice).

@@ -1,5 +1,7 @@
-"""The training loop, top to bottom: rollout -> reward -> group advantage -> (on the workers) old
-and reference log-probs, mini-batch updates, weight sync -> metrics, checkpoints, validation.
+"""The training loop, top to bottom: `_run` starts what the run needs (`_started`), then runs the
+numbered step (`_step`): 1. rollout -> 2. reward -> 3. shaped rewards and group advantage -> 4. (on
+the workers) reference and old log-probs, mini-batch updates, weight sync -> 5. metrics,
+checkpoint, validation.
 
 The driver (this process) holds the data and the loop; the reward pool's workers score the
 responses (rewards/pool.py), and for FAPO a GenRM server judges the correct ones (fapo.py); Ray
@@ -8,23 +10,28 @@ own share of the prompts and trains on those samples, so only token ids and scal
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
 import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from reasonrl_fast.algos import advantages, get_algo, overlong_penalty
+from reasonrl_fast.algos import advantages, get_algo
 from reasonrl_fast.config import to_yaml
 from reasonrl_fast.data.records import prompt_ids
 from reasonrl_fast.eval.metrics import PromptResult, answer_key, summarize
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.rewards.pool import RewardPool
 from reasonrl_fast.rewards.score import scorer_for
+from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime.datasets import Sampler, load_datasets
-from reasonrl_fast.tasks import TASKS
+from reasonrl_fast.tasks import all_tasks
 from reasonrl_fast.trainer.logger import MetricsLogger
 from reasonrl_fast.trainer.sft import warm_start
 from reasonrl_fast.util import quantile
@@ -39,51 +46,125 @@ def run(cfg, log=print) -> dict:
 
 def _run(cfg, log) -> dict:
     t_start = time.time()
+    last: dict = {}
+    with _started(cfg, log) as run:
+        every = cfg.trainer.val_every
+        if run.val_set and every and run.start == 0:
+            run.logger.log({"step": 0, **validate(cfg, run.cluster, run.tok, run.val_set, run.pool, step=0)})
+        for step in range(run.start + 1, cfg.trainer.steps + 1):
+            last = _step(run, step)
+        run.logger.close()
+    log(f"done in {time.time() - t_start:.0f}s: {_summary(last)}")
+    return last
+
+
+def _step(run: Run, step: int) -> dict:
+    """One training step (the numbering of docs/trainer.md, cluster.py and worker.py); returns its
+    metrics row."""
+    cfg, algo, n = run.cfg, run.algo, run.cfg.rollout.n
+    t0 = time.perf_counter()
+    # 1. rollout: the step's prompts; each worker samples n responses for its share of them and
+    #    keeps them (with the sampler's log-probs) for the update
+    items = [run.train_set[i] for i in run.sampler.next(cfg.data.prompts_per_step)]
+    # 2. reward: each worker's share is scored in the reward pool as soon as it arrives (a sample
+    #    that fails or runs out of time scores 0 and is counted) and, for FAPO, its right answers
+    #    go to the GenRM while the other workers still generate
+    roll = rollout_and_score(run.cluster, run.pool, run.tok, items, n, cfg.rollout.temperature, cfg.rollout.top_p,
+                             step, run.judge, keep=True)
+    responses, acc = roll["responses"], roll["acc"]
+    flagged, genrm_metrics = None, {}
+    if run.judge is not None:  # the GenRM's flags on right answers (FAPO)
+        verdicts, genrm_metrics = run.judge.collect()
+        flagged = [i in verdicts and verdicts[i].flawed for i in range(len(acc))]
+    # 3. the algorithm's rewards (its own shaping included) and the group advantage (the group is
+    #    the prompt)
+    lengths = torch.tensor([len(r) for r in responses])
+    rewards = algo.rewards(cfg, roll["scores"], acc, flagged, lengths)
+    group_ids = torch.arange(len(items)).repeat_interleave(n)
+    adv = advantages(rewards, group_ids, norm_by_std=algo.norm_by_std(cfg))
+    # 4. on the workers, each on the samples it kept (they are sent only the advantages):
+    #    reference and old log-probs, mini-batch updates, weight sync
+    w = run.cluster.train_step(adv.tolist(), step)
+    # 5. the metrics row, a checkpoint, validation
+    t_step = time.perf_counter() - t0
+    tokens = n * sum(len(p) for p in roll["prompts"]) + int(lengths.sum())
+    row = {
+        "step": step,
+        "reward/mean": float(rewards.mean()),
+        "accuracy/mean": sum(acc) / len(acc),
+        **roll["metrics"],
+        **genrm_metrics,
+        "response_length/mean": float(lengths.float().mean()),
+        "response_length/clip_frac": float((lengths >= cfg.rollout.max_new_tokens).float().mean()),
+        **w,
+        "time/rollout_s": roll["time/rollout_s"],
+        "time/reward_s": roll["time/reward_s"],
+        "time/step_s": t_step,
+        "perf/tokens_per_s": tokens / t_step,
+    }
+    t = cfg.trainer
+    if t.save_every and step % t.save_every == 0 or (t.save_last and step == t.steps):
+        save(cfg, run.cluster, run.tok, step, run.sampler, run.run_id)
+    if run.val_set and t.val_every and (step % t.val_every == 0 or step == t.steps):
+        row.update(validate(cfg, run.cluster, run.tok, run.val_set, run.pool, step))
+    run.logger.log(row)
+    return row
+
+
+@dataclass
+class Run:
+    """What the steps run on, started by `_started`."""
+
+    cfg: Any
+    run_id: str
+    start: int  # the last step done (the checkpoint's, or 0)
+    tok: Any
+    train_set: list
+    val_set: list
+    algo: Any
+    judge: Any  # FAPO's GenRM judge (trainer/fapo.py), or None
+    cluster: Any
+    pool: RewardPool
+    sampler: Sampler
+    logger: MetricsLogger
+
+
+@contextmanager
+def _started(cfg, log):
+    """Start what the run needs, in the order that fails cheapest first; release all of it (also
+    what started before a failure) on the way out. The checks that need neither the warm-started
+    model nor the run directory's checkpoints (the model's context, the fused head, the engine's
+    install, the data files, ...) ran before, in preflight.py."""
     out_dir = cfg.trainer.output_dir
-    # Before anything slow: which checkpoint (if any) we continue, checked complete and trusted.
+    # which checkpoint (if any) the run continues, checked complete and trusted
     resume_from, state = ckpt.prepare_run(cfg, warn=log)
-    run_id = state["run_id"] if state else ckpt.new_run_id()
     with open(os.path.join(out_dir, "config.yaml"), "w") as f:
         f.write(to_yaml(cfg))
-
-    # The checks that need neither the warm-started model nor the run directory's checkpoints
-    # (the model's context, the fused head, vLLM, the data files, ...) ran in preflight.py.
-    # Model: a local HF directory, or the embedded tiny model after its (cached) warm start.
-    model_path = cfg.model.path or warm_start(cfg, log)
+    # the model: a local HF directory, or the embedded tiny model after its (cached) warm start
+    model_path = warm_start(cfg, log) if cfg.embedded_model else cfg.model.path
     tok = load_tokenizer(model_path)
     train_set, val_set = load_datasets(cfg, tok)
-    if cfg.rollout.backend == "vllm":
-        from reasonrl_fast.rollout.vllm import check_vllm
-
-        version = check_vllm()  # imported by the preflight already: its version for the log line
-        log(f"rollout: vLLM {version}, one engine per worker, its log in "
-            f"{os.path.join(out_dir, 'rollout')}; weights synced every {cfg.rollout.sync_every} step(s)")
+    engine = get_rollout(cfg.rollout.backend)
+    engine_line = engine.describe(cfg, out_dir, engine.preflight())  # checked by the preflight: its log line
+    if engine_line:
+        log(engine_line)
 
     from reasonrl_fast.trainer.cluster import Cluster  # imports ray
 
-    # FAPO's judge first: a GenRM that cannot start fails the run before the cluster starts.
-    algo, judge = get_algo(cfg.algo), None
-    if algo.uses_genrm:
-        from reasonrl_fast.trainer.fapo import Judge
+    with ExitStack() as stack:
+        # FAPO's judge first: a GenRM that cannot start fails the run before the cluster starts
+        algo, judge = get_algo(cfg.algo), None
+        if algo.uses_genrm:
+            from reasonrl_fast.trainer.fapo import Judge
 
-        judge = Judge(cfg, log)
-    try:
+            judge = Judge(cfg, log)
+            stack.callback(judge.close)
         cluster = Cluster(cfg, model_path)
-    except BaseException:
-        if judge is not None:
-            judge.close()
-        raise
-    log(cluster.setup_info["lm_head"])
-    log(cluster.setup_info["attention"])
-    log(f"{cluster.setup_info['packing']}; micro-batches: "
-        + (f"at most {cfg.optim.micro_batch_tokens} tokens per forward" if cfg.optim.micro_batch_tokens
-           else "one per mini-batch (optim.micro_batch_tokens=0)")
-        + ("; activation checkpointing on" if cfg.model.gradient_checkpointing else ""))
-    log(f"data parallel: {cluster.setup_info['sharding']} (trainer.sharding={cfg.trainer.sharding})")
-    pool = None
-    try:
+        stack.callback(cluster.shutdown)
+        _log_layout(cfg, cluster.setup_info["layout"], log)
         r = cfg.reward
         pool = RewardPool(cfg.data.reward_fn, r.num_workers, r.timeout_s, r.backend, r.sandbox_timeout_s)
+        stack.callback(pool.close)
         sampler = Sampler(len(train_set), cfg.trainer.seed, cfg.data.shuffle)
         start = 0
         if resume_from:
@@ -92,73 +173,23 @@ def _run(cfg, log) -> dict:
             random.setstate(ckpt.as_tuple(state["python_rng"]))
             cluster.call("load", resume_from)
             log(f"resumed from {resume_from} (step {start})")
-        logger = MetricsLogger(cfg, out_dir, start, cfg.trainer.steps)
-        last: dict = {}
-        every = cfg.trainer.val_every
-        if val_set and every and start == 0:
-            logger.log({"step": 0, **validate(cfg, cluster, tok, val_set, pool, step=0)})
+        yield Run(cfg, state["run_id"] if state else ckpt.new_run_id(), start, tok, train_set, val_set, algo, judge,
+                  cluster, pool, sampler, MetricsLogger(cfg, out_dir, start, cfg.trainer.steps))
 
-        for step in range(start + 1, cfg.trainer.steps + 1):
-            t0 = time.perf_counter()
-            items = [train_set[i] for i in sampler.next(cfg.data.prompts_per_step)]
-            n = cfg.rollout.n
 
-            # 1-2. rollout: each worker samples n responses for its share of the prompts; as each
-            # worker's share arrives it is scored in the reward pool (a sample that fails or runs
-            # out of time scores 0 and is counted) and, for FAPO, its correct responses go to the
-            # GenRM while the other workers still generate
-            roll = rollout_and_score(cluster, pool, tok, items, n, cfg.rollout.temperature, cfg.rollout.top_p, step,
-                                     judge, keep=True)
-            responses, acc = roll["responses"], roll["acc"]
-            flagged, genrm_metrics = None, {}
-            if judge is not None:  # the GenRM's flags on right answers (FAPO)
-                verdicts, genrm_metrics = judge.collect()
-                flagged = [i in verdicts and verdicts[i].flawed for i in range(len(acc))]
-            base = algo.rewards(cfg, roll["scores"], acc, flagged)
-            lengths = torch.tensor([len(r) for r in responses])
-            rewards = base + overlong_penalty(
-                lengths, cfg.rollout.max_new_tokens, cfg.grpo.overlong_buffer, cfg.grpo.overlong_factor)
-
-            # 3. group advantage (the group is the prompt)
-            group_ids = torch.arange(len(items)).repeat_interleave(n)
-            adv = advantages(rewards, group_ids, norm_by_std=algo.norm_by_std(cfg))
-
-            # 4-6. old/ref log-probs, mini-batch updates, weight sync, on the workers, each on the
-            # samples it kept: they are sent only the advantages
-            w = cluster.train_step(adv.tolist(), step)
-
-            t_step = time.perf_counter() - t0
-            tokens = n * sum(len(p) for p in roll["prompts"]) + int(lengths.sum())
-            row = {
-                "step": step,
-                "reward/mean": float(rewards.mean()),
-                "accuracy/mean": sum(acc) / len(acc),
-                **roll["metrics"],
-                **genrm_metrics,
-                "response_length/mean": float(lengths.float().mean()),
-                "response_length/clip_frac": float((lengths >= cfg.rollout.max_new_tokens).float().mean()),
-                **w,
-                "time/rollout_s": roll["time/rollout_s"],
-                "time/reward_s": roll["time/reward_s"],
-                "time/step_s": t_step,
-                "perf/tokens_per_s": tokens / t_step,
-            }
-            if cfg.trainer.save_every and step % cfg.trainer.save_every == 0 or (
-                    cfg.trainer.save_last and step == cfg.trainer.steps):
-                save(cfg, cluster, tok, step, sampler, run_id)
-            if val_set and every and (step % every == 0 or step == cfg.trainer.steps):
-                row.update(validate(cfg, cluster, tok, val_set, pool, step))
-            logger.log(row)
-            last = row
-        logger.close()
-        log(f"done in {time.time() - t_start:.0f}s: {_summary(last)}")
-        return last
-    finally:
-        if judge is not None:
-            judge.close()
-        if pool is not None:
-            pool.close()
-        cluster.shutdown()
+def _log_layout(cfg, layout: dict, log) -> None:
+    """The workers' Layout (models/layout.py): its notes in the log, the whole of it in the run
+    directory (layout.json, which `python -m reasonrl_fast.plan` answers for the same config)."""
+    with open(os.path.join(cfg.trainer.output_dir, "layout.json"), "w") as f:
+        json.dump(layout, f, indent=1)
+    notes = layout["notes"]
+    log(notes["lm_head"])
+    log(notes["attention"])
+    log(f"{notes['packing']}; micro-batches: "
+        + (f"at most {cfg.optim.micro_batch_tokens} tokens per forward" if cfg.optim.micro_batch_tokens
+           else "one per mini-batch (optim.micro_batch_tokens=0)")
+        + ("; activation checkpointing on" if cfg.model.gradient_checkpointing else ""))
+    log(notes["sharding"])
 
 
 def _samples(items: list[dict], texts: list[str]) -> list[tuple]:
@@ -168,16 +199,8 @@ def _samples(items: list[dict], texts: list[str]) -> list[tuple]:
             for it, text in zip(items, texts, strict=True)]
 
 
-def score_responses(pool: RewardPool, items: list[dict], texts: list[str], n: int):
-    """Scores of the responses (`n` per item, in order), routed by each item's data_source:
-    (rewards with non-finite ones as 0, acc flags, the step's reward/* counters)."""
-    results, metrics = pool.score(_samples([it for it in items for _ in range(n)], texts))
-    scores, nonfinite = finite_rewards([r["score"] for r in results])
-    return scores, [r["acc"] for r in results], {**metrics, "reward/nonfinite": nonfinite}
-
-
 def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int, temperature: float,
-                      top_p: float, stream: int, judge=None, keep: bool = False) -> dict:
+                      top_p: float, stream: int | str, judge=None, keep: bool = False) -> dict:
     """Generate `n` responses per item at `temperature` and `top_p` (sample seeds from `stream`:
     the step, or a validation pass) and score each worker's share as soon as it arrives
     (for FAPO, also submit its correct responses to the judge); `keep`: the workers keep their
@@ -228,7 +251,7 @@ def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
     items = [val_set[i // k] for i in range(len(acc))]
     if k > 1:
         row.update(diversity(val_set, roll["texts"], acc, k))
-    for task in TASKS.values():  # each embedded task's metrics on its own records
+    for task in all_tasks():  # each embedded task's metrics on its own records
         row.update(task.val_metrics(items, roll["texts"], acc))
     row["time/val_s"] = time.perf_counter() - t
     return row

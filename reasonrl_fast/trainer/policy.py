@@ -10,7 +10,6 @@ from torch import nn
 
 from reasonrl_fast.models.lm_head import check_trainable, decoder_of, head_blocker, head_of
 from reasonrl_fast.ops import ZHead, linear_token_logprob, token_logprob
-from reasonrl_fast.util import shares
 
 
 class Actor(nn.Module):
@@ -201,21 +200,3 @@ def make_packed_batch(prompts: list[list[int]], responses: list[list[int]], devi
     batch = {k: v.to(device) for k, v in batch.items()}
     batch["packed"] = True
     return batch
-
-
-def mini_batches(cfg, prompts: int) -> list[slice]:
-    """A worker's mini-batches over its `prompts` prompts (each with rollout.n samples, prompt-major):
-    ceil(prompts_per_step / mini_batch_prompts) contiguous slices of samples, split by the same
-    rule as the workers' shares (config checks that none is empty)."""
-    mb = min(cfg.optim.mini_batch_prompts, cfg.data.prompts_per_step)
-    n, count = cfg.rollout.n, -(-cfg.data.prompts_per_step // mb)
-    return [slice(r.start * n, r.stop * n) for r in shares(prompts, count)]
-
-
-def tokens_per_forward(cfg, world: int) -> int:
-    """Upper bound on the response positions one policy forward sees: the largest mini-batch of the
-    largest worker's share (prompts x samples) times the longest response, or the micro-batch
-    token budget when that is less."""
-    most = len(shares(cfg.data.prompts_per_step, world)[0])
-    whole = max(1, max(s.stop - s.start for s in mini_batches(cfg, most))) * cfg.rollout.max_new_tokens
-    return min(whole, cfg.optim.micro_batch_tokens) if cfg.optim.micro_batch_tokens else whole

@@ -6,7 +6,6 @@ keeps the samples it generated for the step: the driver sends back only their ad
 from __future__ import annotations
 
 import math
-import os
 import resource
 import time
 
@@ -17,15 +16,16 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from reasonrl_fast.algos import get_algo
 from reasonrl_fast.algos.correction import pool_sums
-from reasonrl_fast.models.lm_head import use_fused
-from reasonrl_fast.models.loading import (attention_implementation, enable_checkpointing, load_model, load_tokenizer,
-                                          master_dtype, packing_blocker, packing_refusal)
+from reasonrl_fast.models import LM_PREFIX, ZHEAD_PREFIX
+from reasonrl_fast.models.layout import mini_batches, resolve
+from reasonrl_fast.models.lm_head import head_blocker, meta_model
+from reasonrl_fast.models.loading import (enable_checkpointing, load_model, load_model_config, load_tokenizer,
+                                          torch_dtype)
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
-from reasonrl_fast.trainer.fsdp import (compute_dtype, full_tensor, init_distributed, iter_full, rendezvous_socket,
-                                        replicate, shard, sharding_mode)
 from reasonrl_fast.trainer import update
-from reasonrl_fast.trainer.policy import Actor, mini_batches, tokens_per_forward
+from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, iter_full, rendezvous_socket, replicate, shard
+from reasonrl_fast.trainer.policy import Actor
 from reasonrl_fast.trainer.optim import make_optimizer
 from reasonrl_fast.trainer.schedule import advance, make_scheduler
 
@@ -35,8 +35,10 @@ class Worker:
     # a setting only the device can judge) runs in `setup`, a method call, whose exception Ray
     # hands to the driver as itself (runtime/ray_cluster.py `as_completed`), while an error in
     # an actor's constructor reaches it only as text.
-    def __init__(self, cfg, rank: int, world: int, model_path: str):
-        self.cfg, self.rank, self.world, self.model_path = cfg, rank, world, model_path
+    def __init__(self, cfg, rank: int, world: int, model_path: str, engine):
+        # `engine`: the driver's rollout engine class (rollout/registry.py), so that an engine
+        # registered in the driver reaches the workers
+        self.cfg, self.rank, self.world, self.model_path, self.engine = cfg, rank, world, model_path, engine
         if not torch.cuda.is_available():
             # One CPU slot per worker: more threads than cores only adds contention.
             torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
@@ -50,65 +52,70 @@ class Worker:
         return host, self._listen.getsockname()[1]
 
     def setup(self, master_addr: str, master_port: int) -> dict:
+        """Load and hold the model as the run's Layout says (models/layout.py `resolve`, the rules
+        the planner and the driver's log read too): the policy (sharded or replicated), the
+        rollout engine, the frozen reference where the algorithm needs one, the optimiser."""
         cfg = self.cfg
         self.device, mesh = init_distributed(self.rank, self.world, master_addr, master_port,
                                              cfg.trainer.collective_timeout_s, getattr(self, "_listen", None))
         torch.manual_seed(cfg.trainer.seed)  # same init of the Z-head on every rank
         self.tok = load_tokenizer(self.model_path)
-        self.sharding = sharding_mode(cfg.trainer.sharding, self.device, self.world)
-        master = master_dtype(cfg.model.dtype)
-        compute = compute_dtype(cfg.model.compute_dtype, master, self.device, self.sharding)
-        attn, attn_msg = attention_implementation(self.device, compute)
-        lm = load_model(self.model_path, master, attn, cfg.model.max_position_embeddings)
-        self.rollout = make_rollout(cfg, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id,
-                                    self.device, compute, engine_log(cfg, self.rank), log=self._log)
-        self.packed, self.one_row, pack_msg = use_packing(cfg.data.packing, lm)
+        config = load_model_config(self.model_path, cfg.model.max_position_embeddings)
+        engine = self.engine
+        # what only a built model shows against the fused head: built on the meta device, no memory
+        self.layout = layout = resolve(cfg, config, self.device.type, self.world, engine,
+                                       head_blocker=head_blocker(meta_model(config)))
+        compute = torch_dtype(layout.compute_dtype)
+        lm = load_model(self.model_path, torch_dtype(layout.weight_dtype), layout.attention,
+                        cfg.model.max_position_embeddings)
+        self.rollout = make_rollout(cfg, layout, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id,
+                                    self.device, engine.log_path(cfg.trainer.output_dir, self.rank), self._log,
+                                    engine)
         if cfg.model.gradient_checkpointing:  # after the rollout's copy: only the trained model recomputes
             enable_checkpointing(lm)
         self.algo = get_algo(cfg.algo)
         self._samples: tuple[list, list, list] | None = None  # the step's (prompts, responses, log-probs)
         # One decision for the run: the update, old and reference log-probs all take the same
-        # path, so the ratio at the first update is exactly 1.
-        fused, head_msg = use_fused(cfg.model.fused_lm_head, lm, self.device,
-                                    tokens_per_forward(cfg, self.world))
-        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.algo.zhead else 0, fused=fused)
-        # Sharded from host memory: fully_shard moves each unit to the device as it shards it, so
-        # the device holds one layer's full weights at a time beside the engine, never the model.
-        if self.sharding == "fsdp":
-            shard(self.actor, lm, mesh, compute)
-        else:
-            self.actor.to(self.device)
+        # path (layout.fused), so the ratio at the first update is exactly 1.
+        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.algo.zhead else 0, fused=layout.fused)
+        self._hold(self.actor, lm, mesh, compute)
         # what the update's forward runs through: DDP averages the gradients when replicated
-        self.train_model = replicate(self.actor, mesh, self.device) if self.sharding == "replicate" else self.actor
+        self.train_model = (replicate(self.actor, mesh, self.device) if layout.sharding == "replicate"
+                            else self.actor)
         self.ref = None
         if self.algo.needs_ref(cfg):  # frozen reference, held the same way, in the dtype it
-            ref_lm = load_model(self.model_path, compute, attn,  # computes in (it has no update)
+            ref_lm = load_model(self.model_path, compute, layout.attention,  # computes in (it has no update)
                                 cfg.model.max_position_embeddings)
-            self.ref = Actor(ref_lm, fused=fused).eval()
+            self.ref = Actor(ref_lm, fused=layout.fused).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
-            if self.sharding == "fsdp":
-                shard(self.ref, ref_lm, mesh, compute)
-            else:
-                self.ref.to(self.device)
+            self._hold(self.ref, ref_lm, mesh, compute)
         o = cfg.optim
-        z_params = [p for n, p in self.actor.named_parameters() if n.startswith("proj_z.")]
-        lm_params = [p for n, p in self.actor.named_parameters() if not n.startswith("proj_z.")]
+        z_params = [p for n, p in self.actor.named_parameters() if n.startswith(ZHEAD_PREFIX)]
+        lm_params = [p for n, p in self.actor.named_parameters() if not n.startswith(ZHEAD_PREFIX)]
         groups = [{"params": lm_params, "lr": o.lr}]
         if z_params:
             groups.append({"params": z_params, "lr": o.lr * cfg.flowrl.zhead_lr_mult})
         self.opt = make_optimizer(groups, cfg, self.device)
         self.sched = make_scheduler(self.opt, o.warmup_steps)
-        return {"params": sum(p.numel() for p in lm_params), "device": str(self.device),
-                "lm_head": head_msg, "sharding": self.sharding, "attention": attn_msg, "packing": pack_msg}
+        return {"params": sum(p.numel() for p in lm_params), "device": str(self.device), "layout": layout.to_dict()}
+
+    def _hold(self, module, lm, mesh, compute) -> None:
+        """Shard `module` (FSDP2) from host memory, or move it whole to the device. fully_shard
+        moves each unit to the device as it shards it, so the device holds one layer's full
+        weights at a time beside the engine, never the model."""
+        if self.layout.sharding == "fsdp":
+            shard(module, lm, mesh, compute)
+        else:
+            module.to(self.device)
 
     # ------------------------------------------------------------------ rollout
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, seeds: list[int],
                  keep: bool = False) -> list[list[int]]:
-        """n responses per prompt (prompt-major), sample i drawn with seeds[i], at the caller's
-        temperature and top-p (training's or validation's); `keep`: these are the step's training
-        samples (with the sampler's log-probs), which `train_step` trains on."""
+        """Step 1 of the loop's step: n responses per prompt (prompt-major), sample i drawn with
+        seeds[i], at the caller's temperature and top-p (training's or validation's); `keep`: these
+        are the step's training samples (with the sampler's log-probs), which `train_step` trains on."""
         out = self.rollout.generate(prompts, n, temperature, top_p, self.cfg.rollout.max_new_tokens, seeds)
         if keep:
             self._samples = ([p for p in prompts for _ in range(n)], out.tokens, out.logprobs)
@@ -117,8 +124,8 @@ class Worker:
     # ------------------------------------------------------------------ update
 
     def train_step(self, adv, step: int) -> dict:
-        """Old/ref log-probs, mini-batch updates, weight sync on the samples this rank kept from the
-        step's rollout (prompt-major groups of rollout.n); `adv` are their group-normalised
+        """Step 4 of the loop's step: reference and old log-probs, mini-batch updates, weight sync, on
+        the samples this rank kept from the step's rollout (prompt-major groups of rollout.n); `adv` are their group-normalised
         advantages, in the same order. Each mini-batch runs as micro-batches whose gradients add
         up to the mini-batch's (update.py)."""
         cfg, t = self.cfg, {}
@@ -132,14 +139,15 @@ class Worker:
         self._seed(step, salt=1)  # Z-head dropout: reproducible per step
         adv = torch.tensor(adv, dtype=torch.float32, device=self.device)
         chunks = mini_batches(cfg, len(responses) // cfg.rollout.n)
-        plans, totals = update.plan(prompts, responses, chunks, cfg.optim.micro_batch_tokens, self.packed,
+        packed = self.layout.packed
+        plans, totals = update.plan(prompts, responses, chunks, cfg.optim.micro_batch_tokens, packed,
                                     self.algo.loss_units(cfg), self.world, self.device)
-        batches = [[update.micro_batch(prompts, responses, rollout_lps, idx, self.packed, self.tok.pad_token_id,
-                                       self.device, self.one_row) for idx in micros] for micros in plans]
+        batches = [[update.micro_batch(prompts, responses, rollout_lps, idx, packed, self.tok.pad_token_id,
+                                       self.device, self.layout.one_row) for idx in micros] for micros in plans]
         t0 = time.perf_counter()
         temp = cfg.rollout.temperature
         ref_lp = update.logprobs(self.ref, batches, temp) if self.ref is not None else None
-        if self.ref is not None and self.sharding == "fsdp":
+        if self.ref is not None and self.layout.sharding == "fsdp":
             # FSDP2 reshards a root unit in its backward, which the frozen reference never runs:
             # without this its embeddings and head would stay gathered through the update
             self.ref.reshard()
@@ -194,7 +202,8 @@ class Worker:
         """Gather the LM's parameters (not the Z-head), a bucket per collective, and copy them into
         the rollout engine (which wakes first if it sleeps)."""
         self.rollout.load_weights(iter_full(
-            [(name[len("lm."):], p.detach()) for name, p in self.actor.named_parameters() if name.startswith("lm.")]))
+            [(name[len(LM_PREFIX):], p.detach()) for name, p in self.actor.named_parameters()
+             if name.startswith(LM_PREFIX)]))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -236,25 +245,3 @@ class Worker:
 
 
 ROLLOUT_SUMS = "rollout_sums"  # train_step's key for the sums of algos/correction.py
-
-
-def use_packing(setting: str, lm) -> tuple[bool, bool, str]:
-    """data.packing resolved for this model: (on, in one row, a log line). One row where the
-    attention has variable-length kernels (flash-attn); else rows as long as the micro-batch's
-    longest sequence (policy.make_packed_batch says why)."""
-    blocker = packing_blocker(lm)
-    if setting == "true" and blocker:
-        raise packing_refusal(blocker)
-    if setting == "false" or blocker:
-        return False, False, f"packing: off ({'data.packing=false' if setting == 'false' else blocker})"
-    if lm.config._attn_implementation.startswith("flash_attention"):
-        return True, True, "packing: on (one row per micro-batch, flash-attn's variable-length kernels)"
-    return True, False, (f"packing: on (rows as long as a micro-batch's longest sequence: "
-                         f"{lm.config._attn_implementation} attends through a block-diagonal mask)")
-
-
-def engine_log(cfg, rank: int) -> str | None:
-    """Where rank `rank`'s vLLM engine writes its log (None for the hf backend)."""
-    if cfg.rollout.backend != "vllm":
-        return None
-    return os.path.join(cfg.trainer.output_dir, "rollout", f"vllm-rank{rank}.log")

@@ -23,10 +23,18 @@ def test_scorer_for(source, kind):
     assert scorer_for(source) == kind
 
 
+def score_responses(pool: RewardPool, items: list[dict], texts: list[str]):
+    """The scoring half of the trainer's reward stage (loop.rollout_and_score) on given responses,
+    one per item: (rewards with non-finite ones as 0, acc flags, the reward/* counters)."""
+    from reasonrl_fast.trainer.loop import _samples, finite_rewards
+
+    results, metrics = pool.score(_samples(items, texts))
+    scores, nonfinite = finite_rewards([r["score"] for r in results])
+    return scores, [r["acc"] for r in results], {**metrics, "reward/nonfinite": nonfinite}
+
+
 @pytest.mark.proc
 def test_a_mixed_batch_through_the_trainers_reward_stage():
-    from reasonrl_fast.trainer.loop import score_responses
-
     items = [
         {"data_source": "math", "answer": "0.5"},
         {"data_source": "math_dapo", "answer": "34"},
@@ -40,7 +48,7 @@ def test_a_mixed_batch_through_the_trainers_reward_stage():
     # the same answer under another source's scorer is not right: routing is by data_source
     crossed = [ADD, IO_PROG, r"\boxed{5}", r"\boxed{5}", IO_PROG]
     with RewardPool("", num_workers=2, timeout_s=30) as pool:
-        scores, acc, m = score_responses(pool, items * 3, right + wrong + crossed, 1)
+        scores, acc, m = score_responses(pool, items * 3, right + wrong + crossed)
     assert (m["reward/errors"], m["reward/timeouts"]) == (0, 0)
     n = len(items)
     assert scores[:n] == [1.0, 1.0, 1.0, 1.0, 1.0] and all(acc[:n])

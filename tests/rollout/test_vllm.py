@@ -16,8 +16,9 @@ from transformers import Qwen2Config
 
 from reasonrl_fast.config import load_config
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.plan_shapes import SHAPES
-from reasonrl_fast.rollout import make_rollout
+from reasonrl_fast.models.shipped_shapes import SHAPES
+from reasonrl_fast.models.layout import resolve
+from reasonrl_fast.rollout import get_rollout, make_rollout
 from reasonrl_fast.rollout import vllm as rollout_vllm
 from reasonrl_fast.rollout.vllm import engine_args, kv_cache_bytes, kv_shape, memory_error
 from tests.helpers import venvs
@@ -91,12 +92,17 @@ def test_make_rollout_sizes_a_cpu_engine_from_the_model_and_the_run(tmp_path, re
     cfg = load_config(None, ["rollout.backend=vllm", "data.prompts_per_step=8", "trainer.workers_per_node=2",
                              "data.max_prompt_length=16", "rollout.max_new_tokens=32"])
     notes = []
-    make_rollout(cfg, None, str(tmp_path), 0, 1, CPU, torch.float32, log=notes.append)
+
+    def layout(sequences=None):  # what a worker (or eval, for its batch) resolves on CPU
+        return resolve(cfg, config.to_dict(), "cpu", 2, get_rollout("vllm"), sequences=sequences)
+
+    make_rollout(cfg, layout(), None, str(tmp_path), 0, 1, CPU, log=notes.append)
     assert recorded["kv_cache_memory_bytes"] == kv_cache_bytes(cfg, (3, 2, 32), 4) and not notes
-    make_rollout(cfg, None, str(tmp_path), 0, 1, CPU, torch.float32, sequences=5)  # eval's batch
+    assert recorded["dtype"] == torch.float32
+    make_rollout(cfg, layout(sequences=5), None, str(tmp_path), 0, 1, CPU)  # eval's batch
     assert recorded["kv_cache_memory_bytes"] == kv_cache_bytes(cfg, (3, 2, 32), 4, sequences=5)
     cfg.rollout.gpu_memory_utilization = 0.3  # a GPU setting, said to be one
-    make_rollout(cfg, None, str(tmp_path), 0, 1, CPU, torch.float32, log=notes.append)
+    make_rollout(cfg, layout(), None, str(tmp_path), 0, 1, CPU, log=notes.append)
     assert len(notes) == 1 and "GPU only" in notes[0] and "rollout.kv_cache_memory_bytes" in notes[0]
 
 

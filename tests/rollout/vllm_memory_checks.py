@@ -23,13 +23,21 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reasonrl_fast.config import load_config
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.rollout import make_rollout
+from reasonrl_fast.models.layout import resolve
+from reasonrl_fast.models.loading import load_model_config
+from reasonrl_fast.rollout import get_rollout, make_rollout
 from reasonrl_fast.rollout.vllm import CPU_BLOCK_TOKENS, kv_cache_bytes, kv_shape
 
 EOS = 2
 OLD_FRACTION = 0.05  # the rollout's former default on CPU
 SKIP = f"holding {OLD_FRACTION} of this node's memory would take over a third of what is free"
 
+
+
+def cpu_layout(cfg, path: str):
+    """The Layout a CPU worker of `cfg` resolves for the model at `path` (models/layout.py)."""
+    t = cfg.trainer
+    return resolve(cfg, load_model_config(path), "cpu", t.nnodes * t.workers_per_node, get_rollout("vllm"))
 
 def model_dir(work: str) -> str:
     torch.manual_seed(0)
@@ -89,7 +97,7 @@ def check_resident(work: str) -> None:
         return SKIP
     cfg = run_config()
     notes = []
-    engine = make_rollout(cfg, None, path, 0, EOS, torch.device("cpu"), torch.float32,
+    engine = make_rollout(cfg, cpu_layout(cfg, path), None, path, 0, EOS, "cpu",
                           log_path=os.path.join(work, "vllm.log"), log=notes.append)
     cache = engine.llm.llm_engine.vllm_config.cache_config
     want = kv_cache_bytes(cfg, kv_shape(Qwen2Config.from_pretrained(path)), 4)
@@ -123,8 +131,8 @@ def check_refused(work: str) -> None:
     total, _ = node_memory()
     asked = 4 * total
     try:
-        make_rollout(run_config(f"rollout.kv_cache_memory_bytes={asked}"), None, path, 0, EOS, torch.device("cpu"),
-                     torch.float32, log_path=os.path.join(work, "vllm.log"))
+        cfg = run_config(f"rollout.kv_cache_memory_bytes={asked}")
+        make_rollout(cfg, cpu_layout(cfg, path), None, path, 0, EOS, "cpu", log_path=os.path.join(work, "vllm.log"))
     except ConfigError as e:
         text = str(e)
         assert "rollout.kv_cache_memory_bytes" in text and str(asked) in text and "available" in text, text

@@ -9,10 +9,9 @@ import pytest
 
 from reasonrl_fast.config import ConfigError, load_config
 from reasonrl_fast.eval.metrics import answer_key
-from reasonrl_fast.rewards.partition import parse_truth, partition_score
 from reasonrl_fast.rewards.score import default_compute_score, scorer_for
 from reasonrl_fast.tasks import get_task, task_of
-from reasonrl_fast.tasks.partition import budgets, demonstration, numbers, work
+from reasonrl_fast.tasks.partition import budgets, demonstration, numbers, parse_truth, partition_score, work
 
 T57 = json.dumps({"target": 57, "parts": 2})
 
@@ -49,7 +48,9 @@ def test_the_last_box_counts_and_bad_truths_are_named():
                 '{"target": true, "parts": 1}', "not json", '{"target": 57, "parts": 0}']:
         with pytest.raises(ValueError, match="partition ground truth"):
             parse_truth(bad)
-    assert scorer_for("partition") == "partition" and scorer_for("partition_x") == "math"
+    # the task names its own scorer; rewards/score.py names neither the source nor the scorer
+    assert scorer_for("partition") == get_task("partition").scorer == "reasonrl_fast.tasks.partition:partition_score"
+    assert scorer_for("Partition") == scorer_for("partition") and scorer_for("partition_x") == "math"
     assert answer_key("x \\boxed{ 23 + 34 }") == "23+34"
 
 

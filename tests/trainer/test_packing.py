@@ -1,6 +1,6 @@
 """Packed rows (one row per micro-batch, position ids restarting per sequence, no attention mask)
 against the padded layout, in float64: log-probs, entropies, log Z and every gradient, for each
-model family the packing is on for (models/loading.py PACKED_FAMILIES)."""
+model family the packing is on for (models/layout.py PACKED_FAMILIES)."""
 
 import random
 
@@ -9,9 +9,9 @@ import torch
 import transformers
 
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.loading import PACKED_FAMILIES, packing_blocker
+from reasonrl_fast.models import layout
+from reasonrl_fast.models.layout import PACKED_FAMILIES
 from reasonrl_fast.trainer.policy import Actor, make_batch, make_packed_batch
-from reasonrl_fast.trainer.worker import use_packing
 
 CONFIGS = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig,
            "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig}
@@ -117,3 +117,12 @@ def test_packing_setting_resolves_per_model():
         use_packing("true", gpt2)
     windowed = tiny("mistral", sliding_window=4)
     assert packing_blocker(windowed) == "sliding-window attention"
+
+
+def use_packing(setting: str, lm):
+    """The Layout's decision (models/layout.py `packing`) for a loaded model, as a worker makes it."""
+    return layout.packing(setting, lm.config, lm.config._attn_implementation)
+
+
+def packing_blocker(lm):
+    return layout.packing_blocker(lm.config)

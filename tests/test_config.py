@@ -68,7 +68,7 @@ def test_presets_load():
     import glob
     import os
 
-    root = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+    root = os.path.join(os.path.dirname(__file__), "..", "configs")
     files = glob.glob(os.path.join(root, "*.yaml"))
     assert len(files) >= 3
     for f in files:

@@ -117,7 +117,7 @@ def test_the_one_split_rule_allows_uneven_shares():
 
 def test_mini_batches_of_a_share_and_the_largest_forward():
     from reasonrl_fast.config import load_config
-    from reasonrl_fast.trainer.policy import mini_batches, tokens_per_forward
+    from reasonrl_fast.models.layout import mini_batches, tokens_per_forward
 
     cfg = load_config(None, ["data.prompts_per_step=5", "optim.mini_batch_prompts=3", "rollout.n=4",
                              "rollout.max_new_tokens=10"])
@@ -147,7 +147,63 @@ def test_registries_list_the_known_names():
         get_algo("dapo")
     with pytest.raises(ValueError, match="unknown task 'sudoku': known tasks are addition, code, genrm, partition"):
         get_task("sudoku")
-    assert task_of({"data_source": "addition"}) is TASKS["addition"]
+    assert task_of({"data_source": "addition"}) is get_task("addition") and get_task("addition").name == "addition"
     assert task_of({"data_source": "math"}) is None
     # what each algorithm asks of the trainer
-    assert [(a.uses_genrm, a.zhead) for a in ALGOS.values()] == [(False, True), (False, False), (True, False)]
+    facts = [(get_algo(n).uses_genrm, get_algo(n).zhead) for n in ALGOS]
+    assert facts == [(False, True), (False, False), (True, False)]
+
+
+def test_each_algorithm_reads_its_own_section():
+    """The reference model and the overlong shaping of each algorithm, as before for every
+    setting: GRPO and FAPO from the grpo section, FlowRL from its own (its TB loss always reads
+    the reference)."""
+    from reasonrl_fast.algos import get_algo
+    from reasonrl_fast.config import load_config
+
+    lengths = torch.tensor([10, 16, 18, 20])
+    scores, acc = [1.0, 0.0, 1.0, 0.0], [True, False, True, False]
+    shaped = torch.tensor(scores) + torch.tensor([0.0, 0.0, -0.5, -1.0])
+    for name, own, other in (("grpo", "grpo", "flowrl"), ("fapo", "grpo", "flowrl"), ("flowrl", "flowrl", "grpo")):
+        algo = get_algo(name)
+        for kl in (0.0, 0.1):
+            cfg = load_config(None, [f"algo={name}", f"grpo.kl_coef={kl}"])
+            assert algo.needs_ref(cfg) == (name == "flowrl" or kl > 0)
+        cfg = load_config(None, [f"algo={name}", "rollout.max_new_tokens=20", f"{own}.overlong_buffer=4",
+                                 f"{other}.overlong_buffer=0"])
+        flagged = [False] * 4
+        base = algo.outcome_rewards(cfg, scores, acc, flagged)
+        torch.testing.assert_close(algo.rewards(cfg, scores, acc, flagged, lengths) - base,
+                                   shaped - torch.tensor(scores))
+        off = load_config(None, [f"algo={name}", "rollout.max_new_tokens=20"])
+        if name != "flowrl":  # FlowRL refuses GRPO's buffer instead of ignoring it (below)
+            off = load_config(None, [f"algo={name}", "rollout.max_new_tokens=20", f"{other}.overlong_buffer=4"])
+        torch.testing.assert_close(algo.rewards(off, scores, acc, flagged, lengths), base)
+    fapo = load_config(None, ["algo=fapo", "rollout.max_new_tokens=20"])
+    torch.testing.assert_close(get_algo("fapo").rewards(fapo, scores, acc, [True, False, False, False], lengths),
+                               fapo_rewards(acc, [True, False, False, False], 1.0))
+
+
+def test_a_flowrl_config_with_grpos_overlong_buffer_is_refused():
+    from reasonrl_fast.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"grpo.overlong_buffer=4096 is GRPO's overlong shaping, which algo=flowrl "
+                                          r"does not read: set flowrl.overlong_buffer"):
+        load_config(None, ["algo=flowrl", "grpo.overlong_buffer=4096"])
+    load_config(None, ["algo=grpo", "grpo.overlong_buffer=4096"])
+
+
+def test_the_flowrl_recipe_keeps_its_overlong_shaping():
+    """configs/flowrl_qwen2.5_7b_math.yaml shapes FlowRL's rewards with DAPO's 4096-token buffer,
+    as the published run does, now from its own section."""
+    import os
+
+    from reasonrl_fast.algos import get_algo
+    from reasonrl_fast.config import load_config
+
+    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "flowrl_qwen2.5_7b_math.yaml"))
+    lengths = torch.tensor([100, 4096, 6000, 8192])
+    scores = [1.0, 1.0, 0.0, 1.0]
+    got = get_algo(cfg.algo).rewards(cfg, scores, [s > 0 for s in scores], None, lengths)
+    torch.testing.assert_close(got, torch.tensor(scores) + overlong_penalty(lengths, 8192, 4096, 1.0))
+    assert got[3] == 0.0 and got[0] == 1.0

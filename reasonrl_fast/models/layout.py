@@ -1,0 +1,266 @@
+"""`resolve(cfg, model_config, device, world, engine) -> Layout`: every decision about how a run's
+workers hold and run the model, made in one place from the settings, the model's config and the
+device. The trainer's workers build from it, eval samples with it, the loop logs its notes and
+the memory planner (plan.py) counts bytes from it: none of them restates a rule.
+
+Pure functions of the settings and the model's config (config.json's dict or a transformers
+config); the device is a string ("cpu" or "cuda"), dtypes are names ("float32", "bfloat16"),
+and nothing here imports torch, so the planner runs where torch is not installed. What only a
+built model can tell (an output layer that is not a plain linear layer, docs/trainer.md) comes
+in as `head_blocker`, from models/lm_head.py."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import asdict, dataclass, field
+
+from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.models.shape import read, text_part
+from reasonrl_fast.util import shares
+
+PACKED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+"""Model types whose attention reads packed rows from restarting position ids (transformers'
+masks for sdpa and eager, flash-attn's variable-length boundaries), checked against the padded
+forward in tests/trainer/test_packing.py."""
+
+# CPU only: `auto` fuses when one forward's response tokens x vocabulary reach this (2^27, 512 MiB
+# of float32 logits). Read off benchmarks/bench_fused_lm_head.py's measurements of the update's
+# forward + backward (benchmarks/RESULTS.md §7): on CPU the fused op was never clearly faster, as
+# it forms the logits twice (forward and backward). What it buys is memory, several times less
+# peak where the logits are large, for somewhat more time; where they are small it saves nothing
+# and costs time. The embedded default (2,048 x 99 = 0.2 M) stays unfused.
+FUSED_CPU_MIN_ELEMENTS = 1 << 27
+
+# Config attributes (of the model's config or its text config) that change the logits after
+# the head. A value of None, or 1 for the scale factors, leaves them alone.
+SOFTCAPS = ("final_logit_softcapping",)  # Gemma 2/3/4, VaultGemma, ...
+SCALES = ("logit_scale",         # Cohere, Cohere2
+          "logits_scaling",      # Granite family, MiniCPM3, HyperCLOVA X
+          "lm_head_multiplier",  # Falcon-H1
+          "output_multiplier")
+
+SYNC_BUCKET_BYTES = 256 * 2 ** 20
+"""Full tensors gathered per collective of the weight sync (trainer/fsdp.py `iter_full`)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one worker holds and runs the model (what `resolve` decided)."""
+
+    device: str
+    """"cpu" or "cuda"."""
+    world: int
+    """Trainer workers in all."""
+    sharding: str
+    """"fsdp" (FSDP2), "replicate" (DDP) or "none" (one worker holds the model whole)."""
+    weight_dtype: str
+    """The master weights', so their gradients' and AdamW's states' (model.dtype)."""
+    compute_dtype: str
+    """The forward and backward's; the reference model and an hf sampler's copy are held in it."""
+    attention: str
+    """transformers' attn_implementation: "sdpa" or "flash_attention_2"."""
+    packed: bool
+    """The update's forward runs packed rows (data.packing)."""
+    one_row: bool
+    """Packed into one row per micro-batch (flash-attn's variable-length kernels), else rows as
+    long as the micro-batch's longest sequence, each with its block-diagonal mask."""
+    fused: bool
+    """Log-probs from the fused LM head (model.fused_lm_head)."""
+    rollout_dtype: str
+    """The rollout engine's weights and compute."""
+    kv_cache_bytes: int | None
+    """The engine's KV cache in bytes, where it is sized in bytes (else None)."""
+    engine_share: float | None
+    """The share of the GPU the engine takes, where it is sized by a share (else None)."""
+    notes: dict = field(default_factory=dict, compare=False)
+    """One log line per decision: sharding, attention, packing, lm_head."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sharding_mode(setting: str, device: str, world: int) -> str:
+    """trainer.sharding resolved: "fsdp", "replicate" or "none". One worker holds the model whole,
+    unless fsdp is asked for by name: FSDP2 over a one-rank mesh then gives one GPU bf16 compute
+    over float32 master weights (and runs the sharded code path on one card)."""
+    if world == 1:
+        return "fsdp" if setting == "fsdp" else "none"
+    if setting == "auto":
+        # On CPU the 0.8 M-parameter test model's update (32 sequences x 22 tokens, 2 gloo ranks x
+        # 1 thread) is slower with per-layer FSDP2 than replicated (DDP): each gather or
+        # reduce-scatter of a layer is a costly gloo collective there (benchmarks/RESULTS.md §9).
+        # On GPU, FSDP's memory saving decides.
+        return "fsdp" if device == "cuda" else "replicate"
+    return setting
+
+
+def master_dtype(setting: str) -> str:
+    """`model.dtype` as the master weights' dtype; "auto" is float32."""
+    return "bfloat16" if setting == "bfloat16" else "float32"
+
+
+def compute_dtype(setting: str, master: str, device: str, sharding: str) -> str:
+    """The dtype the trainer's forward and backward run in, from `model.compute_dtype` (`setting`),
+    the master weights' dtype and the resolved sharding. auto: bf16 under FSDP2 on a GPU (`shard`'s
+    mixed-precision policy casts the master weights as it gathers them), else the master weights'
+    own; bfloat16: the same policy on any device (a CPU rehearsal of a GPU run). ConfigError where
+    the setting cannot be had: bf16 compute over float32 masters is FSDP2's cast (a replicated or
+    whole model computes in its weights' dtype), and float32 compute over bf16 masters would only
+    upcast rounded weights."""
+    if setting == "auto":
+        return "bfloat16" if device == "cuda" and sharding == "fsdp" else master
+    want = "bfloat16" if setting == "bfloat16" else "float32"
+    if want == master:
+        return want
+    if want == "float32":
+        raise ConfigError("model.compute_dtype=float32 needs float32 master weights (model.dtype=float32), "
+                          f"got {master}")
+    if sharding != "fsdp":
+        raise ConfigError(f"model.compute_dtype=bfloat16 over {master} master weights needs FSDP2's "
+                          f"mixed precision (trainer.sharding=fsdp); this run's workers hold the model "
+                          f"as {sharding!r}")
+    return want
+
+
+def attention(device: str, compute: str) -> tuple[str, str]:
+    """(transformers' attn_implementation, a log line saying which and why). flash-attn (the
+    optional `[gpu]` extra) where it is installed and can run: on CUDA when the forward computes
+    in bf16 (it has no float32 kernels). Packed rows then go through its variable-length kernels;
+    sdpa reads them through a block-diagonal mask instead."""
+    if device != "cuda":
+        return "sdpa", "attention: sdpa"
+    if importlib.util.find_spec("flash_attn") is None:
+        return "sdpa", "attention: sdpa (flash-attn is not installed: pip install 'reasonrl_fast[gpu]')"
+    if compute != "bfloat16":
+        return "sdpa", (f"attention: sdpa (flash-attn needs bf16 compute; this worker computes in {compute}: "
+                        "bf16 compute over float32 master weights is FSDP2's, trainer.sharding=fsdp)")
+    return "flash_attention_2", "attention: flash_attention_2 (packed rows through flash-attn's variable-length kernels)"
+
+
+def packing_blocker(config) -> str | None:
+    """What in the model's config rules packed rows out, or None."""
+    model_type = read(config, "model_type") or ""
+    if model_type not in PACKED_FAMILIES:
+        return f"model_type {model_type!r} is not one of {PACKED_FAMILIES}"
+    layer_types = read(config, "layer_types")
+    # config.json may leave layer_types to the config class, which derives it from
+    # use_sliding_window (Qwen2, Qwen3); Mistral's window is sliding_window alone
+    if any(t != "full_attention" for t in (layer_types or [])) or (layer_types is None and read(
+            config, "use_sliding_window")) or (model_type == "mistral" and read(config, "sliding_window")):
+        return "sliding-window attention"
+    return None
+
+
+def packing_refusal(blocker: str) -> ConfigError:
+    """data.packing=true on a model that cannot pack: one line, the same in preflight and worker."""
+    return ConfigError(f"data.packing=true: {blocker}; packed rows are not read right by this model "
+                       f"(set data.packing=auto or false)")
+
+
+def packing(setting: str, config, attn: str) -> tuple[bool, bool, str]:
+    """data.packing resolved for this model: (on, in one row, a log line). One row where the
+    attention has variable-length kernels (flash-attn); else rows as long as the micro-batch's
+    longest sequence (trainer/policy.py make_packed_batch says why)."""
+    blocker = packing_blocker(config)
+    if setting == "true" and blocker:
+        raise packing_refusal(blocker)
+    if setting == "false" or blocker:
+        return False, False, f"packing: off ({'data.packing=false' if setting == 'false' else blocker})"
+    if attn.startswith("flash_attention"):
+        return True, True, "packing: on (one row per micro-batch, flash-attn's variable-length kernels)"
+    return True, False, (f"packing: on (rows as long as a micro-batch's longest sequence: "
+                         f"{attn} attends through a block-diagonal mask)")
+
+
+def config_head_blocker(config) -> str | None:
+    """What in the model's config (or its text config) changes the logits after the head."""
+    for c in {id(x): x for x in (config, text_part(config))}.values():
+        get = c.get if isinstance(c, dict) else (lambda k, c=c: getattr(c, k, None))
+        for key in SOFTCAPS:
+            if get(key) is not None:
+                return f"config.{key}={get(key)} soft-caps the logits"
+        for key in SCALES:
+            v = get(key)
+            if v is not None and float(v) != 1.0:
+                return f"config.{key}={v} scales the logits"
+    return None
+
+
+def head_refusal(blocker: str) -> ConfigError:
+    return ConfigError(f"model.fused_lm_head=true, but {blocker}: the fused head computes "
+                       f"hidden @ lm_head.weight.T only; use model.fused_lm_head=auto or false")
+
+
+def fused_head(setting: str, blocker: str | None, device: str, tokens: int, vocab: int) -> tuple[bool, str]:
+    """(fuse?, one line saying why) for model.fused_lm_head `setting`; `blocker`: why the logits
+    are not `final hidden @ head.weight.T` (None: they are); `tokens`: the most response tokens
+    one forward sees. ConfigError when `setting` is 'true' and there is a blocker."""
+    if setting == "false":
+        return False, "fused LM head off (model.fused_lm_head=false)"
+    if blocker is not None:
+        if setting == "true":
+            raise head_refusal(blocker)
+        return False, f"fused LM head off: {blocker} (logits from the model's own forward)"
+    if setting == "true":
+        return True, "fused LM head on (model.fused_lm_head=true)"
+    if device != "cpu":
+        return True, f"fused LM head on (auto: {device})"
+    elements = tokens * vocab
+    if elements >= FUSED_CPU_MIN_ELEMENTS:
+        return True, f"fused LM head on (auto: {tokens} tokens x {vocab} vocabulary on CPU)"
+    return False, (f"fused LM head off (auto: {tokens} tokens x {vocab} vocabulary = {elements} "
+                   f"< {FUSED_CPU_MIN_ELEMENTS} on CPU)")
+
+
+def mini_batches(cfg, prompts: int) -> list[slice]:
+    """A worker's mini-batches over its `prompts` prompts (each with rollout.n samples, prompt-major):
+    ceil(prompts_per_step / mini_batch_prompts) contiguous slices of samples, split by the same
+    rule as the workers' shares (config checks that none is empty)."""
+    mb = min(cfg.optim.mini_batch_prompts, cfg.data.prompts_per_step)
+    n, count = cfg.rollout.n, -(-cfg.data.prompts_per_step // mb)
+    return [slice(r.start * n, r.stop * n) for r in shares(prompts, count)]
+
+
+def largest_mini_batch(cfg, world: int) -> int:
+    """Samples in the largest mini-batch of the largest worker's share of a step."""
+    most = len(shares(cfg.data.prompts_per_step, world)[0])
+    return max(s.stop - s.start for s in mini_batches(cfg, most))
+
+
+def tokens_per_forward(cfg, world: int) -> int:
+    """Upper bound on the response positions one policy forward sees: the largest mini-batch of the
+    largest worker's share (prompts x samples) times the longest response, or the micro-batch
+    token budget when that is less."""
+    whole = max(1, largest_mini_batch(cfg, world)) * cfg.rollout.max_new_tokens
+    return min(whole, cfg.optim.micro_batch_tokens) if cfg.optim.micro_batch_tokens else whole
+
+
+def resolve(cfg, model_config, device: str, world: int, engine, *, head_blocker: str | None = None,
+            sequences: int | None = None) -> Layout:
+    """The Layout of a run of `cfg` on `world` workers of `device` ("cpu" or "cuda"; a
+    torch.device is read by its type) for the model whose config is `model_config`, sampling with
+    the rollout engine class `engine` (rollout/registry.py `get_rollout(cfg.rollout.backend)`).
+    `head_blocker`: what a built model shows against the fused head beyond its config
+    (models/lm_head.py `head_blocker`; None where no model was built, as in the planner).
+    `sequences`: the engine's batch at once (default: a trainer worker's rollout batch)."""
+    device = getattr(device, "type", device)
+    sharding = sharding_mode(cfg.trainer.sharding, device, world)
+    master = master_dtype(cfg.model.dtype)
+    compute = compute_dtype(cfg.model.compute_dtype, master, device, sharding)
+    attn, attn_note = attention(device, compute)
+    packed, one_row, pack_note = packing(cfg.data.packing, model_config, attn)
+    blocker = head_blocker or config_head_blocker(model_config)
+    fused, head_note = fused_head(cfg.model.fused_lm_head, blocker, device, tokens_per_forward(cfg, world),
+                                  read(model_config, "vocab_size"))
+    rollout_dtype = engine.dtype(compute, device)
+    return Layout(device=device, world=world, sharding=sharding, weight_dtype=master, compute_dtype=compute,
+                  attention=attn, packed=packed, one_row=one_row, fused=fused, rollout_dtype=rollout_dtype,
+                  kv_cache_bytes=engine.kv_cache_bytes(cfg, model_config, rollout_dtype, device, sequences),
+                  engine_share=engine.memory_share(cfg, device),
+                  notes={"sharding": f"data parallel: {sharding} (trainer.sharding={cfg.trainer.sharding})",
+                         "attention": attn_note, "packing": pack_note, "lm_head": head_note})
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of a dtype name of the Layout."""
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[name]
