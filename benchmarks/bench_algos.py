@@ -23,13 +23,11 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # reasonrl_fast.plot, from this checkout
+from checkout import ROOT
+from results_md import publish
 
-from reasonrl_fast.util import read_metrics  # noqa: E402
+from reasonrl_fast.util import read_metrics
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_md import publish  # noqa: E402
 MARKER = "embedded-algos"
 
 

@@ -1,6 +1,7 @@
 """The cost of checkpoint checksums (not a timed test).
 
     python benchmarks/bench_checkpoint.py [--write benchmarks/RESULTS.md] [--repeats 5]
+    python benchmarks/bench_checkpoint.py --smoke     # one save each, a 10 MiB synthetic one: seconds
 
 A save is what the workers write (torch.distributed.checkpoint shards of the model and the AdamW
 state, one RNG file) and then the driver's finalize, which now reads every file back and records
@@ -20,19 +21,15 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import torch
+import torch.distributed.checkpoint as dcp
 
-import torch  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-
-from reasonrl_fast.runtime import checkpoint as ckpt  # noqa: E402
+import checkout  # noqa: F401  (before the package: this checkout's)
+from reasonrl_fast.runtime import checkpoint as ckpt
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
@@ -122,7 +119,10 @@ def main() -> None:
     p.add_argument("--write", metavar="RESULTS.md")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--gib", type=float, default=1.0, help="size of the synthetic checkpoint")
+    p.add_argument("--smoke", action="store_true", help="one save of each, 10 MiB synthetic: a check that it runs")
     a = p.parse_args()
+    if a.smoke:
+        a.repeats, a.gib = 1, 0.01
     torch.set_num_threads(1)
     results = {"default run (tiny Qwen2 + Z-head + AdamW)": measure([default_run_state()], a.repeats),
                "synthetic, 2 shards": measure(synthetic_state(a.gib), a.repeats)}

@@ -25,13 +25,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from checkout import ROOT
+from results_md import publish
 
-from reasonrl_fast.util import read_metrics  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_md import publish  # noqa: E402
+from reasonrl_fast.util import read_metrics
 
 MARKER = "partition-diversity"
 TASK = ["data.task=partition", "rollout.val_n=4", "data.val_size=64"]
@@ -63,10 +60,15 @@ def warm_start(seed: int, extra: list[str]) -> str:
     return build(load_config(None, [*TASK, *extra, f"trainer.seed={seed}"]), log=lambda _: None)
 
 
-def mean_se(xs: list[float]) -> str:
+def mean_se(values: list[float | None]) -> str:
+    """Mean ± standard error over the seeds that have the figure (eval's entropy@n is None where no
+    prompt got a right answer), saying how many those are when some lack it."""
+    xs = [x for x in values if x is not None]
+    if not xs:
+        return "-"
     m = statistics.fmean(xs)
     se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
-    return f"{m:.3f} ± {se:.3f}"
+    return f"{m:.3f} ± {se:.3f}" + (f" ({len(xs)} of {len(values)} seeds)" if len(xs) < len(values) else "")
 
 
 def table(first: dict, last: dict, algos: list[str], seeds: list[int], n: int, walls: dict, extra: list[str]) -> str:

@@ -21,7 +21,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from checkout import ROOT
+from results_md import write_section
+
 MARKER = "fapo-loop"
 
 
@@ -54,9 +56,6 @@ def main() -> None:
     if a.write:
         png = os.path.join(os.path.dirname(os.path.abspath(a.write)), "fapo_loop.png")
         shutil.copyfile(os.path.join(out, "policies.png"), png)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from results_md import write_section
-
         write_section(a.write, body, MARKER)
         print(f"wrote {a.write} and {png}")
     if not a.out:

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_fused_lm_head.py            # both tables, written to RESULTS.md
     python benchmarks/bench_fused_lm_head.py --quick    # fewer sizes, nothing written
+    python benchmarks/bench_fused_lm_head.py --smoke    # one tiny row per table, seconds, nothing written
 
 One update step as the trainer's worker runs it: `Actor.forward` with entropy, the GRPO loss
 (token-mean, clip-higher) and its backward, on a batch of sequences of 16 prompt tokens and
@@ -13,7 +14,7 @@ weight).
 Table 1: a small Qwen2-style model built from a config (hidden 256, 2 layers) with Qwen2's
 151,936-token vocabulary, at several token counts. Table 2: the embedded default's model
 (hidden 128, 2 layers) at its per-worker update size (2,048 response tokens), over vocabulary
-sizes: where the fused path starts to pay on CPU (models/lm_head.py FUSED_CPU_MIN_ELEMENTS).
+sizes: where the fused path starts to pay on CPU (models/layout.py FUSED_CPU_MIN_ELEMENTS).
 
 Each (model, tokens, variant) runs in a fresh subprocess with one torch thread (as a trainer
 worker with trainer.cpus_per_worker=1): peak memory is its maximum resident set size minus the
@@ -30,9 +31,8 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkout import HERE, ROOT
+from results_md import write_section
 
 PROMPT, RESPONSE = 16, 256
 
@@ -122,6 +122,8 @@ def main() -> None:
     p.add_argument("--response", type=int, default=RESPONSE)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="fewer sizes; RESULTS.md is left alone")
+    p.add_argument("--smoke", action="store_true", help="one tiny row per table, 1 step: a check that it "
+                   "runs; RESULTS.md is left alone")
     args = p.parse_args()
     if args.one:
         res = run_one(args.one, args.hidden, args.vocab, args.tokens, args.response, args.reps)
@@ -131,16 +133,20 @@ def main() -> None:
     load = os.getloadavg()[0]
     big = [256, 1024] if args.quick else [256, 1024, 4096]
     vocabs = [99, 8192] if args.quick else [99, 1024, 4096, 8192, 16384, 32768]
+    # (hidden, vocabulary) of table 1; (hidden, tokens, response length) of table 2
+    one, two = (256, 151936), (128, 2048, 32)
+    if args.smoke:
+        big, vocabs, one, two, args.reps = [32], [99], (32, 512), (32, 32, 16), 1
     lines = ["Qwen2-style model, hidden 256, 2 layers, vocabulary 151,936 (Qwen2's):", "", HEADER]
     for n in big:
-        lines.append(_row(measure(256, 151936, n, RESPONSE, args.reps)))
+        lines.append(_row(measure(*one, n, RESPONSE, args.reps)))
         print(lines[-1], flush=True)
     lines += ["", "The embedded default's model (hidden 128, 2 layers) at its per-worker update "
               "size, 2,048 response tokens (8 prompts x 8 samples x 32 tokens), over vocabulary "
               "sizes (the embedded vocabulary is 99):", "",
               HEADER]
     for v in vocabs:
-        lines.append(_row(measure(128, v, 2048, 32, args.reps + 2)))
+        lines.append(_row(measure(two[0], v, two[1], two[2], args.reps + 2)))
         print(lines[-1], flush=True)
     import torch
 
@@ -152,14 +158,12 @@ def main() -> None:
             f"RSS delta of a fresh process per variant); {time.time() - t_start:.0f} s in all. "
             f"One step: forward with entropy, GRPO loss, backward.")
     reading = ("The CPU threshold of `model.fused_lm_head=auto` (2^27 tokens x vocabulary, "
-               "models/lm_head.py) is read off these tables: on CPU the fused head buys memory, "
+               "models/layout.py) is read off these tables: on CPU the fused head buys memory, "
                "not time.")
     body = "\n".join(["", note, "", *lines, "", reading, ""])
     print(body)
-    if not args.quick:
-        from results_md import write_section
-
-        write_section(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"),
+    if not (args.quick or args.smoke):
+        write_section(os.path.join(HERE, "RESULTS.md"),
                       "## 7. Fused LM head in the update (CPU)\n" + body, "fused-lm-head-cpu")
 
 

@@ -3,6 +3,7 @@ requests/s and p50/p99 latency at several numbers of concurrent clients.
 
     python benchmarks/bench_genrm_server.py [--write benchmarks/RESULTS.md] [--requests 2000]
         [--concurrency 1,64,512]
+    python benchmarks/bench_genrm_server.py --smoke    # 40 requests at 1 and 8 clients, seconds
 
 Each level sends the same number of compact-template addition requests (a fixed mix of right and
 flawed steps, 2 to 5 digits) from one aiohttp client whose connection pool is as large as the
@@ -20,12 +21,12 @@ import time
 
 import aiohttp
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import checkout  # noqa: F401  (before the package: this checkout's)
+import results_md
 
-from reasonrl_fast.tasks.addition import addition_steps, make_prompt  # noqa: E402
-from reasonrl_fast.genrm.launch import launch  # noqa: E402
-from reasonrl_fast.protocol import parse_verdict, render  # noqa: E402
+from reasonrl_fast.genrm.launch import launch
+from reasonrl_fast.protocol import parse_verdict, render
+from reasonrl_fast.tasks.addition import addition_steps, make_prompt
 
 MARKER = "genrm-server"
 
@@ -77,13 +78,6 @@ async def level(url: str, reqs: list[tuple[dict, int]], concurrency: int) -> dic
             "p50_ms": 1000 * q(0.50), "p99_ms": 1000 * q(0.99), "errors": errors, "wall_s": wall}
 
 
-def write_section(path: str, body: str) -> None:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from results_md import write_section as write
-
-    write(path, body, MARKER)
-
-
 def draw(rows: list[dict], png: str) -> None:
     """Throughput and latency against the number of concurrent clients, beside the table."""
     import matplotlib
@@ -113,7 +107,10 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=2000, help="requests per concurrency level")
     p.add_argument("--concurrency", default="1,64,512", help="comma-separated levels")
     p.add_argument("--write", metavar="RESULTS.md")
+    p.add_argument("--smoke", action="store_true", help="40 requests at 1 and 8 clients: a check that it runs")
     a = p.parse_args()
+    if a.smoke:
+        a.requests, a.concurrency = 40, "1,8"
     levels = [int(c) for c in a.concurrency.split(",")]
     reqs = requests(a.requests)
     load0 = os.getloadavg()[0]
@@ -137,7 +134,7 @@ def main() -> None:
         head = (f"### GenRM server, rule:addition on loopback ({time.strftime('%Y-%m-%d')}, {os.cpu_count()}-core CPU, "
                 f"load {load0:.1f} at the start and {load1:.1f} at the end; "
                 f"`python benchmarks/bench_genrm_server.py`)\n\n")
-        write_section(a.write, head + body)
+        results_md.write_section(a.write, head + body, MARKER)
         draw(rows, os.path.join(os.path.dirname(os.path.abspath(a.write)), "genrm_server.png"))
     if any(r["errors"] for r in rows):
         sys.exit(f"{sum(r['errors'] for r in rows)} requests failed")

@@ -12,15 +12,10 @@ trainer computes it. Forward only: rewards carry no gradient.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import harness  # noqa: E402
-from harness import Case  # noqa: E402
+import harness
+from harness import Case
 
 
 def make(provider: str, size: dict, device: str):

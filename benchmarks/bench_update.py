@@ -46,15 +46,10 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+import torch
 
-import torch  # noqa: E402
-
-import harness  # noqa: E402
-from results_md import publish  # noqa: E402
+import harness
+from results_md import publish
 
 MARKER = "update-layouts-cpu"
 MIB = 2**20

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_vs_trl.py --trl-python ~/.cache/reasonrl_fast/venv-trl-1.16/bin/python \
         [--rounds 3] [--steps 10] [--write]
+    python benchmarks/bench_vs_trl.py --trl-python ... --smoke    # one 3-step run each, 1x2 only; nothing written
 
 The work (benchmarks/vs_trl_task.py): a random tiny Qwen2 (hidden 128, 4 layers, 4 heads / 2 KV
 heads, MLP 384, tied embeddings, a 26-token character vocabulary), `AB+CD=` prompts, reward 1
@@ -25,23 +26,14 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, REPO)
+from checkout import HERE, ROOT, child_env
+from results_md import write_section
+from vs_trl_task import write_model, write_prompts
 
-from vs_trl_task import write_model, write_prompts  # noqa: E402
-
-from reasonrl_fast.util import read_metrics  # noqa: E402
+from reasonrl_fast.util import read_metrics
 
 LAYOUTS = {"2x1": (2, 1), "1x2": (1, 2)}  # workers x threads per worker
 PHASES = ["time/rollout_s", "time/reward_s", "time/logprob_s", "time/update_s", "time/sync_s"]
-
-
-def _env() -> dict:
-    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def ours_overrides(model: str, prompts: str, out: str, workers: int, threads: int, steps: int) -> list[str]:
@@ -59,7 +51,7 @@ def run_ours(model: str, prompts: str, tmp: str, layout: str, steps: int) -> dic
     out = tempfile.mkdtemp(dir=tmp, prefix=f"ours-{layout}-")
     w, t = LAYOUTS[layout]
     cmd = [sys.executable, "-m", "reasonrl_fast.train", *ours_overrides(model, prompts, out, w, t, steps)]
-    p = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
     if p.returncode:
         sys.exit(f"our trainer failed ({layout}):\n{p.stderr[-3000:]}")
     rows = read_metrics(out)
@@ -72,7 +64,7 @@ def run_trl(trl_python: str, model: str, prompts: str, tmp: str, steps: int) -> 
     out = os.path.join(tempfile.mkdtemp(dir=tmp, prefix="trl-"), "times.json")
     cmd = [trl_python, os.path.join(HERE, "vs_trl_trl.py"), model, prompts, out, "--steps", str(steps),
            "--threads", "2"]
-    p = subprocess.run(cmd, cwd=REPO, env={**_env(), "OMP_NUM_THREADS": "2"}, capture_output=True,
+    p = subprocess.run(cmd, cwd=ROOT, env=child_env(OMP_NUM_THREADS="2"), capture_output=True,
                        text=True, timeout=900)
     if p.returncode:
         sys.exit(f"TRL run failed ({trl_python}):\n{p.stderr[-3000:]}")
@@ -97,7 +89,7 @@ def table(res: dict, load_before: str, load_after: str, rounds: int, steps: int)
              "Median step time over steps 3..10 (s); each run's median, then the median over runs.", "",
              "| layout | ours (runs) | TRL after it (runs) | ours | TRL | ours / TRL |",
              "|---|---|---|---:|---:|---:|"]
-    for layout in LAYOUTS:
+    for layout in res:
         o, t = res[layout]["ours"], res[layout]["trl"]
         mo, mt = statistics.median(x["step_s"] for x in o), statistics.median(x["step_s"] for x in t)
         lines.append(f"| ours {layout} (workers x threads) vs TRL (1 process x 2 threads) | "
@@ -106,7 +98,7 @@ def table(res: dict, load_before: str, load_after: str, rounds: int, steps: int)
     lines += ["", "Our phase split (median over runs of each run's median, s):", "",
               "| layout | step | rollout | reward | log-probs | update | weight sync | other |",
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for layout in LAYOUTS:
+    for layout in res:
         ph = {k: statistics.median(x["phases"][k] for x in res[layout]["ours"]) for k in PHASES + ["time/step_s"]}
         other = ph["time/step_s"] - sum(ph[k] for k in PHASES)
         lines.append(f"| {layout} | {ph['time/step_s']:.3f} | " + " | ".join(f"{ph[k]:.3f}" for k in PHASES)
@@ -120,18 +112,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    ap.add_argument("--smoke", action="store_true", help="one round of 3 steps, the 1x2 layout only, nothing "
+                    "written: a check that it runs")
     a = ap.parse_args()
+    layouts = list(LAYOUTS)
+    if a.smoke:
+        a.rounds, a.steps, a.write, layouts = 1, 3, False, ["1x2"]
     if not os.path.isfile(a.trl_python):
         sys.exit(f"--trl-python {a.trl_python}: no such file")
     if a.steps < 3:
         sys.exit(f"--steps {a.steps}: the median is taken over steps 3..steps, so at least 3")
-    res = {layout: {"ours": [], "trl": []} for layout in LAYOUTS}
+    res = {layout: {"ours": [], "trl": []} for layout in layouts}
     load_before = load()
     with tempfile.TemporaryDirectory() as tmp:
         model = write_model(os.path.join(tmp, "model"))
         prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"))
         for r in range(a.rounds):
-            for layout in LAYOUTS:
+            for layout in layouts:
                 res[layout]["ours"].append(run_ours(model, prompts, tmp, layout, a.steps))
                 res[layout]["trl"].append(run_trl(a.trl_python, model, prompts, tmp, a.steps))
                 print(f"round {r + 1} {layout}: ours {res[layout]['ours'][-1]['step_s']:.3f} s, "
@@ -139,8 +136,6 @@ def main() -> None:
     body = table(res, load_before, load(), a.rounds, a.steps)
     print(body)
     if a.write:
-        from results_md import write_section
-
         write_section(os.path.join(HERE, "RESULTS.md"), body, "vs-trl")
 
 

@@ -59,9 +59,7 @@ import xml.etree.ElementTree as ET
 import zipfile
 from typing import Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+from checkout import HERE, ROOT
 
 BENCHMARKS = ["token_logprob", "linear_token_logprob", "group_advantage", "tb_loss", "masked_mean"]
 # (seconds reserved at least, cap) per step: a step never takes the reserve of the steps after it

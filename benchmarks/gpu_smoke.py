@@ -24,8 +24,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+import checkout  # noqa: F401  (before the package: this checkout's)
 
 
 def _free_port() -> int:
@@ -54,7 +53,7 @@ def main(argv=None) -> int:
     from reasonrl_fast.algos import advantages
     from reasonrl_fast.config import load_config
     from reasonrl_fast.data.records import prompt_ids
-    from reasonrl_fast.rollout import sample_seeds
+    from reasonrl_fast.rollout import get_rollout, sample_seeds
     from reasonrl_fast.runtime.datasets import load_datasets
     from reasonrl_fast.trainer.sft import warm_start
     from reasonrl_fast.trainer.worker import Worker
@@ -66,7 +65,7 @@ def main(argv=None) -> int:
             "sft.steps=0", f"sft.cache_dir={tmp}/sft", "data.prompts_per_step=8", "rollout.n=4",
             "algo=flowrl", *a.overrides])
         model_path = warm_start(cfg, log=lambda m: None)
-        w = Worker(cfg, 0, 1, model_path)
+        w = Worker(cfg, 0, 1, model_path, get_rollout(cfg.rollout.backend))
         t0 = time.perf_counter()
         info = w.setup("127.0.0.1", _free_port())
         print(f"gpu_smoke: setup in {time.perf_counter() - t0:.1f} s: {json.dumps(info)}", flush=True)
@@ -77,8 +76,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             items = train[(step - 1) * k: step * k]
             prompts = [prompt_ids(it, w.tok) for it in items]
-            resp = w.generate(prompts, n, cfg.rollout.temperature, sample_seeds(cfg.trainer.seed, step, 0, k * n),
-                              keep=True)
+            resp = w.generate(prompts, n, cfg.rollout.temperature, cfg.rollout.top_p,
+                              sample_seeds(cfg.trainer.seed, step, 0, k * n), keep=True)
             texts = w.tok.batch_decode(resp, skip_special_tokens=True)
             rewards = torch.tensor([float(str(items[i // n]["answer"]) in t) for i, t in enumerate(texts)])
             adv = advantages(rewards, torch.arange(k).repeat_interleave(n), norm_by_std=True)

@@ -45,11 +45,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # the repository root: the in-place build of the ops
-sys.path.insert(0, HERE)  # results_md
-
-from results_md import write_section  # noqa: E402
+import checkout  # noqa: F401  (before the package: this checkout's)
+from results_md import write_section
 
 MB = 2**20
 

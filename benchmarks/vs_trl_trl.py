@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 import time
 
@@ -32,7 +30,6 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from vs_trl_task import trl_reward
 
     torch.set_num_threads(a.threads)

@@ -1,14 +1,17 @@
-"""The benchmark harness on CPU at tiny sizes, every per-op script's `--device cpu --quick`,
-gpu_check.py on CPU (its GPU steps skipped for want of CUDA, everything else for real, once
-with test files that fail, hang and crash), bench_update.py's `--smoke`, and
-bench_rollout.py's figures, RESULTS.md section and process-tree memory on made-up runs (its real
-runs take minutes). The scripts run as
-concurrent subprocesses with one thread each: about 35 s on the 2-core development machine under
-load."""
+"""The benchmark harness on CPU at tiny sizes, and every benchmark script's smoke run in the tier
+its needs give it (SMOKE says which test runs which script): the per-op scripts' `--device cpu
+--quick`, gpu_check.py on CPU (its GPU steps skipped for want of CUDA, everything else for real,
+once with test files that fail, hang and crash), `bench_update.py --smoke`, `bench_ops.py --quick`
+and `bench_fused_lm_head.py --smoke` as concurrent subprocesses with one thread each (heavy:
+about a minute on the 2-core development machine under load); the sandbox, GenRM server, checkpoint
+and reward benchmarks' `--smoke` (proc, a few seconds each); the scripts that train on tiny
+settings (e2e); those that need another project's venv (xproj). bench_rollout.py's figures,
+RESULTS.md section and process-tree memory are also checked on made-up runs."""
 
 import gc
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,11 +27,40 @@ sys.path.insert(0, BENCH)
 
 import harness  # noqa: E402
 from harness import Case  # noqa: E402
+from tests.helpers.train import TINY  # noqa: E402
 
 pytestmark = pytest.mark.proc  # each benchmark script runs in a child process
 
 SCRIPTS = ["token_logprob", "linear_token_logprob", "group_advantage", "tb_loss", "masked_mean"]
 DIRECT = [s for s in SCRIPTS if s != "tb_loss"]  # tb_loss runs under gpu_check's dry run
+
+# Every script in benchmarks/ and the test that runs it (its tier: the test's marks). A script that
+# imports the package is run here, or it rots unseen; a new one gets its line and its smoke run.
+SMOKE = {
+    **{f"bench_{name}.py": "test_each_script_runs_quick_on_cpu_with_ours_and_eager (heavy)" for name in SCRIPTS},
+    "gpu_check.py": "test_gpu_check_dry_run_writes_its_results_file (heavy)",
+    "bench_update.py": "test_update_bench_smoke_measures_every_setting (heavy)",
+    "bench_ops.py": "test_ops_bench_quick_writes_the_cpu_table (heavy)",
+    "bench_fused_lm_head.py": "test_fused_lm_head_bench_smoke_measures_both_variants (heavy)",
+    "bench_sandbox.py": "test_sandbox_bench_smoke (proc)",
+    "bench_genrm_server.py": "test_genrm_server_bench_smoke_writes_its_section_and_figure (proc)",
+    "bench_checkpoint.py": "test_checkpoint_bench_smoke (proc)",
+    "bench_rewards.py": "test_rewards_bench_smoke_writes_its_section (proc)",
+    "hang_reward.py": "tests/trainer/test_rewards_in_loop.py (e2e, through tests/helpers/faulty_rewards.py)",
+    "gpu_smoke.py": "test_gpu_smoke_runs_a_trainer_step_on_cpu (e2e)",
+    "profile_trainer.py": "test_profile_trainer_smoke_profiles_a_worker_and_the_driver (e2e)",
+    "bench_algos.py": "test_algos_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
+    "bench_diversity.py": "test_diversity_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
+    "bench_rollout.py": "test_rollout_bench_on_tiny_settings_runs_both_engines (xproj)",
+    "bench_vs_trl.py": "test_vs_trl_bench_smoke_runs_both_trainers (xproj)",
+    "vs_trl_task.py": "bench_vs_trl.py's and profile_trainer.py's runs",
+    "vs_trl_trl.py": "bench_vs_trl.py's run (xproj)",
+    # No package import: it runs examples/fapo_end_to_end.sh, which tests/test_examples.py runs (e2e),
+    # and reads that script's outputs.
+    "bench_fapo_loop.py": "tests/test_examples.py::test_fapo_end_to_end (e2e), the script it runs",
+    # imported by the scripts above (and by these tests)
+    **{name: "imported by the scripts" for name in ("harness.py", "results_md.py", "checkout.py", "proc_tree.py")},
+}
 
 
 BAD_TESTS = """
@@ -45,7 +77,7 @@ def _env():
         x for x in (ROOT, os.environ.get("PYTHONPATH")) if x))
 
 
-# All the scripts together, started at once: about 40 s on 2 cold cores. One that is still running
+# All the scripts together, started at once: about a minute on 2 cold cores. One that is still running
 # at this limit is killed and named by the tests that read it; the others' results stand.
 SCRIPTS_LIMIT_S = 240
 
@@ -98,6 +130,9 @@ def script_runs(tmp_path_factory):
     (tmp / "UPDATE.md").write_text("# Results\n\n<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->\n")
     start("update", [sys.executable, os.path.join(BENCH, "bench_update.py"), "--smoke", "--json",
                      str(tmp / "update.json"), "--write", str(tmp / "UPDATE.md")])
+    start("ops", [sys.executable, os.path.join(BENCH, "bench_ops.py"), "--quick", "--providers", "ours,eager",
+                  "--reps", "1", "--write", str(tmp / "OPS.md"), "--json", str(tmp / "ops.jsonl")])
+    start("fused_lm_head", [sys.executable, os.path.join(BENCH, "bench_fused_lm_head.py"), "--smoke"])
     start("gpu_check", [sys.executable, os.path.join(BENCH, "gpu_check.py"), "--device", "cpu", "--no-build",
                         "--skip-tests", "--no-smoke", "--quick", "--benchmarks", "tb_loss", "--providers",
                         "ours,eager", "--out", str(tmp / "check"), "--write", str(tmp / "RESULTS.md")])
@@ -262,7 +297,7 @@ def test_collect_names_a_process_past_the_deadline_and_keeps_the_others(tmp_path
         time.sleep(0.1)
     assert not alive(), f"the slow process's child {child} outlived it"
 
-@pytest.mark.heavy  # seven scripts at once
+@pytest.mark.heavy  # nine scripts at once
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_each_script_runs_quick_on_cpu_with_ours_and_eager(script_runs, name):
     tmp, out = script_runs
@@ -282,7 +317,7 @@ def test_each_script_runs_quick_on_cpu_with_ours_and_eager(script_runs, name):
         assert open(tmp / "ga.png", "rb").read(4) == b"\x89PNG"
 
 
-@pytest.mark.heavy  # seven scripts at once
+@pytest.mark.heavy  # nine scripts at once
 def test_gpu_check_dry_run_writes_its_results_file(script_runs):
     tmp, out = script_runs
     rc, text = out["gpu_check"]
@@ -301,7 +336,7 @@ def test_gpu_check_dry_run_writes_its_results_file(script_runs):
     assert "<!-- ops-gpu:begin -->" in results and "| tb_loss |" in results
 
 
-@pytest.mark.heavy  # seven scripts at once
+@pytest.mark.heavy  # nine scripts at once
 def test_gpu_check_without_cuda_runs_every_other_step_and_names_every_failure(script_runs):
     tmp, out = script_runs
     rc, text = out["gpu_check_cuda"]
@@ -334,7 +369,7 @@ def test_gpu_check_without_cuda_runs_every_other_step_and_names_every_failure(sc
     assert "PASSED" in log and "test_bad.py::test_passes" in log  # -v: every test by name
 
 
-@pytest.mark.heavy  # seven scripts at once
+@pytest.mark.heavy  # nine scripts at once
 def test_update_bench_smoke_measures_every_setting(script_runs):
     import bench_update
 
@@ -358,6 +393,28 @@ def test_update_bench_smoke_measures_every_setting(script_runs):
     md = (tmp / "UPDATE.md").read_text()
     assert "<!-- ops-cpu:begin -->\nkept\n<!-- ops-cpu:end -->" in md
     assert md.count("<!-- update-layouts-cpu:begin -->") == 1 and "| packed, budget, checkpointing | " in md
+
+
+@pytest.mark.heavy  # nine scripts at once
+def test_ops_bench_quick_writes_the_cpu_table(script_runs):
+    tmp, out = script_runs
+    rc, text = out["ops"]
+    assert rc == 0, text[-2000:]
+    _, rows = harness.read_jsonl(str(tmp / "ops.jsonl"))
+    ok = {(r["op"], r["provider"]) for r in rows if r["status"] == "ok" and r["ms"] > 0}
+    assert ok == {(op, p) for op in ("token_logprob", "group_advantage", "tb_loss", "masked_mean")
+                  for p in ("ours", "eager")}, rows
+    md = (tmp / "OPS.md").read_text()
+    assert md.count("<!-- ops-cpu:begin -->") == 1 and "| masked_mean | forward + backward |" in md
+
+
+@pytest.mark.heavy  # nine scripts at once
+def test_fused_lm_head_bench_smoke_measures_both_variants(script_runs):
+    _, out = script_runs
+    rc, text = out["fused_lm_head"]
+    assert rc == 0, text[-2000:]
+    # one row per table, each from an unfused and a fused child process
+    assert "| 32 | 512 | 0.0 |" in text and "| 32 | 99 | 0.0 |" in text, text[-2000:]
 
 
 def test_gpu_check_rejects_an_unknown_benchmark():
@@ -464,7 +521,8 @@ def test_rollout_bench_tree_memory_counts_a_grandchild(tmp_path):
 def test_rollout_bench_rejects_settings_it_makes_itself():
     for args, msg in [(["rollout.backend=vllm"], "sets rollout.backend itself"),
                       (["--nope"], "--nope: not an option"),
-                      (["--python", "/nonexistent/python"], "not an executable file")]:
+                      (["--python", "/nonexistent/python"], "not an executable file"),
+                      ([], "--python: the interpreter of a venv with vLLM")]:
         r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_rollout.py"), *args], cwd=ROOT,
                            env=_env(), capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
@@ -511,3 +569,120 @@ def test_gpu_check_builds_with_the_system_pair_when_the_environment_links_its_ow
     assert str(wrapper) in why and "__cxa_throw" in why
     pair, why = gpu_check.choose_pair(dict(os.environ, CXX="/usr/bin/g++", CC="/usr/bin/gcc"))
     assert pair is None and "the environment's" in why
+
+
+# --- the other scripts' smoke runs ---------------------------------------------------------------
+
+def _script(name: str, *args: str, timeout: float = 300, env: dict | None = None) -> str:
+    """The output of `benchmarks/<name> args...` run from the repository root; it must exit 0."""
+    p = subprocess.run([sys.executable, os.path.join(BENCH, name), *args], cwd=ROOT, env=env or _env(),
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"{name} exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    return p.stdout
+
+
+def test_every_benchmark_script_has_a_smoke_run():
+    scripts = sorted(f for f in os.listdir(BENCH) if f.endswith(".py"))
+    assert scripts == sorted(SMOKE), f"add the new script to SMOKE with its smoke run: {set(scripts) ^ set(SMOKE)}"
+    named = {v.split(" (")[0] for v in SMOKE.values() if v.startswith("test_")}
+    assert named and all(callable(globals().get(t)) for t in named), sorted(t for t in named if t not in globals())
+
+
+def test_benchmarks_import_nothing_from_the_tests():
+    # the test suite is not part of the product: a benchmark that leans on it breaks when the tests move
+    for name in sorted(os.listdir(BENCH)):
+        if name.endswith(".py"):
+            with open(os.path.join(BENCH, name)) as f:
+                text = f.read()
+            # an import, or a module path handed to a child (data.reward_fn=tests.helpers...)
+            assert not re.search(r"\b(import|from) tests\b|(?<![\w.])tests\.\w", text), name
+
+
+def test_sandbox_bench_smoke():
+    line = json.loads(_script("bench_sandbox.py", "--smoke").splitlines()[-1])
+    assert line["tree"] == ROOT and (line["canonical_scored_1"], line["wrong_scored_1"]) == ("4/4", "0/4"), line
+
+
+def test_genrm_server_bench_smoke_writes_its_section_and_figure(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    _script("bench_genrm_server.py", "--smoke", "--write", str(results))
+    md = results.read_text()
+    assert md.count("<!-- genrm-server:begin -->") == 1 and "| 1 | 40 |" in md and "| 8 | 40 |" in md, md
+    assert (tmp_path / "genrm_server.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_checkpoint_bench_smoke():
+    out = _script("bench_checkpoint.py", "--smoke")
+    assert "| default run (tiny Qwen2 + Z-head + AdamW) | " in out and "| synthetic, 2 shards | 10." in out, out
+
+
+def test_rewards_bench_smoke_writes_its_section(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    out = _script("bench_rewards.py", "--smoke", "--write", str(results))
+    assert "| math: 20 responses (" in out and "| HumanEval: 4 canonical solutions in the sandbox |" in out, out
+    assert "| scored by the pool (2 workers) |" in out
+    assert results.read_text().count("<!-- rewards-cpu:begin -->") == 1
+
+
+# Training on tiny settings: the run itself is what the smoke checks, so these are e2e.
+
+def _tiny(tmp_path) -> list[str]:
+    return [*TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}"]
+
+
+@pytest.mark.e2e
+def test_gpu_smoke_runs_a_trainer_step_on_cpu():
+    out = _script("gpu_smoke.py", "--device", "cpu", "--steps", "1", timeout=600)
+    assert "gpu_smoke: step 1 in" in out and out.rstrip().endswith("gpu_smoke: ok"), out[-2000:]
+
+
+@pytest.mark.e2e
+def test_profile_trainer_smoke_profiles_a_worker_and_the_driver():
+    out = _script("profile_trainer.py", "worker", "--smoke", timeout=600)
+    assert "rank 0 over steps 3..3, per step: generate" in out, out[-3000:]
+    split = {line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.rstrip().endswith(" s")}
+    assert {"backward", "micro_batch", "optimizer.step", "clip_grad_norm_", "sync_weights"} <= split, out[-3000:]
+    assert "aten::mm" in out  # torch.profiler's operator table
+    out = _script("profile_trainer.py", "driver", "--smoke", timeout=600)
+    assert "reasonrl_fast/trainer/loop.py" in out and "function calls" in out, out[-3000:]
+
+
+@pytest.mark.e2e
+def test_algos_bench_on_tiny_settings_writes_its_section_and_figure(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    out = _script("bench_algos.py", "--algos", "fapo", "--write", str(results), *_tiny(tmp_path), "trainer.steps=2",
+                  timeout=900)
+    row = json.loads(out.splitlines()[0])
+    assert row["algo"] == "fapo" and row["steps"] == 2 and row["failures"] == 0, row
+    md = results.read_text()
+    assert md.count("<!-- embedded-algos:begin -->") == 1 and "| fapo | " in md
+    assert (tmp_path / "embedded_algos.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.e2e
+def test_diversity_bench_on_tiny_settings_writes_its_section_and_figure(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    _script("bench_diversity.py", "--seeds", "0", "--algos", "grpo", "--n", "2", "--write", str(results),
+            *_tiny(tmp_path), "rollout.max_new_tokens=26", "trainer.steps=2", timeout=900)  # the task's least
+    md = results.read_text()
+    assert md.count("<!-- partition-diversity:begin -->") == 1, md
+    assert "| warm start | " in md and "| grpo | " in md and "| mean@2 | pass@1 | pass@2 | distinct@2 |" in md, md
+    assert (tmp_path / "partition_diversity.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# Another project's venv: built once and cached (the fixtures), one script at a time.
+
+@pytest.mark.xproj
+def test_rollout_bench_on_tiny_settings_runs_both_engines(tmp_path, vllm_python):
+    results = tmp_path / "RESULTS.md"
+    # vLLM's CPU attention refuses TINY's head dimension of 16: 64 / 2 heads
+    _script("bench_rollout.py", "--python", str(vllm_python), "--repeats", "1", "--write", str(results),
+            *_tiny(tmp_path), "model.hidden_size=64", "trainer.steps=2", timeout=1800)
+    md = results.read_text()
+    assert md.count("<!-- rollout-backends:begin -->") == 1 and "| hf | " in md and "| vllm | " in md, md
+
+
+@pytest.mark.xproj
+def test_vs_trl_bench_smoke_runs_both_trainers(trl_python):
+    out = _script("bench_vs_trl.py", "--trl-python", str(trl_python), "--smoke", timeout=1800)
+    assert "round 1 1x2: ours " in out and "| ours 1x2 (workers x threads) vs TRL" in out, out[-2000:]

@@ -7,6 +7,8 @@ import collections
 import os
 import signal
 
+# sleeps_forever_once: one home, with the benchmark that measures a step with a hung reward
+from benchmarks.hang_reward import sleeps_forever_once  # noqa: F401
 from reasonrl_fast.rewards.math import math_score as math_reward
 from tests.helpers.procs import children
 
@@ -67,19 +69,6 @@ def kills_a_worker(response: str, answer: str) -> float:
         print(f"killing worker process {victims[-1]} of {victims}", flush=True)
         os.kill(victims[-1], signal.SIGKILL)
     return math_reward(response, answer)
-
-
-def sleeps_forever_once(response: str, answer: str) -> float:
-    """One call in the whole run (across all the pool's workers and their replacements: the
-    first to create the file $REASONRL_HANG_FLAG) never returns, like a parser stuck on
-    degenerate output. The pool's time limit must end it and the run go on."""
-    try:
-        os.close(os.open(os.environ["REASONRL_HANG_FLAG"], os.O_CREAT | os.O_EXCL))
-    except FileExistsError:
-        return math_reward(response, answer)
-    import time
-
-    time.sleep(10**6)
 
 
 def always_right(response: str, answer: str) -> dict:

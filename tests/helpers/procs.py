@@ -7,19 +7,8 @@ import signal
 import subprocess
 from contextlib import contextmanager
 
-
-def children() -> dict[int, list[int]]:
-    """parent pid -> the pids of its children, for every process now alive (or a zombie)."""
-    out: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):  # gone meanwhile
-                continue
-            out.setdefault(ppid, []).append(int(name))
-    return out
+# One home for the tree walk: the benchmarks measure a run's processes with it too.
+from benchmarks.proc_tree import children, descendants  # noqa: F401
 
 
 def alive(pid: int) -> bool:
@@ -29,16 +18,6 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below `pid` now (children, their children, ...), not `pid` itself."""
-    kids, todo, found = children(), [pid], set()
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            found.add(k)
-            todo.append(k)
-    return found
 
 
 @contextmanager
