@@ -5,6 +5,7 @@ written)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -128,3 +129,15 @@ def chunk_width(rows: int, hidden: int, vocab: int, cuda: bool, tracing: bool = 
         c = max(256, (1 << 22) // max(rows, 1))  # 16 MiB of float32 per chunk
     return max(1, min(c, vocab))
 
+
+SEED_BITS = 63  # a non-negative int64: what torch.Generator.manual_seed and vLLM's seed take
+
+
+def derive_seed(seed: int, *parts) -> int:
+    """The seed of one random stream of a run seeded `seed`, named by `parts` (a purpose, then
+    the step, index, rank, ... it belongs to): a hash, so nearby seeds, steps and indices give
+    unrelated streams and no two purposes share one. Every seeded stream of the trainer comes
+    from here (a sample's sampling seed: rollout/base.py `sample_seed`)."""
+    text = "/".join(str(p) for p in (seed, *parts))
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> (64 - SEED_BITS)

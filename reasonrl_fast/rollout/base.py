@@ -7,9 +7,10 @@ the step, how the engine batches requests, or which other samples run beside it.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
+
+from reasonrl_fast.util import derive_seed
 
 if TYPE_CHECKING:  # annotations only: the registry's facts and the seed rule load without torch
     import torch
@@ -51,15 +52,10 @@ GREEDY_BELOW = 1e-5
 """Below this temperature every sampler of the project decodes greedily: dividing logits by a
 tiny temperature overflows to inf, and sampling from the NaN probabilities fails."""
 
-SEED_BITS = 63  # a non-negative int64: what torch.Generator.manual_seed and vLLM's seed take
-
-
 def sample_seed(seed: int, stream: int | str, index: int) -> int:
     """The sampling seed of sample `index` of `stream` (a training step, a validation pass, an
-    eval batch) in a run seeded `seed`: a hash, so nearby seeds, steps and indices give unrelated
-    streams."""
-    digest = hashlib.blake2b(f"{seed}/{stream}/{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
+    eval batch) in a run seeded `seed` (util.py `derive_seed`)."""
+    return derive_seed(seed, stream, index)
 
 
 def sample_seeds(seed: int, stream: int | str, start: int, count: int) -> list[int]:

@@ -10,23 +10,23 @@ from dataclasses import dataclass
 from reasonrl_fast.data.records import filter_long, load_records, render_prompt
 from reasonrl_fast.rewards.score import check_sandbox
 from reasonrl_fast.tasks import get_task
+from reasonrl_fast.util import derive_seed
 
 # ---------------------------------------------------------------- datasets
 
 
 def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     d = cfg.data
-    seed = cfg.trainer.seed * 1000
     if d.train_files:
         train = [r for p in d.train_files for r in load_records(p)]
     else:
-        train = embedded_split(d, d.train_size, seed + 1, "train")
+        train = embedded_split(d, d.train_size, derive_seed(cfg.trainer.seed, "data", "train"), "train")
     if d.val_files:
         val = [r for p in d.val_files for r in load_records(p)]
     elif d.train_files:
         val = []
     else:
-        val = embedded_split(d, d.val_size, seed + 2, "val")
+        val = embedded_split(d, d.val_size, derive_seed(cfg.trainer.seed, "data", "val"), "val")
     # the embedded code task was checked with the config; files once their sources are known
     # (a caller that scores nothing may pass a config without a reward section)
     if (d.train_files or d.val_files) and hasattr(cfg, "reward"):
@@ -70,7 +70,7 @@ class Sampler:
     def _order(self) -> list[int]:
         idx = list(range(self.size))
         if self.shuffle:
-            random.Random(self.seed * 7919 + self.epoch).shuffle(idx)
+            random.Random(derive_seed(self.seed, "shuffle", self.epoch)).shuffle(idx)
         return idx
 
     def next(self, k: int) -> list[int]:

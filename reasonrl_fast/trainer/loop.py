@@ -245,7 +245,7 @@ def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
     t = time.perf_counter()
     k = cfg.rollout.val_n
     temperature, top_p = cfg.rollout.val_sampling()
-    roll = rollout_and_score(cluster, pool, tok, val_set, k, temperature, top_p, 10**6 + step)
+    roll = rollout_and_score(cluster, pool, tok, val_set, k, temperature, top_p, f"val/{step}")
     acc = roll["acc"]
     row = {"val/accuracy": sum(acc) / len(acc)}
     items = [val_set[i // k] for i in range(len(acc))]

@@ -20,8 +20,9 @@ from reasonrl_fast.models.tiny import char_tokenizer, tiny_context, tiny_model
 from reasonrl_fast.ops import token_logprob
 from reasonrl_fast.tasks import get_task
 from reasonrl_fast.trainer.policy import make_batch
+from reasonrl_fast.util import derive_seed
 
-SFT_VERSION = 4  # bump when the supervised recipe or the saved tokenizer changes
+SFT_VERSION = 5  # bump when the supervised recipe or the saved tokenizer changes
 
 
 def sft_cache_path(cfg) -> str:
@@ -67,7 +68,7 @@ def warm_start(cfg, log=print) -> str:
 
 
 def _train(model, tok, cfg, log):
-    rng = random.Random(cfg.trainer.seed + 12345)
+    rng = random.Random(derive_seed(cfg.trainer.seed, "warm start"))
     d = cfg.data
     demonstration = get_task(d.task).demonstration
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=0.0, betas=(0.9, 0.99))

@@ -26,6 +26,7 @@ from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer import update
 from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, iter_full, rendezvous_socket, replicate, shard
 from reasonrl_fast.trainer.policy import Actor
+from reasonrl_fast.util import derive_seed
 from reasonrl_fast.trainer.optim import make_optimizer
 from reasonrl_fast.trainer.schedule import advance, make_scheduler
 
@@ -136,7 +137,7 @@ class Worker:
         if len(adv) != len(responses):
             raise ValueError(f"train_step: {len(adv)} advantages for {len(responses)} kept samples")
         self.rollout.sleep()  # the engine's memory is the update's until the next sync
-        self._seed(step, salt=1)  # Z-head dropout: reproducible per step
+        torch.manual_seed(derive_seed(cfg.trainer.seed, "update", step, self.rank))  # Z-head dropout
         adv = torch.tensor(adv, dtype=torch.float32, device=self.device)
         chunks = mini_batches(cfg, len(responses) // cfg.rollout.n)
         packed = self.layout.packed
@@ -227,9 +228,6 @@ class Worker:
     def _log(self, msg: str) -> None:
         if self.rank == 0:
             print(msg, flush=True)
-
-    def _seed(self, step: int, salt: int) -> None:
-        torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step * 1009 + self.rank * 17 + salt)
 
     def _peak_gb(self) -> float:
         if self.device.type == "cuda":

@@ -43,3 +43,21 @@ def check_seeds(train, tmp_path, *args: str, **kw) -> None:
 
 def test_one_seed_same_samples_at_one_and_two_workers_two_seeds_differ(train, tmp_path):
     check_seeds(train, tmp_path)
+
+
+def test_every_stream_comes_from_derive_seed():
+    """One rule for every seeded stream (util.py `derive_seed`): a sample's sampling seed is it
+    (and still the hash it always was, so runs sample as before); streams of different purposes
+    never meet, as `10**6 + step` for validation once met training's step 10**6."""
+    import hashlib
+
+    from reasonrl_fast.rollout import sample_seed
+    from reasonrl_fast.util import SEED_BITS, derive_seed
+
+    was = int.from_bytes(hashlib.blake2b(b"7/3/5", digest_size=8).digest(), "little") >> (64 - SEED_BITS)
+    assert sample_seed(7, 3, 5) == derive_seed(7, 3, 5) == was
+    assert sample_seed(7, "val/3", 0) != sample_seed(7, 10**6 + 3, 0)
+    seeds = {derive_seed(7, *p) for p in [("data", "train"), ("data", "val"), ("shuffle", 0), ("shuffle", 1),
+                                          ("warm start",), ("update", 1, 0), ("update", 1, 1), ("update", 2, 0)]}
+    assert len(seeds) == 8 and all(0 <= s < 2**63 for s in seeds)
+    assert derive_seed(7, "update", 1, 0) != derive_seed(8, "update", 1, 0)
