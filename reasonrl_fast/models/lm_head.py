@@ -16,14 +16,6 @@ from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.models.layout import config_head_blocker, head_refusal
 
 
-def parse_setting(value, key: str = "model.fused_lm_head") -> str:
-    """'auto', 'true' or 'false' from the config value of `key`: the config's own check
-    (config.tristate), which a loaded config has applied already."""
-    from reasonrl_fast.config import tristate
-
-    return tristate(value, key)
-
-
 def decoder_of(lm: nn.Module) -> nn.Module | None:
     """The causal LM's decoder: the base model whose output's `last_hidden_state` is what the
     head reads (after the last norm). Found through transformers' own API, so any layout works
@@ -99,10 +91,10 @@ def meta_model(config) -> nn.Module:
 
 def check_model(setting: str, config) -> str | None:
     """Driver-side check before any worker starts: builds the model on the meta device, refuses a
-    model the trainer cannot train (`check_trainable`) and applies `head_blocker`. Raises
+    model the trainer cannot train (`check_trainable`) and applies `head_blocker`. `setting`:
+    model.fused_lm_head as the config normalised it ("auto", "true" or "false"). Raises
     ConfigError for those and, for 'true', a head that is not plain; returns the fallback line for
     'auto', else None."""
-    setting = parse_setting(setting)
     lm = meta_model(config)
     check_trainable(lm)
     if setting == "false":
