@@ -215,6 +215,12 @@ class RolloutConfig(_Checks):
     backend: str = "hf"
     """hf (a Hugging Face model sampled with its KV cache: any device, any model) or vllm (one
     colocated vLLM engine per worker, vLLM >= 0.32 on GPU or CPU; docs/trainer.md §vLLM)."""
+    tensor_parallel_size: int = 1
+    """vllm only: the workers one rollout engine spans, each holding 1/TP of its weights and KV
+    cache (vLLM's tensor parallelism, one engine rank in each worker's own process). Groups of TP
+    consecutive workers of a node each run one engine over the prompts of all of them: world / TP
+    engines sample a step. Must divide trainer.workers_per_node and the model's attention heads
+    (docs/scaling.md §Tensor-parallel rollout)."""
     decoder: str = "auto"
     """hf backend only. auto: Llama-family models (Llama, Qwen2, Qwen3, Mistral without a
     sliding window) are sampled by the lean decoder (rollout/lean.py: fused projections, a
@@ -262,7 +268,7 @@ class RolloutConfig(_Checks):
         self._one_of(at, "backend", tuple(ROLLOUTS))  # read when checked: a registered engine counts
         self._one_of(at, "decoder", ("auto", "model"))
         self._one_of(at, "correction", ("none", "token_tis", "seq_tis"))
-        self._positive(at, "n", "max_new_tokens", "temperature", "sync_every", "is_cap")
+        self._positive(at, "n", "max_new_tokens", "temperature", "sync_every", "is_cap", "tensor_parallel_size")
         for name in ("top_p", "val_top_p"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
@@ -607,12 +613,31 @@ def validate(cfg: Config) -> Config:
                           f"(optim.mini_batch_prompts={cfg.optim.mini_batch_prompts}) leaves a worker a "
                           f"mini-batch without prompts: each needs at least one prompt per mini-batch")
     check_bf16_lr(cfg)
+    check_tensor_parallel(cfg)
     get_algo(cfg.algo).check_config(cfg)
     if cfg.embedded_task:  # its scorer's sandbox limit, its own limits
         task = get_task(cfg.data.task)
         check_sandbox(cfg, [task.source])
         task.check_config(cfg)
     return cfg
+
+
+def check_tensor_parallel(cfg: Config) -> None:
+    """rollout.tensor_parallel_size against the engine and the workers: an engine that shards the
+    model (`Rollout.tensor_parallel`), over consecutive workers of one node. What the model's
+    shape allows is models/layout.py `tensor_parallel`'s (it needs the model's config)."""
+    tp, per_node = cfg.rollout.tensor_parallel_size, cfg.trainer.workers_per_node
+    if tp == 1:
+        return
+    from reasonrl_fast.rollout.registry import get_rollout
+
+    if not get_rollout(cfg.rollout.backend).tensor_parallel:
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} needs an engine that shards the model over "
+                          f"workers; rollout.backend={cfg.rollout.backend} holds the whole model in each "
+                          f"worker: set rollout.backend=vllm, or rollout.tensor_parallel_size=1")
+    if per_node % tp:
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} does not divide trainer.workers_per_node="
+                          f"{per_node}: an engine's ranks are {tp} consecutive workers of one node")
 
 
 # The lowest lr bf16 master weights train at with round-to-nearest. bf16 keeps 8 significant

@@ -6,7 +6,8 @@ model directory's ModelPathError). The train command runs it first; the rehearsa
 on a machine without the weights or the data.
 
 Cheap first: the model's config (its shape, then its context against the prompt and response),
-the GenRM's context, packing forced on a family that cannot pack; then, on the user's machine,
+the GenRM's context, a rollout.tensor_parallel_size that does not divide its heads, packing
+forced on a family that cannot pack; then, on the user's machine,
 more nodes than a local instance has, the data files, the reward function, the run directory,
 the model's weight files and the tokenizer; then the model built on
 the meta device (a class the trainer cannot train, a head it cannot fuse), torchao
@@ -40,8 +41,10 @@ def preflight(cfg, model_config=None, *, files: bool = True):
     check_shape(model_config, source)
     check_context(cfg, model_config, source)
     _check_genrm(cfg)
+    from reasonrl_fast.models.layout import packing_blocker, packing_refusal, tensor_parallel
+
+    tensor_parallel(cfg, model_config)  # the rollout's tensor-parallel size against the heads
     if cfg.data.packing == "true":  # a model family whose attention cannot read packed rows
-        from reasonrl_fast.models.layout import packing_blocker, packing_refusal
 
         blocker = packing_blocker(model_config)
         if blocker:

@@ -32,9 +32,11 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
     checkpoint to step STEPS + 1.
 Every other setting (algorithm, dtypes, packing, gradient checkpointing, fused head, clip
 ratios, loss aggregation, KL, Z-head, warm-up, sampling and validation settings, GenRM client
-settings) is the recipe's. The recipe's rollout engine (vLLM) is used where it is importable, else
-the hf rollout, said in one line. The run directory is a temporary one, removed after a rehearsal
-that passes (--output-dir keeps everything: the stand-in model, the records, the run).
+settings) is the recipe's. The recipe's rollout engine (vLLM) is used where it is importable,
+its tensor-parallel size at most the two workers (the stand-in's heads made divisible by it),
+else the hf rollout with the whole model in each worker, said in one line. The run directory
+is a temporary one, removed after a rehearsal that passes (--output-dir keeps everything: the
+stand-in model, the records, the run).
 """
 
 from __future__ import annotations
@@ -128,8 +130,10 @@ def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[
                 "trainer.sharding": "fsdp", "model.compute_dtype": "bfloat16", "trainer.steps": STEPS,
                 "trainer.save_every": 1, "trainer.resume": "auto", "trainer.ray_address": "",
                 "trainer.progress": False})
-    if not engine_importable:
-        out["rollout.backend"] = FALLBACK
+    if not engine_importable:  # the engine that runs everywhere holds the whole model
+        out["rollout.backend"], out["rollout.tensor_parallel_size"] = FALLBACK, 1
+    else:  # as many engine ranks as the rehearsal has workers, at most
+        out["rollout.tensor_parallel_size"] = min(cfg.rollout.tensor_parallel_size, WORKERS)
     if cfg.embedded_model:
         out["sft.steps"] = min(cfg.sft.steps, EMBEDDED_SFT_STEPS)
         out["data.train_size"] = min(cfg.data.train_size, EMBEDDED_TRAIN_SIZE)
@@ -237,9 +241,11 @@ def longest_prompt(records: dict, tok) -> int:
                default=1)
 
 
-def stage(cfg: Config, work: str, records: dict, tok, log) -> tuple[dict[str, Any], list[str]]:
-    """Write the stand-ins the recipe needs into `work`: records, the policy model (warm-started)
-    and the GenRM model. Returns the settings that point the run at them, and a line on each."""
+def stage(cfg: Config, work: str, records: dict, tok, log,
+          tensor_parallel: int = 1) -> tuple[dict[str, Any], list[str]]:
+    """Write the stand-ins the recipe needs into `work`: records, the policy model (warm-started,
+    its heads split by the rehearsal's `tensor_parallel` engine ranks) and the GenRM model.
+    Returns the settings that point the run at them, and a line on each."""
     from reasonrl_fast.data.prepare import write_records
     from reasonrl_fast.models import stand_in
     from reasonrl_fast.models.shape import model_fields
@@ -256,7 +262,7 @@ def stage(cfg: Config, work: str, records: dict, tok, log) -> tuple[dict[str, An
             notes.append(f"{key}: {path} -> {len(recs)} stand-in {recs[0][0]['data_source']!r} records")
     if not cfg.embedded_model:
         fields, where, _ = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
-        small = stand_in.shrink(fields)
+        small = stand_in.shrink(fields, tensor_parallel)
         path = os.path.join(work, "model", os.path.basename(os.path.normpath(cfg.model.path)))
         stand_in.build(small, path, tok, cfg.trainer.seed)
         warm_start(path, pairs, log)
@@ -349,7 +355,8 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
         if "rollout.backend" in scaled:
             log(f"[rehearse] rollout: the recipe names {cfg.rollout.backend}, which is not importable here: "
                 f"the {FALLBACK} rollout samples")
-        paths, notes = stage(cfg, work, records, tok, log)
+        paths, notes = stage(cfg, work, records, tok, log,
+                             scaled.get("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size))
         settings = {**scaled, **paths, "trainer.output_dir": os.path.join(work, "run")}
         if cfg.embedded_model:
             settings["sft.cache_dir"] = os.path.join(work, "sft")

@@ -58,11 +58,26 @@ def shares(count: int, parts: int) -> list[range]:
     return out
 
 
+def engine_shares(count: int, world: int, tp: int) -> list[tuple[range, range]]:
+    """For each of `world` workers, (its engine's items, its own items) of `count` items (a
+    step's prompts): its own are its `shares` share, as without tensor parallelism; its engine's,
+    the union of the shares of the `tp` consecutive workers whose ranks run one engine (rank //
+    tp), which every one of them samples alike. With tp 1 both are the worker's share."""
+    own = shares(count, world)
+    out = []
+    for rank, r in enumerate(own):
+        first, last = own[rank - rank % tp], own[rank - rank % tp + tp - 1]
+        out.append((range(first.start, last.stop), r))
+    return out
+
+
 def rollout_sequences(cfg) -> int:
-    """Sequences one trainer worker samples at once: the largest worker's share of
-    data.prompts_per_step, rollout.n samples each (its engine's batch; the planner's too)."""
+    """Sequences one rollout engine samples at once: the largest engine's prompts (a worker's
+    share, or with rollout.tensor_parallel_size TP the shares of TP workers) of
+    data.prompts_per_step, rollout.n samples each (its batch; the planner's too)."""
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
-    return len(shares(cfg.data.prompts_per_step, world)[0]) * cfg.rollout.n
+    group, _ = engine_shares(cfg.data.prompts_per_step, world, cfg.rollout.tensor_parallel_size)[0]
+    return len(group) * cfg.rollout.n
 
 
 def meminfo_bytes(key: str) -> int:

@@ -328,3 +328,15 @@ def test_a_sandbox_without_its_filter_fails_at_load_not_per_sample(monkeypatch):
             load_config(None, ["data.task=code"])
     finally:
         seccomp_filter.filter_bpf.cache_clear()
+
+
+def test_tensor_parallel_rollout_needs_an_engine_that_shards_and_whole_groups_of_a_nodes_workers():
+    with pytest.raises(ConfigError, match=r"^rollout.tensor_parallel_size=2 needs an engine .*rollout.backend=hf"):
+        load_config(None, ["rollout.tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match=r"^rollout.tensor_parallel_size=4 does not divide "
+                                          r"trainer.workers_per_node=2"):
+        load_config(None, ["rollout.backend=vllm", "rollout.tensor_parallel_size=4"])
+    with pytest.raises(ConfigError, match=r"^rollout.tensor_parallel_size=0: must be > 0"):
+        load_config(None, ["rollout.tensor_parallel_size=0"])
+    cfg = load_config(None, ["rollout.backend=vllm", "rollout.tensor_parallel_size=2", "trainer.nnodes=3"])
+    assert cfg.rollout.tensor_parallel_size == 2

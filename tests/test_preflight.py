@@ -329,3 +329,13 @@ def test_vllm_takes_the_overridden_context(vllm_python, tmp_path):
     p = subprocess.run([str(vllm_python), "-c", ENGINE_CONFIG_CHECK, str(tmp_path / "m")], cwd=venvs.REPO,
                        env=venvs.child_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1:] == ["ok"], p.stdout[-2000:] + p.stderr[-3000:]
+
+
+def test_a_tensor_parallel_size_the_heads_do_not_split_stops_the_preflight():
+    """Qwen2.5-7B's 28 heads over 8 engine ranks: one line naming both, before Ray or vLLM; 4
+    ranks split its 28 heads and 4 key/value heads."""
+    run = ["model.path=/models/Qwen2.5-7B", "rollout.backend=vllm", "trainer.workers_per_node=8"]
+    with pytest.raises(ConfigError, match=r"^rollout.tensor_parallel_size=8 does not divide the model's "
+                                          r"num_attention_heads=28"):
+        preflight(load_config(None, [*run, "rollout.tensor_parallel_size=8"]), shipped("Qwen2.5-7B"), files=False)
+    preflight(load_config(None, [*run, "rollout.tensor_parallel_size=4"]), shipped("Qwen2.5-7B"), files=False)

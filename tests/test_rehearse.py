@@ -19,6 +19,7 @@ from reasonrl_fast.config import ConfigError, load_config
 from reasonrl_fast.data.prepare import NAMES, write_records
 from reasonrl_fast.data.records import load_records
 from reasonrl_fast.models import stand_in
+from reasonrl_fast.models.layout import tensor_parallel
 from reasonrl_fast.models.shape import check_shape, model_fields
 from reasonrl_fast.models.shipped_shapes import SHAPES
 from reasonrl_fast.rewards.score import default_compute_score, scorer_for
@@ -31,7 +32,7 @@ NAME = [os.path.basename(c) for c in CONFIGS]
 RUN_SHAPE = {"data.prompts_per_step", "optim.mini_batch_prompts", "trainer.nnodes", "trainer.workers_per_node",
              "trainer.cpus_per_worker", "trainer.sharding", "model.compute_dtype", "trainer.steps",
              "trainer.save_every", "trainer.resume", "trainer.ray_address", "trainer.progress", "rollout.backend",
-             "sft.steps", "data.train_size", "data.val_size"}
+             "rollout.tensor_parallel_size", "sft.steps", "data.train_size", "data.val_size"}
 
 
 def _stand_ins(cfg):
@@ -76,9 +77,14 @@ def test_every_length_is_divided_by_the_one_factor_and_the_records_fit(name):
     assert (small.trainer.sharding, small.model.compute_dtype, small.trainer.workers_per_node) == (
         "fsdp", "bfloat16", rehearse.WORKERS)
     assert small.model.dtype == cfg.model.dtype and small.rollout.n == cfg.rollout.n
+    assert small.rollout.tensor_parallel_size == 1  # the hf rollout holds the whole model
     if cfg.rollout.backend == "vllm":
         assert small.rollout.backend == "hf"
-        assert "rollout.backend" not in rehearse.scale(cfg, engine_importable=True, prompt_tokens=prompt_tokens)
+        with_engine = rehearse.scale(cfg, engine_importable=True, prompt_tokens=prompt_tokens)
+        assert "rollout.backend" not in with_engine
+        # the recipe's engine ranks, at most the rehearsal's workers
+        tp = rehearse.apply(cfg, with_engine).rollout.tensor_parallel_size
+        assert tp == min(cfg.rollout.tensor_parallel_size, rehearse.WORKERS)
 
 
 @pytest.mark.parametrize("trial", range(60))
@@ -101,16 +107,21 @@ def test_batch_rule(trial):
 # ---------------------------------------------------------------- stand-ins
 
 
+@pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_shrink_keeps_the_architecture(name):
+def test_shrink_keeps_the_architecture(name, tp):
+    """... and with `tp` engine ranks, heads that they split (Qwen2.5-32B's 40:8 is 5:1 at 1, 10:2
+    at 2, which the trainer's own check takes)."""
     real = {k: v for k, v in SHAPES[name].items() if not k.startswith("_")}
-    small = stand_in.shrink(real)
+    small = stand_in.shrink(real, tp)
+    cfg = load_config(None, ["rollout.backend=vllm", f"rollout.tensor_parallel_size={tp}"])
+    assert tensor_parallel(cfg, small) == tp
     kv = real.get("num_key_value_heads") or real["num_attention_heads"]
     assert small["num_attention_heads"] * kv == real["num_attention_heads"] * small["num_key_value_heads"]
     assert small["hidden_size"] == small["num_attention_heads"] * stand_in.HEAD_DIM
     assert small["num_hidden_layers"] == stand_in.LAYERS
     ratio = real["intermediate_size"] / real["hidden_size"]
-    assert abs(small["intermediate_size"] - ratio * small["hidden_size"]) <= 4
+    assert abs(small["intermediate_size"] - ratio * small["hidden_size"]) <= 4 * tp  # rounded to 8 x tp
     for key in set(real) - {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                             "num_key_value_heads", "head_dim"}:
         assert small[key] == real[key], key  # vocabulary, tied embeddings, RoPE, context, ...

@@ -72,6 +72,9 @@ class Layout:
     """The engine's KV cache in bytes, where it is sized in bytes (else None)."""
     engine_share: float | None
     """The share of the GPU the engine takes, where it is sized by a share (else None)."""
+    engine_tp: int = 1
+    """Workers one rollout engine spans (rollout.tensor_parallel_size): each holds 1/engine_tp of
+    its weights and KV cache; `kv_cache_bytes` and `engine_share` are one worker's."""
     notes: dict = field(default_factory=dict, compare=False)
     """One log line per decision: sharding, attention, packing, lm_head."""
 
@@ -212,6 +215,30 @@ def fused_head(setting: str, blocker: str | None, device: str, tokens: int, voca
                    f"< {FUSED_CPU_MIN_ELEMENTS} on CPU)")
 
 
+def tensor_parallel(cfg, config) -> int:
+    """rollout.tensor_parallel_size, checked against the model's shape as vLLM shards it: the
+    attention heads split evenly over the ranks, the key/value heads split evenly or each
+    replicated on a whole number of ranks, and the MLP's columns split evenly. ConfigError naming
+    the size that does not divide (the engine and the workers are config.py's checks)."""
+    tp = cfg.rollout.tensor_parallel_size
+    if tp == 1:
+        return tp
+    heads = read(config, "num_attention_heads")
+    kv = read(config, "num_key_value_heads") or heads
+    sizes = {"num_attention_heads": heads, "intermediate_size": read(config, "intermediate_size")}
+    if kv >= tp:
+        sizes["num_key_value_heads"] = kv
+    for key, value in sizes.items():
+        if value and value % tp:
+            raise ConfigError(f"rollout.tensor_parallel_size={tp} does not divide the model's {key}={value}: "
+                              f"each engine rank holds an equal part; use a size that divides it")
+    if kv < tp and tp % kv:
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} is not a multiple of the model's "
+                          f"num_key_value_heads={kv}: with fewer key/value heads than ranks each head is "
+                          f"replicated on tp / heads ranks")
+    return tp
+
+
 def mini_batches(cfg, prompts: int) -> list[slice]:
     """A worker's mini-batches over its `prompts` prompts (each with rollout.n samples, prompt-major):
     ceil(prompts_per_step / mini_batch_prompts) contiguous slices of samples, split by the same
@@ -242,7 +269,8 @@ def resolve(cfg, model_config, device: str, world: int, engine, *, head_blocker:
     the rollout engine class `engine` (rollout/registry.py `get_rollout(cfg.rollout.backend)`).
     `head_blocker`: what a built model shows against the fused head beyond its config
     (models/lm_head.py `head_blocker`; None where no model was built, as in the planner).
-    `sequences`: the engine's batch at once (default: a trainer worker's rollout batch)."""
+    `sequences`: the engine's batch at once (default: a trainer engine's rollout batch).
+    ConfigError where the settings cannot hold for this model and device."""
     device = getattr(device, "type", device)
     sharding = sharding_mode(cfg.trainer.sharding, device, world)
     master = master_dtype(cfg.model.dtype)
@@ -253,10 +281,11 @@ def resolve(cfg, model_config, device: str, world: int, engine, *, head_blocker:
     fused, head_note = fused_head(cfg.model.fused_lm_head, blocker, device, tokens_per_forward(cfg, world),
                                   read(model_config, "vocab_size"))
     rollout_dtype = engine.dtype(compute, device)
+    tp = tensor_parallel(cfg, model_config)
     return Layout(device=device, world=world, sharding=sharding, weight_dtype=master, compute_dtype=compute,
                   attention=attn, packed=packed, one_row=one_row, fused=fused, rollout_dtype=rollout_dtype,
                   kv_cache_bytes=engine.kv_cache_bytes(cfg, model_config, rollout_dtype, device, sequences),
-                  engine_share=engine.memory_share(cfg, device),
+                  engine_share=engine.memory_share(cfg, device), engine_tp=tp,
                   notes={"sharding": f"data parallel: {sharding} (trainer.sharding={cfg.trainer.sharding})",
                          "attention": attn_note, "packing": pack_note, "lm_head": head_note})
 

@@ -38,6 +38,9 @@ class Rollout:
     needs_trainer_copy = False
     """The engine samples from a copy of the policy's Hugging Face model (`build`'s `lm`): eval
     must load one; an engine that loads the model directory itself gets None."""
+    tensor_parallel = False
+    """The engine can shard the model over rollout.tensor_parallel_size workers (one rank in each,
+    in the workers' process group); others hold it whole in every worker."""
 
     def available(self) -> bool:
         """Whether the engine's packages are installed here (looked up, not imported)."""

@@ -1,5 +1,8 @@
 """The `vllm` rollout: one vLLM engine (V1, vLLM >= 0.32) per trainer worker, in the worker's own
 process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so weights reach it as tensors, not over a pipe.
+With rollout.tensor_parallel_size TP > 1, one engine per TP consecutive workers, one rank of it in
+each worker's process (vLLM's `external_launcher`, in the workers' own process group): each rank
+holds 1/TP of the weights and of the KV cache, and loads its part from the same full tensors.
 
 - Prompts go in as token ids (`skip_tokenizer_init`): the trainer owns the tokenizer.
 - One request per sample, each with its own seed (rollout/base.py), and `logprobs=0` in
@@ -52,19 +55,23 @@ CPU_BLOCK_TOKENS = 128
 KV_SPARE = 0.05
 
 
-def kv_shape(config) -> tuple[int, int, int]:
+def kv_shape(config, tp: int = 1) -> tuple[int, int, int]:
     """(decoder layers, key/value heads, head size) of a model config (config.json's dict or a
-    PretrainedConfig), as vLLM reads them: the sizes of one token's keys and values per layer."""
+    PretrainedConfig) on one of `tp` engine ranks, as vLLM reads them: the sizes of one token's
+    keys and values per layer that one rank caches. vLLM splits the key/value heads over the
+    ranks, and where there are fewer heads than ranks gives each rank one (replicated)."""
     heads = read(config, "num_attention_heads")
-    return (read(config, "num_hidden_layers"), read(config, "num_key_value_heads") or heads,
+    kv = read(config, "num_key_value_heads") or heads
+    return (read(config, "num_hidden_layers"), max(1, kv // tp),
             read(config, "head_dim") or read(config, "hidden_size") // heads)
 
 
 def kv_cache_bytes(cfg, kv: tuple[int, int, int], dtype_bytes: int, sequences: int | None = None) -> int:
-    """The bytes of the engine's KV cache: rollout.kv_cache_memory_bytes when set, else what
-    `sequences` (default: `rollout_sequences`) need at their longest, data.max_prompt_length +
+    """The bytes of the engine's KV cache on one rank (vLLM's `kv_cache_memory_bytes` is per
+    rank): rollout.kv_cache_memory_bytes when set, else what `sequences` (default: the engine's
+    batch, `rollout_sequences`) need at their longest, data.max_prompt_length +
     rollout.max_new_tokens tokens each, for a model of `kv_shape` `kv` cached in `dtype_bytes`:
-    2 (keys and values) x layers x kv heads x head size x bytes per token, each sequence in
+    2 (keys and values) x layers x the rank's kv heads x head size x bytes per token, each sequence in
     whole CPU blocks, KV_SPARE more blocks and vLLM's null block. Fewer bytes only make vLLM
     queue what does not fit (slower); more are held by the engine for the whole run. The workers
     and the planner (plan.py) both size the engine with this function (`VLLM.kv_cache_bytes`)."""
@@ -128,14 +135,17 @@ def _log_to_file(path: str) -> None:
 
 def engine_args(model_path: str, dtype: torch.dtype, max_model_len: int, seed: int, device: torch.device,
                 gpu_memory_utilization: float | None = None, max_position_embeddings: int | None = None,
-                kv_cache_memory_bytes: int | None = None) -> dict:
+                kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1) -> dict:
     """The keyword arguments of the rollout's `vllm.LLM`. `max_position_embeddings`
     (model.max_position_embeddings) reaches vLLM's copy of the model config through
     `hf_overrides`, as it reaches the trainer's model: without it vLLM refuses a `max_model_len`
     above config.json's context. The KV cache: `kv_cache_memory_bytes` (`kv_cache_bytes`),
     which a CPU engine must have; a GPU engine without it takes `gpu_memory_utilization` of the
-    device."""
+    device (both per rank). `tensor_parallel_size` > 1: one rank of an engine spanning that many
+    processes of the caller's torch.distributed group (vLLM's `external_launcher`)."""
     memory: dict = {}
+    if tensor_parallel_size > 1:
+        memory.update(tensor_parallel_size=tensor_parallel_size, distributed_executor_backend="external_launcher")
     if kv_cache_memory_bytes is not None:
         # vLLM then skips its fractional checks (on CPU: the node's total x the fraction, less the
         # process's whole RSS) and checks the bytes against the memory actually free
@@ -152,13 +162,64 @@ def engine_args(model_path: str, dtype: torch.dtype, max_model_len: int, seed: i
                 hf_overrides=context_overrides(max_position_embeddings))
 
 
+def _run_shm_names() -> str:
+    """A CPU tensor-parallel engine's ranks talk through shared-memory segments that vLLM 0.32
+    names from the launcher (`env://` under `external_launcher`: the same for every run) and the
+    group's ranks, so a second run on the node, or the segments a killed run left in /dev/shm,
+    would collide with this one's ("create shm in SHMManager failed. errno: 17"). Prefix the
+    names with this run's rendezvous address (MASTER_ADDR:MASTER_PORT: the store of a live run
+    holds that port) and return the prefix."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    prefix = f"reasonrl-{os.environ.get('MASTER_ADDR', '')}-{os.environ['MASTER_PORT']}".replace("/", "_")
+    cls = cpu_communicator._CPUSHMDistributed
+    name = getattr(cls.make_group_name, "__wrapped__", cls.make_group_name)
+    # the launcher's part is "//" (a name may start with slashes, not hold one inside)
+    wrapped = lambda communicator: f"{prefix}-{name(communicator).lstrip('/')}"  # noqa: E731
+    wrapped.__wrapped__ = name
+    cls.make_group_name = staticmethod(wrapped)
+    return prefix
+
+
+def _unlink_shm(prefix: str) -> None:
+    """Remove the names of this run's shared-memory segments once every rank has mapped them
+    (all engines are built together: a barrier over the world): the mappings live on, and the
+    memory goes back when the last process holding it exits, killed or not."""
+    import glob
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    for path in glob.glob(os.path.join("/dev/shm", glob.escape(prefix) + "-*")):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:  # another rank of this node removed it first
+            pass
+
+
 class VLLMRollout(RolloutEngine):
+    """One engine, or with `tensor_parallel_size` TP > 1 this process's rank of one (vLLM's
+    `external_launcher`: TP consecutive ranks of the caller's torch.distributed group, initialised
+    before, with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment, as
+    runtime/distributed.py `init_process_group` leaves them). The ranks of an engine are called alike:
+    the same prompts and seeds, in the same order, and each returns the engine's whole output.
+    vLLM shapes its own groups from the world's size: world / TP engines run side by side."""
+
     def __init__(self, model_path: str, dtype: torch.dtype, eos_id: int, max_model_len: int, seed: int,
                  device: torch.device, gpu_memory_utilization: float | None = None, log_path: str | None = None,
-                 log=print, max_position_embeddings: int | None = None, kv_cache_memory_bytes: int | None = None):
+                 log=print, max_position_embeddings: int | None = None, kv_cache_memory_bytes: int | None = None,
+                 tensor_parallel_size: int = 1, local_rank: int = 0):
         # Before vLLM is imported: the engine in this process, its logging left to us.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0" if log_path else "1")
+        if tensor_parallel_size > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized() or "MASTER_PORT" not in os.environ:
+                raise ValueError(f"VLLMRollout(tensor_parallel_size={tensor_parallel_size}): initialise "
+                                 f"torch.distributed first (env:// variables set), one rank per engine rank")
+            # vLLM's device index on a GPU (the one this process sees), its node-local rank on CPU
+            os.environ["LOCAL_RANK"] = str(local_rank)
         check_vllm()
         if log_path:
             _log_to_file(log_path)
@@ -166,8 +227,9 @@ class VLLMRollout(RolloutEngine):
 
         self.eos_id, self.log_path = eos_id, log_path
         args = engine_args(model_path, dtype, max_model_len, seed, device, gpu_memory_utilization,
-                           max_position_embeddings, kv_cache_memory_bytes)
+                           max_position_embeddings, kv_cache_memory_bytes, tensor_parallel_size)
         self.can_sleep = args["enable_sleep_mode"]
+        shm = _run_shm_names() if tensor_parallel_size > 1 and device.type == "cpu" else None
         try:
             self.llm = LLM(**args)
         except ValueError as e:
@@ -175,6 +237,8 @@ class VLLMRollout(RolloutEngine):
             if user is None:
                 raise
             raise user from e
+        if shm is not None:
+            _unlink_shm(shm)
         self.asleep = False
         if not self.can_sleep:
             log(f"vLLM on {device.type}: no sleep mode, the engine keeps its memory during the update")
@@ -230,6 +294,7 @@ class VLLM(Rollout):
 
     name = "vllm"
     label = "vLLM"
+    tensor_parallel = True
 
     def available(self) -> bool:
         return importlib.util.find_spec("vllm") is not None
@@ -238,7 +303,10 @@ class VLLM(Rollout):
         return f"vLLM {check_vllm(architectures)}"
 
     def describe(self, cfg, out_dir, version):
-        return (f"rollout: {version}, one engine per worker, its log in {os.path.join(out_dir, 'rollout')}; "
+        tp = cfg.rollout.tensor_parallel_size
+        per = (f"one engine per {tp} workers (tensor parallel), each rank's log" if tp > 1
+               else "one engine per worker, its log")
+        return (f"rollout: {version}, {per} in {os.path.join(out_dir, 'rollout')}; "
                 f"weights synced every {cfg.rollout.sync_every} step(s)")
 
     def log_path(self, out_dir, rank):
@@ -251,7 +319,8 @@ class VLLM(Rollout):
         # a GPU engine takes its share of the device (`memory_share`) unless a size is set
         if device == "cuda" and cfg.rollout.kv_cache_memory_bytes is None:
             return None
-        return kv_cache_bytes(cfg, kv_shape(model_config), dtype_bytes(dtype), sequences)
+        return kv_cache_bytes(cfg, kv_shape(model_config, cfg.rollout.tensor_parallel_size), dtype_bytes(dtype),
+                              sequences)
 
     def memory_share(self, cfg, device):
         if device != "cuda" or cfg.rollout.kv_cache_memory_bytes is not None:
@@ -263,6 +332,11 @@ class VLLM(Rollout):
         if device.type != "cuda" and r.gpu_memory_utilization is not None:
             log(f"rollout.gpu_memory_utilization={r.gpu_memory_utilization:g} applies on a GPU only: vLLM on CPU "
                 f"keeps a KV cache of {kv_bytes} bytes (rollout.kv_cache_memory_bytes)")
+        local = 0
+        if r.tensor_parallel_size > 1:  # vLLM reads LOCAL_RANK as a device index on a GPU
+            import torch.distributed as dist
+
+            local = (device.index or 0) if device.type == "cuda" else dist.get_rank() % cfg.trainer.workers_per_node
         return VLLMRollout(model_path, dtype, eos_id, cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed,
                            device, r.gpu_memory_utilization, log_path, log, cfg.model.max_position_embeddings,
-                           kv_bytes)
+                           kv_bytes, r.tensor_parallel_size, local)

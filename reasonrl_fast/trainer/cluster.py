@@ -1,6 +1,6 @@
 """The trainer's workers on Ray: `nnodes x workers_per_node` worker actors placed through a
 placement group, wired into one torch.distributed group; calls fan out to all of them. Each
-worker keeps the samples it generated for the step (`shares` is the one split rule), so the
+worker keeps the samples it generated for the step (`util.engine_shares` is the one split rule), so the
 driver sends back only their advantages."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from reasonrl_fast.runtime import ray_cluster as rt
 from reasonrl_fast.runtime.ray_cluster import (ClusterError, WorkerError, as_completed, gather, place_workers,
                                                start_ray, stop_ray)
 from reasonrl_fast.trainer.worker import ROLLOUT_SUMS, Worker
-from reasonrl_fast.util import shares
+from reasonrl_fast.util import engine_shares
 
 
 class Cluster:
@@ -75,21 +75,24 @@ class Cluster:
     def generate_stream(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, stream: int | str,
                         keep: bool = False):
         """Steps 1-2 of the loop's step: n samples per prompt (prompt-major), the prompts shared out
-        by `shares`: yields (index of the share's first sample, its responses) as each worker
+        by `engine_shares`: yields (index of the share's first sample, its responses) as each worker
         finishes, so the driver can score one share while the others still generate.
         Sample i of the call is drawn with `sample_seed(trainer.seed, stream, i)`, whichever
         worker draws it. `keep`: the step's training samples; each worker keeps its share for
         `train_step`."""
-        split = shares(len(prompts), self.world)
+        split = engine_shares(len(prompts), self.world, self.cfg.rollout.tensor_parallel_size)
         seed = self.cfg.trainer.seed
-        refs = [w.generate.remote([prompts[i] for i in r], n, temperature, top_p,
-                                  sample_seeds(seed, stream, r.start * n, len(r) * n), keep)
-                for w, r in zip(self.workers, split)]
+        # each worker is sent its engine's prompts (every rank of a tensor-parallel engine samples
+        # them alike) and told which are its own, which it returns and keeps
+        refs = [w.generate.remote([prompts[i] for i in g], n, temperature, top_p,
+                                  sample_seeds(seed, stream, g.start * n, len(g) * n), keep,
+                                  (r.start - g.start, r.stop - g.start))
+                for w, (g, r) in zip(self.workers, split)]
         if keep:
-            self._kept = [range(r.start * n, r.stop * n) for r in split]
+            self._kept = [range(r.start * n, r.stop * n) for _, r in split]
         with self._engine_notes():
             for rank, responses in as_completed(refs, "generate"):
-                yield split[rank].start * n, responses
+                yield split[rank][1].start * n, responses
 
     def train_step(self, adv: list[float], step: int) -> dict:
         """Step 4 of the loop's step: each worker trains on the samples it kept from the last

@@ -1,5 +1,6 @@
 """One FSDP rank as a Ray actor: it owns a shard of the policy (and of the frozen reference), an
-optimiser, and a rollout engine with a full copy of the weights. The driver (loop.py) tells it
+optimiser, and a rollout engine with a full copy of the weights (or its rank of a tensor-parallel
+engine that spans rollout.tensor_parallel_size workers, with 1/TP of them). The driver (loop.py) tells it
 what to do; every method that touches sharded weights is called on all workers together. It
 keeps the samples it generated for the step: the driver sends back only their advantages."""
 
@@ -24,7 +25,8 @@ from reasonrl_fast.models.loading import (enable_checkpointing, load_model, load
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer import update
-from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, iter_full, rendezvous_socket, replicate, shard
+from reasonrl_fast.runtime.distributed import rendezvous_socket
+from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, iter_full, replicate, shard
 from reasonrl_fast.trainer.policy import Actor
 from reasonrl_fast.util import derive_seed
 from reasonrl_fast.trainer.optim import make_optimizer
@@ -113,14 +115,19 @@ class Worker:
     # ------------------------------------------------------------------ rollout
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, seeds: list[int],
-                 keep: bool = False) -> list[list[int]]:
+                 keep: bool = False, own: tuple[int, int] | None = None) -> list[list[int]]:
         """Step 1 of the loop's step: n responses per prompt (prompt-major), sample i drawn with
-        seeds[i], at the caller's temperature and top-p (training's or validation's); `keep`: these
-        are the step's training samples (with the sampler's log-probs), which `train_step` trains on."""
+        seeds[i], at the caller's temperature and top-p (training's or validation's). `prompts` are
+        the engine's: with a tensor-parallel engine every one of its ranks samples them all alike,
+        and this worker's own are prompts[own[0]:own[1]] (None: all); it returns and keeps only
+        its own. `keep`: these are the step's training samples (with the sampler's log-probs),
+        which `train_step` trains on."""
         out = self.rollout.generate(prompts, n, temperature, top_p, self.cfg.rollout.max_new_tokens, seeds)
+        a, b = own or (0, len(prompts))
+        tokens, logprobs = out.tokens[a * n:b * n], out.logprobs[a * n:b * n]
         if keep:
-            self._samples = ([p for p in prompts for _ in range(n)], out.tokens, out.logprobs)
-        return out.tokens
+            self._samples = ([p for p in prompts[a:b] for _ in range(n)], tokens, logprobs)
+        return tokens
 
     # ------------------------------------------------------------------ update
 

@@ -207,3 +207,19 @@ def test_the_flowrl_recipe_keeps_its_overlong_shaping():
     got = get_algo(cfg.algo).rewards(cfg, scores, [s > 0 for s in scores], None, lengths)
     torch.testing.assert_close(got, torch.tensor(scores) + overlong_penalty(lengths, 8192, 4096, 1.0))
     assert got[3] == 0.0 and got[0] == 1.0
+
+
+@pytest.mark.parametrize("count,world,tp", [(7, 4, 2), (64, 8, 4), (5, 4, 4), (3, 4, 2), (16, 2, 1), (9, 8, 8)])
+def test_an_engines_prompts_are_its_workers_shares(count, world, tp):
+    """With tensor-parallel engines each worker still owns its `shares` share (what it trains
+    on, as at TP 1), and samples its engine's: the union of the shares of its TP consecutive
+    workers, the same for all of them."""
+    from reasonrl_fast.util import engine_shares, shares
+
+    split = engine_shares(count, world, tp)
+    assert [own for _, own in split] == shares(count, world)
+    for rank, (group, own) in enumerate(split):
+        members = range(rank - rank % tp, rank - rank % tp + tp)
+        assert list(group) == [i for m in members for i in shares(count, world)[m]]
+        assert own.start >= group.start and own.stop <= group.stop
+        assert all(split[m][0] == group for m in members)

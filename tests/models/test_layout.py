@@ -6,6 +6,7 @@ as a worker would, and that a real CPU run and the planner agree on every field.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -128,3 +129,46 @@ def test_a_cpu_run_and_the_planner_agree_on_every_field(trained_run):
     planned = plan.estimate(cfg, tiny_shape(cfg.model), "cpu", 64.0).layout.to_dict()
     assert ran == planned
     assert ran["sharding"] == "fsdp" and ran["device"] == "cpu" and ran["packed"]
+
+
+# ---------------------------------------------------------------- tensor-parallel rollout
+
+
+def _tp(size: int, **fields):
+    cfg = load_config(None, ["rollout.backend=vllm", f"rollout.tensor_parallel_size={size}",
+                             "trainer.workers_per_node=8"])
+    return layout.tensor_parallel(cfg, {**QWEN7, **fields})
+
+
+def test_tensor_parallel_follows_the_heads_as_vllm_splits_them():
+    """Qwen2.5-7B: 28 heads, 4 key/value heads, MLP 18944. TP 2 and 4 split all three; TP 8 does
+    not divide 28 heads; a model with 2 key/value heads takes TP 4 (each replicated on 2 ranks)
+    but not 3 heads' worth (TP 4 with 12 heads and 3 kv heads: 4 is no multiple of 3)."""
+    assert _tp(1) == 1 and _tp(2) == 2 and _tp(4) == 4
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=8 does not divide the model's num_attention_heads=28"):
+        _tp(8)
+    assert _tp(4, num_attention_heads=8, num_key_value_heads=2, intermediate_size=64) == 4
+    with pytest.raises(ConfigError, match=r"not a multiple of the model's num_key_value_heads=3"):
+        _tp(4, num_attention_heads=12, num_key_value_heads=3, intermediate_size=64)
+    with pytest.raises(ConfigError, match=r"num_key_value_heads=6"):
+        _tp(4, num_attention_heads=12, num_key_value_heads=6, intermediate_size=64)
+    with pytest.raises(ConfigError, match=r"intermediate_size=18"):
+        _tp(4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=18)
+
+
+def test_the_layout_carries_the_engine_ranks_and_a_ranks_kv_cache():
+    """The embedded default (4 heads of 32, 2 key/value heads, 2 layers, fp32) on 2 CPU workers:
+    TP 2 gives the one engine both workers' prompts (2 x 8 = 16 x 8 samples = 128 sequences of
+    16 + 32 = 48 tokens, one 128-token block each) and each rank one key/value head, so a rank's
+    cache is the same bytes as a TP-1 worker's (64 sequences of 2 heads): 2 x 2 layers x 1 head
+    x 32 x 4 bytes = 512 bytes a token, ceil(128 x 1.05) + 1 = 136 blocks."""
+    from reasonrl_fast.models.tiny import tiny_config
+
+    one = load_config(None, ["rollout.backend=vllm"])
+    two = load_config(None, ["rollout.backend=vllm", "rollout.tensor_parallel_size=2"])
+    vllm = get_rollout("vllm")
+    a = layout.resolve(one, tiny_config(one.model), "cpu", 2, vllm)
+    b = layout.resolve(two, tiny_config(two.model), "cpu", 2, vllm)
+    assert (a.engine_tp, b.engine_tp) == (1, 2)
+    assert b.kv_cache_bytes == 136 * 128 * 512
+    assert a.kv_cache_bytes == (math.ceil(64 * 1.05) + 1) * 128 * 1024

@@ -70,6 +70,32 @@ def test_a_cpu_engine_is_told_its_kv_cache_in_bytes_not_a_fraction():
     assert engine_args("/m", torch.bfloat16, 48, 0, CUDA, 0.7)["gpu_memory_utilization"] == 0.7
     sized = engine_args("/m", torch.bfloat16, 48, 0, CUDA, 0.7, None, 2**30)
     assert sized["kv_cache_memory_bytes"] == 2**30 and "gpu_memory_utilization" not in sized
+    assert "tensor_parallel_size" not in sized and "distributed_executor_backend" not in sized
+
+
+def test_a_tensor_parallel_engine_is_one_rank_of_the_callers_process_group():
+    args = engine_args("/m", torch.float32, 48, 0, CPU, None, None, 4587520, 2)
+    assert args["tensor_parallel_size"] == 2 and args["distributed_executor_backend"] == "external_launcher"
+    with pytest.raises(ValueError, match="initialise torch.distributed first"):  # no process group here
+        rollout_vllm.VLLMRollout("/m", torch.float32, 2, 48, 0, CPU, kv_cache_memory_bytes=2**20,
+                                 tensor_parallel_size=2)
+
+
+def test_a_ranks_kv_cache_holds_its_share_of_the_key_value_heads_by_hand():
+    """Qwen2.5-32B: 64 layers, 8 key/value heads of 128, bf16. At TP 4 a rank caches 2 heads:
+    2 x 64 x 2 x 128 x 2 = 65536 bytes a token (a quarter of the model's 262144). An engine of 4
+    workers samples their 4 x 1 prompts x 16 = 64 sequences of 2048 + 9952 = 12000 tokens, 94
+    blocks each: 6016, ceil(6316.8) + 1 = 6318 blocks. With 2 key/value heads at TP 4 each rank
+    holds one (replicated): kv_shape's heads are max(1, 2 // 4) = 1."""
+    cfg = load_config(None, ["rollout.backend=vllm", "rollout.tensor_parallel_size=4", "data.prompts_per_step=64",
+                             "trainer.nnodes=8", "trainer.workers_per_node=8", "rollout.n=16",
+                             "optim.mini_batch_prompts=64", "data.max_prompt_length=2048",
+                             "rollout.max_new_tokens=9952"])
+    assert kv_shape(SHAPES["Qwen2.5-32B"], 4) == (64, 2, 128)
+    vllm = get_rollout("vllm")
+    assert vllm.kv_cache_bytes(cfg, SHAPES["Qwen2.5-32B"], "bfloat16", "cpu") == 6318 * 128 * 65536
+    assert kv_shape({"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+                     "hidden_size": 256}, 4) == (2, 1, 32)
 
 
 @pytest.fixture

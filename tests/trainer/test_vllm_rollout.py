@@ -10,6 +10,8 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 from reasonrl_fast.config import load_config
 from reasonrl_fast.trainer.sft import warm_start
 from reasonrl_fast.util import quantile, read_metrics
@@ -59,16 +61,28 @@ def test_seeds_and_logprobs_on_the_vllm_backend(train, tmp_path, vllm_python):
     assert sorted(os.listdir(tmp_path / "two" / "rollout")) == ["vllm-rank0.log", "vllm-rank1.log"]
 
 
-def test_embedded_default_learns_through_vllm(tmp_path, vllm_python):
-    """`python -m reasonrl_fast.train rollout.backend=vllm`, the embedded default otherwise:
-    at least 20 validation points gained, the median gap at most 0.01, nothing left running."""
+def shm_segments() -> set[str]:
+    """vLLM's shared-memory segments on this machine: a CPU tensor-parallel engine's ranks talk
+    through some ("...-cpushm_<rank>"), which a run must not leave behind."""
+    return {n for n in os.listdir("/dev/shm") if "cpushm" in n} if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_embedded_default_learns_through_vllm(tmp_path, vllm_python, tp):
+    """`python -m reasonrl_fast.train rollout.backend=vllm` (with `tp` 2: one engine over both
+    workers, `rollout.tensor_parallel_size=2 trainer.workers_per_node=2`), the embedded default
+    otherwise: at least 20 validation points gained, the median gap at most 0.01, nothing left
+    running or in /dev/shm."""
     out = tmp_path / "run"
-    p = popen_train(vllm_python, ["rollout.backend=vllm", f"trainer.output_dir={out}", "trainer.progress=false"],
+    shm = shm_segments()
+    p = popen_train(vllm_python, ["rollout.backend=vllm", f"rollout.tensor_parallel_size={tp}",
+                                  "trainer.workers_per_node=2", f"trainer.output_dir={out}", "trainer.progress=false"],
                     tmp_path, tiny=False)
     watch = Watch(p)
     stdout, stderr = p.communicate(timeout=900)
     assert p.returncode == 0, stdout[-2000:] + stderr[-4000:]
-    assert watch.left_behind() == []
+    assert watch.left_behind() == [] and shm_segments() - shm == set()
+    assert json.loads((out / "layout.json").read_text())["engine_tp"] == tp
     rows = read_metrics(out)
     val = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
     gap = [r["rollout/logprob_diff_mean"] for r in rows if "rollout/logprob_diff_mean" in r]
@@ -104,9 +118,14 @@ def test_a_kv_cache_the_machine_cannot_give_is_one_line_naming_the_setting(tmp_p
     assert f"{asked} bytes" in line and "available" in line and "Traceback" not in p.stderr, p.stderr[-3000:]
 
 
-def test_an_engine_that_dies_ends_the_run_naming_the_worker_and_its_log(tmp_path, vllm_python):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_an_engine_that_dies_ends_the_run_naming_the_worker_and_its_log(tmp_path, vllm_python, tp):
+    """... also one rank of a tensor-parallel engine (its other rank then waits in the engine's
+    collectives until the run ends it)."""
     out = tmp_path / "run"
+    shm = shm_segments()
     p = popen_train(vllm_python, [*VLLM, "trainer.steps=3", "trainer.val_every=0", f"trainer.output_dir={out}",
+                                  f"rollout.tensor_parallel_size={tp}",
                                   "data.reward_fn=tests.helpers.faulty_rewards:kills_a_worker"], tmp_path)
     watch = Watch(p)
     stdout, stderr = p.communicate(timeout=300)
@@ -114,15 +133,17 @@ def test_an_engine_that_dies_ends_the_run_naming_the_worker_and_its_log(tmp_path
     assert p.returncode != 0
     last = stderr.strip().splitlines()[-1]
     assert "worker rank" in last and "died" in last and "vLLM engine's last log line" in last, stderr[-3000:]
-    assert watch.left_behind() == []
+    assert watch.left_behind() == [] and shm_segments() - shm == set()
 
 
-def test_ctrl_c_leaves_no_engine_behind(tmp_path, vllm_python):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_ctrl_c_leaves_no_engine_behind(tmp_path, vllm_python, tp):
     out = tmp_path / "run"
+    shm = shm_segments()
     # more steps than the run can take before the interrupt's time limit (a tiny CPU step takes
     # about 0.1 s): only the Ctrl-C can end it
-    p = popen_train(vllm_python, [*VLLM, "trainer.steps=100000", "trainer.val_every=0", f"trainer.output_dir={out}"],
-                    tmp_path)
+    p = popen_train(vllm_python, [*VLLM, "trainer.steps=100000", "trainer.val_every=0", f"trainer.output_dir={out}",
+                                  f"rollout.tensor_parallel_size={tp}"], tmp_path)
     watch = Watch(p)
     with reaped(p):
         deadline = time.monotonic() + 240
@@ -133,4 +154,4 @@ def test_ctrl_c_leaves_no_engine_behind(tmp_path, vllm_python):
         out, err = interrupt(p, 90)
     # the run's own words when it did not end as interrupted (which step it reached, how it ended)
     assert p.returncode != 0, f"exit {p.returncode}\n{out[-3000:]}\n{err[-3000:]}"
-    assert watch.left_behind() == []
+    assert watch.left_behind() == [] and shm_segments() - shm == set()

@@ -1,0 +1,62 @@
+"""The process group of a set of Ray actors (the trainer's workers, eval's tensor-parallel
+engines): rank 0's rendezvous socket, then torch.distributed's default group over a TCPStore
+that socket serves."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return host == "localhost"
+
+
+def rendezvous_socket(host: str) -> socket.socket:
+    """Rank 0's listening socket for the TCPStore. On a loopback node (a local run) it is bound
+    to that address and kept open for the store, which then listens nowhere else (and no other
+    process can take the port in between). Otherwise it is bound on every interface, as the
+    other nodes must reach it."""
+    local = _is_loopback(host)
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    s.bind((host if local else "", 0))
+    if local:
+        s.listen(128)
+    return s
+
+
+def init_process_group(rank: int, world: int, master_addr: str, master_port: int,
+                       timeout_s: float = 1800, listen: socket.socket | None = None) -> torch.device:
+    """The default process group of `world` Ray actors, nccl on GPU, gloo on CPU; returns this
+    rank's device. A collective that waits longer than `timeout_s` for another rank (dead or
+    stuck) fails instead of hanging. `listen`: rank 0's socket from `rendezvous_socket`. It
+    leaves RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment, as torchrun does
+    (vLLM's `external_launcher` reads them)."""
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+                      RANK=str(rank), WORLD_SIZE=str(world))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = None
+    if _is_loopback(master_addr):
+        # gloo's and NCCL's bootstrap sockets bind the address of the interface named here
+        # (by default the one the host name resolves to, often an external one).
+        lo = next((name for _, name in socket.if_nameindex() if name == "lo"), None)
+        if lo:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+        fd = listen.detach() if rank == 0 and listen is not None else None  # the store owns it now
+        store = dist.TCPStore(master_addr, master_port, world, rank == 0, timeout, master_listen_fd=fd)
+    elif listen is not None:
+        listen.close()  # multi-node: the store binds the port itself, on every interface
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world,
+                            timeout=timeout)
+    return device
