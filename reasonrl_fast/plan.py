@@ -4,8 +4,9 @@ The memory one worker (one GPU, or one CPU process) of a training run needs, ter
 the two phases of a step: the rollout (the engine generating) and the update (log-prob passes,
 forward and backward, optimiser step). It reads the model's config.json only, never weights: from
 `model.path`, else the shipped shape of a model the configs name (models/shipped_shapes.py). Exit status
-0 when the peak fits the device, 1 when it does not (with the first knob to turn), 2 on bad input.
-docs/scaling.md explains every row and the knobs.
+0 when the peak fits the device, 1 when it does not (with the first knob to turn), 2 on bad input;
+either way, where the rollout engine has room for too few full-length sequences at once, the
+rollout.tensor_parallel_size that gives it room. docs/scaling.md explains every row and the knobs.
 
 The estimate is an upper bound of the worst step: every sequence at data.max_prompt_length +
 rollout.max_new_tokens. What the workers hold and how they run it (sharding, dtypes, attention,
@@ -26,7 +27,8 @@ from reasonrl_fast.algos import get_algo
 from reasonrl_fast.config import Config, load_argv
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.genrm.launch import DEFAULT_MAX_BATCH
-from reasonrl_fast.models.layout import SYNC_BUCKET_BYTES, Layout, dtype_bytes, largest_mini_batch, resolve
+from reasonrl_fast.models.layout import (SYNC_BUCKET_BYTES, Layout, dtype_bytes, largest_mini_batch, resolve,
+                                         tensor_parallel)
 from reasonrl_fast.models.shape import (Shape, context_problem, genrm_context_problem, model_fields,
                                         shape_from_config, tiny_shape, zhead_params)
 from reasonrl_fast.rollout.registry import get_rollout
@@ -46,6 +48,15 @@ CPU_BASELINE_GIB = 0.54
 # vLLM needs beyond its weights and KV cache: the activations of its profiling batch, the
 # sampler's logits and CUDA graphs (about 1-2 GiB for 4-32B models at the default batch limits).
 VLLM_OVERHEAD_GIB = 2.0
+# The fewest full-length sequences a rollout engine should hold in flight (its KV cache), or its
+# whole batch where that is less. A step samples the engine's prompts x rollout.n sequences at
+# once (util.rollout_sequences); an engine with room for a few decodes them a few at a time, each
+# decode step reading all its weights for a handful of tokens: a serial rollout that takes most of
+# the step. Below this the planner names the rollout.tensor_parallel_size that gives it.
+MIN_SEQUENCES_IN_FLIGHT = 32
+# The sizes of vLLM's tensor parallelism the advice tries: an engine's ranks are consecutive
+# workers of one node (config.py check_tensor_parallel), at most 8 GPUs.
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 
 
 # ---------------------------------------------------------------- one forward's tokens
@@ -119,8 +130,11 @@ def logits_bytes(s: Shape, f: Forward, c: int, fused: bool, gpu: bool) -> int:
     return chunk + n * s.hidden * (4 + 2 * c)
 
 
-def kv_bytes(s: Shape, rows: int, length: int, c: int) -> int:
-    return 2 * s.layers * rows * s.kv_heads * s.head_dim * length * c
+def kv_bytes(s: Shape, rows: int, length: int, c: int, tp: int = 1) -> int:
+    """The KV cache of `rows` sequences of `length` tokens in `c`-byte elements on one of `tp`
+    engine ranks: vLLM splits the key/value heads over the ranks, and where there are fewer heads
+    than ranks gives each rank one (rollout/vllm.py `kv_shape`)."""
+    return 2 * s.layers * rows * max(1, s.kv_heads // tp) * s.head_dim * length * c
 
 
 # ---------------------------------------------------------------- the estimate
@@ -145,6 +159,9 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # impossible settings, whatever the total
     layout: Layout | None = None  # what the workers would resolve (models/layout.py)
+    engine_sequences: float | None = None
+    """Full-length sequences one rollout engine holds in flight (its KV cache over one sequence's);
+    None for an engine that is no vLLM-like engine of its own (the hf backend's copy)."""
 
     @property
     def rollout(self) -> float:
@@ -236,33 +253,43 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     eb = dtype_bytes(layout.rollout_dtype)
     engine_of = get_rollout(cfg.rollout.backend)
     name = engine_of.label or engine_of.name
-    one = kv_bytes(s, 1, seq, eb)  # the KV cache of one full-length sequence
-    kv, util = layout.kv_cache_bytes, layout.engine_share
+    # One GPU (one engine rank) of an engine over tp workers: vLLM shards every linear layer over
+    # its ranks and the embeddings and LM head by vocabulary; what it replicates (the norms) is a
+    # few MiB. The KV cache per rank: its key/value heads (`kv_bytes`).
+    tp = layout.engine_tp
+    weights = lm * eb / tp
+    one = kv_bytes(s, 1, seq, eb, tp)  # one full-length sequence's KV cache on one rank
+    kv, util = layout.kv_cache_bytes, layout.engine_share  # both one rank's
     if kv is not None and kv < one:
         est.problems.append(f"rollout.kv_cache_memory_bytes={kv} holds less than one {seq}-token "
-                            f"sequence's KV cache ({one} bytes): the {name} engine would not start")
+                            f"sequence's KV cache on an engine rank ({one} bytes at TP {tp}): the {name} "
+                            f"engine would not start")
     if util is not None:
         engine = util * memory_gib
-        need = _gib(lm * eb + one) + VLLM_OVERHEAD_GIB
-        room = engine - _gib(lm * eb) - VLLM_OVERHEAD_GIB
-        tokens = int(room * GIB / kv_bytes(s, 1, 1, eb)) if room > 0 else 0
-        add(Term(f"{name} engine", engine, 0, f"{util:g} of {memory_gib:g} GiB; KV room ~{tokens} tokens "
-                 f"({tokens / seq:.1f} sequences of {seq}); asleep in the update", "engine"))
+        need = _gib(weights + one) + VLLM_OVERHEAD_GIB
+        room = engine - _gib(weights) - VLLM_OVERHEAD_GIB
+        tokens = int(room * GIB / kv_bytes(s, 1, 1, eb, tp)) if room > 0 else 0
+        est.engine_sequences = tokens / seq
+        add(Term(f"{name} engine", engine, 0, f"{util:g} of {memory_gib:g} GiB; TP {tp}: {_gib(weights):.1f} GiB "
+                 f"weights per GPU, KV room ~{tokens} tokens ({tokens / seq:.1f} sequences of {seq} per engine); "
+                 f"asleep in the update", "engine"))
         if engine < need:
-            est.problems.append(f"rollout.gpu_memory_utilization={util:g} gives the {name} engine {engine:.1f} GiB, "
-                                f"but its weights, one {seq}-token sequence's KV cache and ~{VLLM_OVERHEAD_GIB:g} "
-                                f"GiB of overhead need {need:.1f} GiB: set it to at least "
-                                f"{need / memory_gib + 0.005:.2f}")
+            est.problems.append(f"rollout.gpu_memory_utilization={util:g} gives the {name} engine {engine:.1f} GiB "
+                                f"of each GPU, but its weights there (TP {tp}), one {seq}-token sequence's KV "
+                                f"cache and ~{VLLM_OVERHEAD_GIB:g} GiB of overhead need {need:.1f} GiB: set it to "
+                                f"at least {need / memory_gib + 0.005:.2f}")
     elif kv is not None:
+        est.engine_sequences = kv / one
         what = ("rollout.kv_cache_memory_bytes" if cfg.rollout.kv_cache_memory_bytes is not None
                 else f"{batch} sequences x {seq} tokens, in blocks")
+        where = f"TP {tp}: weights / {tp}" if tp > 1 else "weights"
         if gpu:
-            engine = _gib(lm * eb + kv) + VLLM_OVERHEAD_GIB
-            add(Term(f"{name} engine", engine, 0, f"weights + {_gib(kv):.2f} GiB KV cache ({what}) + "
+            engine = _gib(weights + kv) + VLLM_OVERHEAD_GIB
+            add(Term(f"{name} engine", engine, 0, f"{where} + {_gib(kv):.2f} GiB KV cache ({what}) + "
                      f"~{VLLM_OVERHEAD_GIB:g} GiB; asleep in the update", "engine"))
         else:
-            engine = _gib(lm * eb + kv)
-            add(Term(f"{name} engine", engine, engine, f"weights + {_gib(kv):.3g} GiB KV cache ({what}); "
+            engine = _gib(weights + kv)
+            add(Term(f"{name} engine", engine, engine, f"{where} + {_gib(kv):.3g} GiB KV cache ({what}); "
                      f"no sleep on CPU", "engine"))
     else:
         cache = kv_bytes(s, batch, seq, eb) + batch * s.vocab * 40  # + the sampler's fp32 logits, fp64 noise, int64 hashes
@@ -324,22 +351,103 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
         elif term.knob == "logits" and phase == "update" and cfg.model.fused_lm_head != "true":
             if fits_with(model__fused_lm_head="true").fits:
                 return out + ["set model.fused_lm_head=true"]
-        elif (term.knob == "engine" and phase == "rollout" and est.layout.kv_cache_bytes is not None
-              and cfg.rollout.kv_cache_memory_bytes is not None):
-            kv = cfg.rollout.kv_cache_memory_bytes - int((est.rollout - limit) * GIB) - 2 ** 20
-            if kv > 0 and fits_with(rollout__kv_cache_memory_bytes=kv).fits:
-                return out + [f"lower rollout.kv_cache_memory_bytes to {kv}"]
-        elif term.knob == "engine" and phase == "rollout" and est.layout.engine_share is not None:
-            over = est.rollout - limit
-            util = est.layout.engine_share - over / est.memory_gib
-            if fits_with(rollout__gpu_memory_utilization=round(util - 0.005, 2)).fits:
-                return out + [f"lower rollout.gpu_memory_utilization to {util - 0.005:.2f}"]
+        elif term.knob == "engine" and phase == "rollout":
+            if est.layout.kv_cache_bytes is not None and cfg.rollout.kv_cache_memory_bytes is not None:
+                kv = cfg.rollout.kv_cache_memory_bytes - int((est.rollout - limit) * GIB) - 2 ** 20
+                if kv > 0 and fits_with(rollout__kv_cache_memory_bytes=kv).fits:
+                    return out + [f"lower rollout.kv_cache_memory_bytes to {kv}"]
+            elif est.layout.engine_share is not None:
+                over = est.rollout - limit
+                util = est.layout.engine_share - over / est.memory_gib
+                if fits_with(rollout__gpu_memory_utilization=round(util - 0.005, 2)).fits:
+                    return out + [f"lower rollout.gpu_memory_utilization to {util - 0.005:.2f}"]
+            # an engine too large for one GPU beside the trainer: 1/TP of its weights on each
+            choice = tensor_parallel_choice(cfg, s, est, device, genrm)
+            if choice is not None:
+                return out + [choice.setting]
         elif term.knob == "states":
             gpus = next((n for n in (8, 16, 32, 64, 128, 256, 512) if n > est.world
                          and fits_with(trainer__nnodes=max(1, n // 8), trainer__workers_per_node=min(8, n)).fits), None)
             if gpus:
                 return out + [f"more GPUs: --gpus {gpus} fits"]
     return out + [f"no single knob fits it: the largest {phase} term is {terms[0].name}"]
+
+
+def sequences_wanted(cfg: Config) -> int:
+    """Full-length sequences an engine of `cfg` should hold in flight: MIN_SEQUENCES_IN_FLIGHT, or
+    its whole batch (its TP workers' prompts x rollout.n) where that is fewer."""
+    return min(MIN_SEQUENCES_IN_FLIGHT, rollout_sequences(cfg))
+
+
+@dataclass(frozen=True)
+class TensorParallelChoice:
+    tp: int
+    util: float | None  # rollout.gpu_memory_utilization to set with it; None: the config's
+    est: Estimate  # the estimate with both set
+    changes: tuple[str, ...]  # the settings, key=value
+
+    @property
+    def setting(self) -> str:
+        return "set " + " and ".join(self.changes)
+
+
+def tensor_parallel_choice(cfg: Config, s: Shape, est: Estimate, device: str,
+                           genrm: Shape | None) -> TensorParallelChoice | None:
+    """The smallest rollout.tensor_parallel_size in TENSOR_PARALLEL_SIZES that the run can have (it
+    divides trainer.workers_per_node, and the model's heads and MLP as models/layout.py
+    `tensor_parallel` checks) with which one engine holds `sequences_wanted` full-length sequences
+    and the whole estimate fits: at the config's rollout.gpu_memory_utilization where that does,
+    else at the largest share that fits (to two decimals). None where no size does, or the engine
+    cannot shard the model (the hf backend)."""
+    if device != "gpu" or est.engine_sequences is None or not get_rollout(cfg.rollout.backend).tensor_parallel:
+        return None
+    limit = est.memory_gib - est.reserve_gib
+    for tp in TENSOR_PARALLEL_SIZES:
+        if cfg.trainer.workers_per_node % tp:
+            continue
+        c2 = copy.deepcopy(cfg)
+        c2.rollout.tensor_parallel_size = tp
+        try:
+            tensor_parallel(c2, s.config)
+        except ConfigError:
+            continue
+        e2 = estimate(c2, s, device, est.memory_gib, genrm)
+        utils = [None]
+        if e2.layout.engine_share is not None and e2.update <= limit:
+            # the engine's share is its whole rollout term: the rest of the rollout phase stays
+            best = math.floor((e2.layout.engine_share + (limit - e2.rollout) / est.memory_gib) * 100) / 100
+            if 0 < best <= 1 and best != e2.layout.engine_share:
+                utils.append(best)
+        for util in utils:
+            if util is not None:
+                c2.rollout.gpu_memory_utilization = util
+                e2 = estimate(c2, s, device, est.memory_gib, genrm)
+            if e2.fits and e2.engine_sequences >= sequences_wanted(c2):
+                changes = ((f"rollout.tensor_parallel_size={tp}",) if tp != cfg.rollout.tensor_parallel_size else ()
+                           ) + ((f"rollout.gpu_memory_utilization={util:.2f}",) if util is not None else ())
+                return TensorParallelChoice(tp, util, e2, changes)
+    return None
+
+
+def rollout_advice(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | None) -> str | None:
+    """For an engine on a GPU with room for fewer than `sequences_wanted` full-length sequences (a
+    rollout run a few sequences at a time, whether or not the run fits): the tensor-parallel size
+    (and engine share) that gives them, or why none does. None where the engine has the room."""
+    if device != "gpu" or est.engine_sequences is None or est.engine_sequences >= sequences_wanted(cfg):
+        return None
+    if not get_rollout(cfg.rollout.backend).tensor_parallel:
+        return None
+    seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    why = (f"the rollout engine has room for {est.engine_sequences:.1f} of its {rollout_sequences(cfg)} sequences "
+           f"of {seq} tokens at once (wanted: {sequences_wanted(cfg)})")
+    choice = tensor_parallel_choice(cfg, s, est, device, genrm)
+    if choice is None:
+        return (f"{why}; no rollout.tensor_parallel_size in {TENSOR_PARALLEL_SIZES} that divides "
+                f"trainer.workers_per_node={cfg.trainer.workers_per_node} and the model's heads gives that and fits")
+    c2 = copy.deepcopy(cfg)
+    c2.rollout.tensor_parallel_size = choice.tp
+    return (f"{choice.setting}: {why}; with it room for {choice.est.engine_sequences:.1f} of its "
+            f"{rollout_sequences(c2)}, peak {choice.est.peak:.2f} GiB: fits")
 
 
 # ---------------------------------------------------------------- the command
@@ -432,6 +540,9 @@ def _main(argv: list[str]) -> Estimate:
     print(render(est))
     for line in advise(cfg, s, est, a.device, genrm):
         print(f"to fit: {line}")
+    tip = rollout_advice(cfg, s, est, a.device, genrm)
+    if tip:
+        print(f"to speed up: {tip}")
     return est
 
 

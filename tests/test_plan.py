@@ -129,16 +129,10 @@ def test_float32_masters_compute_in_bf16_under_fsdp_on_gpu(monkeypatch):
     assert "sdpa" in cpu["activations"].note
 
 
-# fp32 masters and one full-weight engine per GPU with the published 20480-token responses need
-# 141 GB cards (the config's comment); 80 GB cards leave the engine room for less than one sequence
-CARD_GB = {"fapo_qwen2.5_32b.yaml": 141}
-
-
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(CONFIGS) if n.endswith(".yaml")))
 def test_every_config_fits_its_stated_cards(name, capsys):
-    """The configs' done-criterion: the planner says each fits its stated GPU count, of 80 GB
-    unless its comment names larger cards."""
-    est = plan.main([os.path.join(CONFIGS, name), "--gpu-memory-gb", str(CARD_GB.get(name, 80))])
+    """The configs' done-criterion: the planner says each fits its stated GPU count of 80 GB cards."""
+    est = plan.main([os.path.join(CONFIGS, name)])
     out = capsys.readouterr().out
     assert est.fits and "fits" in out, out
 
@@ -319,20 +313,23 @@ def test_cpu_estimate_within_25_percent_of_measured_peaks(train, tmp_path, capsy
 # ---------------------------------------------------------------- the vLLM engine's KV cache
 
 
+@pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("name", ["embedded", "Qwen2.5-7B"])
-def test_cpu_vllm_term_is_the_workers_kv_cache_in_bytes(name, monkeypatch):
+def test_cpu_vllm_term_is_the_workers_kv_cache_in_bytes(name, tp, monkeypatch):
     """On CPU the engine holds its weights and the KV cache the worker asks vLLM for
     (rollout/vllm.py kv_cache_bytes, from the model's config.json as the worker reads it), the same
-    on any host: not a fraction of its memory."""
+    on any host: not a fraction of its memory. With TP 2 each worker holds its rank's half of the
+    weights and the KV cache of its half of the key/value heads (per rank, as vLLM is asked)."""
     from reasonrl_fast.models.tiny import tiny_config
     from reasonrl_fast.rollout.vllm import kv_cache_bytes, kv_shape
 
-    cfg = load_config(None, ["rollout.backend=vllm", "data.prompts_per_step=8", "trainer.workers_per_node=2"])
+    cfg = load_config(None, ["rollout.backend=vllm", "data.prompts_per_step=8", "trainer.workers_per_node=2",
+                             f"rollout.tensor_parallel_size={tp}"])
     if name == "embedded":
         s, config = tiny_shape(cfg.model), tiny_config(cfg.model).to_dict()
     else:
         s, config = shape_from_config(SHAPES[name], name), SHAPES[name]
-    want = (s.params * 4 + kv_cache_bytes(cfg, kv_shape(config), 4)) / 2**30
+    want = (s.params * 4 / tp + kv_cache_bytes(cfg, kv_shape(config, tp), 4)) / 2**30
     for host_gib in (16.0, 512.0):
         monkeypatch.setattr(plan, "host_memory_gib", lambda: host_gib)
         t = {x.name: x for x in plan.estimate(cfg, s, "cpu", 64.0).terms}
@@ -358,3 +355,95 @@ def test_gpu_vllm_term_with_the_kv_cache_in_bytes():
     small = plan.estimate(load_config(path, ["rollout.backend=vllm", "rollout.kv_cache_memory_bytes=1000"]),
                           s, "gpu", 80.0)
     assert any("rollout.kv_cache_memory_bytes=1000 holds less than one" in p for p in small.problems)
+
+
+# ---------------------------------------------------------------- tensor-parallel rollout
+
+GRPO32 = os.path.join(CONFIGS, "grpo_qwen2.5_32b_dapo.yaml")
+FAPO32 = os.path.join(CONFIGS, "fapo_qwen2.5_32b.yaml")
+QWEN32 = shape_from_config(SHAPES["Qwen2.5-32B"], "Qwen2.5-32B")
+
+
+def test_tensor_parallel_engine_term_by_hand():
+    """Qwen2.5-32B (32,763,876,352 parameters; 64 layers, 8 key/value heads of 128) in GRPO 32B's
+    engine at share 0.85 of 80 GiB (68 GiB) and 2048 + 9952 = 12,000-token sequences. At TP 4 a
+    GPU holds 32,763,876,352 x 2 B / 4 = 16,381,938,176 B of bf16 weights (15.26 GiB) and 8 / 4 =
+    2 key/value heads: 2 (k, v) x 64 x 2 x 128 x 2 B = 65,536 B per token. KV room: 68 - 2 GiB =
+    70,866,960,384 B less the weights = 54,485,022,208 B = 831,375 tokens = 69.28 sequences per
+    engine. At TP 1: 65,527,752,704 B of weights, 262,144 B per token: 5,339,207,680 B = 20,367
+    tokens = 1.70 sequences."""
+    for tp, weights, tokens in ((4, 16_381_938_176, 831_375), (1, 65_527_752_704, 20_367)):
+        cfg = load_config(GRPO32, [f"rollout.tensor_parallel_size={tp}"])
+        est = plan.estimate(cfg, QWEN32, "gpu", 80.0)
+        t = {x.name: x for x in est.terms}["vLLM engine"]
+        assert t.rollout == pytest.approx(68.0)
+        assert f"TP {tp}: {weights / 2**30:.1f} GiB weights per GPU, KV room ~{tokens} tokens" in t.note, t.note
+        assert est.engine_sequences == pytest.approx(tokens / 12000)
+        assert (70_866_960_384 - weights) // (65_536 * 4 // tp) == tokens  # the docstring's sums
+
+
+def test_tensor_parallel_kv_cache_in_bytes_is_per_rank():
+    """Set in bytes (per GPU), 10^9 bytes of KV cache at TP 4 hold 10^9 / (65,536 x 12,000 =
+    786,432,000) = 1.27 sequences of 12,000 tokens beside 16,381,938,176 B of weights per GPU; at TP 1
+    one sequence takes 4 x 65,536 x 12,000 = 3,145,728,000 bytes: less than one, the engine would not
+    start."""
+    at4 = plan.estimate(load_config(GRPO32, ["rollout.kv_cache_memory_bytes=1000000000"]), QWEN32, "gpu", 80.0)
+    t = {x.name: x for x in at4.terms}["vLLM engine"]
+    assert t.rollout == pytest.approx((16_381_938_176 + 1e9) / 2**30 + plan.VLLM_OVERHEAD_GIB)
+    assert not at4.problems and at4.engine_sequences == pytest.approx(1e9 / 786_432_000)
+    at1 = plan.estimate(load_config(GRPO32, ["rollout.kv_cache_memory_bytes=1000000000",
+                                             "rollout.tensor_parallel_size=1"]), QWEN32, "gpu", 80.0)
+    assert any("holds less than one 12000-token sequence's KV cache on an engine rank (3145728000 bytes"
+               in p for p in at1.problems), at1.problems
+
+
+def test_a_serial_rollout_names_the_smallest_tensor_parallel_size(capsys):
+    """GRPO 32B at TP 1 fits 80 GB cards with room for 1.7 of its engine's 16 sequences: the advice
+    is TP 4 (TP 2 has room for 24 of its 32 even at the largest share that fits), printed although
+    the run fits, and the run it names has the room and fits."""
+    est = plan.main([GRPO32, "rollout.tensor_parallel_size=1"])
+    out = capsys.readouterr().out
+    assert est.fits and est.engine_sequences < 2
+    assert "to speed up: set rollout.tensor_parallel_size=4: " in out and "to fit" not in out, out
+    at2 = plan.estimate(load_config(GRPO32, ["rollout.tensor_parallel_size=2", "rollout.gpu_memory_utilization=0.87"]),
+                        QWEN32, "gpu", 80.0)
+    assert at2.fits and at2.engine_sequences < 32
+    at4 = plan.main([GRPO32, "rollout.tensor_parallel_size=4"])
+    assert at4.fits and at4.engine_sequences >= plan.MIN_SEQUENCES_IN_FLIGHT
+    assert "to speed up" not in capsys.readouterr().out
+
+
+def test_an_engine_too_large_for_one_gpu_is_fitted_by_tensor_parallelism(capsys):
+    """FAPO 32B at TP 1 and 0.85 does not fit 80 GB cards (the engine's 61 GiB of weights beside
+    the trainer's 12 GiB): the knob that fits is TP 4 with the largest share that fits beside the
+    trainer, 0.80, where the engine holds 34 sequences of 22528 tokens."""
+    est = plan.main([FAPO32, "rollout.tensor_parallel_size=1", "rollout.gpu_memory_utilization=0.85"])
+    out = capsys.readouterr().out
+    setting = "set rollout.tensor_parallel_size=4 and rollout.gpu_memory_utilization=0.80"
+    assert not est.fits and f"to fit: {setting}\n" in out and f"to speed up: {setting}: " in out, out
+
+
+@pytest.mark.parametrize("settings, says", [
+    (["trainer.nnodes=32", "trainer.workers_per_node=2"], "that divides trainer.workers_per_node=2"),
+    (["intermediate_size"], "and the model's heads")], ids=["workers", "model"])
+def test_the_advice_takes_only_sizes_the_run_can_have(settings, says, tmp_path, capsys):
+    """TP 4 is refused where it does not divide the workers of a node (2) or the model's MLP
+    (27,650 columns, which 4 ranks cannot split evenly): GRPO 32B's engine then has room for about 24
+    of the 32 sequences it samples at TP 2, the largest size left, even at the largest share."""
+    if settings == ["intermediate_size"]:
+        (tmp_path / "config.json").write_text(json.dumps({**SHAPES["Qwen2.5-32B"], "intermediate_size": 27650}))
+        settings = [f"model.path={tmp_path}"]
+    est = plan.main([GRPO32, "rollout.tensor_parallel_size=1", *settings])
+    out = capsys.readouterr().out
+    assert est.engine_sequences < 32
+    assert "to speed up: the rollout engine has room for" in out and says in out, out
+    assert "rollout.tensor_parallel_size=4" not in out and "rollout.tensor_parallel_size=8" not in out
+
+
+@pytest.mark.parametrize("path", [GRPO32, FAPO32], ids=["grpo", "fapo"])
+def test_the_32b_recipes_roll_out_with_room_for_32_sequences(path, capsys):
+    """Each shipped 32B recipe fits 80 GB cards with an engine that holds at least
+    MIN_SEQUENCES_IN_FLIGHT full-length sequences at once: no advice to speed it up."""
+    est = plan.main([path])
+    out = capsys.readouterr().out
+    assert est.fits and est.engine_sequences >= plan.MIN_SEQUENCES_IN_FLIGHT and "to speed up" not in out, out
