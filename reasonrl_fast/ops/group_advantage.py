@@ -29,8 +29,10 @@ def group_advantage(
     return _op.group_advantage(rewards, group_ids, float(eps), bool(norm_by_std))
 
 
-@torch.library.register_fake("reasonrl_fast::group_advantage")
-def _(rewards, group_ids, eps, norm_by_std):
+def check_inputs(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float) -> None:
+    """The op's checks and messages (the C++ kernels' check_group_advantage): its fake
+    implementation runs them, and so does the Triton kernel (ops/triton/group_advantage.py).
+    Conditions through torch._check_*: they hold for symbolic shapes too."""
     b = rewards.shape[0] if rewards.dim() else None
     value(rewards.dim() == 1, f"group_advantage: rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
     value(group_ids.dim() == 1 and group_ids.shape[0] == b, f"group_advantage: group_ids must be 1-D [B] "
@@ -41,4 +43,9 @@ def _(rewards, group_ids, eps, norm_by_std):
           f"group_advantage: group_ids must be an integer tensor, got {gdt}")
     value(eps >= 0, f"group_advantage: eps must be >= 0, got {eps}")
     check_devices("group_advantage", rewards, group_ids)
+
+
+@torch.library.register_fake("reasonrl_fast::group_advantage")
+def _(rewards, group_ids, eps, norm_by_std):
+    check_inputs(rewards, group_ids, eps)
     return rewards.new_empty(rewards.shape, dtype=torch.float32)
