@@ -137,6 +137,21 @@ def kv_bytes(s: Shape, rows: int, length: int, c: int, tp: int = 1) -> int:
     return 2 * s.layers * rows * max(1, s.kv_heads // tp) * s.head_dim * length * c
 
 
+def sync_bytes(s: Shape, params: int, c: int, world: int) -> int:
+    """The most the weight sync (trainer/fsdp.py `iter_full`) holds at once, its tensors gathered
+    in `c`-byte elements: a bucket of parameters each under SYNC_BUCKET_BYTES closes below twice
+    that, and holds its gathered flat buffer and the full tensors cut from it (2x); a larger
+    parameter (the embeddings' or the head's vocabulary x hidden matrix) is gathered alone, its
+    gathered rows the full tensor itself when its rows split evenly over the `world` shards, else
+    cut into a second copy. Never more than the model's `params`, twice."""
+    rows, largest = max((s.vocab, s.vocab * s.hidden), (s.intermediate, s.intermediate * s.hidden))
+    largest *= c
+    small = 2 * min(params * c, 2 * SYNC_BUCKET_BYTES)
+    if largest < SYNC_BUCKET_BYTES:
+        return small
+    return max(small, largest * (1 if rows % world == 0 else 2))
+
+
 # ---------------------------------------------------------------- the estimate
 
 
@@ -297,7 +312,9 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
                  f"full weights in {layout.rollout_dtype}, refreshed every sync"))
         add(Term(f"{name} rollout KV cache", _gib(cache), 0, f"{batch} rows x {seq} tokens", "engine"))
     if mode == "fsdp":  # every engine takes its weights from the shards, gathered a bucket at a time
-        add(Term("weight sync buckets", _gib(2 * SYNC_BUCKET_BYTES), 0, "one bucket gathered + its full tensors"))
+        add(Term("weight sync buckets", _gib(sync_bytes(s, lm, eb, world)), 0,
+                 f"one bucket gathered in {layout.rollout_dtype} + its full tensors, or the largest "
+                 f"parameter alone"))
     if genrm is not None and gpu:
         g = _gib(genrm.params * 2 + kv_bytes(genrm, DEFAULT_MAX_BATCH, seq + cfg.fapo.genrm.max_tokens, 2))
         add(Term("GenRM (hf, on the first GPU)", g, g, f"bf16 weights + KV of {DEFAULT_MAX_BATCH} verdicts"))

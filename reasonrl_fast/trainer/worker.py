@@ -207,11 +207,12 @@ class Worker:
         return out
 
     def sync_weights(self):
-        """Gather the LM's parameters (not the Z-head), a bucket per collective, and copy them into
-        the rollout engine (which wakes first if it sleeps)."""
+        """Gather the LM's parameters (not the Z-head), a bucket per collective, in the engine's
+        dtype (the Layout's rollout dtype), and copy them into the rollout engine (which wakes
+        first if it sleeps)."""
         self.rollout.load_weights(iter_full(
             [(name[len(LM_PREFIX):], p.detach()) for name, p in self.actor.named_parameters()
-             if name.startswith(LM_PREFIX)]))
+             if name.startswith(LM_PREFIX)], dtype=torch_dtype(self.layout.rollout_dtype)))
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.proc  # ranks under torchrun
 def test_gather_full_equals_full_tensor(world, tmp_path):
     rc, out, err = torchrun("fsdp_gather_child.py", world, [], tmp_path, timeout=120)
     assert rc == 0, out[-2000:] + err[-3000:]
-    assert f"OK 6 parameters on {world} ranks" in out
+    assert f"OK 8 parameters on {world} ranks" in out
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
