@@ -282,6 +282,8 @@ class VLLMRollout(RolloutEngine):
             self.asleep = False
 
     def close(self):
+        # vLLM's shutdown tears down torch.distributed's default group as well (its
+        # cleanup_dist_env_and_memory): the last collective of the caller's comes before this
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
