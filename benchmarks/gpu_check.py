@@ -24,12 +24,16 @@ Steps, in this order; a failed step is recorded and the next one still runs:
              failed, crashed or hung test is named in the results even when the step is cut;
   smoke      benchmarks/gpu_smoke.py: two trainer steps on the GPU (FSDP2 over NCCL, fused LM
              head, the embedded model in bf16);
+  plan-truth benchmarks/plan_truth.py: two trainer steps of a Qwen2.5-0.5B-shaped model with the
+             recipes' settings, each phase's peak allocated memory beside the memory planner's
+             terms (plan_truth.json and plan_truth.md; its table also in gpu_check.md);
   bench X    each per-op benchmark with --device DEVICE (and --quick: one size, Triton autotuning
              off, the first tile candidate, and no torch.compile provider; the full sweep
              autotunes, cached by Triton, and compiles).
-Without CUDA (a CPU machine, or a GPU the driver does not show) build, tests, smoke and the GPU
-benchmarks are recorded as "skipped: no CUDA" and the rest runs: the whole check is exercised on
-CPU. With --device cpu the benchmarks run their CPU cases instead.
+Without CUDA (a CPU machine, or a GPU the driver does not show) build, tests, smoke, plan-truth
+and the GPU benchmarks are recorded as "skipped: no CUDA" and the rest runs: the whole check is
+exercised on CPU. With --device cpu the benchmarks run their CPU cases instead, and with
+--plan-truth-cpu the plan-truth step its CPU smoke run.
 
 The budget is the call's: each step runs within min(its own cap, what is left minus the minimum
 reserved for every later step), so a slow build cannot starve the tests. The results land in one
@@ -37,7 +41,9 @@ folder (--out, default benchmarks/gpu_results/<card>-<date>): gpu_check.log (eve
 output), gpu_check.md and gpu_check.json (git commit and dirty flag, compilers, nvcc and its host
 compiler, the `_C.so` ELF facts, torch/triton versions, card, clocks and power, each step with its
 status, limit and time, every failed test, the error-path and smoke results, the benchmark
-tables), junit.xml and errpath.json. Exit status 0 only when every step that ran succeeded.
+tables), junit.xml, errpath.json, plan_truth.json and plan_truth.md. Exit status 0 only when every
+step that ran succeeded (plan-truth succeeds when it ran: whether the planner agreed is in its
+summary).
 """
 
 from __future__ import annotations
@@ -64,9 +70,10 @@ from checkout import HERE, ROOT
 BENCHMARKS = ["token_logprob", "linear_token_logprob", "group_advantage", "tb_loss", "masked_mean"]
 # (seconds reserved at least, cap) per step: a step never takes the reserve of the steps after it
 # (on an H100, 2026-11-27: build 54 s, import 5 s, errpath 12 s; the op tests did not finish in 93 s
-# with two of them hung; the smoke run's first rollout took over 30 s with CUDA's first use in it)
+# with two of them hung; the smoke run's first rollout took over 30 s with CUDA's first use in it;
+# plan-truth's cap is sized for the 0.5B model's build, setup and two steps, not yet timed on a card)
 LIMITS = {"wheels": (10, 120), "build": (60, 300), "import": (10, 60), "errpath": (15, 120),
-          "tests": (90, 300), "smoke": (60, 180), "bench": (30, 150)}
+          "tests": (90, 300), "smoke": (60, 180), "plan-truth": (45, 90), "bench": (30, 150)}
 NO_CUDA = "skipped: no CUDA"
 INTERRUPT_GRACE_S = 10.0  # from a step's SIGINT at its limit to the SIGKILL
 
@@ -460,6 +467,28 @@ def smoke(env: dict) -> dict:
     return step
 
 
+def plan_truth(env: dict, out_dir: str, device: str) -> dict:
+    """benchmarks/plan_truth.py on `device` (cuda; cpu: its --smoke run), its JSON and table in
+    `out_dir`; the summary is its last line (each phase's measured / planned and PASS or FAIL)."""
+    paths = {ext: os.path.join(out_dir, f"plan_truth.{ext}") for ext in ("json", "md")}
+    for path in paths.values():  # a stale file from an earlier check would pass for this one's
+        if os.path.exists(path):
+            os.remove(path)
+    cmd = [sys.executable, "-u", os.path.join(HERE, "plan_truth.py"), "--device", device, "--json", paths["json"],
+           "--md", paths["md"], *(["--smoke"] if device == "cpu" else [])]
+    # the fused LM head's Triton kernels take their first tile candidate: autotuning would spend the cap
+    step = run_step("plan-truth", cmd, dict(env, REASONRL_TRITON_AUTOTUNE="0"), step_limit("plan-truth"))
+    step["summary"] = next((x for x in reversed(step["tail"]) if x.startswith("plan_truth: rollout")), "")[:300]
+    try:
+        with open(paths["json"]) as f:
+            step["results"] = json.load(f)
+        with open(paths["md"]) as f:
+            step["table"] = f.read()
+    except (OSError, ValueError):
+        step["results"], step["table"] = None, ""
+    return step
+
+
 def test_summary(tail: list[str]) -> str:
     """pytest's last summary line ("12 passed, 1 skipped in 30.1s"), or the last line."""
     for line in reversed(tail):
@@ -543,6 +572,13 @@ def report(info: dict, facts: dict, rates: dict, steps: list[dict], rows: list[d
         limit = "" if s.get("limit") is None else f"{s['limit']}"
         lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {limit} | {detail.replace('|', '/')} |")
     lines += _problems(steps)
+    for s in steps:
+        if s.get("table"):
+            res = s.get("results") or {}
+            lines += ["", "## The memory planner against this run (plan-truth)", "",
+                      f"{res.get('device')}, {res.get('card') or 'no card'}, {res.get('attention')}; "
+                      f"measured: {res.get('measure')}. See benchmarks/plan_truth.py for what each side counts.", "",
+                      s["table"].rstrip()]
     lines += ["", markdown_tables(rows, rates)]
     return "\n".join(lines) + "\n"
 
@@ -592,6 +628,9 @@ def main(argv=None) -> int:
                    "explicitly, they run also without CUDA")
     p.add_argument("--per-test", type=int, default=60, help="seconds before one test counts as hung")
     p.add_argument("--no-smoke", action="store_true", help="skip the trainer's two-step smoke run")
+    p.add_argument("--no-plan-truth", action="store_true", help="skip the memory planner's check against a run")
+    p.add_argument("--plan-truth-cpu", action="store_true", help="without CUDA, run the plan-truth step on CPU "
+                   "(plan_truth.py --device cpu --smoke) instead of skipping it")
     p.add_argument("--quick", action="store_true", help="one size per benchmark, no Triton autotuning")
     p.add_argument("--benchmarks", default=",".join(BENCHMARKS), help="comma-separated subset ('' for none)")
     p.add_argument("--providers", default=None, help="passed to every benchmark")
@@ -623,7 +662,7 @@ def main(argv=None) -> int:
     os.makedirs(out_dir, exist_ok=True)
     _LOG = open(os.path.join(out_dir, "gpu_check.log"), "w")
     explicit_tests = a.tests != "tests/ops"
-    _PLAN[:] = ((["wheels"] if a.wheels else []) + ["build", "import", "errpath", "tests", "smoke"]
+    _PLAN[:] = ((["wheels"] if a.wheels else []) + ["build", "import", "errpath", "tests", "smoke", "plan-truth"]
                 + ["bench"] * len(names))
     log(f"budget {a.budget:.0f} s; results in {out_dir}")
     facts: dict = {"git": git_facts()}
@@ -659,6 +698,11 @@ def main(argv=None) -> int:
         steps.append(skipped("smoke", "skipped: --no-smoke" if a.no_smoke else NO_CUDA))
     else:
         steps.append(smoke(env))
+    if a.no_plan_truth or not (cuda or a.plan_truth_cpu):
+        _PLAN.remove("plan-truth")
+        steps.append(skipped("plan-truth", "skipped: --no-plan-truth" if a.no_plan_truth else NO_CUDA))
+    else:
+        steps.append(plan_truth(env, out_dir, "cuda" if cuda else "cpu"))
     facts["gpu_before"] = gpu_state()
     json_path = os.path.join(tempfile.mkdtemp(prefix="gpu_check_"), "rows.jsonl")  # the rows go into the .json
     if a.device == "cuda" and not cuda:

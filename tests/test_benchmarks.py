@@ -48,11 +48,13 @@ SMOKE = {
     "bench_rewards.py": "test_rewards_bench_smoke_writes_its_section (proc)",
     "hang_reward.py": "tests/trainer/test_rewards_in_loop.py (e2e, through tests/helpers/faulty_rewards.py)",
     "gpu_smoke.py": "test_gpu_smoke_runs_a_trainer_step_on_cpu (e2e)",
+    "plan_truth.py": "test_plan_truth_smoke_sets_a_cpu_run_beside_the_planner (e2e)",
     "profile_trainer.py": "test_profile_trainer_smoke_profiles_a_worker_and_the_driver (e2e)",
     "bench_algos.py": "test_algos_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
     "bench_diversity.py": "test_diversity_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
     "bench_rollout.py": "test_rollout_bench_on_tiny_settings_runs_both_engines (xproj)",
     "bench_vs_trl.py": "test_vs_trl_bench_smoke_runs_both_trainers (xproj)",
+    "bench_vllm_tp.py": "test_vllm_tp_bench_smoke_runs_every_layout (xproj)",
     "vs_trl_task.py": "bench_vs_trl.py's and profile_trainer.py's runs",
     "vs_trl_trl.py": "bench_vs_trl.py's run (xproj)",
     # No package import: it runs examples/fapo_end_to_end.sh, which tests/test_examples.py runs (e2e),
@@ -328,7 +330,7 @@ def test_gpu_check_dry_run_writes_its_results_file(script_runs):
     assert data["rates"]["copy_gbps"] > 0 and data["rates"]["matmul_tflops"] > 0
     steps = {s["name"]: s["status"] for s in data["steps"]}
     assert steps == {"build": "skipped: --no-build", "import": "ok", "errpath": "ok", "tests": "skipped: --skip-tests",
-                     "smoke": "skipped: --no-smoke", "bench tb_loss": "ok"}
+                     "smoke": "skipped: --no-smoke", "plan-truth": "skipped: no CUDA", "bench tb_loss": "ok"}
     assert {r["provider"] for r in data["rows"]} == {"ours", "eager"}
     assert torch.__version__ in md and "| bench tb_loss | ok |" in md and "| tb_loss | forward + backward |" in md
     results = (tmp / "RESULTS.md").read_text()
@@ -345,8 +347,8 @@ def test_gpu_check_without_cuda_runs_every_other_step_and_names_every_failure(sc
     assert sorted(os.listdir(d)) == ["errpath.json", "gpu_check.json", "gpu_check.log", "gpu_check.md", "junit.xml"]
     data = json.loads((d / "gpu_check.json").read_text())
     steps = {s["name"]: s for s in data["steps"]}
-    assert list(steps) == ["build", "import", "errpath", "tests", "smoke", "bench tb_loss"]
-    for name in ("build", "smoke", "bench tb_loss"):
+    assert list(steps) == ["build", "import", "errpath", "tests", "smoke", "plan-truth", "bench tb_loss"]
+    for name in ("build", "smoke", "plan-truth", "bench tb_loss"):
         assert steps[name]["status"].startswith("skipped: no CUDA"), steps[name]
     assert steps["import"]["status"] == "ok" and steps["errpath"]["status"] == "ok"
     assert [r["status"] for r in steps["errpath"]["results"]] == ["ok", "skipped"]
@@ -415,6 +417,48 @@ def test_fused_lm_head_bench_smoke_measures_both_variants(script_runs):
     assert rc == 0, text[-2000:]
     # one row per table, each from an unfused and a fused child process
     assert "| 32 | 512 | 0.0 |" in text and "| 32 | 99 | 0.0 |" in text, text[-2000:]
+
+
+def test_plan_truth_sets_each_phase_beside_the_planner_terms_it_covers():
+    import plan_truth
+
+    g = plan_truth.GIB
+    terms = [{"name": "policy parameters", "rollout": 1.0, "update": 1.0},
+             {"name": "gradients", "rollout": 0.0, "update": 1.0},
+             {"name": "AdamW states (2)", "rollout": 2.0, "update": 2.0},
+             {"name": "hf rollout copy", "rollout": 0.5, "update": 0.5},
+             {"name": "hf rollout KV cache", "rollout": 0.25, "update": 0.0},
+             {"name": "weight sync buckets", "rollout": 0.5, "update": 0.0},
+             {"name": "activations", "rollout": 0.0, "update": 1.0},
+             {"name": "a term of the future", "rollout": 0.1, "update": 0.1}]
+    held = {"policy parameters": 1 * g, "AdamW states (2)": 2 * g, "hf rollout copy": g // 2, "reference model": 0}
+    steps = [{"step": 1, "generate": {"base": int(3.0 * g), "peak": int(3.2 * g)},
+              "update": {"base": int(3.0 * g), "peak": int(6.5 * g)}},  # the first update allocates AdamW's states
+             {"step": 2, "generate": {"base": int(3.6 * g), "peak": int(3.9 * g)},
+              "update": {"base": int(3.6 * g), "peak": int(6.0 * g)},
+              "sync": {"base": int(3.6 * g), "peak": int(4.0 * g)}}]
+    phases = plan_truth.phase_peaks(steps)
+    assert phases["update"] == {"base": int(3.6 * g), "peak": int(6.0 * g), "max_peak": int(6.5 * g)}
+    res = plan_truth.compare(terms, held, int(3.6 * g), phases)
+    rows = {r["term"]: r for r in res["rows"]}
+    assert "reference model" not in rows  # not planned: no row, whatever is held
+    assert rows["AdamW states (2)"]["ratio"] == pytest.approx(1.0)
+    assert rows["not in a held tensor (at rest)"]["measured_gib"] == pytest.approx(0.1, abs=1e-6)
+    # each phase's own terms against what the phase adds in the steady (last) step
+    assert rows["update: gradients, activations"]["planned_gib"] == 2.0
+    assert rows["update: gradients, activations"]["measured_gib"] == pytest.approx(2.4, abs=1e-6)
+    assert rows["generate: hf rollout KV cache"]["measured_gib"] == pytest.approx(0.3, abs=1e-6)
+    assert rows["a term of the future"]["measured_gib"] is None  # shown, not dropped
+    # the planner's rollout phase covers the sync; its update phase is the highest update peak
+    roll, upd = res["phases"]["rollout"], res["phases"]["update"]
+    assert roll["planned_gib"] == pytest.approx(4.35) and roll["measured_gib"] == pytest.approx(4.0, abs=1e-6)
+    assert roll["pass"]  # 0.92
+    assert upd["planned_gib"] == pytest.approx(5.6) and upd["measured_gib"] == pytest.approx(6.5, abs=1e-6)
+    assert not upd["pass"]  # 1.16: past 15 %
+    md = plan_truth.markdown(res)
+    assert "| **rollout phase, total** | 4.350 | 4.000 | 0.920 | PASS (within 15%) |" in md
+    assert "| **update phase, total** | 5.600 | 6.500 | 1.161 | FAIL (within 15%) |" in md
+    assert plan_truth.finite(res) and not plan_truth.finite({"x": [1.0, float("nan")]})
 
 
 def test_gpu_check_rejects_an_unknown_benchmark():
@@ -637,6 +681,39 @@ def test_gpu_smoke_runs_a_trainer_step_on_cpu():
 
 
 @pytest.mark.e2e
+def test_plan_truth_smoke_sets_a_cpu_run_beside_the_planner(tmp_path):
+    out = _script("plan_truth.py", "--device", "cpu", "--smoke", "--json", str(tmp_path / "pt.json"), "--md",
+                  str(tmp_path / "pt.md"), timeout=600)
+    assert out.rstrip().splitlines()[-1].startswith("plan_truth: rollout measured "), out[-2000:]
+    res = json.loads((tmp_path / "pt.json").read_text())
+    assert res["device"] == "cpu" and res["finite"] and res["full_length_responses"], res
+    assert res["layout_matches_planner"] and res["layout"]["sharding"] == "fsdp" and res["layout"]["fused"], res
+    assert [sorted(s) for s in res["steps"]] == [["generate", "step", "sync", "update"]] * 2
+    rows = {r["term"]: r for r in res["rows"]}
+    # what the worker holds, storage by storage, is what the planner counts for it
+    for term in ("policy parameters", "AdamW states (2)", "reference model", "hf rollout copy"):
+        assert rows[term]["ratio"] == pytest.approx(1.0, abs=0.02), rows[term]
+    for phase in ("rollout", "update"):
+        p = res["phases"][phase]
+        assert p["planned_gib"] > 0 and p["measured_gib"] > 0 and isinstance(p["pass"], bool), p
+        assert p["ratio"] == pytest.approx(p["measured_gib"] / p["planned_gib"])
+    assert "| **update phase, total** |" in (tmp_path / "pt.md").read_text()
+
+
+@pytest.mark.e2e
+def test_gpu_check_runs_plan_truth_on_cpu_when_asked_and_shows_its_table(tmp_path):
+    _script("gpu_check.py", "--no-build", "--skip-tests", "--no-smoke", "--benchmarks", "", "--plan-truth-cpu",
+            "--out", str(tmp_path), timeout=600)
+    steps = {s["name"]: s for s in json.loads((tmp_path / "gpu_check.json").read_text())["steps"]}
+    step = steps["plan-truth"]
+    assert step["status"] == "ok" and step["results"]["device"] == "cpu", step
+    assert step["summary"].startswith("plan_truth: rollout measured ") and ("PASS" in step["summary"]
+                                                                          or "FAIL" in step["summary"]), step
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "## The memory planner against this run (plan-truth)" in md and "| **rollout phase, total** |" in md
+
+
+@pytest.mark.e2e
 def test_profile_trainer_smoke_profiles_a_worker_and_the_driver():
     out = _script("profile_trainer.py", "worker", "--smoke", timeout=600)
     assert "rank 0 over steps 3..3, per step: generate" in out, out[-3000:]
@@ -686,3 +763,13 @@ def test_rollout_bench_on_tiny_settings_runs_both_engines(tmp_path, vllm_python)
 def test_vs_trl_bench_smoke_runs_both_trainers(trl_python):
     out = _script("bench_vs_trl.py", "--trl-python", str(trl_python), "--smoke", timeout=1800)
     assert "round 1 1x2: ours " in out and "| ours 1x2 (workers x threads) vs TRL" in out, out[-2000:]
+
+
+@pytest.mark.xproj
+def test_vllm_tp_bench_smoke_runs_every_layout(tmp_path, vllm_python):
+    results = tmp_path / "RESULTS.md"
+    _script("bench_vllm_tp.py", "--python", str(vllm_python), "--smoke", "--write", str(results), timeout=1800)
+    md = results.read_text()
+    assert md.count("<!-- vllm-tp-cpu:begin -->") == 1, md
+    for row in ("| TP=1, 1 thread | 1 x 1 |", "| TP=2, 2 processes x 1 thread | 2 x 1 |", "| TP=1, 2 threads | 1 x 2 |"):
+        assert row in md, md
