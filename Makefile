@@ -19,7 +19,7 @@ PYTEST := $(PYTHON) -m pytest tests $(PYTEST_ARGS)
 TEST_WORKERS ?= 2
 FAST := -m "not (heavy or e2e or xproj or slow)" -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: install test test-all test-slow train bench gpu-check clean
+.PHONY: install test test-all test-slow train bench gpu-check gpu-wheels clean
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_PIN)"
@@ -57,6 +57,17 @@ bench: install
 # GPU_CHECK_ARGS="--quick" for one size per benchmark. See docs/benchmarks.md.
 gpu-check:
 	$(PYTHON) -u benchmarks/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) $(GPU_CHECK_ARGS)
+
+# The peers' wheels for a GPU machine without network, fetched here beforehand (5 MB, for its
+# Python GPU_PYTHON, x86-64): Liger-Kernel and Cut Cross-Entropy beside the kernels, omegaconf and
+# pyyaml for the trainer's settings, py-spy for the stacks of a hang. Then, there:
+# make gpu-check WHEELS=build/gpu-wheels GPU_CHECK_ARGS="--quick".
+GPU_PYTHON ?= 3.12
+GPU_WHEELS ?= liger-kernel==0.8.5 cut-cross-entropy==25.1.1 omegaconf==2.4.0 antlr4-python3-runtime==4.13.2 \
+	pyyaml==6.0.4 py-spy==0.4.3
+gpu-wheels:
+	$(PIP) download --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
+		--platform manylinux2014_x86_64 --platform any -d build/gpu-wheels $(GPU_WHEELS)
 
 clean:
 	rm -rf build *.egg-info reasonrl_fast/*.so
