@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import tempfile
 import time
 
 from checkout import child_env
+from gpu_smoke import free_port
 from results_md import publish
 
 MARKER = "vllm-tp-cpu"
@@ -172,12 +172,6 @@ print(sum(p.numel() for p in model.parameters()))
 
 
 # --- the parent ----------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run_layout(python: str, model: str, sizes: dict, tp: int, threads: int, repeats: int, tmp: str,
                timeout: float) -> list[dict]:

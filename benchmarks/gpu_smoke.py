@@ -27,12 +27,27 @@ import time
 import checkout  # noqa: F401  (before the package: this checkout's)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def use_cuda(choice: str, prog: str) -> bool | None:
+    """Whether a run asked for --device `choice` (auto, cuda, cpu) runs on CUDA; None, said in
+    one line, when CUDA is asked for and torch sees none. On CPU the GPUs are hidden: the worker
+    picks its device by what it sees."""
+    import torch
+
+    cuda = choice == "cuda" or (choice == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        print(f"{prog}: --device cuda, but torch sees no CUDA device", flush=True)
+        return None
+    if not cuda:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    return cuda
 
 
 def main(argv=None) -> int:
@@ -41,14 +56,10 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("overrides", nargs="*", help="config key=value")
     a = p.parse_args(argv)
-    import torch
-
-    cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
-    if cuda and not torch.cuda.is_available():
-        print("gpu_smoke: --device cuda, but torch sees no CUDA device", flush=True)
+    cuda = use_cuda(a.device, "gpu_smoke")
+    if cuda is None:
         return 1
-    if not cuda:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the worker picks its device by what it sees
+    import torch
 
     from reasonrl_fast.algos import advantages
     from reasonrl_fast.config import load_config
@@ -67,7 +78,7 @@ def main(argv=None) -> int:
         model_path = warm_start(cfg, log=lambda m: None)
         w = Worker(cfg, 0, 1, model_path, get_rollout(cfg.rollout.backend))
         t0 = time.perf_counter()
-        info = w.setup("127.0.0.1", _free_port())
+        info = w.setup("127.0.0.1", free_port())
         print(f"gpu_smoke: setup in {time.perf_counter() - t0:.1f} s: {json.dumps(info)}", flush=True)
         train, _ = load_datasets(cfg, w.tok)
         n, k = cfg.rollout.n, cfg.data.prompts_per_step

@@ -46,12 +46,12 @@ import json
 import math
 import os
 import resource
-import socket
 import sys
 import tempfile
 import time
 
 import checkout  # noqa: F401  (before the package: this checkout's)
+from gpu_smoke import free_port, use_cuda
 
 GIB = 2 ** 30
 TOLERANCE = 0.15
@@ -268,14 +268,6 @@ def finite(x) -> bool:
 # ---------------------------------------------------------------- the run
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def build_model(fields: dict, out_dir: str) -> str:
     """A random model of `fields` with the embedded character tokenizer, saved in bf16 (the worker
     loads it in its master dtype: half the bytes to write and read)."""
@@ -383,7 +375,7 @@ def run(a, cuda: bool, tmp: str, log) -> dict:
     meter = Meter(cuda)
     w = Worker(cfg, 0, 1, model_dir, get_rollout(cfg.rollout.backend))
     t0 = time.perf_counter()
-    info = w.setup("127.0.0.1", _free_port())
+    info = w.setup("127.0.0.1", free_port())
     log(f"setup in {time.perf_counter() - t0:.1f} s")
     try:
         steps, metrics, held, at_rest, full = train_steps(w, cfg, meter, a.steps, log)
@@ -423,14 +415,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.steps < 2:  # the second is the steady state: AdamW's states are allocated in the first update
         p.error("--steps must be at least 2")
-    import torch
-
-    cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
-    if cuda and not torch.cuda.is_available():
-        print("plan_truth: --device cuda, but torch sees no CUDA device", flush=True)
+    cuda = use_cuda(a.device, "plan_truth")
+    if cuda is None:
         return 1
     if not cuda:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the worker picks its device by what it sees
         fix_mmap_threshold()
     t_start = time.perf_counter()
 

@@ -209,9 +209,6 @@ class VLLMRollout(RolloutEngine):
                  device: torch.device, gpu_memory_utilization: float | None = None, log_path: str | None = None,
                  log=print, max_position_embeddings: int | None = None, kv_cache_memory_bytes: int | None = None,
                  tensor_parallel_size: int = 1, local_rank: int = 0):
-        # Before vLLM is imported: the engine in this process, its logging left to us.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0" if log_path else "1")
         if tensor_parallel_size > 1:
             import torch.distributed as dist
 
@@ -220,6 +217,9 @@ class VLLMRollout(RolloutEngine):
                                  f"torch.distributed first (env:// variables set), one rank per engine rank")
             # vLLM's device index on a GPU (the one this process sees), its node-local rank on CPU
             os.environ["LOCAL_RANK"] = str(local_rank)
+        # Before vLLM is imported: the engine in this process, its logging left to us.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0" if log_path else "1")
         check_vllm()
         if log_path:
             _log_to_file(log_path)

@@ -73,12 +73,16 @@ def test_a_cpu_engine_is_told_its_kv_cache_in_bytes_not_a_fraction():
     assert "tensor_parallel_size" not in sized and "distributed_executor_backend" not in sized
 
 
-def test_a_tensor_parallel_engine_is_one_rank_of_the_callers_process_group():
+def test_a_tensor_parallel_engine_is_one_rank_of_the_callers_process_group(monkeypatch):
     args = engine_args("/m", torch.float32, 48, 0, CPU, None, None, 4587520, 2)
     assert args["tensor_parallel_size"] == 2 and args["distributed_executor_backend"] == "external_launcher"
+    for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CONFIGURE_LOGGING", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
     with pytest.raises(ValueError, match="initialise torch.distributed first"):  # no process group here
         rollout_vllm.VLLMRollout("/m", torch.float32, 2, 48, 0, CPU, kv_cache_memory_bytes=2**20,
                                  tensor_parallel_size=2)
+    # refused before it touched the environment: vLLM's settings there reach every child process
+    assert not {"VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CONFIGURE_LOGGING", "LOCAL_RANK"} & set(os.environ)
 
 
 def test_a_ranks_kv_cache_holds_its_share_of_the_key_value_heads_by_hand():

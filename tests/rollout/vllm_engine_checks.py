@@ -18,9 +18,12 @@ from reasonrl_fast.rollout.vllm import VLLMRollout
 V, EOS = 61, 2
 
 
-def model(seed: int) -> Qwen2ForCausalLM:
+def model(seed: int, vocab: int = V, intermediate: int = 128) -> Qwen2ForCausalLM:
+    """A random tiny Qwen2 (head size 32: vLLM's CPU attention refuses 16; 4 heads and 2
+    key/value heads, which 2 engine ranks split) with a peaked head."""
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=V, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=intermediate, num_hidden_layers=2,
+                      num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=128, eos_token_id=EOS, pad_token_id=0,
                       tie_word_embeddings=False)
     m = Qwen2ForCausalLM(cfg).eval()

@@ -32,17 +32,9 @@ LOGPROB_TOL = 1e-4
 
 
 def model(seed: int):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tests.rollout.vllm_engine_checks import model as tiny
 
-    torch.manual_seed(seed)
-    # head size 32: vLLM's CPU attention refuses 16; 4 heads and 2 key/value heads split over 2 ranks
-    cfg = Qwen2Config(vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, eos_token_id=EOS, pad_token_id=0,
-                      tie_word_embeddings=False)
-    m = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():  # a peaked distribution, so that EOS and repeats occur
-        m.lm_head.weight.mul_(30)
-    return m
+    return tiny(seed, vocab=V, intermediate=256)
 
 
 def peak_rss_mib() -> float:
