@@ -33,7 +33,8 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
 Every other setting (algorithm, dtypes, packing, gradient checkpointing, fused head, clip
 ratios, loss aggregation, KL, Z-head, warm-up, sampling and validation settings, GenRM client
 settings) is the recipe's. The recipe's rollout engine (vLLM) is used where it is importable,
-its tensor-parallel size at most the two workers (the stand-in's heads made divisible by it),
+its tensor-parallel size at most the two workers (the stand-in's heads made divisible by it,
+and as wide as its CPU attention takes),
 else the hf rollout with the whole model in each worker, said in one line. The run directory
 is a temporary one, removed after a rehearsal that passes (--output-dir keeps everything: the
 stand-in model, the records, the run).
@@ -141,6 +142,16 @@ def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[
     return {k: v for k, v in out.items() if get(cfg, k) != v}
 
 
+def stand_in_head_dim(engine) -> int:
+    """The stand-in's head size: stand_in.HEAD_DIM, or the smallest above it that the rehearsal's
+    rollout engine can run on CPU (vLLM's CPU attention starts at 32)."""
+    from reasonrl_fast.models import stand_in
+
+    dims = engine.cpu_head_dims
+    return stand_in.HEAD_DIM if not dims or stand_in.HEAD_DIM in dims else min(
+        d for d in dims if d > stand_in.HEAD_DIM)
+
+
 def stand_in_genrm(cfg: Config) -> bool:
     """Whether the run's GenRM is replaced by a stand-in: a FAPO recipe whose GenRM is a model
     (remote replicas, or our server's hf backend on a directory), not the embedded rule judge."""
@@ -241,11 +252,11 @@ def longest_prompt(records: dict, tok) -> int:
                default=1)
 
 
-def stage(cfg: Config, work: str, records: dict, tok, log,
-          tensor_parallel: int = 1) -> tuple[dict[str, Any], list[str]]:
+def stage(cfg: Config, work: str, records: dict, tok, log, engine) -> tuple[dict[str, Any], list[str]]:
     """Write the stand-ins the recipe needs into `work`: records, the policy model (warm-started,
-    its heads split by the rehearsal's `tensor_parallel` engine ranks) and the GenRM model.
-    Returns the settings that point the run at them, and a line on each."""
+    shaped for the rehearsal's rollout: `engine`, the Rollout class of its rollout.backend, at
+    its rollout.tensor_parallel_size `cfg`'s scaled settings give) and the GenRM model. Returns
+    the settings that point the run at them, and a line on each."""
     from reasonrl_fast.data.prepare import write_records
     from reasonrl_fast.models import stand_in
     from reasonrl_fast.models.shape import model_fields
@@ -262,7 +273,7 @@ def stage(cfg: Config, work: str, records: dict, tok, log,
             notes.append(f"{key}: {path} -> {len(recs)} stand-in {recs[0][0]['data_source']!r} records")
     if not cfg.embedded_model:
         fields, where, _ = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
-        small = stand_in.shrink(fields, tensor_parallel)
+        small = stand_in.shrink(fields, cfg.rollout.tensor_parallel_size, stand_in_head_dim(engine))
         path = os.path.join(work, "model", os.path.basename(os.path.normpath(cfg.model.path)))
         stand_in.build(small, path, tok, cfg.trainer.seed)
         warm_start(path, pairs, log)
@@ -355,8 +366,9 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
         if "rollout.backend" in scaled:
             log(f"[rehearse] rollout: the recipe names {cfg.rollout.backend}, which is not importable here: "
                 f"the {FALLBACK} rollout samples")
-        paths, notes = stage(cfg, work, records, tok, log,
-                             scaled.get("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size))
+        rollout = {k: v for k, v in scaled.items() if k.startswith("rollout.")}  # the engine, its ranks
+        paths, notes = stage(apply(cfg, rollout), work, records, tok, log,
+                             get_rollout(scaled.get("rollout.backend", cfg.rollout.backend)))
         settings = {**scaled, **paths, "trainer.output_dir": os.path.join(work, "run")}
         if cfg.embedded_model:
             settings["sft.cache_dir"] = os.path.join(work, "sft")

@@ -191,6 +191,32 @@ def test_a_context_too_short_fails_in_preflight_with_one_line(capsys):
     assert "model.max_position_embeddings" in err
 
 
+def test_the_stand_in_has_heads_its_rollout_engine_runs_on_cpu():
+    """vLLM's CPU attention refuses heads of 16: a rehearsal that samples with it gets heads of 32
+    (10:2 of them for Qwen2.5-32B at TP 2: hidden 320); the hf rollout keeps 16."""
+    from reasonrl_fast.rollout import get_rollout
+
+    assert rehearse.stand_in_head_dim(get_rollout("hf")) == stand_in.HEAD_DIM == 16
+    assert rehearse.stand_in_head_dim(get_rollout("vllm")) == 32
+    real = {k: v for k, v in SHAPES["Qwen2.5-32B"].items() if not k.startswith("_")}
+    small = stand_in.shrink(real, 2, 32)
+    assert (small["num_attention_heads"], small["num_key_value_heads"], small["hidden_size"]) == (10, 2, 320)
+
+
+def test_a_vllm_recipe_rehearses_through_its_tensor_parallel_engine(vllm_python, tmp_path):
+    """Where vLLM is installed the 32B GRPO recipe rehearses with it, its TP 4 as 2 over the two
+    workers: one engine over both, nothing left in /dev/shm."""
+    out = tmp_path / "rehearsal"
+    p = subprocess.run([str(vllm_python), "-m", "reasonrl_fast.rehearse", "configs/grpo_qwen2.5_32b_dapo.yaml",
+                        "--output-dir", str(out)], cwd=ROOT, env=repo_env(), capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert "[rehearse] passed" in p.stdout and "rollout.tensor_parallel_size: 4 -> 2" in p.stdout, p.stdout[-3000:]
+    assert json.loads((out / "run" / "layout.json").read_text())["engine_tp"] == 2
+    assert sorted(os.listdir(out / "run" / "rollout")) == ["vllm-rank0.log", "vllm-rank1.log"]
+    assert not [n for n in os.listdir("/dev/shm") if "cpushm" in n]
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", NAME)
 def test_every_config_rehearses(name, tmp_path):

@@ -37,11 +37,11 @@ def hf_config(fields: dict):
                           f"({e})") from None
 
 
-def shrink(fields: dict, tensor_parallel: int = 1) -> dict:
+def shrink(fields: dict, tensor_parallel: int = 1, head_dim: int = HEAD_DIM) -> dict:
     """`fields` with small sizes, the architecture kept: query and key/value heads divided by their
     greatest common divisor (Qwen2.5-7B's 28:4 -> 7:1), then multiplied by the least factor that
     lets `tensor_parallel` engine ranks split the key/value heads (Qwen2.5-32B's 40:8 -> 5:1 ->
-    10:2 at 2), HEAD_DIM-wide heads, the hidden size heads x HEAD_DIM, the MLP in the real ratio
+    10:2 at 2), `head_dim`-wide heads, the hidden size heads x head_dim, the MLP in the real ratio
     to the hidden size (rounded to a multiple of 8 x `tensor_parallel`), LAYERS layers. The
     vocabulary, tied embeddings, RoPE, the context and every other field stay."""
     heads = fields["num_attention_heads"]
@@ -49,13 +49,13 @@ def shrink(fields: dict, tensor_parallel: int = 1) -> dict:
     g = math.gcd(heads, kv)
     k = tensor_parallel // math.gcd(tensor_parallel, kv // g)
     small_heads, small_kv = heads // g * k, kv // g * k
-    hidden = small_heads * HEAD_DIM
+    hidden = small_heads * head_dim
     ratio = fields["intermediate_size"] / fields["hidden_size"]
     step = 8 * tensor_parallel
     out = {**fields, "hidden_size": hidden, "num_attention_heads": small_heads, "num_key_value_heads": small_kv,
            "intermediate_size": max(step, step * round(hidden * ratio / step)), "num_hidden_layers": LAYERS}
     if "head_dim" in fields:
-        out["head_dim"] = HEAD_DIM
+        out["head_dim"] = head_dim
     if isinstance(fields.get("layer_types"), list):  # one entry per layer: the first LAYERS
         out["layer_types"] = fields["layer_types"][:LAYERS]
     if "max_window_layers" in fields:

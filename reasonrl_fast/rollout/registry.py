@@ -38,6 +38,8 @@ class Rollout:
     needs_trainer_copy = False
     """The engine samples from a copy of the policy's Hugging Face model (`build`'s `lm`): eval
     must load one; an engine that loads the model directory itself gets None."""
+    cpu_head_dims: tuple[int, ...] | None = None
+    """The attention head sizes the engine can run on CPU (None: any)."""
     tensor_parallel = False
     """The engine can shard the model over rollout.tensor_parallel_size workers (one rank in each,
     in the workers' process group); others hold it whole in every worker."""

@@ -297,6 +297,8 @@ class VLLM(Rollout):
     name = "vllm"
     label = "vLLM"
     tensor_parallel = True
+    # vLLM 0.32's CPU attention kernels (any other size is refused at the first generation)
+    cpu_head_dims = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
     def available(self) -> bool:
         return importlib.util.find_spec("vllm") is not None
