@@ -252,11 +252,12 @@ def longest_prompt(records: dict, tok) -> int:
                default=1)
 
 
-def stage(cfg: Config, work: str, records: dict, tok, log, engine) -> tuple[dict[str, Any], list[str]]:
+def stage(cfg: Config, work: str, records: dict, tok, log, tensor_parallel: int = 1,
+          head_dim: int | None = None) -> tuple[dict[str, Any], list[str]]:
     """Write the stand-ins the recipe needs into `work`: records, the policy model (warm-started,
-    shaped for the rehearsal's rollout: `engine`, the Rollout class of its rollout.backend, at
-    its rollout.tensor_parallel_size `cfg`'s scaled settings give) and the GenRM model. Returns
-    the settings that point the run at them, and a line on each."""
+    shaped for the rehearsal's rollout: heads `tensor_parallel` engine ranks split, `head_dim`
+    wide, default stand_in.HEAD_DIM) and the GenRM model. Returns the settings that point the
+    run at them, and a line on each."""
     from reasonrl_fast.data.prepare import write_records
     from reasonrl_fast.models import stand_in
     from reasonrl_fast.models.shape import model_fields
@@ -273,7 +274,7 @@ def stage(cfg: Config, work: str, records: dict, tok, log, engine) -> tuple[dict
             notes.append(f"{key}: {path} -> {len(recs)} stand-in {recs[0][0]['data_source']!r} records")
     if not cfg.embedded_model:
         fields, where, _ = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
-        small = stand_in.shrink(fields, cfg.rollout.tensor_parallel_size, stand_in_head_dim(engine))
+        small = stand_in.shrink(fields, tensor_parallel, head_dim or stand_in.HEAD_DIM)
         path = os.path.join(work, "model", os.path.basename(os.path.normpath(cfg.model.path)))
         stand_in.build(small, path, tok, cfg.trainer.seed)
         warm_start(path, pairs, log)
@@ -366,9 +367,10 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
         if "rollout.backend" in scaled:
             log(f"[rehearse] rollout: the recipe names {cfg.rollout.backend}, which is not importable here: "
                 f"the {FALLBACK} rollout samples")
-        rollout = {k: v for k, v in scaled.items() if k.startswith("rollout.")}  # the engine, its ranks
-        paths, notes = stage(apply(cfg, rollout), work, records, tok, log,
-                             get_rollout(scaled.get("rollout.backend", cfg.rollout.backend)))
+        engine = get_rollout(scaled.get("rollout.backend", cfg.rollout.backend))
+        paths, notes = stage(cfg, work, records, tok, log,
+                             scaled.get("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size),
+                             stand_in_head_dim(engine))
         settings = {**scaled, **paths, "trainer.output_dir": os.path.join(work, "run")}
         if cfg.embedded_model:
             settings["sft.cache_dir"] = os.path.join(work, "sft")

@@ -18,7 +18,7 @@ from reasonrl_fast.models.layout import resolve
 from reasonrl_fast.models.loading import load_model, load_model_config, load_tokenizer, torch_dtype
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.rollout import Rollout, make_rollout, sample_seeds
-from reasonrl_fast.runtime.distributed import init_process_group, rendezvous_socket
+from reasonrl_fast.runtime.distributed import init_process_group, rendezvous_address
 from reasonrl_fast.runtime.ray_cluster import WorkerError, gather, start_ray, stop_ray, user_error
 
 
@@ -33,9 +33,7 @@ class Generator:
 
     def address(self) -> tuple[str, int]:
         """Rank 0's address and a port for the process group's rendezvous."""
-        host = ray.util.get_node_ip_address()
-        self._listen = rendezvous_socket(host)
-        return host, self._listen.getsockname()[1]
+        return rendezvous_address(self)
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> None:
         cfg, model_path = self.cfg, self.model_path

@@ -33,6 +33,16 @@ def rendezvous_socket(host: str) -> socket.socket:
     return s
 
 
+def rendezvous_address(owner) -> tuple[str, int]:
+    """Rank 0's address and a port for the process group's rendezvous, from inside the Ray actor
+    `owner`, which keeps the listening socket (`owner._listen`) for `init_process_group`."""
+    import ray
+
+    host = ray.util.get_node_ip_address()
+    owner._listen = rendezvous_socket(host)
+    return host, owner._listen.getsockname()[1]
+
+
 def init_process_group(rank: int, world: int, master_addr: str, master_port: int,
                        timeout_s: float = 1800, listen: socket.socket | None = None) -> torch.device:
     """The default process group of `world` Ray actors, nccl on GPU, gloo on CPU; returns this

@@ -25,7 +25,7 @@ from reasonrl_fast.models.loading import (enable_checkpointing, load_model, load
 from reasonrl_fast.rollout import make_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer import update
-from reasonrl_fast.runtime.distributed import rendezvous_socket
+from reasonrl_fast.runtime.distributed import rendezvous_address
 from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, iter_full, replicate, shard
 from reasonrl_fast.trainer.policy import Actor
 from reasonrl_fast.util import derive_seed
@@ -47,12 +47,8 @@ class Worker:
             torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
 
     def address(self) -> tuple[str, int]:
-        """Rank 0's address and a port for the process group rendezvous (see `rendezvous_socket`)."""
-        import ray
-
-        host = ray.util.get_node_ip_address()
-        self._listen = rendezvous_socket(host)
-        return host, self._listen.getsockname()[1]
+        """Rank 0's address and a port for the process group rendezvous."""
+        return rendezvous_address(self)
 
     def setup(self, master_addr: str, master_port: int) -> dict:
         """Load and hold the model as the run's Layout says (models/layout.py `resolve`, the rules
