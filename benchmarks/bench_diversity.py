@@ -1,68 +1,154 @@
-"""GRPO against FlowRL on the embedded partition task (data.task=partition: many right answers
-per prompt), with the same seeds, budget and warm start: how accurate each policy ends up and
-how many different right answers it keeps, first (the warm start) -> last (after RL).
+"""Does FlowRL match its target distribution over right answers where GRPO drifts? GRPO and FlowRL
+(at several β) on the embedded partition task (data.task=partition: many right answers per
+prompt), from a narrow and a flat warm start, with the same seeds and budget.
 
-    python benchmarks/bench_diversity.py [--write benchmarks/RESULTS.md] [--seeds 0,1,2]
-        [--algos grpo,flowrl] [--n 16] [key=value ...]
+    python benchmarks/bench_diversity.py [--write benchmarks/RESULTS.md] [--seeds 0,1,2,3,4]
+        [--algos grpo,flowrl:1,flowrl:5,flowrl:15] [--warm narrow,flat] [--n 64] [--jobs 2]
+        [--out DIR] [--trace K] [key=value ...]
 
-For each seed: one training run per algorithm (`python -m reasonrl_fast.train data.task=partition
-algo=ALGO trainer.seed=SEED`, extra key=value settings pass through; validation samples 4 per
-prompt, so the runs log val/distinct@4), then the eval command at temperature 1 on the held-out
-split, `--n` samples per prompt, on the warm start and on each run's last checkpoint. The table
-gives the mean over seeds and its standard error (sample std / sqrt(seeds)); with --write it goes
-into RESULTS.md and the mean validation curves into benchmarks/partition_diversity.png."""
+FlowRL's target is p*(y|x) ∝ π_ref(y|x) exp(β r̂(x, y)); with 0/1 rewards every right answer of a
+prompt has the same r̂, so over right answers the target is the reference's (the warm start's)
+own distribution, renormalised. For each seed and warm start (`narrow`: the task's default mix
+of splitting styles; `flat`: data.partition_styles=[1,1,1]) the script builds the warm start,
+evaluates it twice with independent samples (the second against the first: the metric's sampling
+floor), trains each algorithm (`python -m reasonrl_fast.train data.task=partition algo=... `; an
+algo `flowrl:B` sets flowrl.beta=B; extra key=value settings pass through) and evaluates its last
+checkpoint with eval.target = the warm start's first eval: tv@n and kl@n are the distance of the
+policy's right answers from the target's (docs/eval.md §Distance to a target), beside accuracy,
+pass@k, distinct@n and entropy@n, at temperature 1 with `--n` samples per held-out prompt.
+
+Each finished piece is kept as JSON under --out, so a rerun with the same --out picks up where
+the last stopped. `--jobs` pieces run at once (a run's startup mostly waits, so 2 on 2 cores keep
+them busy). `--trace K` also saves every K steps and evaluates every checkpoint: the distance over
+training. The table gives mean ± standard error over seeds (sample std / sqrt(seeds)); with
+--write it goes into RESULTS.md, the figure into benchmarks/partition_diversity.png."""
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import datetime
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from checkout import ROOT
+from checkout import ROOT, child_env
 from results_md import publish
-
-from reasonrl_fast.util import read_metrics
 
 MARKER = "partition-diversity"
 TASK = ["data.task=partition", "rollout.val_n=4", "data.val_size=64"]
+WARM = {"narrow": [], "flat": ["data.partition_styles=[1,1,1]"]}
+"""The warm starts: the task's default mix of splitting styles (0.6/0.3/0.1), and an even one."""
+STEPS = "trainer.steps=300"
+"""Twice the embedded default's: the distributions still move at 150 (a key=value overrides it)."""
 
 
-def sh(cmd: list[str], what: str) -> float:
+def sh(cmd: list[str], what: str) -> tuple[float, str]:
     t = time.time()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True)
     if p.returncode:
-        sys.exit(f"{what} failed:\n{p.stderr[-3000:]}")
-    return time.time() - t
+        raise RuntimeError(f"{what} failed:\n{p.stderr[-3000:]}")
+    return time.time() - t, p.stdout
 
 
-def evaluate(model: str, seed: int, n: int, out: str, extra: list[str]) -> dict:
-    ks = sorted({1, 4, n} & set(range(1, n + 1)))
-    sh([sys.executable, "-m", "reasonrl_fast.eval", *TASK, *extra, f"model.path={model}", f"trainer.seed={seed}",
-        f"eval.n={n}", f"eval.k=[{','.join(map(str, ks))}]", "eval.temperature=1.0", "eval.top_p=1.0",
-        f"eval.output_dir={out}"], f"eval of {model}")
-    with open(os.path.join(out, "summary.json")) as f:
-        overall = json.load(f)["overall"]
-    return {k: overall[k] for k in (f"mean@{n}", *[f"pass@{k}" for k in ks], f"distinct@{n}", f"entropy@{n}")}
+def algo_args(spec: str) -> list[str]:
+    """'grpo' -> [algo=grpo]; 'flowrl:5' -> [algo=flowrl, flowrl.beta=5]."""
+    algo, _, beta = spec.partition(":")
+    return [f"algo={algo}", *([f"flowrl.beta={beta}"] if beta else [])]
 
 
-def warm_start(seed: int, extra: list[str]) -> str:
-    """The seed's warm-started model (built once, then cached), outside the runs' wall time."""
-    from reasonrl_fast.config import load_config
-    from reasonrl_fast.trainer.sft import warm_start as build
-
-    return build(load_config(None, [*TASK, *extra, f"trainer.seed={seed}"]), log=lambda _: None)
+def label(spec: str) -> str:
+    algo, _, beta = spec.partition(":")
+    return f"{algo} β={beta}" if beta else algo
 
 
-def mean_se(values: list[float | None]) -> str:
-    """Mean ± standard error over the seeds that have the figure (eval's entropy@n is None where no
-    prompt got a right answer), saying how many those are when some lack it."""
+class Sweep:
+    def __init__(self, out: str, n: int, extra: list[str], trace: int):
+        self.out, self.n, self.extra, self.trace = out, n, extra, trace
+        for d in ("results", "eval", "runs"):
+            os.makedirs(os.path.join(out, d), exist_ok=True)
+
+    def cached(self, name: str, work) -> dict:
+        """The piece's result from --out, else `work()`'s, saved there."""
+        path = os.path.join(self.out, "results", f"{name}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                return json.load(f)
+        res = work()
+        with open(path + ".tmp", "w") as f:
+            json.dump(res, f)
+        os.replace(path + ".tmp", path)
+        print(json.dumps({"piece": name, **res}), flush=True)
+        return res
+
+    def evaluate(self, model: str, settings: list[str], name: str, target: str = "", seed: int = 0) -> dict:
+        """Eval's overall metrics; with a target (sampled at eval.seed 0), the samples come from
+        eval.seed `seed` (1): the same seed would draw the same random numbers, so a policy close
+        to the warm start would repeat the target's samples and read closer than it is."""
+        n = self.n
+        ks = sorted({1, 4, 16, n} & set(range(1, n + 1)))
+        out = os.path.join(self.out, "eval", name)
+        sh([sys.executable, "-m", "reasonrl_fast.eval", *settings, f"model.path={model}", f"eval.seed={seed}",
+            f"eval.n={n}", f"eval.k=[{','.join(map(str, ks))}]", "eval.temperature=1.0", "eval.top_p=1.0",
+            *([f"eval.target={target}"] if target else []), f"eval.output_dir={out}"], f"eval of {name}")
+        with open(os.path.join(out, "summary.json")) as f:
+            overall = json.load(f)["overall"]
+        keys = [f"mean@{n}", *[f"pass@{k}" for k in ks], f"distinct@{n}", f"entropy@{n}"]
+        keys += [f"tv@{n}", f"tv_se@{n}", f"kl@{n}", f"kl_se@{n}"] if target else []
+        return {k: overall.get(k) for k in keys}
+
+    def first(self, warm: str, seed: int) -> dict:
+        """The warm start, its eval (the target of the runs) and a second, independent eval of it
+        against the first (the sampling floor of tv@n and kl@n)."""
+        settings = [*TASK, *WARM[warm], f"trainer.seed={seed}", *self.extra]
+
+        def work():
+            t = time.time()
+            _, path = sh([sys.executable, os.path.abspath(__file__), "--build-warm-start", *settings],
+                         f"warm start {warm} {seed}")
+            path = path.strip().splitlines()[-1]
+            first = self.evaluate(path, settings, f"first-{warm}-{seed}")
+            floor = self.evaluate(path, settings, f"floor-{warm}-{seed}", self.target(warm, seed), seed=1)
+            return {"model": path, "first": first, "floor": floor, "wall_s": round(time.time() - t)}
+
+        return self.cached(f"first-{warm}-{seed}", work)
+
+    def target(self, warm: str, seed: int) -> str:
+        return os.path.join(self.out, "eval", f"first-{warm}-{seed}")
+
+    def run(self, warm: str, spec: str, seed: int, first: cf.Future) -> dict:
+        name = f"{warm}-{spec.replace(':', '')}-{seed}"
+        settings = [*TASK, *WARM[warm], f"trainer.seed={seed}", *self.extra]
+
+        def work():
+            first.result()  # the warm start is built and its target sampled
+            out = os.path.join(self.out, "runs", name)
+            shutil.rmtree(out, ignore_errors=True)
+            saves = [f"trainer.save_every={self.trace}", "trainer.keep_checkpoints=0"] if self.trace else []
+            wall, _ = sh([sys.executable, "-m", "reasonrl_fast.train", STEPS, *settings, *algo_args(spec),
+                          "trainer.save_last=true", "trainer.progress=false", *saves, f"trainer.output_dir={out}"],
+                         f"run {name}")
+            ckpts = sorted((d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d[11:]))
+            res = {"wall_s": round(wall)}
+            if self.trace:
+                res["trace"] = [{"step": int(c[11:]), **self.evaluate(os.path.join(out, c), settings, f"{name}-{c}",
+                                                                      self.target(warm, seed), seed=1)} for c in ckpts]
+            res["last"] = self.evaluate(os.path.join(out, ckpts[-1]), settings, name, self.target(warm, seed), seed=1)
+            for c in ckpts:  # the metrics stay; the weights are not needed again
+                shutil.rmtree(os.path.join(out, c))
+            return res
+
+        return self.cached(name, work)
+
+
+def mean_se(values: list) -> str:
+    """Mean ± standard error over the seeds that have the figure."""
     xs = [x for x in values if x is not None]
     if not xs:
         return "-"
@@ -71,70 +157,99 @@ def mean_se(values: list[float | None]) -> str:
     return f"{m:.3f} ± {se:.3f}" + (f" ({len(xs)} of {len(values)} seeds)" if len(xs) < len(values) else "")
 
 
-def table(first: dict, last: dict, algos: list[str], seeds: list[int], n: int, walls: dict, extra: list[str]) -> str:
-    keys = list(next(iter(first.values())))
+def table(firsts: dict, runs: dict, warms: list[str], specs: list[str], seeds: list[int], n: int,
+          extra: list[str]) -> str:
+    keys = list(dict.fromkeys([f"mean@{n}", "pass@4", f"pass@{n}", f"distinct@{n}", f"entropy@{n}", f"tv@{n}",
+                               f"kl@{n}"]))
     today = datetime.date.today().isoformat()
     lines = [f"### Partition task, {len(seeds)} seeds ({today}, {os.cpu_count()}-core CPU; "
              f"`python benchmarks/bench_diversity.py{' ' + ' '.join(extra) if extra else ''}`)", "",
              f"Eval on the held-out split at temperature 1, {n} samples per prompt; mean ± standard error over "
-             f"seeds {', '.join(map(str, seeds))}; first = the warm start (the same for both), last = after RL.", "",
-             "| algo | " + " | ".join(keys) + " | wall per run (s) |",
-             "|---|" + "---|" * len(keys) + "---:|"]
-    lines.append("| warm start | " + " | ".join(mean_se([first[s][k] for s in seeds]) for k in keys) + " | - |")
-    for a in algos:
-        lines.append(f"| {a} | " + " | ".join(mean_se([last[a, s][k] for s in seeds]) for k in keys)
-                     + f" | {statistics.fmean(walls[a]):.0f} |")
+             f"seeds {', '.join(map(str, seeds))}. tv@{n} and kl@{n}: distance of the right answers from the "
+             f"target's (the warm start's own, renormalised); the floor row is a second, independent sample of "
+             f"the warm start against the first.", "",
+             "| warm start | policy | " + " | ".join(keys) + " | wall per run (s) |",
+             "|---|---|" + "---|" * len(keys) + "---:|"]
+    for w in warms:
+        fl = [firsts[w, s]["floor"] for s in seeds]
+        lines.append(f"| {w} | warm start | " + " | ".join(
+            mean_se([firsts[w, s]["first"].get(k) if not k.startswith(("tv", "kl")) else fl[i].get(k)
+                     for i, s in enumerate(seeds)]) for k in keys) + " | - |")
+        for spec in specs:
+            rs = [runs[w, spec, s] for s in seeds]
+            lines.append(f"| {w} | {label(spec)} | " + " | ".join(mean_se([r["last"].get(k) for r in rs]) for k in keys)
+                         + f" | {statistics.fmean(r['wall_s'] for r in rs):.0f} |")
     return "\n".join(lines)
 
 
-def curves(runs: dict, algos: list[str], seeds: list[int], png: str) -> None:
+def figure(firsts: dict, runs: dict, warms: list[str], specs: list[str], seeds: list[int], n: int, png: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, key in zip(axes, ("val/accuracy", "val/pass@4", "val/distinct@4")):
-        for a in algos:
-            rows = [[r for r in read_metrics(runs[a, s]) if key in r] for s in seeds]
-            steps = [r["step"] for r in rows[0]]
-            ax.plot(steps, [statistics.fmean(rs[i][key] for rs in rows) for i in range(len(steps))], label=a)
-        ax.set_title(key + f" (mean of {len(seeds)} seeds)")
-        ax.set_xlabel("step")
-        ax.legend()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    names = ["warm start", *map(label, specs)]
+    width = 0.8 / len(warms)
+    for ax, key in zip(axes, (f"tv@{n}", f"distinct@{n}", f"mean@{n}")):
+        for j, w in enumerate(warms):
+            cols = [[(firsts[w, s]["floor"] if key.startswith("tv") else firsts[w, s]["first"])[key] for s in seeds]]
+            cols += [[runs[w, spec, s]["last"][key] for s in seeds] for spec in specs]
+            cols = [[x for x in c if x is not None] for c in cols]  # tv@n: None without right answers
+            means = [statistics.fmean(c) if c else math.nan for c in cols]
+            ses = [statistics.stdev(c) / math.sqrt(len(c)) if len(c) > 1 else 0 for c in cols]
+            ax.bar([i + j * width for i in range(len(cols))], means, width, yerr=ses, capsize=3, label=w)
+        ax.set_xticks([i + width * (len(warms) - 1) / 2 for i in range(len(names))], names, rotation=20)
+        ax.set_title(key + (" (warm start: its floor)" if key.startswith("tv") else "") + f", {len(seeds)} seeds")
+        ax.legend(title="warm start")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
 
 
+def build_warm_start(settings: list[str]) -> None:
+    from reasonrl_fast.config import load_config
+    from reasonrl_fast.trainer.sft import warm_start
+
+    print(warm_start(load_config(None, settings), log=lambda _: None))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--build-warm-start"]:
+        return build_warm_start(sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--write", metavar="RESULTS.md")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--algos", default="grpo,flowrl")
-    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--algos", default="grpo,flowrl:1,flowrl:5,flowrl:15")
+    p.add_argument("--warm", default="narrow,flat")
+    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--out", help="where the pieces are kept (default: a temporary directory)")
+    p.add_argument("--trace", type=int, default=0, metavar="K", help="evaluate a checkpoint every K steps")
     a, extra = p.parse_known_args()
-    seeds, algos = [int(s) for s in a.seeds.split(",")], a.algos.split(",")
-    first, last, runs, walls = {}, {}, {}, {a_: [] for a_ in algos}
-    with tempfile.TemporaryDirectory() as tmp:
-        for s in seeds:
-            first_model = warm_start(s, extra)
-            for algo in algos:
-                out = runs[algo, s] = os.path.join(tmp, f"{algo}-{s}")
-                wall = sh([sys.executable, "-m", "reasonrl_fast.train", *TASK, f"algo={algo}", f"trainer.seed={s}",
-                           "trainer.save_last=true", "trainer.progress=false", f"trainer.output_dir={out}", *extra],
-                          f"{algo} seed {s}")
-                walls[algo].append(wall)
-                ckpt = max((d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d[11:]))
-                last[algo, s] = evaluate(os.path.join(out, ckpt), s, a.n, os.path.join(tmp, f"eval-{algo}-{s}"), extra)
-                print(json.dumps({"algo": algo, "seed": s, "wall_s": round(wall), **last[algo, s]}), flush=True)
-            first[s] = evaluate(first_model, s, a.n, os.path.join(tmp, f"eval-first-{s}"), extra)
-            print(json.dumps({"algo": "warm start", "seed": s, **first[s]}), flush=True)
-        if a.write:
-            png = os.path.join(os.path.dirname(os.path.abspath(a.write)), "partition_diversity.png")
-            curves(runs, algos, seeds, png)
-            print(f"wrote {png}")
-    body = table(first, last, algos, seeds, a.n, walls, extra)
-    publish(body, a.write, MARKER)
+    seeds, specs, warms = [int(s) for s in a.seeds.split(",")], a.algos.split(","), a.warm.split(",")
+    for w in warms:
+        if w not in WARM:
+            sys.exit(f"--warm: {w!r} is not one of {', '.join(WARM)}")
+    tmp = None if a.out else tempfile.mkdtemp(prefix="bench_diversity_")
+    sweep = Sweep(a.out or tmp, a.n, extra, a.trace)
+    try:
+        with cf.ThreadPoolExecutor(a.jobs) as pool:  # first pieces are queued first: runs wait on them
+            ff = {(w, s): pool.submit(sweep.first, w, s) for s in seeds for w in warms}
+            rf = {(w, spec, s): pool.submit(sweep.run, w, spec, s, ff[w, s])
+                  for s in seeds for w in warms for spec in specs}
+            firsts = {k: f.result() for k, f in ff.items()}
+            runs = {k: f.result() for k, f in rf.items()}
+    except RuntimeError as e:
+        sys.exit(str(e))
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if a.write:
+        png = os.path.join(os.path.dirname(os.path.abspath(a.write)), "partition_diversity.png")
+        figure(firsts, runs, warms, specs, seeds, a.n, png)
+        print(f"wrote {png}")
+    publish(table(firsts, runs, warms, specs, seeds, a.n, extra), a.write, MARKER)
+
 
 if __name__ == "__main__":
     main()

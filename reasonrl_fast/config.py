@@ -179,6 +179,10 @@ class DataConfig(_Checks):
     flaw_prob: float = 0.4
     """Synthetic task: probability that a demonstration without a slip miswrites a digit of one
     column while its answer stays right (a flawed positive: GRPO rewards it, FAPO should not)."""
+    partition_styles: list[float] = field(default_factory=lambda: [0.6, 0.3, 0.1])
+    """data.task=partition: how often the warm start's demonstrations split each digit in halves,
+    as the first digit less one and the rest, or at random (relative weights; [1, 1, 1]: an even
+    mix, a flatter warm start)."""
     shuffle: bool = True
     """Shuffle the training prompts (each epoch, seeded)."""
     task: str = "addition"
@@ -550,6 +554,10 @@ class EvalConfig(_Checks):
     """Sampling seed (a batch's seed also depends on its position, not on the worker count)."""
     prompts_per_batch: int = 32
     """Prompts per generate call (each sampled n times): bounds a worker's memory."""
+    target: str = ""
+    """Another eval's output directory (or its samples.jsonl) on the same prompts, such as the
+    reference model's: each prompt's distribution over right answers is compared with the one
+    there (tv@n, kl@n; docs/eval.md §Distance to a target). Empty: not reported."""
 
     def check(self, at: str = "eval.") -> None:
         self._positive(at, "n", "temperature", "prompts_per_batch")

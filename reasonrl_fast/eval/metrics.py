@@ -10,7 +10,14 @@
   written, spaces removed), averaged over prompts;
 - entropy@n: the entropy (nats) of the right answers' empirical distribution among one prompt's
   samples, averaged over the prompts with at least one right sample: 0 when every right sample
-  gives the same answer, log m for m answers given equally often.
+  gives the same answer, log m for m answers given equally often;
+- tv@n and kl@n (with a target: another model's samples of the same prompts, such as the
+  reference's): how far one prompt's distribution over right answers is from the target's, as
+  the total-variation distance of the two empirical distributions and as KL(target || policy) of
+  the two smoothed by half a count per answer either side gave; averaged over the prompts where
+  both have a right answer, with their standard errors tv_se@n and kl_se@n over prompts. Both
+  are estimates from samples: two independent sample sets of one model are not at 0 (the
+  sampling floor, docs/eval.md §Distance to a target).
 """
 
 from __future__ import annotations
@@ -112,6 +119,28 @@ def right_entropy(answers: Sequence[Optional[str]], acc: Sequence[bool]) -> Opti
     return max(0.0, -sum(c / total * math.log(c / total) for c in counts.values()))
 
 
+def tv_distance(p: dict[str, int], q: dict[str, int]) -> float:
+    """Total-variation distance 1/2 sum_a |p(a) - q(a)| of two count tables, each normalised."""
+    np_, nq = sum(p.values()), sum(q.values())
+    if np_ <= 0 or nq <= 0:
+        raise ValueError("tv_distance: each side needs at least one count")
+    return 0.5 * sum(abs(p.get(a, 0) / np_ - q.get(a, 0) / nq) for a in p.keys() | q.keys())
+
+
+def kl_divergence(p: dict[str, int], q: dict[str, int], alpha: float = 0.5) -> float:
+    """KL(p || q) in nats of two count tables, each smoothed by `alpha` per answer of the union
+    of their answers (so an answer one side never gave costs a finite amount) and normalised."""
+    keys = p.keys() | q.keys()
+    if not keys or alpha <= 0:
+        raise ValueError("kl_divergence: needs counts and alpha > 0")
+    np_, nq = sum(p.values()) + alpha * len(keys), sum(q.values()) + alpha * len(keys)
+    out = 0.0
+    for a in keys:
+        pa, qa = (p.get(a, 0) + alpha) / np_, (q.get(a, 0) + alpha) / nq
+        out += pa * math.log(pa / qa)
+    return max(0.0, out)
+
+
 # ------------------------------------------------------------------------ aggregation
 
 
@@ -126,6 +155,9 @@ class PromptResult:
     """Whether the majority answer is right; None where it is not defined (code)."""
     answers: Optional[list[Optional[str]]] = None
     """Each sample's `answer_key` (for distinct@n and entropy@n); None: not reported."""
+    target: Optional[dict[str, int]] = None
+    """The target's right answers (answer_key -> count) on this prompt, for tv@n and kl@n;
+    None: not reported."""
 
 
 def _prompt_metrics(r: PromptResult, n: int, ks: Sequence[int]) -> dict:
@@ -136,14 +168,24 @@ def _prompt_metrics(r: PromptResult, n: int, ks: Sequence[int]) -> dict:
     if r.answers is not None:
         out[f"distinct@{n}"] = distinct_right(r.answers, r.acc)
         out[f"entropy@{n}"] = right_entropy(r.answers, r.acc)
+        if r.target is not None:
+            counts = right_answer_counts(r.answers, r.acc)
+            both = bool(counts) and sum(r.target.values()) > 0
+            out[f"tv@{n}"] = tv_distance(counts, r.target) if both else None
+            out[f"kl@{n}"] = kl_divergence(r.target, counts) if both else None
     return out
+
+
+def _se_keys(n: int) -> tuple[str, ...]:
+    return f"se@{n}", f"tv_se@{n}", f"kl_se@{n}"
 
 
 def summarize(results: Sequence[PromptResult], n: int, ks: Sequence[int]) -> dict:
     """{"per_source": {source: metrics}, "overall": macro average over sources, "overall_micro":
     average over all prompts}. Metrics: mean@n, se@n, pass@k per k, distinct@n and entropy@n
     (None when no prompt of the group has answers or a right one), maj@n (None when no prompt
-    of the group defines it), response_length/mean (tokens, over samples), prompts."""
+    of the group defines it), response_length/mean (tokens, over samples), prompts; with targets,
+    tv@n, tv_se@n, kl@n, kl_se@n and target_prompts (the prompts both sides answered right)."""
     if not results:
         raise ValueError("summarize: no prompts")
     by_source: dict[str, list[PromptResult]] = {}
@@ -154,13 +196,14 @@ def summarize(results: Sequence[PromptResult], n: int, ks: Sequence[int]) -> dic
     groups = list(per_source.values())
     macro: dict = {}
     for key in micro:
-        if key == "prompts":
-            macro[key] = sum(g[key] for g in groups)
-        elif key == f"se@{n}":
+        if key in ("prompts", "target_prompts"):
+            macro[key] = sum(g.get(key) or 0 for g in groups)
+        elif key in _se_keys(n):
             # the macro average of independent source means: sqrt(sum se_s^2) / #sources
-            macro[key] = math.sqrt(sum(g[key] ** 2 for g in groups)) / len(groups)
+            ses = [g[key] for g in groups if g.get(key) is not None]
+            macro[key] = math.sqrt(sum(x**2 for x in ses)) / len(ses) if ses else None
         else:
-            vals = [g[key] for g in groups if g[key] is not None]
+            vals = [g[key] for g in groups if g.get(key) is not None]
             macro[key] = sum(vals) / len(vals) if vals else None
     return {"per_source": per_source, "overall": macro, "overall_micro": micro}
 
@@ -174,6 +217,12 @@ def _group(rs: list[PromptResult], n: int, ks: Sequence[int]) -> dict:
     for key in (f"distinct@{n}", f"entropy@{n}"):
         vals = [p[key] for p in per if p.get(key) is not None]
         out[key] = sum(vals) / len(vals) if vals else None
+    if any(r.target is not None for r in rs):
+        for name in ("tv", "kl"):
+            vals = [p[f"{name}@{n}"] for p in per if p.get(f"{name}@{n}") is not None]
+            out[f"{name}@{n}"] = sum(vals) / len(vals) if vals else None
+            out[f"{name}_se@{n}"] = standard_error(vals) if vals else None
+        out["target_prompts"] = len(vals)
     votes = [r.maj for r in rs if r.maj is not None]
     out[f"maj@{n}"] = sum(votes) / len(votes) if votes else None
     lengths = [x for r in rs for x in r.lengths]

@@ -121,6 +121,54 @@ def load_eval_set(cfg, tokenizer) -> list[dict]:
         raise EvalError(str(e)) from None
 
 
+def load_target(path: str, records: list[dict], seed: int) -> list[dict[str, int]]:
+    """Each record's right answers (answer key -> count) in another eval's samples.jsonl (`path`,
+    or its output directory), which must hold the same prompts in the same order and have been
+    sampled with another eval.seed than `seed`."""
+    at = f"eval.target={path!r}"
+    file = os.path.join(path, "samples.jsonl") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise EvalError(f"{at}: no {file} (give an eval's output directory or its samples.jsonl)")
+    try:
+        with open(os.path.join(os.path.dirname(file), "summary.json"), encoding="utf-8") as f:
+            theirs = json.load(f).get("seed")
+    except (OSError, ValueError, AttributeError):
+        theirs = None  # a samples.jsonl without its summary: the seed is not known
+    if theirs == seed:
+        # the same seed draws the same random numbers: a model close to the target's would repeat
+        # its samples, and the distance would read smaller than it is
+        raise EvalError(f"{at} was sampled with eval.seed={seed} too: set another eval.seed, so the two "
+                        f"sample sets are independent")
+    counts: dict[int, dict[str, int]] = {}
+    prompts: dict[int, object] = {}
+    with open(file, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                i, prompt, right = row["prompt_index"], row["prompt"], row["acc"] is True
+                # rows written before the key was: the boxed answer (or code's response), spaces removed
+                key = row["key"] if "key" in row else "".join((row["answer"] or row["response"]).split()) or None
+            except (ValueError, TypeError, KeyError, AttributeError):
+                raise EvalError(f"{at}: {file} line {line_no} is not a samples.jsonl row of the eval "
+                                f"command (prompt_index, prompt, response, answer, acc)") from None
+            if type(i) is not int or not 0 <= i < len(records):
+                raise EvalError(f"{at}: {file} line {line_no} has prompt_index {i!r}, but this eval has "
+                                f"{len(records)} prompts: evaluate the same prompts on both sides")
+            prompts.setdefault(i, prompt)
+            c = counts.setdefault(i, {})
+            if right and key is not None:
+                c[key] = c.get(key, 0) + 1
+    for i, rec in enumerate(records):
+        if i not in prompts:
+            raise EvalError(f"{at}: {file} has no samples of prompt {i} ({len(prompts)} prompts there, "
+                            f"{len(records)} here): evaluate the same prompts on both sides")
+        if prompts[i] != rec["prompt"]:
+            raise EvalError(f"{at}: prompt {i} is {str(rec['prompt'])[:60]!r} here but "
+                            f"{str(prompts[i])[:60]!r} there: evaluate the same prompts in the same order "
+                            f"(the same eval.files, or the same data.* and trainer.seed for the embedded split)")
+    return [counts[i] for i in range(len(records))]
+
+
 # ------------------------------------------------------------------------------------ score
 
 def score_all(cfg, records: list[dict], texts: list[str]) -> tuple[list[dict], dict]:
@@ -157,6 +205,7 @@ def run(cfg, log=print) -> dict:
         config = load_model_config(model_dir, cfg.model.max_position_embeddings)
         check_context(cfg, config, f"config.json of model.path={cfg.model.path!r}")
         records = load_eval_set(cfg, tok)
+        targets = load_target(e.target, records, e.seed) if e.target else [None] * len(records)
         prompts = [prompt_ids(rec, tok) for rec in records]  # the chat template, as in training
         rollout = get_rollout(cfg.rollout.backend)
         version = rollout.preflight(config.architectures)  # not installed, or cannot load this model: now
@@ -178,18 +227,19 @@ def run(cfg, log=print) -> dict:
         sl = slice(i * n, (i + 1) * n)
         code = scorer_for(rec["data_source"]) == "code"
         answers = [None if code else extract_boxed(t) for t in texts[sl]]
+        keys = [answer_key(t, whole=code) for t in texts[sl]]
         acc = [bool(s["acc"]) for s in scored[sl]]
         results.append(PromptResult(rec["data_source"], acc, [len(x) for x in responses[sl]],
-                                    None if code else majority(rec, answers),
-                                    [answer_key(t, whole=code) for t in texts[sl]]))
-        for j, (text, ans, s) in enumerate(zip(texts[sl], answers, scored[sl])):
+                                    None if code else majority(rec, answers), keys, targets[i]))
+        for j, (text, ans, key, s) in enumerate(zip(texts[sl], answers, keys, scored[sl])):
             rows.append({"data_source": rec["data_source"], "prompt_index": i, "sample": j,
-                         "prompt": rec["prompt"], "response": text, "answer": ans,
+                         "prompt": rec["prompt"], "response": text, "answer": ans, "key": key,
                          "score": s["score"], "acc": bool(s["acc"])})
     summary = {
         "model": cfg.model.path, "files": list(e.files) or ["<embedded validation split>"],
         "n": n, "k": ks, "temperature": e.temperature, "top_p": e.top_p,
         "max_new_tokens": cfg.rollout.max_new_tokens, "seed": e.seed, "backend": cfg.rollout.backend,
+        "target": e.target or None,
         "reward/timeouts": counts["reward/timeouts"], "reward/errors": counts["reward/errors"],
         **summarize(results, n, ks), "time_s": round(time.time() - t0, 2),
     }
@@ -208,7 +258,7 @@ def table(summary: dict) -> str:
     """A small text table: one row per data source, then the macro and micro averages."""
     n, ks = summary["n"], summary["k"]
     cols = ["prompts", f"mean@{n}", f"se@{n}", *[f"pass@{k}" for k in ks], f"maj@{n}", f"distinct@{n}",
-            f"entropy@{n}", "length"]
+            f"entropy@{n}", *([f"tv@{n}", f"kl@{n}"] if summary.get("target") else []), "length"]
     rows = [(s, m) for s, m in summary["per_source"].items()]
     rows += [("overall (macro)", summary["overall"]), ("overall (micro)", summary["overall_micro"])]
     width = max(len(s) for s, _ in rows)

@@ -25,8 +25,6 @@ class Task:
     """How its records are scored: a kind of rewards/score.py's `SCORERS` ("math", "code",
     "genrm", ...), or "module:function" of a scorer of its own, called as
     fn(solution_str, ground_truth, extra_info) -> {"score", "acc"} in the reward workers."""
-    sft_key: tuple = ()
-    """Extra parts of the warm start's cache key (tasks that share demonstrations share a cache)."""
     genrm_template = "fapo"
     """The GenRM prompt rendering `fapo.genrm.template=auto` uses on this embedded task."""
     step_checker: Callable[[str, str], int] | None = None
@@ -44,6 +42,11 @@ class Task:
     def demonstration(self, rng: random.Random, d) -> tuple[str, str]:
         """One (prompt, response) of the embedded model's warm start."""
         raise NotImplementedError
+
+    def sft_key(self, d) -> tuple:
+        """Extra parts of the warm start's cache key: what shapes this task's demonstrations
+        (tasks that share demonstrations share a cache)."""
+        return ()
 
     def request_steps(self, response: str) -> list[str]:
         """How a response is split into the steps a GenRM judges (default: its paragraphs, as

@@ -114,7 +114,9 @@ def check_config(cfg) -> None:
 
 class GenRM(Task):
     name, source, scorer = "genrm", SOURCE, "genrm"
-    sft_key = ("genrm",)
+
+    def sft_key(self, d) -> tuple:
+        return ("genrm",)
 
     def split(self, d, n: int, seed: int, part: str = "train") -> list[dict]:  # train and val: draws alike
         return genrm_split(n, d.digits, seed, d.carry_frac, d.carry_slip_prob, d.flaw_prob)

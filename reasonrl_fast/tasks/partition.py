@@ -16,6 +16,7 @@ allows."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from typing import Any
@@ -24,8 +25,9 @@ from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.tasks.base import Task
 from reasonrl_fast.util import extract_boxed
 
-STYLES = (("halves", 0.6), ("tens", 0.3), ("any", 0.1))
-"""How the warm start's demonstrations split each digit, and how often."""
+STYLES = ("halves", "tens", "any")
+"""How the warm start's demonstrations split each digit; `data.partition_styles` weighs them
+(by default 0.6, 0.3, 0.1: a narrow warm start)."""
 SLIP_PROB = 0.35
 """A demonstration writes one column's second digit off by one this often (the boxed numbers
 follow the columns, so their sum is wrong): room for RL to raise accuracy."""
@@ -44,10 +46,10 @@ def make_prompt(n: int) -> str:
     return f"split {n}:"
 
 
-def columns(rng: random.Random, n: int) -> list[tuple[int, int]]:
-    """(a_i, b_i) per digit of n, from the left, in one of STYLES: a_i + b_i is the digit, and the
-    first column leaves both numbers a non-zero first digit."""
-    style = rng.choices([s for s, _ in STYLES], weights=[w for _, w in STYLES])[0]
+def columns(rng: random.Random, n: int, weights=(0.6, 0.3, 0.1)) -> list[tuple[int, int]]:
+    """(a_i, b_i) per digit of n, from the left, in one of STYLES drawn with `weights`: a_i + b_i
+    is the digit, and the first column leaves both numbers a non-zero first digit."""
+    style = rng.choices(STYLES, weights=weights)[0]
     out = []
     for i, ch in enumerate(str(n)):
         d = int(ch)
@@ -70,7 +72,7 @@ def work(cols: list[tuple[int, int]], digits: str | None = None) -> str:
 def demonstration(rng: random.Random, d) -> tuple[str, str]:
     """(prompt, response) of one warm-start example on a training number."""
     n = rng.choice(numbers(d.digits, "train"))
-    cols = columns(rng, n)
+    cols = columns(rng, n, d.partition_styles)
     if rng.random() < SLIP_PROB:  # one column's second digit off by one, staying a digit
         i = rng.randrange(len(cols))
         x, y = cols[i]
@@ -97,6 +99,11 @@ def budgets(digits: int) -> tuple[int, int]:
 
 
 def check_config(cfg) -> None:
+    w = cfg.data.partition_styles
+    if (len(w) != len(STYLES) or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in w)
+            or not sum(w) > 0):
+        raise ConfigError(f"data.partition_styles={list(w)}: needs {len(STYLES)} weights ({', '.join(STYLES)}), "
+                          f"finite, >= 0, not all 0")
     if cfg.data.digits < 1:
         raise ConfigError(f"data.digits={cfg.data.digits}: data.task=partition needs >= 1")
     prompt, response = budgets(cfg.data.digits)
@@ -161,7 +168,9 @@ def partition_score(solution_str: str, ground_truth: Any, extra_info: dict | Non
 class Partition(Task):
     name = source = "partition"
     scorer = f"{__name__}:partition_score"  # its own scorer, run by the reward workers
-    sft_key = ("partition", 2, STYLES, SLIP_PROB)  # 2: demonstration version
+
+    def sft_key(self, d) -> tuple:  # 2: demonstration version; the default mix keeps its old key
+        return ("partition", 2, tuple(zip(STYLES, map(float, d.partition_styles))), SLIP_PROB)
 
     def split(self, d, n: int, seed: int, part: str = "train") -> list[dict]:
         return split(d, n, seed, part)

@@ -36,7 +36,7 @@ def sft_cache_path(cfg) -> str:
     model["max_position_embeddings"] = tiny_context(cfg.model)
     parts = [model, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.data.digits, cfg.data.carry_slip_prob,
              cfg.data.carry_frac, cfg.data.flaw_prob, cfg.trainer.seed, SFT_VERSION]
-    parts += get_task(cfg.data.task).sft_key  # tasks with other demonstrations add to the key
+    parts += get_task(cfg.data.task).sft_key(cfg.data)  # tasks with other demonstrations add to the key
     key = config_hash(*parts)
     return os.path.join(os.path.expanduser(cfg.sft.cache_dir), key)
 

@@ -88,3 +88,42 @@ def test_eval_checkpoint_and_merged_agree_with_training(trained_run, run_eval, t
     p = run_eval([f"model.path={broken}", f"eval.output_dir={tmp_path / 'eval_c'}"], check=False)
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert "not a complete, undamaged checkpoint" in p.stderr and "rng_rank1.safetensors" in p.stderr
+
+    # (d) the same model sampled again with another seed against (a)'s samples, where the even
+    # prompts' right answers are renamed (an addition has one right answer: this gives the
+    # distances something to measure): computed here from the two samples.jsonl files
+    out_t = tmp_path / "target"
+    shutil.copytree(out_a, out_t)
+    rows = [json.loads(x) for x in (out_t / "samples.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["key"] = row["key"] + "0" * (row["prompt_index"] % 2 == 0 and row["sample"] % 2 == 0) if row["key"] else None
+    (out_t / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out_d = tmp_path / "eval_d"
+    p = run_eval([f"model.path={merged}", f"eval.output_dir={out_d}", "eval.seed=1", f"eval.target={out_t}"])
+    d = json.loads((out_d / "summary.json").read_text())["overall"]
+    assert "tv@4" in p.stdout and "kl@4" in p.stdout and d["mean@4"] != a["overall"]["mean@4"]
+
+    def right(out):
+        counts = {}
+        for row in map(json.loads, (out / "samples.jsonl").read_text().splitlines()):
+            c = counts.setdefault(row["prompt_index"], {})
+            if row["acc"]:
+                c[row["key"]] = c.get(row["key"], 0) + 1
+        return counts
+
+    mine, theirs = right(out_d), right(out_t)
+    both = [i for i in mine if mine[i] and theirs[i]]
+    tv = [sum(abs(mine[i].get(k, 0) / sum(mine[i].values()) - theirs[i].get(k, 0) / sum(theirs[i].values()))
+              for k in mine[i].keys() | theirs[i].keys()) / 2 for i in both]
+    kl = []
+    for i in both:
+        keys = mine[i].keys() | theirs[i].keys()
+        q = {k: (theirs[i].get(k, 0) + 0.5) / (sum(theirs[i].values()) + 0.5 * len(keys)) for k in keys}
+        m = {k: (mine[i].get(k, 0) + 0.5) / (sum(mine[i].values()) + 0.5 * len(keys)) for k in keys}
+        kl.append(sum(q[k] * math.log(q[k] / m[k]) for k in keys))
+    print(f"tv@4 {d['tv@4']} kl@4 {d['kl@4']} over {len(both)} prompts")
+    assert d["target_prompts"] == len(both) > 0 and d["tv@4"] == pytest.approx(sum(tv) / len(tv), abs=1e-12)
+    assert d["kl@4"] == pytest.approx(sum(kl) / len(kl), abs=1e-12) and d["tv@4"] > 0.1 and d["tv_se@4"] > 0
+    p = run_eval([f"model.path={merged}", f"eval.output_dir={tmp_path / 'eval_e'}", f"eval.target={out_a}"],
+                 check=False)  # (a)'s seed: refused before sampling
+    assert p.returncode != 0 and "sampled with eval.seed=0 too" in p.stderr and "Traceback" not in p.stderr

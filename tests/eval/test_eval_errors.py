@@ -138,3 +138,41 @@ def test_model_directory_without_weights_is_refused_before_ray(tmp_path, capsys,
     path = model_dir(tmp_path / "m", "qwen2", weights=False)
     err = cli_error(capsys, main, [f"model.path={path}", f"eval.output_dir={tmp_path / 'out'}"])
     assert "the directory has no weights" in err and path in err
+
+
+def _target(tmp_path, rows, seed=0):
+    d = tmp_path / "target"
+    d.mkdir(exist_ok=True)
+    (d / "samples.jsonl").write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    (d / "summary.json").write_text(json.dumps({"seed": seed}))
+    return str(d)
+
+
+def _row(i, prompt, key, acc=True):
+    return {"prompt_index": i, "prompt": prompt, "response": f"x \\boxed{{{key}}}", "answer": key, "key": key,
+            "acc": acc}
+
+
+def test_a_target_is_counted_per_prompt_and_bad_ones_are_named(tmp_path):
+    from reasonrl_fast.eval.run import load_target
+
+    recs = [{"prompt": "split 57:"}, {"prompt": "split 64:"}]
+    rows = [_row(0, "split 57:", "23+34"), _row(0, "split 57:", "23+34"), _row(0, "split 57:", "9+9", acc=False),
+            _row(1, "split 64:", "32+32")]
+    assert load_target(_target(tmp_path, rows), recs, 1) == [{"23+34": 2}, {"32+32": 1}]
+    # rows written before the key field: the boxed answer with its spaces removed
+    old = [{k: v for k, v in r.items() if k != "key"} | {"answer": r["answer"].replace("+", " + ")} for r in rows]
+    assert load_target(_target(tmp_path, old), recs, 1) == [{"23+34": 2}, {"32+32": 1}]
+    with pytest.raises(EvalError, match=r"eval.target=.*sampled with eval.seed=0 too: set another eval.seed"):
+        load_target(_target(tmp_path, rows), recs, 0)
+    with pytest.raises(EvalError, match=r"eval.target='.*nowhere'.*no .*samples.jsonl"):
+        load_target(str(tmp_path / "nowhere"), recs, 1)
+    with pytest.raises(EvalError, match=r"prompt 1 is 'split 64:' here but 'split 65:' there"):
+        load_target(_target(tmp_path, [*rows[:3], _row(1, "split 65:", "32+33")]), recs, 1)
+    with pytest.raises(EvalError, match=r"no samples of prompt 1 \(1 prompts there, 2 here\)"):
+        load_target(_target(tmp_path, rows[:3]), recs, 1)
+    with pytest.raises(EvalError, match=r"line 2 has prompt_index 7, but this eval has 2 prompts"):
+        load_target(_target(tmp_path, [rows[0], _row(7, "split 57:", "1+56")]), recs, 1)
+    for bad in ("{not json", json.dumps({"prompt": "split 57:"}), json.dumps([1, 2])):
+        with pytest.raises(EvalError, match=r"line 1 is not a samples.jsonl row of the eval command"):
+            load_target(_target(tmp_path, [bad]), recs, 1)

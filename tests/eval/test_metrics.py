@@ -127,3 +127,74 @@ def test_validation_diversity_is_evals_summary():
     assert diversity(recs, texts, acc, 3) == pytest.approx({"val/pass@3": 0.5, "val/distinct@3": 1.0,
                                                             "val/entropy@3": h})
     assert diversity(recs[:1], texts[3:], acc[3:], 3)["val/entropy@3"] == 0.0  # no right sample
+
+
+# ------------------------------------------------------------------ distance to a target
+
+
+def _tables(rng):
+    """Two random count tables over awkward overlapping supports."""
+    keys = [f"{a}+{57 - a}" for a in range(1, 57)]
+    p = {k: rng.randint(1, 9) for k in rng.sample(keys, rng.randint(1, 11))}
+    q = {k: rng.randint(1, 9) for k in rng.sample(keys, rng.randint(1, 11))}
+    return p, q
+
+
+def test_tv_and_kl_match_exact_fractions_on_random_tables():
+    from reasonrl_fast.eval.metrics import kl_divergence, tv_distance
+
+    rng = random.Random()
+    for _ in range(200):
+        p, q = _tables(rng)
+        keys = p.keys() | q.keys()
+        P, Q = sum(p.values()), sum(q.values())
+        tv = sum(abs(Fraction(p.get(k, 0), P) - Fraction(q.get(k, 0), Q)) for k in keys) / 2
+        assert tv_distance(p, q) == pytest.approx(float(tv), abs=1e-12)
+        assert tv_distance(p, q) == pytest.approx(tv_distance(q, p), abs=1e-15)
+        a = Fraction(1, 2)
+        ps = {k: (p.get(k, 0) + a) / (P + a * len(keys)) for k in keys}
+        qs = {k: (q.get(k, 0) + a) / (Q + a * len(keys)) for k in keys}
+        kl = sum(float(ps[k]) * math.log(float(ps[k] / qs[k])) for k in keys)
+        assert kl_divergence(p, q) == pytest.approx(kl, rel=1e-12, abs=1e-15)
+
+
+def test_tv_and_kl_hand_cases():
+    from reasonrl_fast.eval.metrics import kl_divergence, tv_distance
+
+    assert tv_distance({"a": 3}, {"a": 7}) == 0 and kl_divergence({"a": 3}, {"a": 7}) == 0
+    assert tv_distance({"a": 2}, {"b": 5}) == 1  # disjoint answers
+    assert tv_distance({"a": 1, "b": 1}, {"a": 3, "b": 1}) == pytest.approx(0.25)
+    # disjoint with half a count either side: (2.5/3, .5/3) against (.5/6, 5.5/6)
+    p, q = [2.5 / 3, 0.5 / 3], [0.5 / 6, 5.5 / 6]
+    assert kl_divergence({"a": 2}, {"b": 5}) == pytest.approx(sum(x * math.log(x / y) for x, y in zip(p, q)))
+    # smoothing pulls a few counts together; with many it nears the plain KL of the proportions
+    true = math.log(2) / 3  # KL((2/3, 1/3) || (1/3, 2/3))
+    small, large = kl_divergence({"a": 2, "b": 1}, {"a": 1, "b": 2}), kl_divergence({"a": 2000, "b": 1000}, {"a": 1000, "b": 2000})
+    assert 0 < small < large < true and large == pytest.approx(true, rel=1e-3)
+    for bad in (({}, {"a": 1}), ({"a": 1}, {})):
+        with pytest.raises(ValueError, match="at least one count"):
+            tv_distance(*bad)
+    with pytest.raises(ValueError, match="alpha > 0"):
+        kl_divergence({}, {})
+
+
+def test_summarize_reports_the_distance_to_a_target_where_both_sides_answered_right():
+    n = 4
+    rs = [PromptResult("partition", [True, True, False, True], [5] * n, None, ["a", "a", "x", "b"], {"a": 2, "b": 2}),
+          PromptResult("partition", [True, True, True, True], [5] * n, None, ["a"] * 4, {"c": 3}),
+          PromptResult("partition", [False] * n, [5] * n, None, ["a"] * 4, {"a": 1}),  # none right here
+          PromptResult("partition", [True] * n, [5] * n, None, ["a"] * 4, {}),  # none right there
+          PromptResult("other", [True] * n, [5] * n, None, ["z"] * 4, {"z": 4})]
+    s = summarize(rs, n, [1])
+    part = s["per_source"]["partition"]
+    tv = [abs(2 / 3 - 1 / 2) / 2 + abs(1 / 3 - 1 / 2) / 2, 1.0]
+    assert part["target_prompts"] == 2 and part["tv@4"] == pytest.approx(sum(tv) / 2)
+    assert part["tv_se@4"] == pytest.approx(standard_error(tv))
+    assert s["per_source"]["other"]["tv@4"] == 0 and s["per_source"]["other"]["tv_se@4"] == 0
+    assert s["overall"]["target_prompts"] == 3 and s["overall_micro"]["target_prompts"] == 3
+    assert s["overall"]["tv@4"] == pytest.approx(part["tv@4"] / 2)  # macro: the mean of the sources'
+    assert s["overall"]["tv_se@4"] == pytest.approx(math.sqrt(part["tv_se@4"] ** 2) / 2)
+    assert s["overall"]["kl@4"] > 0
+    # without targets the keys are absent (summary.json stays as before)
+    plain = summarize([PromptResult("partition", [True] * n, [5] * n, None, ["a"] * 4)], n, [1])
+    assert not any(k.startswith(("tv", "kl", "target")) for k in plain["overall"])
