@@ -20,7 +20,7 @@ pass@k, distinct@n and entropy@n, at temperature 1 with `--n` samples per held-o
 Each finished piece is kept as JSON under --out, so a rerun with the same --out picks up where
 the last stopped. `--jobs` pieces run at once (a run's startup mostly waits, so 2 on 2 cores keep
 them busy). `--trace K` also saves every K steps and evaluates every checkpoint: the distance over
-training. The table gives mean ± standard error over seeds (sample std / sqrt(seeds)); with
+training, in a section and figure of its own (partition_diversity_trace.png). The table gives mean ± standard error over seeds (sample std / sqrt(seeds)); with
 --write it goes into RESULTS.md, the figure into benchmarks/partition_diversity.png."""
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class Sweep:
         return os.path.join(self.out, "eval", f"first-{warm}-{seed}")
 
     def run(self, warm: str, spec: str, seed: int, first: cf.Future) -> dict:
-        name = f"{warm}-{spec.replace(':', '')}-{seed}"
+        name = f"{warm}-{spec.replace(':', '')}-{seed}" + (f"-trace{self.trace}" if self.trace else "")
         settings = [*TASK, *WARM[warm], f"trainer.seed={seed}", *self.extra]
 
         def work():
@@ -182,6 +182,48 @@ def table(firsts: dict, runs: dict, warms: list[str], specs: list[str], seeds: l
     return "\n".join(lines)
 
 
+def log_partition(beta: float, tokens: float, p_right: float, right: int, group: int) -> float:
+    """log Z* that FlowRL's length-normalised residual needs on a prompt whose group of `group`
+    samples has `right` right ones (0/1 rewards): (1/n) log sum_y π_ref(y) exp(n β r̂(y)), with r̂
+    the group-normalised reward (docs/math.md §Group advantage, ε left out) and n = `tokens`, the
+    responses' common length; p_right = π_ref's chance of a right answer on the prompt."""
+    mean = right / group
+    std = math.sqrt(right * (group - right) / (group * (group - 1)))
+    hi, lo = (1 - mean) / std, -mean / std
+    a, b = math.log(p_right) + tokens * beta * hi, math.log(1 - p_right) + tokens * beta * lo
+    return (max(a, b) + math.log1p(math.exp(-abs(a - b)))) / tokens
+
+
+def residual_table(out: str, firsts: dict, warms: list[str], specs: list[str], seeds: list[int], n: int) -> str:
+    """What FlowRL's Z-head learns against the log-partition its residual needs: the mean of
+    log_z/mean and of |δ| over each run's last 100 steps (mean ± se over seeds), beside log Z* of
+    a group of 8 with 7 and with 4 right, at the warm start's accuracy and response length."""
+    from reasonrl_fast.util import read_metrics
+
+    lines = ["| warm start | policy | learned log Z | mean abs(δ) | log Z*, 7 of 8 right | log Z*, 4 of 8 right |",
+             "|---|---|---|---|---|---|"]
+    for w in warms:
+        p = statistics.fmean(firsts[w, s]["first"][f"mean@{n}"] for s in seeds)
+        tokens = []
+        for s in seeds:
+            with open(os.path.join(out, "eval", f"first-{w}-{s}", "summary.json")) as f:
+                tokens.append(json.load(f)["overall"]["response_length/mean"])
+        tok = statistics.fmean(tokens)
+        for spec in specs:
+            if not spec.startswith("flowrl"):
+                continue
+            beta = float(spec.partition(":")[2] or 15)
+            z, d = [], []
+            for s in seeds:
+                rows = [r for r in read_metrics(os.path.join(out, "runs", f"{w}-{spec.replace(':', '')}-{s}"))
+                        if "log_z/mean" in r][-100:]
+                z.append(statistics.fmean(r["log_z/mean"] for r in rows))
+                d.append(statistics.fmean(r["tb/delta_abs_mean"] for r in rows))
+            need = [f"{log_partition(beta, tok, p, c, 8):.3f}" if 0 < p < 1 else "-" for c in (7, 4)]
+            lines.append(f"| {w} | {label(spec)} | {mean_se(z)} | {mean_se(d)} | {need[0]} | {need[1]} |")
+    return "\n".join(lines)
+
+
 def figure(firsts: dict, runs: dict, warms: list[str], specs: list[str], seeds: list[int], n: int, png: str) -> None:
     import matplotlib
 
@@ -202,6 +244,48 @@ def figure(firsts: dict, runs: dict, warms: list[str], specs: list[str], seeds: 
         ax.set_xticks([i + width * (len(warms) - 1) / 2 for i in range(len(names))], names, rotation=20)
         ax.set_title(key + (" (warm start: its floor)" if key.startswith("tv") else "") + f", {len(seeds)} seeds")
         ax.legend(title="warm start")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+
+
+def trace_table(firsts: dict, runs: dict, warms: list[str], specs: list[str], seeds: list[int], n: int) -> str:
+    """--trace: the distance and diversity at each saved step, mean ± se over seeds."""
+    keys = [f"tv@{n}", f"kl@{n}", f"distinct@{n}", f"mean@{n}"]
+    lines = [f"### Over training (every {runs[warms[0], specs[0], seeds[0]]['trace'][0]['step']} steps, "
+             f"{len(seeds)} seeds)", "", "| warm start | policy | step | " + " | ".join(keys) + " |",
+             "|---|---|---:|" + "---|" * len(keys)]
+    for w in warms:
+        lines.append(f"| {w} | floor | - | " + " | ".join(
+            mean_se([firsts[w, s]["floor"].get(k) for s in seeds]) for k in keys) + " |")
+        for spec in specs:
+            traces = [runs[w, spec, s]["trace"] for s in seeds]
+            for i, point in enumerate(traces[0]):
+                lines.append(f"| {w} | {label(spec)} | {point['step']} | " + " | ".join(
+                    mean_se([t[i].get(k) for t in traces]) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def trace_figure(firsts: dict, runs: dict, warms: list[str], specs: list[str], seeds: list[int], n: int,
+                 png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(warms), figsize=(6 * len(warms), 3.8), squeeze=False)
+    for ax, w in zip(axes[0], warms):
+        floor = [firsts[w, s]["floor"][f"tv@{n}"] for s in seeds]
+        floor = [x for x in floor if x is not None]
+        if floor:
+            ax.axhline(statistics.fmean(floor), color="gray", ls="--", label="floor (warm start vs itself)")
+        for spec in specs:
+            traces = [runs[w, spec, s]["trace"] for s in seeds]
+            steps = [p["step"] for p in traces[0]]
+            ys = [[t[i][f"tv@{n}"] for t in traces if t[i][f"tv@{n}"] is not None] for i in range(len(steps))]
+            ax.plot(steps, [statistics.fmean(y) if y else math.nan for y in ys], marker="o", label=label(spec))
+        ax.set_title(f"tv@{n} to the target over training ({w} warm start, {len(seeds)} seeds)")
+        ax.set_xlabel("step")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=100)
 
@@ -244,11 +328,22 @@ def main() -> None:
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+    if a.trace:  # its own section and figure: a trace is a few seeds, the table below the whole sweep
+        if a.write:
+            png = os.path.join(os.path.dirname(os.path.abspath(a.write)), "partition_diversity_trace.png")
+            trace_figure(firsts, runs, warms, specs, seeds, a.n, png)
+            print(f"wrote {png}")
+        publish(trace_table(firsts, runs, warms, specs, seeds, a.n), a.write, MARKER + "-trace")
+        return
     if a.write:
         png = os.path.join(os.path.dirname(os.path.abspath(a.write)), "partition_diversity.png")
         figure(firsts, runs, warms, specs, seeds, a.n, png)
         print(f"wrote {png}")
-    publish(table(firsts, runs, warms, specs, seeds, a.n, extra), a.write, MARKER)
+    body = table(firsts, runs, warms, specs, seeds, a.n, extra)
+    if a.out and any(s.startswith("flowrl") for s in specs):  # the runs' metrics are kept under --out
+        body += "\n\nFlowRL's Z-head against the log-partition its residual needs (last 100 steps):\n\n"
+        body += residual_table(a.out, firsts, warms, specs, seeds, a.n)
+    publish(body, a.write, MARKER)
 
 
 if __name__ == "__main__":

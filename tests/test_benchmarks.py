@@ -10,6 +10,7 @@ RESULTS.md section and process-tree memory are also checked on made-up runs."""
 
 import gc
 import json
+import math
 import os
 import re
 import signal
@@ -488,6 +489,27 @@ def test_a_step_past_its_limit_is_killed_and_one_past_the_budget_is_skipped(monk
     assert gpu_check.run_step("late", hang, _env(), timeout=60)["status"] == "skipped: budget spent"
 
 
+# --- bench_diversity.py's log-partition of FlowRL's residual --------------------------------
+
+def test_log_partition_is_the_normaliser_of_the_length_normalised_target():
+    import bench_diversity
+
+    import torch
+
+    from reasonrl_fast.ops import group_advantage
+
+    for beta, tokens, p, right in ((0.0, 26, 0.64, 7), (1.0, 26, 0.64, 7), (15.0, 26, 0.3, 4), (5.0, 3.5, 0.9, 1)):
+        r = torch.tensor([1.0] * right + [0.0] * (8 - right), dtype=torch.float64)
+        adv = group_advantage(r, torch.zeros(8, dtype=torch.long), eps=0.0).double()
+        hi, lo = adv[0].item(), adv[-1].item()
+        # sum over right and wrong answers of pi_ref * exp(n beta r_hat), as the shares p and 1 - p
+        direct = torch.logsumexp(torch.tensor([math.log(p) + tokens * beta * hi,
+                                               math.log(1 - p) + tokens * beta * lo], dtype=torch.float64), 0)
+        got = bench_diversity.log_partition(beta, tokens, p, right, 8)
+        assert got == pytest.approx(direct.item() / tokens, rel=1e-6, abs=1e-9), (beta, tokens, p, right)
+    assert bench_diversity.log_partition(0.0, 26, 0.5, 4, 8) == pytest.approx(0.0, abs=1e-12)
+
+
 # --- bench_rollout.py's parts (its runs need the vLLM venv and minutes: it is run by hand) -------
 
 def _rollout_runs():
@@ -754,10 +776,21 @@ def test_diversity_bench_on_tiny_settings_writes_its_section_and_figure(tmp_path
     # the tiny warm start seldom answers right: the distances are there, measured where it does
     assert {"tv@4", "kl@4", "tv_se@4"} <= run["last"].keys() & floor.keys(), (run, floor)
     assert not any(d.startswith("checkpoint-") for d in os.listdir(out / "runs" / "narrow-flowrl5-0"))
+    assert "| narrow | flowrl β=5 | " in md.split("log-partition its residual needs")[1], md
     assert (tmp_path / "partition_diversity.png").read_bytes()[:4] == b"\x89PNG"
     # a second call with the same --out reuses every piece: nothing trains again
     again = _script("bench_diversity.py", *args, timeout=120)
     assert '{"piece"' not in again and "| flat | flowrl β=5 | " in again
+    # a trace: every checkpoint evaluated, in a section and figure of its own (the warm start reused)
+    args[3] = "narrow"
+    printed = _script("bench_diversity.py", *args, "--trace", "1", timeout=600)
+    assert [json.loads(x)["piece"] for x in printed.splitlines() if x.startswith('{"piece"')] == ["narrow-flowrl5-0-trace1"]
+    trace = json.loads((out / "results" / "narrow-flowrl5-0-trace1.json").read_text())["trace"]
+    assert [t["step"] for t in trace] == [1, 2] and all("tv@4" in t for t in trace), trace
+    md = results.read_text()
+    assert md.count("<!-- partition-diversity-trace:begin -->") == 1 and "| narrow | flowrl β=5 | 2 | " in md, md
+    assert "| flat | flowrl β=5 | " in md  # the sweep's section stays
+    assert (tmp_path / "partition_diversity_trace.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # Another project's venv: built once and cached (the fixtures), one script at a time.
