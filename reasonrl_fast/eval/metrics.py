@@ -218,11 +218,11 @@ def _group(rs: list[PromptResult], n: int, ks: Sequence[int]) -> dict:
         vals = [p[key] for p in per if p.get(key) is not None]
         out[key] = sum(vals) / len(vals) if vals else None
     if any(r.target is not None for r in rs):
-        for name in ("tv", "kl"):
+        for name in ("tv", "kl"):  # both are defined on the same prompts
             vals = [p[f"{name}@{n}"] for p in per if p.get(f"{name}@{n}") is not None]
             out[f"{name}@{n}"] = sum(vals) / len(vals) if vals else None
             out[f"{name}_se@{n}"] = standard_error(vals) if vals else None
-        out["target_prompts"] = len(vals)
+            out["target_prompts"] = len(vals)
     votes = [r.maj for r in rs if r.maj is not None]
     out[f"maj@{n}"] = sum(votes) / len(votes) if votes else None
     lengths = [x for r in rs for x in r.lengths]

@@ -143,6 +143,8 @@ def load_target(path: str, records: list[dict], seed: int) -> list[dict[str, int
     prompts: dict[int, object] = {}
     with open(file, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
             try:
                 row = json.loads(line)
                 i, prompt, right = row["prompt_index"], row["prompt"], row["acc"] is True

@@ -160,6 +160,7 @@ def test_a_target_is_counted_per_prompt_and_bad_ones_are_named(tmp_path):
     rows = [_row(0, "split 57:", "23+34"), _row(0, "split 57:", "23+34"), _row(0, "split 57:", "9+9", acc=False),
             _row(1, "split 64:", "32+32")]
     assert load_target(_target(tmp_path, rows), recs, 1) == [{"23+34": 2}, {"32+32": 1}]
+    assert load_target(_target(tmp_path, [*rows[:2], "", *rows[2:], " "]), recs, 1) == [{"23+34": 2}, {"32+32": 1}]
     # rows written before the key field: the boxed answer with its spaces removed
     old = [{k: v for k, v in r.items() if k != "key"} | {"answer": r["answer"].replace("+", " + ")} for r in rows]
     assert load_target(_target(tmp_path, old), recs, 1) == [{"23+34": 2}, {"32+32": 1}]
