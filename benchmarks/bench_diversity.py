@@ -153,6 +153,8 @@ def mean_se(values: list) -> str:
     if not xs:
         return "-"
     m = statistics.fmean(xs)
+    if len(values) == 1:  # one seed: no spread to give
+        return f"{m:.3f}"
     se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
     return f"{m:.3f} ± {se:.3f}" + (f" ({len(xs)} of {len(values)} seeds)" if len(xs) < len(values) else "")
 
@@ -248,11 +250,12 @@ def figure(firsts: dict, runs: dict, warms: list[str], specs: list[str], seeds: 
     fig.savefig(png, dpi=100)
 
 
-def trace_table(firsts: dict, runs: dict, warms: list[str], specs: list[str], seeds: list[int], n: int) -> str:
+def trace_table(firsts: dict, runs: dict, warms: list[str], specs: list[str], seeds: list[int], n: int,
+                command: str) -> str:
     """--trace: the distance and diversity at each saved step, mean ± se over seeds."""
     keys = [f"tv@{n}", f"kl@{n}", f"distinct@{n}", f"mean@{n}"]
-    lines = [f"### Over training (every {runs[warms[0], specs[0], seeds[0]]['trace'][0]['step']} steps, "
-             f"{len(seeds)} seeds)", "", "| warm start | policy | step | " + " | ".join(keys) + " |",
+    lines = [f"### Over training, seeds {', '.join(map(str, seeds))} ({datetime.date.today().isoformat()}, "
+             f"{os.cpu_count()}-core CPU; `{command}`)", "", "| warm start | policy | step | " + " | ".join(keys) + " |",
              "|---|---|---:|" + "---|" * len(keys)]
     for w in warms:
         lines.append(f"| {w} | floor | - | " + " | ".join(
@@ -333,7 +336,9 @@ def main() -> None:
             png = os.path.join(os.path.dirname(os.path.abspath(a.write)), "partition_diversity_trace.png")
             trace_figure(firsts, runs, warms, specs, seeds, a.n, png)
             print(f"wrote {png}")
-        publish(trace_table(firsts, runs, warms, specs, seeds, a.n), a.write, MARKER + "-trace")
+        command = "python benchmarks/bench_diversity.py " + " ".join(
+            [f"--seeds {a.seeds}", f"--warm {a.warm}", f"--algos {a.algos}", f"--trace {a.trace}", *extra])
+        publish(trace_table(firsts, runs, warms, specs, seeds, a.n, command), a.write, MARKER + "-trace")
         return
     if a.write:
         png = os.path.join(os.path.dirname(os.path.abspath(a.write)), "partition_diversity.png")
