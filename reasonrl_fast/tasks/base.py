@@ -44,8 +44,8 @@ class Task:
         raise NotImplementedError
 
     def sft_key(self, d) -> tuple:
-        """Extra parts of the warm start's cache key: what shapes this task's demonstrations
-        (tasks that share demonstrations share a cache)."""
+        """The parts of the warm start's cache key this task adds: the settings its demonstrations
+        depend on (equal keys reuse one cached model)."""
         return ()
 
     def request_steps(self, response: str) -> list[str]:
