@@ -139,6 +139,15 @@ def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = RO
     sel = selectors.DefaultSelector()
     sel.register(fd, selectors.EVENT_READ)
     interrupted = False
+
+    def take(chunk: bytes) -> None:
+        nonlocal pending, tail
+        *lines, pending = (pending + chunk).split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace").rstrip()
+            _echo(line)
+            tail = (tail + [line])[-40:]
+
     while True:
         left = deadline - time.monotonic()
         if left <= 0 and not interrupted:
@@ -147,6 +156,7 @@ def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = RO
             continue
         if left <= 0:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             break
         if not sel.select(timeout=min(left, 1.0)):
             if proc.poll() is not None:  # exited; a leftover grandchild may hold the pipe open
@@ -155,11 +165,15 @@ def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = RO
         chunk = os.read(fd, 65536)  # never blocks on a line left unfinished by a hung child
         if not chunk:
             break
-        *lines, pending = (pending + chunk).split(b"\n")
-        for raw in lines:
-            line = raw.decode(errors="replace").rstrip()
-            _echo(line)
-            tail = (tail + [line])[-40:]
+        take(chunk)
+    # The child's last lines (its traceback, pytest's summary) may have reached the pipe after
+    # the last select: read what is there without waiting on a grandchild that holds it open.
+    os.set_blocking(fd, False)
+    try:
+        while chunk := os.read(fd, 65536):
+            take(chunk)
+    except BlockingIOError:
+        pass
     if pending.strip():
         tail = (tail + [pending.decode(errors="replace").rstrip()])[-40:]
     rc = proc.wait()
