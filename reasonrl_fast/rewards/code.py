@@ -65,8 +65,10 @@ The sandbox, layer by layer (`sandbox_mode()` says which mode this machine gets;
    (a user namespace would give the program capabilities over its own copies of everything),
    no kernel keyrings, no sockets but AF_INET/AF_INET6 (no Unix socket reaches the host's
    pathname sockets: syslog, the journal, the system bus, a container runtime; no netlink,
-   vsock or packet sockets), no ptrace, bpf, perf events, userfaultfd, io_uring, mounts. Each
-   fails with EPERM. Without libseccomp code rewards raise UserError (install libseccomp2).
+   vsock or packet sockets; socketpair only as an AF_UNIX stream or seqpacket pair), no
+   memfd_create (its pages escape RLIMIT_AS), no ptrace, bpf, perf events, userfaultfd,
+   io_uring, mounts. Each fails with EPERM. Without libseccomp code rewards raise UserError
+   (install libseccomp2).
 11. [all] A fresh anonymous session keyring for the launcher and all it starts: the caller's
    (and its keys) would otherwise be inherited through fork, exec, unshare and setuid. With
    (10) no sample can add a key to its uid's user keyring either, so nothing passes from one

@@ -16,7 +16,12 @@ kernel surface, which fails with EPERM:
 - sockets of any family but AF_INET and AF_INET6, which the network namespace isolates: AF_UNIX
   reaches the host's pathname sockets (no namespace covers them and connect() ignores read-only
   mounts), AF_NETLINK, AF_VSOCK, AF_PACKET the kernel or the hypervisor; socketpair only as
-  AF_UNIX stream or seqpacket (a datagram pair can still sendto() any socket path);
+  an AF_UNIX SOCK_STREAM or SOCK_SEQPACKET pair, an allow-list: a datagram pair can sendto()
+  any socket path, and the kernel makes an AF_UNIX SOCK_RAW pair a datagram pair too;
+- memfd_create: a memfd's pages are shared memory, counted against no rlimit of the process
+  (RLIMIT_AS bounds mappings, not a file written through its fd), so a program could hold
+  host memory far past memory_mb; nothing the sandbox runs needs one (multiprocessing's
+  shared memory and semaphores use /dev/shm, a small private tmpfs there);
 - the usual escape hatches: ptrace and cross-process memory or fd access, bpf,
   perf_event_open, userfaultfd, io_uring (its operations bypass seccomp: sockets, connect),
   mounts and the new mount API, file handles, modules, kexec, swap, reboot, accounting,
@@ -34,7 +39,9 @@ import tempfile
 from reasonrl_fast.errors import UserError
 
 _AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10
-_SOCK_DGRAM, _SOCK_TYPE_MASK = 2, 0xF
+# socketpair's type: the kernel reads the low four bits as the socket type (the other bits
+# may only be SOCK_CLOEXEC or SOCK_NONBLOCK, else EINVAL).
+_SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 5, 0xF
 # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET; CLONE_NEWTIME (0x80) only for
 # unshare: in clone's flags those bits are the exit signal. Flags are argument 0 of both on
 # every architecture this package runs on (x86_64, aarch64).
@@ -50,7 +57,7 @@ _DENIED = (
     "move_mount", "mount_setattr", "open_by_handle_at", "name_to_handle_at",
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
     "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "iopl", "ioperm",
-    "lookup_dcookie",
+    "lookup_dcookie", "memfd_create", "memfd_secret",
 )
 
 
@@ -89,8 +96,12 @@ def filter_bpf() -> bytes:
     f.add_rule(eperm, "socket", sc.Arg(0, sc.GT, _AF_INET6))
     for family in range(_AF_INET + 1, _AF_INET6):
         f.add_rule(eperm, "socket", sc.Arg(0, sc.EQ, family))
+    # socketpair(): AF_UNIX stream or seqpacket only. The filter cannot say "type not in"
+    # with a mask, so every other value of the type's four bits is refused, one rule each.
     f.add_rule(eperm, "socketpair", sc.Arg(0, sc.NE, _AF_UNIX))
-    f.add_rule(eperm, "socketpair", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, _SOCK_DGRAM))
+    for kind in range(_SOCK_TYPE_MASK + 1):
+        if kind not in (_SOCK_STREAM, _SOCK_SEQPACKET):
+            f.add_rule(eperm, "socketpair", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind))
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)

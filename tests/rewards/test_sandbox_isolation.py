@@ -332,6 +332,67 @@ def test_host_unix_sockets_out_of_reach(caller):
         os.rmdir(d)
 
 
+_SOCKET_PAIRS = """
+for name, kind in (("raw", socket.SOCK_RAW), ("dgram", socket.SOCK_DGRAM),
+                   ("rdm", socket.SOCK_RDM), ("raw_cloexec", socket.SOCK_RAW | socket.SOCK_CLOEXEC),
+                   ("stream", socket.SOCK_STREAM), ("seqpacket", socket.SOCK_SEQPACKET),
+                   ("stream_nonblock", socket.SOCK_STREAM | socket.SOCK_NONBLOCK)):
+    try:
+        a, b = socket.socketpair(socket.AF_UNIX, kind)
+        report[name] = "created"
+        try:  # the kernel maps an AF_UNIX SOCK_RAW pair to a datagram pair: it may name a path
+            a.sendto(b"leak", DGRAM_PATH)  # (a connected pair sends to its peer instead)
+        except OSError:
+            pass
+    except OSError as e:
+        report[name] = errno.errorcode.get(e.errno, str(e))
+"""
+
+
+def test_socketpair_only_stream_and_seqpacket(caller):
+    d = _socket_dir()
+    dgram_path = os.path.join(d, "log.sock")
+    sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sink.bind(dgram_path)
+        os.chmod(dgram_path, 0o777)
+        report = caller(lambda: _attack(_SOCKET_PAIRS.replace("DGRAM_PATH", repr(dgram_path))))
+        sink.setblocking(False)
+        with pytest.raises(BlockingIOError):  # no datagram arrived
+            sink.recv(64)
+        assert report == {"raw": "EPERM", "dgram": "EPERM", "rdm": "EPERM",
+                          "raw_cloexec": "EPERM", "stream": "created", "seqpacket": "created",
+                          "stream_nonblock": "created"}, report
+    finally:
+        sink.close()
+        if os.path.exists(dgram_path):
+            os.unlink(dgram_path)
+        os.rmdir(d)
+
+
+_MEMFD = """
+try:
+    fd = os.memfd_create("hoard")
+    report["memfd"] = "created"
+    with os.fdopen(fd, "wb") as f:  # past memory_mb (64) if it may
+        for _ in range(128):
+            f.write(b"x" * (1 << 20))
+    report["memfd"] = "wrote 128 MB"
+except OSError as e:
+    report["memfd"] = errno.errorcode.get(e.errno, str(e))
+"""
+
+
+def test_memfd_refused(caller):
+    def in_caller():
+        r = run_tests(_program(_MEMFD), [{"input": "", "output": "done"}], timeout_s=20,
+                      memory_mb=64)
+        return [json.loads(line[len("REPORT "):]) for line in r.stderr_tail.splitlines()
+                if line.startswith("REPORT ")]
+
+    assert caller(in_caller) == [{"memfd": "EPERM"}]
+
+
 # ---------------------------------------------------------------- namespaces and the kernel
 
 _NEW_USER_NAMESPACE = """
