@@ -392,10 +392,19 @@ def _reap_all() -> None:
             time.sleep(0.001)
 
 
+# Signals the launcher ignores (main): the program may send them to its parent or, in the
+# userns mode (where it shares the launcher's uid), to pid 1, and a launcher stopped by one
+# reports no verdict. Every process it starts gets them back as they were (_limits). The
+# caller ends a sandbox with SIGKILL (its kill, unshare's --kill-child, the pdeathsig).
+_IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _limits(job: dict, cpu_s: int, nproc: int):
     mem = job["memory_mb"] * 1024 * 1024
 
     def apply() -> None:
+        for sig in _IGNORED_SIGNALS:  # an ignored signal stays ignored across exec
+            signal.signal(sig, signal.SIG_DFL)
         if not job["pidns"]:
             _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if job["drop_caps"]:  # userns: uid 0 of the namespace, but with no capability in it
@@ -642,6 +651,8 @@ def _normalise(text: str) -> list:
 def main() -> None:
     # Nothing in the sandbox may read this process's memory (the job: tests, expected output).
     _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    for sig in _IGNORED_SIGNALS:  # nothing in the sandbox stops the verdict with a signal
+        signal.signal(sig, signal.SIG_IGN)
     job = marshal.loads(sys.stdin.buffer.read())
     _join_fresh_session_keyring(job["sys_keyctl"])
     job["seccomp_prog"] = _seccomp_prog(job["seccomp"])

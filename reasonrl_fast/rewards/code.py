@@ -42,6 +42,8 @@ The sandbox, layer by layer (`sandbox_mode()` says which mode this machine gets;
    its pid 1, kills every other process in it after each case (kill(-1)), and when it dies the
    kernel kills everything left, setsid() or not. /proc shows only the sandbox's processes.
    The launcher is non-dumpable: nothing in the sandbox reads its memory (tests, outputs).
+   In every mode it ignores SIGINT, SIGTERM and SIGHUP (a program sharing its uid, userns and
+   plain, could otherwise end it before the verdict); what it starts gets them back.
 6. [ns] A network namespace (`unshare --net`): only a loopback that is down, no route out.
    IPC and UTS namespaces too (SysV shared memory of the host is out of reach).
 7. [ns] A mount namespace: every mount read-only (mount_setattr, Linux >= 5.12), then a

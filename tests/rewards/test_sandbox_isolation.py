@@ -477,6 +477,37 @@ def test_private_dev_holds_only_the_harmless_nodes(caller, request):
     assert {os.path.basename(p) for p in report["opened"]} <= _MINIMAL_DEV, report
 
 
+# ---------------------------------------------------------------- the launcher's verdict
+
+_SIGNAL_LAUNCHER = """
+import os, signal, time
+for pid in (1, os.getppid()):  # pid 1: the launcher in a PID namespace; the parent: it anyway
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+time.sleep(0.05)
+with open("/proc/self/status") as f:  # the program's own dispositions are the usual ones
+    ignored = int(next(l for l in f if l.startswith("SigIgn:")).split()[1], 16)
+ignored &= (1 << signal.SIGINT - 1) | (1 << signal.SIGTERM - 1) | (1 << signal.SIGHUP - 1)
+"""
+
+
+def test_signalling_the_launcher_keeps_the_verdict(caller):
+    stdio = _SIGNAL_LAUNCHER + "print(2 * int(input()) if not ignored else 'ignored')\n"
+    checked = _SIGNAL_LAUNCHER + "def f(x):\n    return 2 * x if not ignored else None\n"
+    cases = [{"input": str(i), "output": str(2 * i)} for i in (1, 2, 3)]
+
+    def in_caller():
+        return [list(map(str, (r.passed, r.total, r.status))) for r in (
+            run_tests(stdio, cases, timeout_s=20),
+            run_tests(checked, "assert f(2) == 4\nassert f(5) == 10\n", timeout_s=20,
+                      program_names=("f",)))]
+
+    assert caller(in_caller) == [["3", "3", "ok"], ["1", "1", "ok"]]
+
+
 # ---------------------------------------------------------------- no filter, no sandbox
 
 def test_missing_libseccomp_is_a_user_error(monkeypatch):
