@@ -544,7 +544,8 @@ def make_run_dir(output_dir: str) -> None:
 
 def prepare_run(cfg, warn=print) -> tuple[str | None, dict | None]:
     """Decide where the run starts: (checkpoint to resume or None, its trainer_state or None).
-    A fresh run gets a new run id (state None) and must not mix with an earlier run's files."""
+    A fresh run gets a new run id (state None) and must not mix with an earlier run's files; a
+    resumed one must keep the settings its checkpoint cannot do without (runtime/resume.py)."""
     t = cfg.trainer
     out = t.output_dir
     if t.overwrite:
@@ -554,7 +555,11 @@ def prepare_run(cfg, warn=print) -> tuple[str | None, dict | None]:
     if resume_from:
         if not t.trust_checkpoint:
             check_trusted(resume_from, "trainer.trust_checkpoint=true")
-        return resume_from, resume_state(resume_from)
+        state = resume_state(resume_from)
+        from reasonrl_fast.runtime.resume import check_resume  # it imports this module
+
+        check_resume(resume_from, state, cfg, warn)  # a setting it cannot change is refused here
+        return resume_from, state
     old = [p for _, p in list_checkpoints(out)]
     if old:
         raise CheckpointError(

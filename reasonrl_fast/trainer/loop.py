@@ -30,6 +30,7 @@ from reasonrl_fast.rewards.pool import RewardPool
 from reasonrl_fast.rewards.score import scorer_for
 from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
+from reasonrl_fast.runtime import resume
 from reasonrl_fast.runtime.datasets import Sampler, load_datasets
 from reasonrl_fast.tasks import all_tasks
 from reasonrl_fast.trainer.logger import MetricsLogger
@@ -282,8 +283,9 @@ def finite_rewards(rewards: list[float]) -> tuple[list[float], int]:
 def save(cfg, cluster, tok, step: int, sampler, run_id: str) -> str:
     tmp = ckpt.tmp_path(cfg.trainer.output_dir, step)
     cluster.call("save", tmp)
+    # the run's settings: what a resumed run compares its own with (runtime/resume.py)
     state = {"step": step, "run_id": run_id, "world_size": cluster.world, "sampler": sampler.state(),
-             "python_rng": random.getstate()}
+             "python_rng": random.getstate(), "config": resume.settings(cfg)}
     return ckpt.finalize(tmp, state, tok, cluster.hf_config, cfg.trainer.keep_checkpoints)
 
 

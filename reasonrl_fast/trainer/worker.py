@@ -97,6 +97,7 @@ class Worker:
             groups.append({"params": z_params, "lr": o.lr * cfg.flowrl.zhead_lr_mult})
         self.opt = make_optimizer(groups, cfg, self.device)
         self.sched = make_scheduler(self.opt, o.warmup_steps)
+        self._base_lrs = [g["lr"] for g in groups]  # what a resume sets again (apply_optim_settings)
         return {"params": sum(p.numel() for p in lm_params), "device": str(self.device), "layout": layout.to_dict()}
 
     def _hold(self, module, lm, mesh, compute) -> None:
@@ -225,6 +226,7 @@ class Worker:
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self.actor, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         ckpt.load_rng(path, self.rank, self.sched)
+        apply_optim_settings(self.opt, self.sched, self._base_lrs, self.cfg.optim)
         self.sync_weights()
 
     # ------------------------------------------------------------------ misc
@@ -244,6 +246,24 @@ class Worker:
             rollout.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def apply_optim_settings(opt, sched, base_lrs: list[float], o) -> None:
+    """The run's optimizer settings `o` (cfg.optim) in every param group of `opt`, with
+    `base_lrs` the groups' lrs as this run made them, after a checkpoint's states were loaded:
+    the optimizer's state restores the saved run's lr, weight decay and betas and the scheduler's
+    its base lrs, and a resumed run trains with its own (runtime/resume.py says which settings
+    may change). Each group's lr is its new base at the schedule's position (a warm-up changed
+    with it included), as the scheduler would have set it."""
+    sched.base_lrs = list(base_lrs)
+    lrs = [base * f(sched.last_epoch) for base, f in zip(base_lrs, sched.lr_lambdas, strict=True)]
+    for g, base, lr in zip(opt.param_groups, base_lrs, lrs, strict=True):
+        g["initial_lr"], g["weight_decay"], g["betas"] = base, o.weight_decay, tuple(o.betas)
+        if isinstance(g["lr"], torch.Tensor):  # torchao's AdamW holds it as a tensor (runtime/checkpoint.py)
+            g["lr"].fill_(lr)
+        else:
+            g["lr"] = lr
+    sched._last_lr = lrs  # what get_last_lr() reports until the next step
 
 
 ROLLOUT_SUMS = "rollout_sums"  # train_step's key for the sums of algos/correction.py
