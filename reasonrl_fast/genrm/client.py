@@ -238,9 +238,13 @@ class GenRMClient:
         headers = {"Accept-Encoding": "gzip, deflate"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
+        # read_bufsize: aiohttp stops reading a socket once twice this much of its body waits
+        # unread, so a reply far over the cap costs that much before _read_capped refuses it.
+        # Said here rather than left to aiohttp's default, which a version could raise.
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self._max_concurrency),
-            timeout=aiohttp.ClientTimeout(total=self._timeout_s), headers=headers, auto_decompress=False)
+            timeout=aiohttp.ClientTimeout(total=self._timeout_s), headers=headers, auto_decompress=False,
+            read_bufsize=_PIECE)
 
     async def _shutdown(self) -> None:
         await asyncio.sleep(0)  # requests submitted just before close() start, so they get cancelled
@@ -393,8 +397,9 @@ class GenRMClient:
             if resp.content_length is not None and resp.content_length > cap:
                 raise _Retryable(f"reply over {cap} bytes")
             chunks, sent, size = [], 0, 0
-            # A piece at a time: what aiohttp holds unread is bounded by its read_bufsize (64 KiB,
-            # twice that before it stops reading the socket), so a reply costs about `cap` at most.
+            # A piece at a time: what aiohttp holds unread is bounded by the session's read_bufsize
+            # (_PIECE, twice that before it stops reading the socket), so a reply costs about `cap`
+            # at most (tests/genrm/test_client_memory.py measures it).
             while chunk := await resp.content.read(_PIECE):
                 sent += len(chunk)
                 pieces = [chunk] if inflate is None else inflate.feed(chunk, cap + 1 - size)
