@@ -34,6 +34,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file
 
 from reasonrl_fast.errors import UserError
+from reasonrl_fast.runtime import owned
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 STATE = "trainer_state.json"
@@ -256,7 +257,7 @@ def as_tuple(x):
 
 def tmp_path(output_dir: str, step: int) -> str:
     path = os.path.join(output_dir, f"checkpoint-{step}.tmp")
-    shutil.rmtree(path, ignore_errors=True)  # leftovers of a crash mid-save
+    _remove_ours(path)  # leftovers of a crash mid-save
     os.makedirs(path)
     return path
 
@@ -275,7 +276,7 @@ def finalize(tmp: str, state: dict, tokenizer, hf_config, keep: int) -> str:
         json.dump(state, f)
     _drop_group_other_write(tmp)
     final = tmp[: -len(".tmp")]
-    shutil.rmtree(final, ignore_errors=True)
+    _remove_ours(final)
     os.rename(tmp, final)
     prune(os.path.dirname(final), state["run_id"], state["step"], keep)
     return final
@@ -548,6 +549,7 @@ def prepare_run(cfg, warn=print) -> tuple[str | None, dict | None]:
     resumed one must keep the settings its checkpoint cannot do without (runtime/resume.py)."""
     t = cfg.trainer
     out = t.output_dir
+    refuse_foreign(out)  # what the run would delete or overwrite must be a run's of this trainer
     if t.overwrite:
         clear_run(out)
         return None, None
@@ -566,7 +568,7 @@ def prepare_run(cfg, warn=print) -> tuple[str | None, dict | None]:
             f"{out} holds checkpoints of an earlier run ({', '.join(os.path.basename(p) for p in old)}) "
             f"and trainer.resume={t.resume} starts a fresh run; pass trainer.overwrite=true to delete that run, "
             f"or choose another trainer.output_dir")
-    if any(os.path.exists(os.path.join(out, n)) for n in _RUN_FILES):
+    if any(os.path.exists(os.path.join(out, n)) for n in owned.RUN_FILES):
         warn(f"{out}: no checkpoint to resume, starting over (the earlier run's metrics are replaced)")
     clear_run(out)
     return None, None
@@ -594,16 +596,34 @@ def resume_state(path: str) -> dict:
     return state
 
 
-_RUN_FILES = ("metrics.jsonl", "tensorboard")
+def refuse_foreign(output_dir: str) -> None:
+    """A CheckpointError naming what in `output_dir` a run would delete or overwrite but this
+    trainer did not write (runtime/owned.py)."""
+    bad = owned.foreign_files(output_dir)
+    if bad:
+        raise CheckpointError(
+            f"trainer.output_dir={output_dir} holds {', '.join(bad)}, which this trainer did not write (no "
+            f"config.yaml of its own beside them, or a checkpoint folder with files a save does not write) "
+            f"and a run would delete or overwrite: move them away, or choose another trainer.output_dir")
+
+
+def _remove_ours(path: str) -> None:
+    if os.path.lexists(path):
+        if not owned.our_checkpoint(path):
+            raise CheckpointError(f"{path}: not a checkpoint this trainer wrote, refusing to replace it")
+        shutil.rmtree(path)
 
 
 def clear_run(output_dir: str) -> None:
-    """Delete an earlier run's checkpoints, metrics and TensorBoard events (trainer.overwrite)."""
+    """Delete an earlier run's checkpoints, metrics, TensorBoard events and layout.json (a fresh run,
+    trainer.overwrite): only a run's of this trainer, else a CheckpointError naming what is not
+    and nothing deleted."""
     if not os.path.isdir(output_dir):
         return
+    refuse_foreign(output_dir)
     for name in os.listdir(output_dir):
         p = os.path.join(output_dir, name)
-        if name in _RUN_FILES or _NAME.match(name.removesuffix(".tmp")):
+        if name in owned.RUN_FILES or _NAME.match(name.removesuffix(".tmp")):
             shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
 
 

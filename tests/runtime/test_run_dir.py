@@ -1,5 +1,6 @@
-"""The run directory: a fresh run never mixes with (or prunes) an earlier run's checkpoints, one
-trainer at a time holds it, and a metrics.jsonl cut off by a crash does not block resume."""
+"""The run directory: a fresh run never mixes with (or prunes) an earlier run's checkpoints, never
+deletes or overwrites what this trainer did not write, one trainer at a time holds it, and a
+metrics.jsonl cut off by a crash does not block resume."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import warnings
 import pytest
 
 from tests.helpers.ckpt import config, fake_checkpoint
+from reasonrl_fast.config import to_yaml
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer.logger import MetricsLogger
 from reasonrl_fast.util import read_metrics as read_rows
@@ -21,7 +23,13 @@ def _names(d):
     return sorted(n for n in os.listdir(d) if n.startswith("checkpoint-"))
 
 
+def _ours(out):
+    """The config.yaml an earlier run of this trainer left in `out`."""
+    (out / "config.yaml").write_text(to_yaml(config(out)))
+
+
 def test_fresh_run_refuses_an_earlier_runs_checkpoints(tmp_path):
+    _ours(tmp_path)
     fake_checkpoint(tmp_path, 3, "old")
     fake_checkpoint(tmp_path, 4, "old")
     (tmp_path / "metrics.jsonl").write_text('{"step": 4}\n')
@@ -43,8 +51,59 @@ def test_overwrite_clears_the_earlier_run(tmp_path):
     (tmp_path / "tensorboard").mkdir()
     (tmp_path / "tensorboard" / "events").write_text("x")
     (tmp_path / "notes.txt").write_text("mine")
+    _ours(tmp_path)
     assert ckpt.prepare_run(config(tmp_path, "trainer.overwrite=true")) == (None, None)
-    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml", "notes.txt"]
+
+
+def _tree(d):
+    return sorted(os.path.relpath(os.path.join(r, n), d) for r, ds, fs in os.walk(d) for n in ds + fs)
+
+
+@pytest.mark.parametrize("overwrite", ["true", "false"])
+@pytest.mark.parametrize("config_yaml", [None, "seed: 3\nlr: 0.1\n", "algo: [\n"])
+def test_a_fresh_run_refuses_run_files_it_did_not_write(tmp_path, overwrite, config_yaml):
+    """metrics.jsonl and tensorboard/ of another tool (no config.yaml of ours beside them: none, one
+    of another tool, one that is no YAML) are named, and nothing is deleted or overwritten."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 4}\n')
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "events").write_text("x")
+    if config_yaml is not None:
+        (tmp_path / "config.yaml").write_text(config_yaml)
+    before = {n: (tmp_path / n).read_text() for n in ("metrics.jsonl", "tensorboard/events")}
+    names = _tree(tmp_path)
+    listed = "config.yaml, metrics.jsonl, tensorboard" if config_yaml else "metrics.jsonl, tensorboard"
+    with pytest.raises(ckpt.CheckpointError, match=f"holds {listed}, which this trainer did not write"):
+        ckpt.prepare_run(config(tmp_path, f"trainer.overwrite={overwrite}"), warn=lambda m: None)
+    with pytest.raises(ckpt.CheckpointError, match="which this trainer did not write"):
+        ckpt.clear_run(str(tmp_path))
+    assert _tree(tmp_path) == names
+    assert {n: (tmp_path / n).read_text() for n in before} == before
+
+
+def test_a_checkpoint_folder_another_trainer_wrote_is_not_deleted(tmp_path):
+    """Hugging Face's Trainer names its checkpoints checkpoint-N too (with a trainer_state.json)."""
+    _ours(tmp_path)
+    fake_checkpoint(tmp_path, 3, "old")
+    hf = tmp_path / "checkpoint-500"
+    hf.mkdir()
+    for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
+        (hf / name).write_text("x")
+    names = _tree(tmp_path)
+    for overwrite in ("true", "false"):
+        with pytest.raises(ckpt.CheckpointError, match="holds checkpoint-500, which this trainer did not write"):
+            ckpt.prepare_run(config(tmp_path, f"trainer.overwrite={overwrite}"), warn=lambda m: None)
+    assert _tree(tmp_path) == names
+    # nor does a save replace it, mid-save folder or finished one
+    hf = hf.rename(tmp_path / "checkpoint-500.tmp")
+    with pytest.raises(ckpt.CheckpointError, match="checkpoint-500.tmp: not a checkpoint this trainer wrote"):
+        ckpt.tmp_path(str(tmp_path), 500)
+    assert len(list(hf.iterdir())) == 3
+    os.remove(hf / "model.safetensors")
+    os.remove(hf / "optimizer.pt")
+    os.remove(hf / "trainer_state.json")
+    assert ckpt.prepare_run(config(tmp_path, "trainer.overwrite=true")) == (None, None)
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml"]  # an empty one and ours: deleted
 
 
 def test_resume_keeps_the_run_id_and_metrics_only_runs_start_over(tmp_path):
@@ -54,6 +113,7 @@ def test_resume_keeps_the_run_id_and_metrics_only_runs_start_over(tmp_path):
 
     other = tmp_path / "metrics_only"
     other.mkdir()
+    _ours(other)
     (other / "metrics.jsonl").write_text('{"step": 150}\n')
     said = []
     assert ckpt.prepare_run(config(other), warn=said.append) == (None, None)
