@@ -79,6 +79,47 @@ class _Checks:
         for name in names:
             setattr(self, name, tristate(getattr(self, name), f"{at}{name}"))
 
+    def _between(self, at: str, name: str, lo: float, hi: float, *, lo_open: bool = False,
+                 hi_open: bool = False) -> None:
+        """lo <= value <= hi, either end open (excluded) as asked; an unset (None) value passes."""
+        value = getattr(self, name)
+        if value is None:
+            return
+        if (value <= lo if lo_open else value < lo) or (value >= hi if hi_open else value > hi):
+            _fail(f"{at}{name}", value, f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}")
+
+    def _duration(self, at: str, *names: str, zero: bool = False) -> None:
+        """A wait in seconds: above 0 (or 0 with `zero`) and at most MAX_WAIT_S."""
+        for name in names:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not (0 <= value if zero else 0 < value) or value > MAX_WAIT_S:
+                _fail(f"{at}{name}", value, f"must be in {'[' if zero else '('}0, {MAX_WAIT_S}] seconds")
+
+    def _seed(self, at: str, name: str) -> None:
+        self._between(at, name, 0, SEED_MAX)
+
+    def _named(self, at: str, *names: str) -> None:
+        """A path or name that must not be empty (an empty one would mean the working directory)."""
+        for name in names:
+            if not getattr(self, name).strip():
+                _fail(f"{at}{name}", getattr(self, name), "must not be empty")
+
+    def _file_list(self, at: str, name: str) -> None:
+        for f in getattr(self, name):
+            if not f.strip():
+                _fail(f"{at}{name}", getattr(self, name), "an empty file name")
+
+
+# The longest wait a timeout or cool-down may ask for: a week. Longer is a typo, not a wish, and
+# far below what time.monotonic arithmetic, asyncio and threading (TIMEOUT_MAX ~ 9.2e9 s) or
+# torch.distributed's millisecond timeouts hold.
+MAX_WAIT_S = 7 * 24 * 3600
+# trainer.seed seeds vLLM's engine, which seeds numpy's global generator (np.random.seed takes
+# [0, 2**32 - 1]); torch.manual_seed takes that range too. eval.seed shares the rule.
+SEED_MAX = 2**32 - 1
+
 
 
 @dataclass
@@ -141,7 +182,7 @@ class ModelConfig(_Checks):
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(_Checks):
     """Supervised warm start of the embedded tiny model (cached, keyed by the config)."""
 
     steps: int = 300
@@ -153,6 +194,11 @@ class SFTConfig:
     cache_dir: str = "~/.cache/reasonrl_fast/sft"
     """Where the warm-started model is cached; the folder name is a hash of everything that
     shapes it (model, task, sft, seed), so a changed config never reuses a stale cache."""
+
+    def check(self, at: str = "sft.") -> None:
+        self._not_negative(at, "steps")
+        self._positive(at, "batch_size", "lr")
+        self._named(at, "cache_dir")
 
 
 @dataclass
@@ -208,8 +254,16 @@ class DataConfig(_Checks):
     def check(self, at: str = "data.") -> None:
         self._one_of(at, "task", TASKS)
         self._tristate(at, "packing")
-        self._positive(at, "prompts_per_step")
+        self._positive(at, "prompts_per_step", "max_prompt_length", "val_size", "train_size", "digits")
         self._probability(at, "flaw_prob", "carry_slip_prob", "carry_frac")
+        self._file_list(at, "train_files")
+        self._file_list(at, "val_files")
+        from reasonrl_fast.tasks.partition import STYLES  # torch-free
+
+        w = self.partition_styles  # read by data.task=partition only, whose own check says the same
+        if len(w) != len(STYLES) or any(x < 0 for x in w) or not sum(w) > 0:
+            _fail(f"{at}partition_styles", w, f"needs {len(STYLES)} weights ({', '.join(STYLES)}), finite, >= 0, "
+                                               f"not all 0")
         if self.reward_fn and ":" not in self.reward_fn:
             _fail(f"{at}reward_fn", self.reward_fn, "expected `module:function` or `path/to/file.py:function`")
 
@@ -272,7 +326,9 @@ class RolloutConfig(_Checks):
         self._one_of(at, "backend", tuple(ROLLOUTS))  # read when checked: a registered engine counts
         self._one_of(at, "decoder", ("auto", "model"))
         self._one_of(at, "correction", ("none", "token_tis", "seq_tis"))
-        self._positive(at, "n", "max_new_tokens", "temperature", "sync_every", "is_cap", "tensor_parallel_size")
+        self._positive(at, "n", "max_new_tokens", "temperature", "sync_every", "is_cap", "tensor_parallel_size",
+                       "val_n")
+        self._not_negative(at, "val_temperature")  # 0: greedy validation (rollout/base.py GREEDY_BELOW)
         for name in ("top_p", "val_top_p"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
@@ -305,10 +361,11 @@ class RewardConfig(_Checks):
 
     def check(self, at: str = "reward.") -> None:
         self._one_of(at, "backend", ("process", "ray"))
-        self._positive(at, "num_workers", "timeout_s")
+        self._positive(at, "num_workers")
+        self._duration(at, "timeout_s")
         if self.sandbox_timeout_s is None:  # derived; checked against the data in `validate`
             self.sandbox_timeout_s = self.timeout_s / SANDBOX_SHARE
-        self._positive(at, "sandbox_timeout_s")
+        self._duration(at, "sandbox_timeout_s")
 
 
 @dataclass
@@ -338,10 +395,16 @@ class GRPOConfig(_Checks):
         self._one_of(at, "loss_agg", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
         if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
             _fail(f"{at}clip_ratio_c", self.clip_ratio_c, "must be > 1 (it bounds ratios above 1)")
+        # the clip interval [1 - clip_low, 1 + clip_high] holds ratio 1 whenever both are > 0, and
+        # clip_low = 1 already opens it down to 0: positive epsilons cannot invert it, so the two
+        # need no order (clip-higher has clip_high > clip_low, the symmetric PPO clip equal ones)
+        self._between(at, "clip_low", 0, 1, lo_open=True)
+        self._positive(at, "clip_high")
+        self._not_negative(at, "kl_coef", "overlong_buffer", "overlong_factor")
 
 
 @dataclass
-class FlowRLConfig:
+class FlowRLConfig(_Checks):
     beta: float = 15.0
     """Reward temperature beta of the trajectory-balance loss."""
     max_is_weight: float = 10.0
@@ -357,6 +420,13 @@ class FlowRLConfig:
     FlowRL runs shape with 4096, as DAPO)."""
     overlong_factor: float = 1.0
     """DAPO overlong penalty factor of FlowRL's rewards."""
+
+    def check(self, at: str = "flowrl.") -> None:
+        # beta scales the advantage in the target pi_ref exp(beta r): 0 ignores the reward, a
+        # negative beta trains toward the wrong answers
+        self._positive(at, "beta", "max_is_weight", "zhead_layers")
+        self._between(at, "is_clip_eps", 0, 1, lo_open=True)  # the weight's clip [1 - eps, 1 + eps]
+        self._not_negative(at, "zhead_lr_mult", "overlong_buffer", "overlong_factor")  # 0: a frozen Z-head
 
 
 @dataclass
@@ -402,13 +472,17 @@ class GenRMConfig(_Checks):
 
     def check(self, at: str = "fapo.genrm.") -> None:
         self._one_of(at, "template", ("auto", *TEMPLATES))
-        self._positive(at, "timeout_s", "max_tokens", "max_concurrency")
+        self._positive(at, "max_tokens", "max_concurrency")
+        self._duration(at, "timeout_s")
+        self._duration(at, "cooldown_s", zero=True)
         if not 0 < self.top_p <= 1:
             _fail(f"{at}top_p", self.top_p, "must be in (0, 1]")
-        self._not_negative(at, "max_retries", "temperature", "cooldown_s")
-        if not 0 <= self.warn_failure_rate <= 1 or self.max_reply_bytes < 1:
-            raise ConfigError(f"{at}warn_failure_rate={self.warn_failure_rate!r} must be in [0, 1] and "
-                              f"{at}max_reply_bytes={self.max_reply_bytes!r} >= 1")
+        self._not_negative(at, "max_retries", "temperature")
+        self._probability(at, "warn_failure_rate")
+        self._positive(at, "max_reply_bytes")
+        if self.api_key and not re.fullmatch(r"[!-~]+", self.api_key):  # not echoed: a secret
+            raise ConfigError(f"{at}api_key: must be printable ASCII without spaces or line breaks "
+                              f"(it is sent in an HTTP header)")
         for a in self.addresses:
             try:
                 normalize_address(a)
@@ -429,6 +503,9 @@ class FAPOConfig(_Checks):
     genrm: GenRMConfig = field(default_factory=GenRMConfig)
 
     def check(self, at: str = "fapo.") -> None:
+        # a flagged right answer gets 1 - penalty: from +1 (0, no penalty) down to -1 (2, as if
+        # wrong); past 2 a flawed answer would score below a wrong one
+        self._between(at, "penalty", 0, 2)
         self.genrm.check(f"{at}genrm.")
 
 
@@ -470,6 +547,10 @@ class OptimConfig(_Checks):
     def check(self, at: str = "optim.") -> None:
         self._positive(at, "mini_batch_prompts", "grad_clip")
         self._not_negative(at, "micro_batch_tokens", "warmup_steps", "lr", "weight_decay")
+        # AdamW's moment decays: beta1 for the gradient, beta2 for its square, each in [0, 1)
+        # (torch refuses 1 and more, and a sequence of another length, only at its first step)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            _fail(f"{at}betas", self.betas, "must be two numbers [beta1, beta2], each in [0, 1)")
 
 
 @dataclass
@@ -527,8 +608,11 @@ class TrainerConfig(_Checks):
     def check(self, at: str = "trainer.") -> None:
         self._one_of(at, "logger", ("tensorboard", "wandb", "none"))
         self._one_of(at, "sharding", ("auto", "fsdp", "replicate"))
-        self._positive(at, "nnodes", "workers_per_node", "cpus_per_worker", "collective_timeout_s")
+        self._positive(at, "nnodes", "workers_per_node", "cpus_per_worker")
+        self._duration(at, "collective_timeout_s")
         self._not_negative(at, "steps", "save_every", "keep_checkpoints", "val_every")
+        self._seed(at, "seed")
+        self._named(at, "output_dir", "resume")  # resume: auto, never or a checkpoint path
 
 
 @dataclass
@@ -561,6 +645,8 @@ class EvalConfig(_Checks):
 
     def check(self, at: str = "eval.") -> None:
         self._positive(at, "n", "temperature", "prompts_per_batch")
+        self._seed(at, "seed")
+        self._named(at, "output_dir")
         if not 0 < self.top_p <= 1:
             _fail(f"{at}top_p", self.top_p, "must be in (0, 1]")
         for k in self.k:
@@ -569,9 +655,7 @@ class EvalConfig(_Checks):
             if k > self.n:
                 raise ConfigError(f"{at}k={self.k}: pass@{k} needs at least {k} samples per prompt, "
                                   f"but {at}n={self.n}")
-        for f in self.files:
-            if not f.strip():
-                raise ConfigError(f"{at}files={self.files}: an empty file name")
+        self._file_list(at, "files")
 
 
 @dataclass
@@ -604,9 +688,10 @@ class Config(_Checks):
     def check(self) -> None:
         """Every section's own checks (the cross-section rules are `validate`'s)."""
         self._one_of("", "algo", ALGOS)
-        for section in (self.model, self.data, self.rollout, self.reward, self.grpo, self.fapo, self.optim,
-                        self.trainer, self.eval):
-            section.check()
+        for f in dataclasses.fields(self):  # every section, so a new one cannot be left unchecked
+            section = getattr(self, f.name)
+            if dataclasses.is_dataclass(section):
+                section.check()
 
 
 def validate(cfg: Config) -> Config:
@@ -704,8 +789,9 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
 
 
 def _check_finite(section, at: str = "") -> None:
-    """Every number a finite one. A section's range checks compare (lr > 0, temperature > 0),
-    and inf passes those while nan fails none of `not x < 0`: no setting means either."""
+    """Every number a finite one, and every int one that fits in 64 bits. A section's range
+    checks compare (lr > 0, temperature > 0), and inf passes those while nan fails none of
+    `not x < 0`: no setting means either; a larger int overflows torch's and numpy's integers."""
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         if dataclasses.is_dataclass(value):
@@ -713,6 +799,8 @@ def _check_finite(section, at: str = "") -> None:
         for v in value if isinstance(value, list) else [value]:
             if isinstance(v, float) and not math.isfinite(v):
                 _fail(f"{at}{f.name}", value, "must be a finite number")
+            if isinstance(v, int) and not -2**63 <= v < 2**63:  # what torch and numpy hold
+                _fail(f"{at}{f.name}", value, "must fit in 64 bits")
 
 
 def _check_raw(raw, cls, at: str = "") -> None:

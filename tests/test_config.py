@@ -3,6 +3,7 @@
 import json
 import random
 import re
+import typing
 
 import pytest
 
@@ -202,6 +203,174 @@ def test_edge_values_are_accepted():
     cfg = load_config(None, ["algo=fapo", "fapo.genrm.addresses=[127.0.0.1:8000,http://h:1/v1]",
                              "fapo.genrm.max_retries=0", "fapo.penalty=0.5"])
     assert cfg.fapo.genrm.addresses == ["127.0.0.1:8000", "http://h:1/v1"] and cfg.fapo.penalty == 0.5
+
+
+def _setting_keys(cls=None, at=""):
+    """The dotted key of every setting of `cls` (Config), its sections walked recursively."""
+    import dataclasses
+
+    from reasonrl_fast.config import Config
+
+    keys = []
+    for f in dataclasses.fields(cls or Config):
+        kind = typing.get_type_hints(cls or Config)[f.name]
+        keys += _setting_keys(kind, f"{at}{f.name}.") if dataclasses.is_dataclass(kind) else [f"{at}{f.name}"]
+    return keys
+
+
+# For every setting, values it must refuse (written as on the command line). A setting that
+# takes any value sits in ANY_VALUE with the reason; a new setting in neither fails
+# test_every_setting_is_range_checked until its check and its bad values are written.
+BAD_VALUES = {
+    "algo": ["ppo"],
+    "model.hidden_size": ["0", "-1"],
+    "model.num_layers": ["0"],
+    "model.num_heads": ["0"],
+    "model.intermediate_size": ["0"],
+    "model.max_position_embeddings": ["0"],
+    "model.dtype": ["float16"],
+    "model.compute_dtype": ["int8"],
+    "model.fused_lm_head": ["maybe"],
+    "model.gradient_checkpointing": ["2"],
+    "sft.steps": ["-1"],
+    "sft.batch_size": ["0"],
+    "sft.lr": ["0", "-1e-3"],
+    "sft.cache_dir": ["''"],
+    "data.train_files": ["['']"],
+    "data.val_files": ["[' ']"],
+    "data.prompts_per_step": ["0"],
+    "data.max_prompt_length": ["0"],
+    "data.val_size": ["0"],
+    "data.train_size": ["0"],
+    "data.digits": ["0"],
+    "data.carry_frac": ["-0.1", "1.5"],
+    "data.carry_slip_prob": ["1.01"],
+    "data.flaw_prob": ["-1"],
+    "data.partition_styles": ["[1,1]", "[-1,1,1]", "[0,0,0]"],
+    "data.shuffle": ["1"],
+    "data.task": ["chess"],
+    "data.packing": ["maybe"],
+    "data.reward_fn": ["mod.fn"],
+    "rollout.backend": ["sglang"],
+    "rollout.tensor_parallel_size": ["0"],
+    "rollout.decoder": ["lean"],
+    "rollout.n": ["0"],
+    "rollout.max_new_tokens": ["0"],
+    "rollout.temperature": ["0", "-1"],
+    "rollout.top_p": ["0", "1.5"],
+    "rollout.val_temperature": ["-0.5"],
+    "rollout.val_top_p": ["0", "1.01"],
+    "rollout.val_n": ["0"],
+    "rollout.gpu_memory_utilization": ["0", "1.5"],
+    "rollout.kv_cache_memory_bytes": ["0"],
+    "rollout.sync_every": ["0"],
+    "rollout.correction": ["tis"],
+    "rollout.is_cap": ["0"],
+    "reward.num_workers": ["0"],
+    "reward.timeout_s": ["0", "1e9"],
+    "reward.backend": ["threads"],
+    "reward.sandbox_timeout_s": ["0", "1e9"],
+    "grpo.clip_low": ["0", "-0.2", "1.5"],
+    "grpo.clip_high": ["0", "-0.28"],
+    "grpo.loss_agg": ["sum"],
+    "grpo.kl_coef": ["-0.1"],
+    "grpo.overlong_buffer": ["-1"],
+    "grpo.overlong_factor": ["-1"],
+    "grpo.norm_by_std": ["0"],
+    "grpo.clip_ratio_c": ["1"],
+    "flowrl.beta": ["0", "-15"],
+    "flowrl.max_is_weight": ["0"],
+    "flowrl.is_clip_eps": ["0", "1.5"],
+    "flowrl.zhead_layers": ["0"],
+    "flowrl.zhead_lr_mult": ["-1"],
+    "flowrl.overlong_buffer": ["-1"],
+    "flowrl.overlong_factor": ["-0.5"],
+    "fapo.penalty": ["-1", "3"],
+    "fapo.genrm.addresses": ["[ftp://h:1]", "[localhost]"],
+    "fapo.genrm.serve": ["vllm"],
+    "fapo.genrm.api_key": ["'a key'", r'"k\u0007\n"'],
+    "fapo.genrm.template": ["long"],
+    "fapo.genrm.timeout_s": ["0", "1e9"],
+    "fapo.genrm.max_retries": ["-1"],
+    "fapo.genrm.max_tokens": ["0"],
+    "fapo.genrm.temperature": ["-0.1"],
+    "fapo.genrm.top_p": ["0"],
+    "fapo.genrm.max_concurrency": ["0"],
+    "fapo.genrm.cooldown_s": ["-1", "1e9"],
+    "fapo.genrm.max_reply_bytes": ["0"],
+    "fapo.genrm.warn_failure_rate": ["1.5"],
+    "optim.lr": ["-1e-4"],
+    "optim.weight_decay": ["-0.1"],
+    "optim.warmup_steps": ["-1"],
+    "optim.grad_clip": ["0"],
+    "optim.mini_batch_prompts": ["0"],
+    "optim.micro_batch_tokens": ["-1"],
+    "optim.betas": ["[0.9]", "[0.9,1.0]", "[0.9,0.99,0.999]", "[-0.1,0.99]"],
+    "optim.bf16_stochastic_round": ["2"],
+    "trainer.steps": ["-1"],
+    "trainer.output_dir": ["''"],
+    "trainer.nnodes": ["0"],
+    "trainer.workers_per_node": ["0"],
+    "trainer.cpus_per_worker": ["0"],
+    "trainer.sharding": ["zero3"],
+    "trainer.save_every": ["-1"],
+    "trainer.save_last": ["2"],
+    "trainer.keep_checkpoints": ["-1"],
+    "trainer.val_every": ["-1"],
+    "trainer.resume": ["''"],
+    "trainer.overwrite": ["maybe"],
+    "trainer.trust_checkpoint": ["[true]"],
+    "trainer.collective_timeout_s": ["0", "99999999999"],
+    "trainer.seed": ["-1", str(2**32), str(2**64)],
+    "trainer.logger": ["mlflow"],
+    "trainer.progress": ["1"],
+    "eval.files": ["['']"],
+    "eval.n": ["0"],
+    "eval.k": ["[0]", "[17]"],
+    "eval.temperature": ["0"],
+    "eval.top_p": ["0", "1.5"],
+    "eval.output_dir": ["''"],
+    "eval.seed": ["-1", str(2**32)],
+    "eval.prompts_per_batch": ["0"],
+}
+
+ANY_VALUE = {
+    "model.path": "a local directory, which the preflight and the loaders check (nothing is downloaded)",
+    "fapo.genrm.model": "the served model's name as the server lists it; empty: the first one",
+    "trainer.ray_address": "Ray's own address forms, read by ray.init; empty: a local instance",
+    "trainer.project": "wandb's project name, used with trainer.logger=wandb only",
+    "eval.target": "another eval's directory or samples.jsonl, checked when the eval reads it",
+}
+
+
+def test_the_bad_value_table_covers_every_setting():
+    keys = set(_setting_keys())
+    assert not set(BAD_VALUES) & set(ANY_VALUE)
+    assert set(BAD_VALUES) | set(ANY_VALUE) == keys, sorted(keys ^ (set(BAD_VALUES) | set(ANY_VALUE)))
+
+
+@pytest.mark.parametrize("key", _setting_keys())
+def test_every_setting_is_range_checked(key):
+    """Each setting's bad values are refused by load_config: one line, a ConfigError that starts
+    with the key, before anything starts."""
+    if key in ANY_VALUE:
+        load_config(None, [f"{key}=x"]) if key != "model.path" else None
+        return
+    assert key in BAD_VALUES, f"{key} has no range check listed: add its bad values (or it to ANY_VALUE)"
+    for value in BAD_VALUES[key]:
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"{key}={value}"])
+        msg = str(e.value)
+        assert re.match(rf"{re.escape(key)}[=:]", msg) and "\n" not in msg, (value, msg)
+
+
+def test_range_edges_are_accepted():
+    cfg = load_config(None, ["grpo.clip_low=1", "grpo.clip_high=0.1", "rollout.val_temperature=0", "fapo.penalty=2",
+                             "flowrl.zhead_lr_mult=0", "flowrl.is_clip_eps=1", "trainer.seed=4294967295",
+                             "fapo.genrm.cooldown_s=0", "optim.betas=[0,0.999]", "reward.timeout_s=604800",
+                             "sft.steps=0", "data.partition_styles=[0,0,1]", "eval.seed=0"])
+    assert (cfg.grpo.clip_low, cfg.trainer.seed, cfg.optim.betas) == (1.0, 2**32 - 1, [0.0, 0.999])
+    assert load_config(None, ["fapo.penalty=0", "fapo.genrm.api_key=sk-abc_123.xyz"]).fapo.penalty == 0
 
 
 def test_missing_model_path_says_nothing_is_downloaded(tmp_path):
