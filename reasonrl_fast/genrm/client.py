@@ -23,6 +23,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
+from urllib.parse import unquote
 
 import aiohttp
 
@@ -73,7 +74,8 @@ class _Final(Exception):
 @dataclass
 class _Replica:
     index: int
-    base: str
+    base: str  # what requests go to: credentials in it are sent (HTTP basic auth)
+    shown: str  # what messages say: `base` without them (redact_url)
     outstanding: int = 0
     fails: int = 0  # consecutive failed attempts
     down_until: float = 0.0  # loop.time() before which it is skipped
@@ -106,9 +108,24 @@ class GenRMClient:
                 raise ValueError(f"GenRMClient: {name}={value!r} is out of range")
         if template not in TEMPLATES:
             raise ValueError(f"GenRMClient: template={template!r} is unknown: expected one of {TEMPLATES}")
-        self._replicas = [_Replica(i, normalize_address(a)) for i, a in enumerate(addresses)]
-        self._model = model
         self._key = api_key or os.environ.get(API_KEY_ENV, "")
+        # What no message of ours may hold: the key, and the credentials of any address. Messages
+        # name an address by redact_url; texts from elsewhere (a library's exception, a server's
+        # error body) go through self._redact on their way to an error or a log line.
+        self._secrets = secrets_of(addresses, self._key)
+        self._replicas = []
+        for i, a in enumerate(addresses):
+            try:
+                base = normalize_address(a)
+            except ValueError as e:
+                raise ValueError(self._redact(str(e).replace(str(a), redact_url(str(a))))) from None
+            if base != redact_url(base) and self._key:
+                # aiohttp refuses a request with both (a ValueError each time): say so once, here
+                raise ValueError(f"GenRMClient: address {redact_url(base)!r} carries credentials (user:password@) "
+                                 f"and an API key is set (api_key or {API_KEY_ENV}): both would be the "
+                                 "Authorization header; give one of them")
+            self._replicas.append(_Replica(i, base, redact_url(base)))
+        self._model = model
         self._template, self._max_tokens, self._temperature = template, max_tokens, temperature
         self._top_p = float(top_p)
         self._timeout_s, self._max_retries = float(timeout_s), max_retries
@@ -133,7 +150,8 @@ class GenRMClient:
         if not ready.wait(10.0):
             raise RuntimeError("GenRMClient: the event loop thread did not start within 10 s")
         if self._start_error is not None:
-            raise RuntimeError(f"GenRMClient: could not start: {self._start_error!r}") from self._start_error
+            why = self._redact(repr(self._start_error))
+            raise RuntimeError(f"GenRMClient: could not start: {why}") from self._start_error
 
     # ------------------------------------------------------------ the caller's side (any thread)
 
@@ -179,9 +197,10 @@ class GenRMClient:
         return out
 
     def replica_status(self) -> list[dict[str, Any]]:
-        """Each replica's address, outstanding requests, consecutive failures and remaining cool-down."""
+        """Each replica's address (without its credentials), outstanding requests, consecutive
+        failures and remaining cool-down."""
         now = self._loop.time()
-        return [{"address": r.base, "outstanding": r.outstanding, "fails": r.fails,
+        return [{"address": r.shown, "outstanding": r.outstanding, "fails": r.fails,
                  "cooldown_left_s": max(0.0, r.down_until - now)} for r in self._replicas]
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -273,7 +292,7 @@ class GenRMClient:
         except asyncio.CancelledError:  # close(): the caller still gets a verdict, not an exception
             error = "closed"
         except Exception as e:  # fail-open: a client bug must not take the training step down
-            error = f"client error: {type(e).__name__}: {e}"
+            error = self._redact(f"client error: {type(e).__name__}: {e}")
         finally:
             self._tasks.discard(task)
         latency = time.perf_counter() - t0
@@ -365,12 +384,12 @@ class GenRMClient:
                     if not rep.warned:
                         rep.warned = True
                         log.warning("GenRM server %s refused the API key (HTTP %d): set api_key or %s",
-                                    rep.base, resp.status, API_KEY_ENV)
+                                    rep.shown, resp.status, API_KEY_ENV)
                     raise _Final(f"refused: {resp.status}")
                 if resp.status >= 400:  # the server's reason says what to fix (vLLM: "max_tokens=1024
                     # cannot be greater than max_model_len=256"), which the status alone does not
                     try:
-                        reason = _server_reason(await self._read_capped(resp, ERROR_BYTES))
+                        reason = self._redact(_server_reason(await self._read_capped(resp, ERROR_BYTES)))
                     except (_Retryable, asyncio.TimeoutError, aiohttp.ClientError):
                         reason = ""  # a body too long or too slow to be a message: the status answers
                     raise _Final(f"http {resp.status}{reason}")
@@ -412,6 +431,9 @@ class GenRMClient:
             resp.close()
             raise
 
+    def _redact(self, text: str) -> str:
+        return redact(text, self._secrets)
+
     def _reset_counters(self) -> None:
         self._requests = self._failures = self._unparseable = self._truncated = self._retries = 0
         self._latencies: list[float] = []
@@ -429,6 +451,46 @@ def failure_kind(error: str) -> str:
     if error.startswith("http "):
         return error.split(":", 1)[0]
     return error
+
+
+def redact_url(url: str) -> str:
+    """`url` without its credentials ('user:password@'): scheme, host, port and path kept, so
+    'http://u:p@h:8000/v1' -> 'http://h:8000/v1' and 'u:p@h:8000' -> 'h:8000'. Everything before
+    the last '@' after the scheme goes: a password may hold an unencoded '/' (where urlsplit would
+    end the credentials early and leave the rest in the path), and no GenRM address has an '@'
+    of its own."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" not in rest:
+        return url
+    return scheme + sep + rest.rpartition("@")[2]
+
+
+SECRET_MIN_CHARS = 4
+"""Secrets shorter than this are not searched for in free text (they would blank out common
+words); addresses lose their credentials by redact_url whatever their length."""
+
+
+def secrets_of(addresses: list[str], *keys: str) -> list[str]:
+    """The strings `redact` hides for a client of these addresses and API keys: the keys, each
+    address's credentials and password, as written and percent-decoded."""
+    found = set(keys)
+    for a in addresses:
+        a = str(a)
+        rest = a.partition("://")[2] if "://" in a else a
+        if "@" in rest:
+            userinfo = rest.rpartition("@")[0]
+            password = userinfo.partition(":")[2]
+            found |= {userinfo, password, unquote(userinfo), unquote(password)}
+    return sorted((s for s in found if len(s) >= SECRET_MIN_CHARS), key=len, reverse=True)
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    """`text` with each of `secrets` (secrets_of: longest first) replaced by '***'."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 _PIECE = 1 << 16

@@ -24,6 +24,7 @@ import urllib.request
 from typing import Sequence
 
 from reasonrl_fast.errors import UserError
+from reasonrl_fast.genrm.client import redact, secrets_of
 from reasonrl_fast.protocol import API_KEY_ENV
 
 DEFAULT_MAX_BATCH = 64
@@ -109,13 +110,43 @@ def _tail(path: str, n: int = 2000) -> str:
         return ""
 
 
+def _is_key_flag(arg: str) -> bool:
+    """--api-key, or a prefix of it that argparse takes for it (--api, --api-k, ...)."""
+    name = arg.partition("=")[0]
+    return len(name) > 3 and "--api-key".startswith(name)
+
+
+def _shown(cmd: Sequence[str]) -> str:
+    """The command line as an error may show it: the value of --api-key as '***'."""
+    out, hide = [], False
+    for arg in cmd:
+        if hide:
+            arg, hide = "***", False
+        elif _is_key_flag(arg):
+            hide = "=" not in arg
+            arg = arg.partition("=")[0] + ("" if hide else "=***")
+        out.append(arg)
+    return " ".join(out)
+
+
+def _keys(api_key: str | None, args: Sequence[str]) -> list[str]:
+    """Every API key this launch hands the server, for `redact`: `api_key` and any --api-key in
+    `args`."""
+    keys = [api_key or ""]
+    for i, arg in enumerate(args):
+        if _is_key_flag(arg):
+            keys.append(arg.partition("=")[2] if "=" in arg else args[i + 1] if i + 1 < len(args) else "")
+    return secrets_of([], *keys)
+
+
 def launch(backend: str, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
            max_batch: int = DEFAULT_MAX_BATCH, extra_args: Sequence[str] = (), start_timeout_s: float = 60.0,
            log_path: str | None = None) -> GenRMServer:
     """Start `python -m reasonrl_fast.genrm.serve --backend BACKEND ...` and return once it
     answers GET /health; GenRMStartError with the end of its log if it exits or is not up within
     `start_timeout_s`. The API key travels in the environment, not on the command line;
-    `api_key=None` serves without one, whatever this process's environment holds."""
+    `api_key=None` serves without one, whatever this process's environment holds. No key, given
+    either way, appears in an error (its command line or its log's end)."""
     own_log = log_path is None
     if own_log:
         fd, log_path = tempfile.mkstemp(prefix="genrm-serve-", suffix=".log")
@@ -141,7 +172,8 @@ def launch(backend: str, *, host: str = "127.0.0.1", port: int = 0, api_key: str
         if own_log:
             server._remove_log()
         where = "its log" if own_log else f"its log {log_path}"
-        return GenRMStartError(f"GenRM server ({' '.join(cmd[1:])}) {why}; {where} ends with:\n{tail or '(empty)'}")
+        message = f"GenRM server ({_shown(cmd[1:])}) {why}; {where} ends with:\n{tail or '(empty)'}"
+        return GenRMStartError(redact(message, _keys(api_key, cmd)))
 
     deadline = time.monotonic() + start_timeout_s
     buf = b""

@@ -15,6 +15,7 @@ import os
 import time
 from collections import Counter
 
+from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.genrm.client import GenRMClient, Verdict, failure_kind
 from reasonrl_fast.tasks import genrm_request, get_task, task_of
 
@@ -45,6 +46,10 @@ class Judge:
                                       timeout_s=g.timeout_s, max_retries=g.max_retries, max_tokens=g.max_tokens,
                                       temperature=g.temperature, top_p=g.top_p, max_concurrency=g.max_concurrency,
                                       cooldown_s=g.cooldown_s, max_reply_bytes=g.max_reply_bytes)
+        except ValueError as e:  # settings the client refuses (credentials in an address and an
+            # api_key both): one line naming them, its address already without the credentials
+            self.close()
+            raise ConfigError(f"fapo.genrm: {e}") from None
         except BaseException:
             self.close()
             raise

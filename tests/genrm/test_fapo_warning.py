@@ -69,7 +69,7 @@ def test_no_warning_when_verdicts_arrive_or_when_turned_off():
 
 @pytest.mark.parametrize("override", ["fapo.genrm.warn_failure_rate=1.5", "fapo.genrm.max_reply_bytes=0"])
 def test_bad_settings_fail_before_a_server_starts(override):
-    with pytest.raises(ConfigError, match=r"must be in \[0, 1\] and .*>= 1") as e:
+    with pytest.raises(ConfigError, match="must be") as e:  # the config's words; the key and value named
         make(dead_address(), override)
     assert override in str(e.value)
 
