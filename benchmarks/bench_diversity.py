@@ -17,8 +17,9 @@ checkpoint with eval.target = the warm start's first eval: tv@n and kl@n are the
 policy's right answers from the target's (docs/eval.md §Distance to a target), beside accuracy,
 pass@k, distinct@n and entropy@n, at temperature 1 with `--n` samples per held-out prompt.
 
-Each finished piece is kept as JSON under --out, so a rerun with the same --out picks up where
-the last stopped. `--jobs` pieces run at once (a run's startup mostly waits, so 2 on 2 cores keep
+Each finished piece is kept as JSON under --out, with the settings it was made with, so a rerun
+with the same --out and settings picks up where the last stopped (a piece kept from other
+settings is refused, naming it, rather than reused). `--jobs` pieces run at once (a run's startup mostly waits, so 2 on 2 cores keep
 them busy). `--trace K` also saves every K steps and evaluates every checkpoint: the distance over
 training, in a section and figure of its own (partition_diversity_trace.png). The table gives mean ± standard error over seeds (sample std / sqrt(seeds)); with
 --write it goes into RESULTS.md, the figure into benchmarks/partition_diversity.png."""
@@ -68,24 +69,55 @@ def label(spec: str) -> str:
     return f"{algo} β={beta}" if beta else algo
 
 
+class StalePiece(RuntimeError):
+    """A piece under --out made with other settings than this sweep's."""
+
+
 class Sweep:
     def __init__(self, out: str, n: int, extra: list[str], trace: int):
         self.out, self.n, self.extra, self.trace = out, n, extra, trace
         for d in ("results", "eval", "runs"):
             os.makedirs(os.path.join(out, d), exist_ok=True)
 
-    def cached(self, name: str, work) -> dict:
-        """The piece's result from --out, else `work()`'s, saved there."""
+    def kept(self, name: str, settings: dict) -> dict | None:
+        """The piece kept under --out (None: not made yet). One kept from other settings (another
+        --n, key=value, --trace, or from before pieces recorded theirs) is refused: reused, it
+        would put other runs' figures into the table."""
         path = os.path.join(self.out, "results", f"{name}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                return json.load(f)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            res = json.load(f)
+        made_with = res.pop("settings", None)
+        if made_with != json.loads(json.dumps(settings)):  # compared as it reads back (tuples as lists)
+            raise StalePiece(f"{path} was made with other settings ({made_with}) than this sweep's ({settings}): "
+                             f"give another --out, or delete the piece to make it again")
+        return res
+
+    def cached(self, name: str, settings: dict, work) -> dict:
+        """The piece's result from --out, else `work()`'s, saved there with its `settings`."""
+        res = self.kept(name, settings)
+        if res is not None:
+            return res
         res = work()
+        path = os.path.join(self.out, "results", f"{name}.json")
         with open(path + ".tmp", "w") as f:
-            json.dump(res, f)
+            json.dump({**res, "settings": settings}, f)
         os.replace(path + ".tmp", path)
         print(json.dumps({"piece": name, **res}), flush=True)
         return res
+
+    def settings(self, warm: str, seed: int) -> list[str]:
+        return [*TASK, *WARM[warm], f"trainer.seed={seed}", *self.extra]
+
+    def first_piece(self, warm: str, seed: int) -> tuple[str, dict]:
+        """The name and settings of the warm start's piece."""
+        return f"first-{warm}-{seed}", {"n": self.n, "settings": self.settings(warm, seed)}
+
+    def run_piece(self, warm: str, spec: str, seed: int) -> tuple[str, dict]:
+        """The name and settings of one run's piece."""
+        name = f"{warm}-{spec.replace(':', '')}-{seed}" + (f"-trace{self.trace}" if self.trace else "")
+        return name, {"n": self.n, "train": [STEPS, *self.settings(warm, seed), *algo_args(spec)], "trace": self.trace}
 
     def evaluate(self, model: str, settings: list[str], name: str, target: str = "", seed: int = 0) -> dict:
         """Eval's overall metrics; with a target (sampled at eval.seed 0), the samples come from
@@ -106,7 +138,7 @@ class Sweep:
     def first(self, warm: str, seed: int) -> dict:
         """The warm start, its eval (the target of the runs) and a second, independent eval of it
         against the first (the sampling floor of tv@n and kl@n)."""
-        settings = [*TASK, *WARM[warm], f"trainer.seed={seed}", *self.extra]
+        settings = self.settings(warm, seed)
 
         def work():
             t = time.time()
@@ -117,14 +149,14 @@ class Sweep:
             floor = self.evaluate(path, settings, f"floor-{warm}-{seed}", self.target(warm, seed), seed=1)
             return {"model": path, "first": first, "floor": floor, "wall_s": round(time.time() - t)}
 
-        return self.cached(f"first-{warm}-{seed}", work)
+        return self.cached(*self.first_piece(warm, seed), work)
 
     def target(self, warm: str, seed: int) -> str:
         return os.path.join(self.out, "eval", f"first-{warm}-{seed}")
 
     def run(self, warm: str, spec: str, seed: int, first: cf.Future) -> dict:
-        name = f"{warm}-{spec.replace(':', '')}-{seed}" + (f"-trace{self.trace}" if self.trace else "")
-        settings = [*TASK, *WARM[warm], f"trainer.seed={seed}", *self.extra]
+        name, _ = self.run_piece(warm, spec, seed)
+        settings = self.settings(warm, seed)
 
         def work():
             first.result()  # the warm start is built and its target sampled
@@ -144,7 +176,7 @@ class Sweep:
                 shutil.rmtree(os.path.join(out, c))
             return res
 
-        return self.cached(name, work)
+        return self.cached(*self.run_piece(warm, spec, seed), work)
 
 
 def mean_se(values: list) -> str:
@@ -320,6 +352,12 @@ def main() -> None:
     tmp = None if a.out else tempfile.mkdtemp(prefix="bench_diversity_")
     sweep = Sweep(a.out or tmp, a.n, extra, a.trace)
     try:
+        # every kept piece checked before any work starts: the pool would finish its queue first
+        for s in seeds:
+            for w in warms:
+                sweep.kept(*sweep.first_piece(w, s))
+                for spec in specs:
+                    sweep.kept(*sweep.run_piece(w, spec, s))
         with cf.ThreadPoolExecutor(a.jobs) as pool:  # first pieces are queued first: runs wait on them
             ff = {(w, s): pool.submit(sweep.first, w, s) for s in seeds for w in warms}
             rf = {(w, spec, s): pool.submit(sweep.run, w, spec, s, ff[w, s])

@@ -510,6 +510,40 @@ def test_log_partition_is_the_normaliser_of_the_length_normalised_target():
     assert bench_diversity.log_partition(0.0, 26, 0.5, 4, 8) == pytest.approx(0.0, abs=1e-12)
 
 
+def test_diversity_bench_refuses_pieces_kept_from_other_settings(tmp_path, monkeypatch):
+    """A piece under --out is reused only with the settings it was made with (recorded in its
+    JSON): one made with another --n or key=value, or one that recorded none, is refused in one
+    line before any work starts, and nothing goes into RESULTS.md."""
+    import bench_diversity
+
+    def no_work(*a, **k):
+        raise AssertionError("the sweep started work")
+
+    sweep = bench_diversity.Sweep(str(tmp_path), 4, ["trainer.steps=2"], 0)
+    name, settings = sweep.run_piece("narrow", "flowrl:5", 0)
+    made = {"last": {"mean@4": 0.5}, "wall_s": 3}
+    assert sweep.cached(name, settings, lambda: made) == made
+    assert sweep.cached(name, settings, no_work) == made  # the same settings: kept
+    piece = tmp_path / "results" / f"{name}.json"
+    assert json.loads(piece.read_text())["settings"] == json.loads(json.dumps(settings))
+    for other in (bench_diversity.Sweep(str(tmp_path), 8, ["trainer.steps=2"], 0),
+                  bench_diversity.Sweep(str(tmp_path), 4, ["trainer.steps=3"], 0)):
+        with pytest.raises(bench_diversity.StalePiece, match=rf"{name}.json was made with other settings"):
+            other.cached(*other.run_piece("narrow", "flowrl:5", 0), no_work)
+    piece.write_text(json.dumps(made))  # kept by a version that recorded no settings
+    with pytest.raises(bench_diversity.StalePiece, match=r"made with other settings \(None\)"):
+        sweep.kept(name, settings)
+
+    monkeypatch.setattr(bench_diversity, "sh", no_work)
+    results = tmp_path / "RESULTS.md"
+    monkeypatch.setattr(sys, "argv", ["bench_diversity.py", "--seeds", "0", "--warm", "narrow", "--algos", "flowrl:5",
+                                      "--n", "8", "--out", str(tmp_path), "--write", str(results), "trainer.steps=2"])
+    with pytest.raises(SystemExit) as e:
+        bench_diversity.main()
+    assert "made with other settings" in str(e.value.code) and "\n" not in str(e.value.code)
+    assert not results.exists()
+
+
 # --- bench_rollout.py's parts (its runs need the vLLM venv and minutes: it is run by hand) -------
 
 def _rollout_runs():
