@@ -6,7 +6,10 @@ only some runs logged is drawn for those (validation metrics only at their steps
 
 `--summary` also writes the runs side by side as a Markdown table (`-`: stdout): each validation
 metric at the first and the last validation, and the step metrics of SUMMARY_MEANS averaged over
-the steps that logged them."""
+the steps that logged them.
+
+Neither output may be one of the runs' own files (metrics.jsonl, config.yaml) or the other
+output: such a name is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import os
 
 from reasonrl_fast import cli
 from reasonrl_fast.errors import UserError
-from reasonrl_fast.util import read_metrics
+from reasonrl_fast.util import METRICS_FILE, read_metrics, same_file
 
 METRICS = ("reward/mean", "accuracy/mean", "val/accuracy", "val/flawed_positive_ratio", "entropy/mean",
            "response_length/mean", "time/step_s")
@@ -30,7 +33,7 @@ class PlotError(UserError, ValueError):
 
 def read_run(run_dir: str) -> tuple[str, list[dict]]:
     """(label, metric rows) of a run directory: its metrics.jsonl, labelled `name (algo)`."""
-    path = os.path.join(run_dir, "metrics.jsonl")
+    path = os.path.join(run_dir, METRICS_FILE)
     if not os.path.isfile(path):
         raise PlotError(f"{run_dir}: no metrics.jsonl (not a run directory, or a run that logged nothing yet)")
     try:
@@ -57,7 +60,8 @@ def _algo(config_path: str) -> str:
 
 
 def plot(run_dirs: list[str], out: str, metrics: tuple[str, ...] = METRICS) -> list[str]:
-    """Write the figure to `out` (PNG); returns the metrics drawn."""
+    """Write the figure to `out` (PNG, or the format its extension names); returns the metrics
+    drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,6 +94,8 @@ def plot(run_dirs: list[str], out: str, metrics: tuple[str, ...] = METRICS) -> l
         fig.savefig(out, dpi=100)
     except OSError as e:  # a file where its directory should be, no permission, a full disk
         raise PlotError(f"--output {out}: cannot write the figure ({e.strerror or e})") from None
+    except (ValueError, RuntimeError) as e:  # a format matplotlib lacks, or whose writer is missing (pgf: LaTeX)
+        raise PlotError(f"--output {out}: cannot write the figure ({cli.one_line(e)})") from None
     finally:
         plt.close(fig)
     return drawn
@@ -121,6 +127,38 @@ def summary(run_dirs: list[str], val: tuple[str, ...] = SUMMARY_VAL,
     return "\n".join(lines) + "\n"
 
 
+def figure_formats() -> list[str]:
+    """The file extensions matplotlib can write a figure as (png, pdf, svg, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def check_outputs(run_dirs: list[str], output: str, summary_path: str | None) -> None:
+    """A PlotError, before anything is read or drawn, for an output that cannot be written as
+    asked or would overwrite what the command did not write: a directory; a figure whose
+    extension matplotlib cannot write (with none it would add .png and write another file than
+    the one named); a run's own files (its metrics.jsonl, config.yaml), under any name; the
+    figure and the table on one file."""
+    outputs = [("--output", output)] + ([("--summary", summary_path)] if summary_path not in (None, "-") else [])
+    for flag, path in outputs:
+        if os.path.isdir(path):  # matplotlib would write PATH.png beside it
+            raise PlotError(f"{flag} {path} is a directory: name the file to write")
+    ext = os.path.splitext(output)[1].lstrip(".").lower()
+    formats = figure_formats()
+    if ext not in formats:
+        raise PlotError(f"--output {output}: matplotlib cannot write a figure as "
+                        f"{'.' + ext if ext else 'a file without an extension'}; name it .png (or one of "
+                        f"{', '.join('.' + f for f in formats)})")
+    inputs = [os.path.join(d, name) for d in run_dirs for name in (METRICS_FILE, "config.yaml")]
+    for flag, path in outputs:
+        hit = next((i for i in inputs if same_file(path, i)), None)
+        if hit:
+            raise PlotError(f"{flag} {path} is {hit}, an input of the plot: name another file to write")
+    if len(outputs) == 2 and same_file(output, summary_path):
+        raise PlotError(f"--summary {summary_path} is the --output file: name two files")
+
+
 def main(argv: list[str] | None = None) -> None:
     cli.main(_main, argv)
 
@@ -129,12 +167,10 @@ def _main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m reasonrl_fast.plot",
                                 description="Plot training curves of one or more run directories.")
     p.add_argument("run_dirs", nargs="+", help="run directories (each with metrics.jsonl)")
-    p.add_argument("-o", "--output", required=True, help="PNG file to write")
+    p.add_argument("-o", "--output", required=True, help="the figure to write: out.png (or .pdf, .svg, ...)")
     p.add_argument("--summary", metavar="FILE", help="also write a Markdown table of the runs (-: stdout)")
     args = p.parse_args(argv)
-    for flag, path in (("--output", args.output), ("--summary", args.summary)):
-        if path and path != "-" and os.path.isdir(path):  # matplotlib would write PATH.png beside it
-            raise PlotError(f"{flag} {path} is a directory: name the file to write")
+    check_outputs(args.run_dirs, args.output, args.summary)
     plot(args.run_dirs, args.output)
     table = summary(args.run_dirs) if args.summary else ""
     print(args.output)

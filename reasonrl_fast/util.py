@@ -1,5 +1,6 @@
 """Small helpers several wings share, one home each: the nearest-rank quantile of the latency
-metrics, reading a run's metrics.jsonl (the trainer's resume, plot, benchmarks, tests), the split
+metrics, reading a run's metrics.jsonl (the trainer's resume, plot, benchmarks, tests), whether
+two paths name one file (what a command must not write over), the split
 rule of the trainer's shares (and a worker's rollout batch by it), the host's /proc/meminfo, and the last \\boxed{} of a text (how answers and GenRM verdicts are
 written)."""
 
@@ -19,6 +20,17 @@ def quantile(xs: list[float], q: float) -> float:
         return 0.0
     s = sorted(xs)
     return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether paths `a` and `b` name one file: the same path once symbolic links, `..` and a
+    relative start are resolved, or (both existing) the same file under two names (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): it is no other name of the other
+        return False
 
 
 METRICS_FILE = "metrics.jsonl"

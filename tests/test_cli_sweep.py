@@ -138,6 +138,15 @@ class Files:
         tok.save_pretrained(path)
         return path
 
+    def link(self, name: str, to):
+        os.symlink(to, self.tmp / name)
+        return self.tmp / name
+
+    def records(self, name: str = "recs.jsonl"):
+        """A records file the eval command reads (addition prompts the character tokenizer has)."""
+        return self.text(name, "".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n"
+                                       for a in (12, 34)))
+
     def shape(self, **fields):
         """A model directory whose config.json is a small Qwen2's with `fields` changed (None:
         left out)."""
@@ -244,6 +253,15 @@ EVAL = _config_files("eval", after=("model.path=/nonexistent",)) + _overrides("e
                  id="eval: model.path empty dir"),
     pytest.param("eval", lambda f: [f"model.path={f.model()}", f"eval.files=[{f.tmp / 'none.jsonl'}]",
                                     f"eval.output_dir={f.tmp / 'out'}"], ["none.jsonl"], id="eval: files missing"),
+    # the target is what this eval writes: refused before anything else
+    pytest.param("eval", lambda f: [f"eval.target={f.dir('out')}", f"eval.output_dir={f.tmp / 'out'}"],
+                 ["eval.target", "own output"], id="eval: target is the output directory"),
+    pytest.param("eval", lambda f: [f"eval.target={f.text('out/samples.jsonl', '')}", "eval.output_dir=out"],
+                 ["eval.target", "own output"], id="eval: target is the output's samples.jsonl"),
+    pytest.param("eval", lambda f: [f"eval.target={f.link('ref', f.dir('out'))}", f"eval.output_dir={f.tmp / 'out'}"],
+                 ["eval.target", "own output"], id="eval: target a link to the output directory"),
+    pytest.param("eval", lambda f: [f"eval.target={f.tmp / 'out' / 'samples.jsonl'}", f"eval.output_dir={f.tmp / 'out'}"],
+                 ["eval.target", "own output"], id="eval: target the samples.jsonl the eval will write"),
 ]
 
 PLAN = _config_files("plan") + _overrides("plan") + _overrides("plan", (RECIPE,), ("--gpu-memory-gb", "80"),
@@ -327,6 +345,21 @@ PLOT = [
     pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS), "-o", f.tmp / "p.png", "--summary",
                                     f.dir("sumdir")], ["sumdir"], id="plot: summary a directory"),
     pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS)], ["--output"], id="plot: no output"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS), "-o", f.tmp / "x.txt"], ["x.txt", ".txt"],
+                 id="plot: output an extension matplotlib cannot write"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS), "-o", f.tmp / "fig"],
+                 ["fig", "without an extension"], id="plot: output without an extension"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS), "-o", f.tmp / "p.png", "--summary",
+                                    f.tmp / "run" / "metrics.jsonl"], ["--summary", "an input"],
+                 id="plot: summary onto the run's metrics"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS), "-o", f.tmp / "p.png", "--summary",
+                                    f.link("m.md", f.tmp / "run" / "metrics.jsonl")], ["--summary", "an input"],
+                 id="plot: summary onto the run's metrics through a link"),
+    pytest.param("plot", lambda f: [(_run_dir(f, metrics=GOOD_METRICS), f.text("run/config.yaml", "algo: grpo\n"))[0],
+                                    "-o", f.tmp / "p.png", "--summary", "run/config.yaml"], ["--summary", "an input"],
+                 id="plot: summary onto the run's config by a relative path"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS), "-o", f.tmp / "p.png", "--summary",
+                                    f.tmp / "p.png"], ["--summary", "--output"], id="plot: summary onto the figure"),
 ]
 
 PREPARE = [
@@ -355,6 +388,20 @@ PREPARE = [
     pytest.param("data.prepare", lambda f: ["smoke", "--output", f.tmp / "o.jsonl", "--split", "dev"], ["dev"],
                  id="prepare: split dev"),
     pytest.param("data.prepare", lambda f: ["smoke"], ["--output"], id="prepare: no output"),
+    # the output is an input, under any name: refused before it is read (or lost)
+    pytest.param("data.prepare", lambda f: ["jsonl", "--input", f.records("in.jsonl"), "--output", f.tmp / "in.jsonl"],
+                 ["--output", "is the --input file"], id="prepare: output is the input"),
+    pytest.param("data.prepare", lambda f: ["jsonl", "--input", f.records("in.jsonl"), "--output", "sub/../in.jsonl"],
+                 ["--output", "is the --input file"], id="prepare: output is the input by a relative path"),
+    pytest.param("data.prepare", lambda f: ["jsonl", "--input", f.records("in.jsonl"), "--output",
+                                            f.link("out.jsonl", f.tmp / "in.jsonl")],
+                 ["--output", "is the --input file"], id="prepare: output a link to the input"),
+    pytest.param("data.prepare", lambda f: ["jsonl", "--input", f.link("in.jsonl", f.records("real.jsonl")),
+                                            "--output", f.tmp / "real.jsonl"],
+                 ["--output", "is the --input file"], id="prepare: input a link to the output"),
+    pytest.param("data.prepare", lambda f: ["jsonl", "--input", f.records("in.jsonl"), "--output",
+                                            (os.link(f.tmp / "in.jsonl", f.tmp / "hard.jsonl"), f.tmp / "hard.jsonl")[1]],
+                 ["--output", "is the --input file"], id="prepare: output a hard link of the input"),
 ]
 
 SERVE = [

@@ -98,3 +98,31 @@ def test_plot_a_trained_run(trained_run, tmp_path):
                      "entropy/mean", "response_length/mean", "time/step_s"]
     (w, h), size = _png_size(out)
     assert w >= 600 and h >= 300 and size > 20_000, (w, h, size)
+
+
+def test_no_output_is_written_onto_an_input_or_in_a_format_matplotlib_lacks(tmp_path, monkeypatch, capsys):
+    """--summary onto a run's metrics.jsonl (or config.yaml, or the figure), by any name, and a
+    figure name matplotlib cannot write are refused before anything is written: the run's files
+    stay as they were and no figure appears."""
+    from reasonrl_fast.plot import main
+
+    _run_dir(tmp_path / "a", "grpo", 2, with_val=False)
+    metrics, config = tmp_path / "a" / "metrics.jsonl", tmp_path / "a" / "config.yaml"
+    before = metrics.read_bytes(), config.read_bytes()
+    (tmp_path / "m.md").symlink_to(metrics)
+    monkeypatch.chdir(tmp_path)
+    cases = [(["-o", "p.png", "--summary", str(metrics)], "an input of the plot"),
+             (["-o", "p.png", "--summary", "m.md"], "an input of the plot"),
+             (["-o", "p.png", "--summary", "a/../a/config.yaml"], "an input of the plot"),
+             (["-o", "p.png", "--summary", "p.png"], "is the --output file"),
+             (["-o", "p.txt"], "cannot write a figure as .txt"),
+             (["-o", "p"], "without an extension")]
+    for flags, says in cases:
+        with pytest.raises(SystemExit) as e:
+            main(["a", *flags])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and says in err and len(err.splitlines()) == 1, err
+        assert (metrics.read_bytes(), config.read_bytes()) == before
+    assert not any(p.name.startswith("p") for p in tmp_path.iterdir())
+    main(["a", "-o", "p.svg"])  # another format matplotlib writes
+    assert (tmp_path / "p.svg").read_bytes().lstrip().startswith(b"<?xml")

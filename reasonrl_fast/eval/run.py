@@ -25,6 +25,7 @@ from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime.datasets import load_datasets  # the embedded task's splits
 from reasonrl_fast.runtime.merge import check_checkpoint, merge
+from reasonrl_fast.util import same_file
 
 
 class EvalError(UserError, ValueError):
@@ -121,12 +122,26 @@ def load_eval_set(cfg, tokenizer) -> list[dict]:
         raise EvalError(str(e)) from None
 
 
+def target_file(path: str) -> str:
+    """The samples.jsonl an eval.target names: the file itself, or the one in its directory."""
+    return os.path.join(path, "samples.jsonl") if os.path.isdir(path) else path
+
+
+def check_target(target: str, output_dir: str) -> None:
+    """An EvalError when eval.target is what this eval writes (its output directory, or the
+    samples.jsonl there, under any name: a link, a relative path): the eval would overwrite the
+    samples it compares itself with."""
+    if same_file(target, output_dir) or same_file(target_file(target), os.path.join(output_dir, "samples.jsonl")):
+        raise EvalError(f"eval.target={target!r} is this eval's own output (eval.output_dir={output_dir!r}), "
+                        f"which it would overwrite: write to another eval.output_dir")
+
+
 def load_target(path: str, records: list[dict], seed: int) -> list[dict[str, int]]:
     """Each record's right answers (answer key -> count) in another eval's samples.jsonl (`path`,
     or its output directory), which must hold the same prompts in the same order and have been
     sampled with another eval.seed than `seed`."""
     at = f"eval.target={path!r}"
-    file = os.path.join(path, "samples.jsonl") if os.path.isdir(path) else path
+    file = target_file(path)
     if not os.path.isfile(file):
         raise EvalError(f"{at}: no {file} (give an eval's output directory or its samples.jsonl)")
     try:
@@ -200,6 +215,8 @@ def run(cfg, log=print) -> dict:
     `eval.output_dir`/summary.json, with every sample in samples.jsonl)."""
     t0 = time.time()
     e = cfg.eval
+    if e.target:
+        check_target(e.target, e.output_dir)
     load_reward_fn(cfg.data.reward_fn)  # a bad spec fails before anything slow
     with resolved_model(cfg, log) as model_dir:
         tok = load_tokenizer(model_dir)

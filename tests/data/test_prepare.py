@@ -2,6 +2,7 @@
 round trip through verl's own RLHFDataset and our trainer's reader."""
 
 import json
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from reasonrl_fast.data.prepare import BOXED_INSTRUCTION, main, prepare, smoke_path
-from reasonrl_fast.data.records import load_records, render_prompt
+from reasonrl_fast.data.records import DataError, load_records, render_prompt
 from reasonrl_fast.rewards.math import math_equal
 from tests.helpers.chat_tokenizer import templated_tokenizer
 
@@ -200,3 +201,38 @@ def test_boxed_is_for_dapo_math_only(tmp_path):
     f = write_jsonl(tmp_path / "x.jsonl", [{"problem": "Find $x$.", "answer": "1"}])
     with pytest.raises(ValueError, match="--boxed applies to dapo-math-17k only"):
         prepare("aime24", f, str(tmp_path / "o.jsonl"), boxed=True)
+
+
+def test_the_output_is_never_the_input_and_a_failed_write_keeps_the_old_output(tmp_path, monkeypatch, capsys):
+    """An --output naming the --input file (by its path, a relative one, a link) is refused
+    before anything is read, so the source is never rewritten; and the output is written beside
+    its name and moved there once complete, so a write that fails leaves the file it would have
+    replaced as it was."""
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    before = Path(src).read_bytes()
+    os.symlink(src, tmp_path / "link.jsonl")
+    monkeypatch.chdir(tmp_path)
+    for out in (src, "in.jsonl", "./sub/../in.jsonl", str(tmp_path / "link.jsonl")):
+        with pytest.raises(SystemExit) as e:
+            main(["jsonl", "--input", src, "--output", out])
+        assert e.value.code == 2 and "is the --input file" in capsys.readouterr().err
+        assert Path(src).read_bytes() == before
+    with pytest.raises(SystemExit):  # the input named through the link: the same file
+        main(["jsonl", "--input", str(tmp_path / "link.jsonl"), "--output", src])
+    assert Path(src).read_bytes() == before
+
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "out.parquet"
+    prepare("jsonl", src, str(out))
+    good = out.read_bytes()
+
+    def cut_short(table, where):
+        Path(where).write_bytes(b"PAR1 half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", cut_short)
+    with pytest.raises(DataError, match=r"--output .*out.parquet: cannot be written \(No space left on device\)"):
+        prepare("jsonl", src, str(out))
+    assert out.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "link.jsonl", "out.parquet"]  # no temporary left

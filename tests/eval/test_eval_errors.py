@@ -177,3 +177,25 @@ def test_a_target_is_counted_per_prompt_and_bad_ones_are_named(tmp_path):
     for bad in ("{not json", json.dumps({"prompt": "split 57:"}), json.dumps([1, 2])):
         with pytest.raises(EvalError, match=r"line 1 is not a samples.jsonl row of the eval command"):
             load_target(_target(tmp_path, [bad]), recs, 1)
+
+
+def test_a_target_that_is_the_eval_s_own_output_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """The eval writes samples.jsonl into eval.output_dir: a target there, under any name, would
+    be read and then overwritten. Refused first, before the model is even looked at."""
+    from reasonrl_fast.eval.__main__ import main
+    from reasonrl_fast.eval.run import check_target
+
+    target = _target(tmp_path, [_row(0, "split 57:", "23+34")])
+    before = (tmp_path / "target" / "samples.jsonl").read_bytes()
+    os.symlink(target, tmp_path / "link")
+    monkeypatch.chdir(tmp_path)
+    for given, out in [(target, target), (f"{target}/samples.jsonl", target), ("target", f"{target}/."),
+                       (str(tmp_path / "link"), target), ("link/samples.jsonl", "target")]:
+        with pytest.raises(EvalError, match=r"is this eval's own output .* write to another eval.output_dir"):
+            check_target(given, out)
+        with pytest.raises(SystemExit) as e:
+            main([f"eval.target={given}", f"eval.output_dir={out}", "model.path=/nonexistent"])
+        assert e.value.code == 2 and "own output" in capsys.readouterr().err
+    assert (tmp_path / "target" / "samples.jsonl").read_bytes() == before
+    check_target(target, str(tmp_path / "other"))  # another output directory is fine
+    check_target(str(tmp_path / "other" / "samples.jsonl"), target)  # and so is another file
