@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 import zlib
@@ -133,6 +134,7 @@ class GenRMClient:
         self._backoff_base_s, self._backoff_max_s = backoff_base_s, backoff_max_s
         self._max_concurrency = max_concurrency
         self._max_reply_bytes = int(max_reply_bytes)
+        self._max_values = max(self._max_reply_bytes // VALUE_BYTES, MIN_VALUES)
         self._rr = 0  # round-robin pointer among replicas tied on outstanding requests
         self._model_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -398,6 +400,8 @@ class GenRMClient:
             raise _Retryable("timeout") from None
         except aiohttp.ClientError as e:
             raise _Retryable(f"connection: {type(e).__name__}") from None
+        if json_values(raw) > self._max_values:  # parsed, it would cost many times the cap
+            raise _Retryable("reply: too many JSON values")
         try:
             data = json.loads(raw)
         except RecursionError:
@@ -491,6 +495,22 @@ def redact(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, "***")
     return text
+
+
+VALUE_BYTES = 32
+"""A reply may hold one JSON value (a container, a number, a string) per this many bytes of the
+cap, and at least MIN_VALUES. Parsed, a value costs 30 to 70 bytes (an empty list or dict
+64 and its slot 8: '[],' is 3 bytes, so 4 MB of them parse to 100 MB); at most cap / 32 of them
+keep a reply's parse near the cap. A verdict's reply holds a few dozen."""
+MIN_VALUES = 16384
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def json_values(raw: bytes) -> int:
+    """About how many values json.loads(raw) would make, never fewer (by a count of ',', ':',
+    '[' and '{' outside strings): a cheap bound on what parsing costs before it is paid."""
+    bare = _STRING.sub(b'""', raw)
+    return 1 + sum(bare.count(c) for c in (b",", b":", b"[", b"{"))
 
 
 _PIECE = 1 << 16

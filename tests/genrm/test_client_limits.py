@@ -1,7 +1,7 @@
 """GenRMClient against replicas that send what no verdict needs: a reply far over the size cap
 (valid, with a verdict, or endless), a declared length over it, a gzip reply that inflates to
-300 MB, JSON nested past the recursion limit; each costs its requests their verdicts (retried,
-counted, one log line per kind and step), never the driver's memory. The replica is an aiohttp
+300 MB, JSON nested past the recursion limit or holding 300k values; each costs its requests
+their verdicts (retried, counted, one log line per kind and step), never the driver's memory. The replica is an aiohttp
 server on a thread of the test process; where the client's memory is measured, the client runs
 in a child process."""
 
@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 
 from reasonrl_fast.tasks.addition import addition_steps, make_prompt
-from reasonrl_fast.genrm.client import MAX_REPLY_BYTES, GenRMClient, failure_kind
+from reasonrl_fast.genrm.client import MAX_REPLY_BYTES, MIN_VALUES, GenRMClient, failure_kind, json_values
 from tests.helpers.loopback import app_server
 
 pytestmark = pytest.mark.proc  # a real server on loopback
@@ -78,6 +78,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if mode in ENCODED:  # a normal reply, compressed
         return web.Response(body=ENCODED[mode][1](reply("\\boxed{-1}")), content_type="application/json",
                             headers={"Content-Encoding": ENCODED[mode][0]})
+    if mode == "values":  # a verdict beside 300k empty lists: under 1 MB, 20 MB once parsed
+        return web.Response(body=reply("\\boxed{-1}")[:-1] + b', "pad": [' + b",".join([b"[]"] * 300_000) + b"]}",
+                            content_type="application/json")
+    if mode == "braces":  # a verdict whose text holds 500k brackets, colons and commas: one string
+        return web.Response(body=reply("{a}, [b]: " * 50_000 + "\\boxed{-1}"), content_type="application/json")
     if mode == "deep":
         return web.Response(body=b"[" * 100_000 + b"]" * 100_000, content_type="application/json")
     if mode == "http503":
@@ -276,6 +281,32 @@ def test_a_refused_reply_is_not_read_past_the_cap():
         assert r["grown"] < 3 * MAX_REPLY_BYTES, (mode, r)
     for mode in ("big_declared", "big_chunked"):
         assert results[mode]["ended"] == "closed" and results[mode]["sent"] < BIG // 10, results[mode]
+
+
+def test_json_values():
+    """Never fewer than json.loads makes; what strings hold does not count."""
+    for raw in [b'{"a": [1, 2, {"b": "x,y:[{"}], "c": {}}', b'"a\\",b"', b"[]", b"5", b"[[], {}, [[]]]",
+                b'{"k": "\\\\", "l": [true, null, -1.5e3]}']:
+        data = json.loads(raw)
+        made = 0
+        stack = [data]
+        while stack:
+            v = stack.pop()
+            made += 1
+            stack += list(v.values()) + list(v.keys()) if isinstance(v, dict) else v if isinstance(v, list) else []
+        assert made <= json_values(raw) <= made + raw.count(b"[") + raw.count(b"{"), (raw, made, json_values(raw))
+
+
+@pytest.mark.parametrize("mode, error", [("values", "reply: too many JSON values"), ("braces", "")])
+def test_a_reply_of_many_values_is_refused_before_it_is_parsed(replica, mode, error):
+    """Within the cap, a reply of 300k values (20 MB parsed, from 900 KB) is a retried failure
+    with a 1 MiB cap; a verdict whose text holds as many brackets is read as usual."""
+    address, stats = replica(mode)
+    assert 1 << 20 > 300_000 * 3 and (1 << 20) // 32 < 300_000 and MIN_VALUES < 300_000
+    with GenRMClient([address], max_retries=1, max_reply_bytes=CAP, **FAST) as c:
+        verdicts = c.judge(requests(2))
+    assert [(v.step, v.error) for v in verdicts] == [(None if error else -1, error)] * 2, verdicts
+    assert stats["calls"] == (4 if error else 2)
 
 
 def test_default_cap_accepts_a_normal_reply(replica):

@@ -11,6 +11,7 @@ The replica answers by the first path segment of its base URL (`http://127.0.0.1
   chunked   300 MB without a length (Transfer-Encoding: chunked)
   gzip      Content-Encoding gzip: 100 MB of verdict and spaces in about 100 KB
   deflate   the same as zlib's deflate
+  values    a reply within the 4 MiB cap, a verdict beside 1.4 million empty lists: parsed, 100 MB
 and the same on GET .../models (the list the client asks for when it is given no model name).
 `GET /stats` says how many bytes each mode sent and whether its client hung up first.
 """
@@ -49,6 +50,7 @@ def bomb(wbits):
     return z.compress(VERDICT) + b"".join(z.compress(block) for _ in range(INFLATED // BLOCK)) + z.flush()
 
 BOMBS = {"gzip": bomb(16 + zlib.MAX_WBITS), "deflate": bomb(zlib.MAX_WBITS)}
+VALUES = VERDICT[:-1] + b', "pad": [' + b",".join([b"[]"] * ((4 << 20) // 3 - 1000)) + b"]}"
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -102,8 +104,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     sent += BLOCK
                 self.wfile.write(b"0\r\n\r\n")
             else:
-                body = BOMBS[mode]
-                self.send_header("Content-Encoding", mode)
+                body = VALUES if mode == "values" else BOMBS[mode]
+                if mode != "values":
+                    self.send_header("Content-Encoding", mode)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -177,16 +180,17 @@ def ask_in_child(port: str, mode: str, model: str) -> dict:
 
 
 @pytest.mark.parametrize("call", ["chat", "models"])
-@pytest.mark.parametrize("mode", ["declared", "chunked", "gzip", "deflate"])
+@pytest.mark.parametrize("mode", ["declared", "chunked", "gzip", "deflate", "values"])
 def test_a_reply_over_the_cap_costs_at_most_the_cap(replica, mode, call):
     """Each reply is refused as 'reply over N bytes' (for the model list: 'model list: reply over
-    N bytes'), the client's peak RSS grows by at most max_reply_bytes + 32 MB, and the client
-    hangs up: the replica's writing of a 300 MB reply ends on a closed connection far short of it."""
+    N bytes'), or, within the cap, as 'reply: too many JSON values' before it is parsed; the
+    client's peak RSS grows by at most max_reply_bytes + 32 MB; and the client hangs up: the
+    replica's writing of a 300 MB reply ends on a closed connection far short of it."""
     port, stats = replica
     r = ask_in_child(port, mode, "m" if call == "chat" else "")
-    over = f"reply over {MAX_REPLY_BYTES} bytes"
+    why = "reply: too many JSON values" if mode == "values" else f"reply over {MAX_REPLY_BYTES} bytes"
     assert r["ok"] == [-1, ""], r  # the replica and the client work at all
-    assert (r["step"], r["error"]) == (None, over if call == "chat" else f"model list: {over}"), r
+    assert (r["step"], r["error"]) == (None, why if call == "chat" else f"model list: {why}"), r
     assert r["grown"] <= MAX_REPLY_BYTES + SLACK, f"{mode} {call}: the peak RSS grew by {r['grown'] >> 20} MB"
     if mode in ("declared", "chunked"):
         key = mode + ("/models" if call == "models" else "")
