@@ -275,10 +275,9 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     weights = lm * eb / tp
     one = kv_bytes(s, 1, seq, eb, tp)  # one full-length sequence's KV cache on one rank
     kv, util = layout.kv_cache_bytes, layout.engine_share  # both one rank's
-    if kv is not None and kv < one:
-        est.problems.append(f"rollout.kv_cache_memory_bytes={kv} holds less than one {seq}-token "
-                            f"sequence's KV cache on an engine rank ({one} bytes at TP {tp}): the {name} "
-                            f"engine would not start")
+    problem = kv_budget_problem(cfg, s, layout)
+    if problem:
+        est.problems.append(problem)
     if util is not None:
         engine = util * memory_gib
         need = _gib(weights + one) + VLLM_OVERHEAD_GIB
@@ -327,6 +326,21 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     else:
         est.notes.append("CPU: a worker's max RSS; the GenRM and the reward workers live in other processes")
     return est
+
+
+def kv_budget_problem(cfg: Config, s: Shape, layout: Layout) -> str | None:
+    """What stops the rollout engine of `layout` starting when its KV cache on one rank (the bytes
+    it is given) cannot hold one full-length sequence, data.max_prompt_length +
+    rollout.max_new_tokens tokens: vLLM refuses to start then. None where it can, or where the
+    engine is sized by a share of the device. The planner and the trainer's preflight both ask."""
+    kv, seq = layout.kv_cache_bytes, cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    one = kv_bytes(s, 1, seq, dtype_bytes(layout.rollout_dtype), layout.engine_tp)
+    if kv is None or kv >= one:
+        return None
+    engine = get_rollout(cfg.rollout.backend)
+    return (f"rollout.kv_cache_memory_bytes={kv} holds less than one {seq}-token sequence's KV cache on an "
+            f"engine rank ({one} bytes at TP {layout.engine_tp}): the {engine.label or engine.name} engine "
+            f"would not start")
 
 
 # ---------------------------------------------------------------- advice

@@ -10,7 +10,8 @@ the GenRM's context, a rollout.tensor_parallel_size that does not divide its hea
 forced on a family that cannot pack; then, on the user's machine,
 more nodes than a local instance has, the data files, the reward function, the run directory,
 the model's weight files and the tokenizer; then the model built on
-the meta device (a class the trainer cannot train, a head it cannot fuse), torchao
+the meta device (a class the trainer cannot train, a head it cannot fuse), a KV cache in bytes
+too small for one full-length sequence (the planner's check), torchao
 for bf16 stochastic rounding and the rollout engine's own check (vLLM: imported, and the
 architecture against its list). What needs the warm-started model (the data against its
 tokenizer) or the run directory's checkpoints stays in the trainer (trainer/loop.py)."""
@@ -66,6 +67,8 @@ def preflight(cfg, model_config=None, *, files: bool = True):
     from reasonrl_fast.models.lm_head import check_model
 
     check_model(cfg.model.fused_lm_head, model_config)
+    if cfg.rollout.kv_cache_memory_bytes is not None:  # an engine given bytes, not a share of the device
+        _check_kv_budget(cfg, model_config, source, files)
     if cfg.optim.bf16_stochastic_round:  # torchao is an extra of its own: missing, say so now
         from reasonrl_fast.trainer.optim import stochastic_adamw
 
@@ -86,6 +89,24 @@ def _policy_config(cfg):
     from reasonrl_fast.models.loading import load_model_config
 
     return load_model_config(cfg.model.path), f"config.json of model.path={cfg.model.path!r}"
+
+
+def _check_kv_budget(cfg, model_config, source: str, here: bool) -> None:
+    """The planner's check (plan.py `kv_budget_problem`): a KV cache too small for one full-length
+    sequence, with which vLLM would not start. On the workers' device: this machine's (`here`),
+    else a recipe's GPU cluster, whose engine caches in bf16."""
+    from reasonrl_fast.models.shape import shape_from_config
+    from reasonrl_fast.plan import kv_budget_problem, plan_layout
+
+    device = "gpu"
+    if here:
+        import torch
+
+        device = "gpu" if torch.cuda.is_available() else "cpu"
+    s = shape_from_config(model_config.to_dict(), source)
+    problem = kv_budget_problem(cfg, s, plan_layout(cfg, s, device))
+    if problem:
+        raise ConfigError(problem)
 
 
 def _check_genrm(cfg) -> None:

@@ -29,7 +29,9 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
     backend, started by the trainer itself; its verdicts are mostly unparseable, which the
     client counts as failures (no penalty), as it would a real GenRM's;
   - steps: STEPS steps with a checkpoint each, then a second run that resumes from the last
-    checkpoint to step STEPS + 1.
+    checkpoint to step STEPS + 1. A run in which nothing could learn fails the rehearsal with
+    exit status 1 (`nothing_learns`: a step whose rewards all timed out or failed, or gradients
+    exactly 0 at every step).
 Every other setting (algorithm, dtypes, packing, gradient checkpointing, fused head, clip
 ratios, loss aggregation, KL, Z-head, warm-up, sampling and validation settings, GenRM client
 settings) is the recipe's. The recipe's rollout engine (vLLM) is used where it is importable,
@@ -46,6 +48,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from typing import Any
@@ -84,6 +87,29 @@ LENGTHS = ("data.max_prompt_length", "rollout.max_new_tokens", "grpo.overlong_bu
 
 class RehearsalError(UserError, RuntimeError):
     """The recipe ran but did not do what a rehearsal checks (a checkpoint resumed)."""
+
+
+class NothingLearned(RuntimeError):
+    """The recipe ran, but nothing in it could learn (`nothing_learns`): the rehearsal fails with
+    exit status 1, as the planner does for a run that does not fit (2 is for bad input)."""
+
+
+def nothing_learns(rows: list[dict], samples: int) -> str | None:
+    """Why no step of a run could teach the model anything, from its metrics rows (the training
+    rows: those with grad_norm), or None. A step whose `samples` rewards all timed out or failed
+    (reward/timeouts + reward/errors, trainer/loop.py) scores every sample 0: the advantages are
+    0, and the update learns nothing from the recipe's reward. A grad_norm of exactly 0 at every
+    step (or none: every update skipped for a non-finite norm) means no weight moved at all."""
+    steps = [r for r in rows if "grad_norm" in r]
+    for r in steps:
+        timeouts, errors = r.get("reward/timeouts") or 0, r.get("reward/errors") or 0
+        if timeouts + errors >= samples:
+            return (f"step {r['step']}: every reward timed out or failed (reward/timeouts={timeouts}, "
+                    f"reward/errors={errors} of {samples} samples): nothing could learn from the reward")
+    if steps and all(not r["grad_norm"] for r in steps):  # 0, or None (non-finite, every update skipped)
+        return (f"grad_norm is {steps[0]['grad_norm']} at every step (steps {steps[0]['step']}-{steps[-1]['step']}): "
+                f"no update moved a weight")
+    return None
 
 
 # ---------------------------------------------------------------- the scaling rule (pure)
@@ -384,6 +410,7 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
 
         t_run = time.time()
         run(small, log)
+        _check_learns(small)  # before the resumed run, which would not change the verdict
         lines: list[str] = []
 
         def keep(line) -> None:
@@ -393,6 +420,7 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
         last = run(apply(small, {"trainer.steps": STEPS + 1, "trainer.overwrite": False}), keep)
         if not any(line.startswith("resumed from ") for line in lines) or last.get("step") != STEPS + 1:
             raise RehearsalError(f"the second run did not resume from checkpoint-{STEPS} to step {STEPS + 1}")
+        _check_learns(small)
         log(f"[rehearse] passed in {time.time() - t0:.0f}s ({time.time() - t_run:.0f}s in the trainer): "
             f"{STEPS} steps, checkpoint-{STEPS} resumed to step {STEPS + 1}; lengths / {f}, "
             f"{small.data.prompts_per_step} prompts x {small.rollout.n} a step in "
@@ -405,8 +433,21 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
     return last
 
 
+def _check_learns(small: Config) -> None:
+    """NothingLearned where the rehearsed run's metrics say nothing could learn."""
+    from reasonrl_fast.util import read_metrics
+
+    why = nothing_learns(read_metrics(small.trainer.output_dir), small.data.prompts_per_step * small.rollout.n)
+    if why:
+        raise NothingLearned(why)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    return cli.main(_main, argv)
+    try:
+        return cli.main(_main, argv)
+    except NothingLearned as e:  # it ran: no bad input, but a recipe that must not go to a cluster
+        print(f"error: {cli.one_line(e)}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _main(argv: list[str]) -> dict:

@@ -339,3 +339,30 @@ def test_a_tensor_parallel_size_the_heads_do_not_split_stops_the_preflight():
                                           r"num_attention_heads=28"):
         preflight(load_config(None, [*run, "rollout.tensor_parallel_size=8"]), shipped("Qwen2.5-7B"), files=False)
     preflight(load_config(None, [*run, "rollout.tensor_parallel_size=4"]), shipped("Qwen2.5-7B"), files=False)
+
+
+# ---------------------------------------------------------------- the planner's static checks
+
+
+def test_a_kv_budget_below_one_full_sequence_is_refused_as_the_planner_says(tmp_path):
+    """rollout.kv_cache_memory_bytes too small for one prompt + response: the planner's problem
+    (vLLM would not start) stops the preflight, on the recipe's GPU (files=False: bf16 cache) and on
+    this machine; a budget that holds one sequence passes."""
+    from reasonrl_fast import plan
+
+    path = os.path.join(CONFIGS, "grpo_baseline_qwen2.5_math_7b.yaml")
+    config = shipped("Qwen2.5-7B")
+    s = shape_from_config(SHAPES["Qwen2.5-7B"], "x")
+    cfg = load_config(path, ["rollout.backend=vllm", "rollout.kv_cache_memory_bytes=1000"])
+    said = [p for p in plan.estimate(cfg, s, "gpu", 80.0).problems if "holds less than one" in p]
+    assert said
+    with pytest.raises(ConfigError) as e:
+        preflight(cfg, config, files=False)
+    assert str(e.value) == said[0]
+    seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    one = plan.kv_bytes(s, 1, seq, 2, 1)  # bf16 on a GPU
+    preflight(load_config(path, ["rollout.backend=vllm", f"rollout.kv_cache_memory_bytes={one}"]), config,
+              files=False)
+    with pytest.raises(ConfigError, match=f"kv_cache_memory_bytes={one - 1} holds less than one {seq}-token"):
+        preflight(load_config(path, ["rollout.backend=vllm", f"rollout.kv_cache_memory_bytes={one - 1}"]), config,
+                  files=False)

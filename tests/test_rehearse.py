@@ -191,6 +191,38 @@ def test_a_context_too_short_fails_in_preflight_with_one_line(capsys):
     assert "model.max_position_embeddings" in err
 
 
+def test_a_kv_budget_below_one_sequence_fails_in_preflight_with_one_line(capsys):
+    """What `python -m reasonrl_fast.plan` calls a problem (vLLM would not start) stops the rehearsal
+    before anything runs."""
+    with pytest.raises(SystemExit) as e:
+        rehearse.main([os.path.join(ROOT, "configs", "grpo_baseline_qwen2.5_math_7b.yaml"), "rollout.backend=vllm",
+                       "rollout.kv_cache_memory_bytes=1000"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert "rollout.kv_cache_memory_bytes=1000 holds less than one 10240-token sequence's KV cache" in err
+
+
+def _row(step, timeouts=0, errors=0, grad_norm=0.5):
+    return {"step": step, "reward/timeouts": timeouts, "reward/errors": errors, "grad_norm": grad_norm}
+
+
+def test_nothing_learns_names_the_step_whose_rewards_all_failed():
+    val = {"step": 0, "val/accuracy": 0.0}  # a validation row has neither
+    assert rehearse.nothing_learns([val, _row(1, 3, 2), _row(2, 7, 0)], samples=8) is None
+    assert rehearse.nothing_learns([val, _row(1, 3, 2), _row(2, 8, 0)], samples=8) == (
+        "step 2: every reward timed out or failed (reward/timeouts=8, reward/errors=0 of 8 samples): nothing "
+        "could learn from the reward")
+    assert rehearse.nothing_learns([_row(1, 5, 3)], samples=8).startswith("step 1: ")
+
+
+def test_nothing_learns_when_no_gradient_moves_a_weight():
+    assert rehearse.nothing_learns([_row(1, grad_norm=0.0), _row(2, grad_norm=0.0)], 8) == (
+        "grad_norm is 0.0 at every step (steps 1-2): no update moved a weight")
+    assert rehearse.nothing_learns([_row(1, grad_norm=None), _row(2, grad_norm=None)], 8).startswith("grad_norm is None")
+    assert rehearse.nothing_learns([_row(1, grad_norm=0.0), _row(2, grad_norm=1e-9)], 8) is None
+    assert rehearse.nothing_learns([], 8) is None
+
+
 def test_the_stand_in_has_heads_its_rollout_engine_runs_on_cpu():
     """vLLM's CPU attention refuses heads of 16: a rehearsal that samples with it gets heads of 32
     (10:2 of them for Qwen2.5-32B at TP 2: hidden 320); the hf rollout keeps 16."""
@@ -234,3 +266,18 @@ def test_every_config_rehearses(name, tmp_path):
     if rehearse.stand_in_genrm(cfg):  # the stand-in GenRM was started by the trainer and asked
         assert "[fapo] GenRM server (hf:" in p.stdout
         assert sum(r.get("fapo/sent", 0) for r in rows) > 0, rows
+
+
+@pytest.mark.e2e
+def test_a_recipe_whose_rewards_all_fail_does_not_pass(tmp_path):
+    """Every reward raising (as every one timing out) scores every sample 0: the rehearsal runs,
+    but fails with exit status 1 and one line naming the step and the metric."""
+    reward = tmp_path / "broken_reward.py"
+    reward.write_text("def score(response, answer):\n    raise RuntimeError('broken')\n")
+    p = subprocess.run([sys.executable, "-m", "reasonrl_fast.rehearse", os.path.join("configs", "default.yaml"),
+                        f"data.reward_fn={reward}:score", "--output-dir", str(tmp_path / "rehearsal")],
+                       cwd=ROOT, env=repo_env(), capture_output=True, text=True, timeout=900)
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+    assert p.returncode == 1 and "[rehearse] passed" not in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    assert len(errors) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert errors[0].startswith("error: step 1: every reward timed out or failed (reward/timeouts=0, reward/errors="), errors
