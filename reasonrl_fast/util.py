@@ -1,6 +1,6 @@
 """Small helpers several wings share, one home each: the nearest-rank quantile of the latency
-metrics, reading a run's metrics.jsonl (the trainer's resume, plot, benchmarks, tests), whether
-two paths name one file (what a command must not write over), the split
+metrics, parsing JSON text and reading a run's metrics.jsonl (the trainer's resume, plot,
+benchmarks, tests), whether two paths name one file (what a command must not write over), the split
 rule of the trainer's shares (and a worker's rollout batch by it), the host's /proc/meminfo, and the last \\boxed{} of a text (how answers and GenRM verdicts are
 written)."""
 
@@ -22,6 +22,16 @@ def quantile(xs: list[float], q: float) -> float:
     return s[max(0, math.ceil(q * len(s)) - 1)]
 
 
+def loads_json(text: str | bytes):
+    """json.loads, with every way the text can fail to be JSON a ValueError: the decoder's own
+    (JSONDecodeError, UnicodeDecodeError) and a value nested deeper than its recursion limit,
+    which it raises as RecursionError (`[[[[...` a hundred thousand deep is a few bytes)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def same_file(a: str, b: str) -> bool:
     """Whether paths `a` and `b` name one file: the same path once symbolic links, `..` and a
     relative start are resolved, or (both existing) the same file under two names (a hard link)."""
@@ -39,19 +49,25 @@ METRICS_FILE = "metrics.jsonl"
 def read_metrics(path: str) -> list[dict]:
     """The rows of a metrics.jsonl (`path` is the file or the run directory holding it). A cut-off
     last line (the process died mid-write) is dropped with a warning; a bad line anywhere else
-    means the file is damaged: a ValueError naming the line."""
+    means the file is damaged: a ValueError naming the line (and one naming the file for bytes
+    that are not UTF-8 text)."""
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILE)
-    with open(path) as f:
-        lines = f.read().split("\n")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a UTF-8 text file ({e.reason}); the file is damaged") from None
     rows = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(loads_json(line))
         except ValueError as e:
-            if any(rest.strip() for rest in lines[i + 1:]):
+            # a write cut short leaves a syntax error, never a value nested too deeply
+            cut = isinstance(e, json.JSONDecodeError) and not any(rest.strip() for rest in lines[i + 1:])
+            if not cut:
                 raise ValueError(f"{path}, line {i + 1}: not valid JSON ({e}); the file is damaged") from None
             warnings.warn(f"{path}, line {i + 1}: dropping a cut-off last line", stacklevel=2)
     return rows

@@ -8,11 +8,14 @@ fails the case, so a case costs milliseconds once the imports are in."""
 
 from __future__ import annotations
 
+import gzip
 import importlib
 import json
 import os
+import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -78,8 +81,9 @@ class Files:
     """The inputs of one case, under tmp_path. A FIFO is watched: a command that opens one for
     reading (and would block there) is unblocked with an empty write side and the case fails."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, checkpoint_source=None):
         self.tmp = tmp
+        self._checkpoint_source = checkpoint_source
         self.fifo_opened: list[str] = []
         self._fifos: list[str] = []
         self._done = threading.Event()
@@ -142,10 +146,54 @@ class Files:
         os.symlink(to, self.tmp / name)
         return self.tmp / name
 
+    def parquet(self, name: str, cut: float | None = None):
+        """A gsm8k-layout parquet file, or its first `cut` share of bytes (a file cut off)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = self.tmp / name
+        pq.write_table(pa.Table.from_pylist([{"question": f"q{i}", "answer": f"#### {i}"} for i in range(20)]), path)
+        if cut is not None:
+            data = path.read_bytes()
+            path.write_bytes(data[:int(len(data) * cut)])
+        return path
+
+    def gz(self, name: str, data: bytes | None = None, cut: float | None = None, damage: bool = False):
+        """A gzip file of gsm8k-layout JSON lines (or of `data`): whole, its first `cut` share
+        of bytes, or with its deflate stream overwritten (`damage`)."""
+        blob = gzip.compress(data if data is not None else
+                             b"".join(b'{"question": "q%d", "answer": "#### %d"}\n' % (i, i) for i in range(200)))
+        if cut is not None:
+            blob = blob[:int(len(blob) * cut)]
+        if damage:  # the 10-byte header stays; the stream after it is garbage
+            blob = blob[:10] + b"\xff" * 40 + blob[50:]
+        return self.bytes(name, blob)
+
     def records(self, name: str = "recs.jsonl"):
         """A records file the eval command reads (addition prompts the character tokenizer has)."""
         return self.text(name, "".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n"
                                        for a in (12, 34)))
+
+    def checkpoint(self, name: str, config_json: str):
+        """A copy of a one-process checkpoint of the tiny model whose hf/config.json is
+        `config_json`, its size and checksum recorded anew (as a checkpoint crafted to be merged
+        would have them): only the config is wrong."""
+        from reasonrl_fast.runtime import checkpoint as ckpt
+
+        path = self.tmp / name
+        shutil.copytree(self._checkpoint_source(), path)
+        (path / "hf" / "config.json").write_text(config_json)
+        state = json.loads((path / ckpt.STATE).read_text())
+        (size, crc), = ckpt.checksums(str(path), ["hf/config.json"]).values()
+        state["files"]["hf/config.json"], state["checksums"]["hf/config.json"] = size, crc
+        (path / ckpt.STATE).write_text(json.dumps(state))
+        return path
+
+    def tiny_config(self, **fields) -> str:
+        """The tiny checkpoint's own config.json with `fields` changed (None: left out)."""
+        d = json.loads((Path(self._checkpoint_source()) / "hf" / "config.json").read_text())
+        d.update(fields)
+        return json.dumps({k: v for k, v in d.items() if v is not None})
 
     def shape(self, **fields):
         """A model directory whose config.json is a small Qwen2's with `fields` changed (None:
@@ -253,6 +301,9 @@ EVAL = _config_files("eval", after=("model.path=/nonexistent",)) + _overrides("e
                  id="eval: model.path empty dir"),
     pytest.param("eval", lambda f: [f"model.path={f.model()}", f"eval.files=[{f.tmp / 'none.jsonl'}]",
                                     f"eval.output_dir={f.tmp / 'out'}"], ["none.jsonl"], id="eval: files missing"),
+    pytest.param("eval", lambda f: [f"model.path={f.model()}", f"eval.files=[{f.text('deep.jsonl', '[' * 100_000)}]",
+                                    f"eval.output_dir={f.tmp / 'out'}"], ["deep.jsonl:1", "nested too deeply"],
+                 id="eval: files nested too deeply"),
     # the target is what this eval writes: refused before anything else
     pytest.param("eval", lambda f: [f"eval.target={f.dir('out')}", f"eval.output_dir={f.tmp / 'out'}"],
                  ["eval.target", "own output"], id="eval: target is the output directory"),
@@ -262,6 +313,10 @@ EVAL = _config_files("eval", after=("model.path=/nonexistent",)) + _overrides("e
                  ["eval.target", "own output"], id="eval: target a link to the output directory"),
     pytest.param("eval", lambda f: [f"eval.target={f.tmp / 'out' / 'samples.jsonl'}", f"eval.output_dir={f.tmp / 'out'}"],
                  ["eval.target", "own output"], id="eval: target the samples.jsonl the eval will write"),
+    pytest.param("eval", lambda f: [f"model.path={f.model()}", f"eval.files=[{f.records()}]", "eval.seed=1",
+                                    f"eval.target={f.text('ref/samples.jsonl', '[' * 100_000)}",
+                                    f"eval.output_dir={f.tmp / 'out'}"], ["samples.jsonl:1", "nested too deeply"],
+                 id="eval: target nested too deeply"),
 ]
 
 PLAN = _config_files("plan") + _overrides("plan") + _overrides("plan", (RECIPE,), ("--gpu-memory-gb", "80"),
@@ -315,6 +370,24 @@ MERGE = [
     pytest.param("merge", lambda f: [f.fifo("checkpoint-4"), f.tmp / "merged"], ["checkpoint-4"], id="merge: fifo"),
     pytest.param("merge", lambda f: [], [], id="merge: no arguments"),
     pytest.param("merge", lambda f: [f.tmp / "c", f.tmp / "m", "--bogus"], ["--bogus"], id="merge: unknown flag"),
+] + [
+    # a checkpoint whose hf/config.json was crafted (its size and checksum recorded to match)
+    pytest.param("merge", lambda f, c=config: [f.checkpoint("checkpoint-5", c(f)), f.tmp / "merged"],
+                 ["checkpoint-5/hf/config.json", *says], id=f"merge: config.json {name}")
+    for name, config, says in [
+        ("nested too deeply", lambda f: "[" * 100_000, ["not valid JSON", "nested too deeply"]),
+        ("not JSON", lambda f: "{model_type: qwen2", ["not valid JSON"]),
+        ("a list", lambda f: "[1, 2]", ["expected a JSON object", "list"]),
+        ("without model_type", lambda f: f.tiny_config(model_type=None), ["model_type"]),
+        ("unknown model_type", lambda f: f.tiny_config(model_type="nosuch"), ["nosuch"]),
+        ("string hidden_size", lambda f: f.tiny_config(hidden_size="abc"), ["hidden_size"]),
+        ("float heads", lambda f: f.tiny_config(num_attention_heads=2.5), ["num_attention_heads"]),
+        ("list vocab_size", lambda f: f.tiny_config(vocab_size=[99]), ["vocab_size"]),
+        ("negative layers", lambda f: f.tiny_config(num_hidden_layers=-1), ["num_hidden_layers"]),
+        ("a deep value", lambda f: f.tiny_config(rope_scaling=json.loads("[" * 500 + "]" * 500)), ["RecursionError"]),
+        ("other shapes than the weights", lambda f: f.tiny_config(hidden_size=256),
+         ["does not describe the checkpoint's weights"]),
+    ]
 ]
 
 
@@ -360,6 +433,10 @@ PLOT = [
                  id="plot: summary onto the run's config by a relative path"),
     pytest.param("plot", lambda f: [_run_dir(f, metrics=GOOD_METRICS), "-o", f.tmp / "p.png", "--summary",
                                     f.tmp / "p.png"], ["--summary", "--output"], id="plot: summary onto the figure"),
+    pytest.param("plot", lambda f: [_run_dir(f, metrics="[" * 100_000 + "\n" + GOOD_METRICS), "-o", f.tmp / "p.png"],
+                 ["metrics.jsonl, line 1", "nested too deeply"], id="plot: metrics nested too deeply"),
+    pytest.param("plot", lambda f: [(f.dir("run"), f.bytes("run/metrics.jsonl", b'{"step": 1}\n\xff\xfe\n'))[0],
+                                    "-o", f.tmp / "p.png"], ["metrics.jsonl", "UTF-8"], id="plot: metrics not UTF-8"),
 ]
 
 PREPARE = [
@@ -388,6 +465,40 @@ PREPARE = [
     pytest.param("data.prepare", lambda f: ["smoke", "--output", f.tmp / "o.jsonl", "--split", "dev"], ["dev"],
                  id="prepare: split dev"),
     pytest.param("data.prepare", lambda f: ["smoke"], ["--output"], id="prepare: no output"),
+] + [
+    # an input file that is not what its name says, or damaged: (id, make, what the line says)
+    pytest.param("data.prepare", lambda f, m=make: ["gsm8k", "--input", m(f), "--output", f.tmp / "o.jsonl"],
+                 says, id=f"prepare: input {name}")
+    for name, make, says in [
+        ("parquet cut off", lambda f: f.parquet("cut.parquet", cut=0.5), ["cut.parquet", "not a readable parquet"]),
+        ("parquet of other bytes", lambda f: f.text("fake.parquet", "question,answer\n"),
+         ["fake.parquet", "not a readable parquet"]),
+        ("parquet empty", lambda f: f.bytes("empty.parquet", b""), ["empty.parquet", "not a readable parquet"]),
+        ("gz cut off", lambda f: f.gz("cut.jsonl.gz", cut=0.5), ["cut.jsonl.gz", "cut-off gzip"]),
+        ("gz without a gzip header", lambda f: f.text("plain.jsonl.gz", '{"question": "q"}\n'),
+         ["plain.jsonl.gz", "not a readable gzip file"]),
+        ("gz with a damaged stream", lambda f: f.gz("bad.jsonl.gz", damage=True), ["bad.jsonl.gz", "damaged"]),
+        ("gz of bytes that are not UTF-8", lambda f: f.gz("bin.jsonl.gz", b"\xff\xfe\x00junk\n"),
+         ["bin.jsonl.gz", "UTF-8"]),
+        ("gz of a line nested too deeply", lambda f: f.gz("deep.jsonl.gz", b"[" * 100_000 + b"\n"),
+         ["deep.jsonl.gz:1", "nested too deeply"]),
+        ("jsonl line not JSON", lambda f: f.text("bad.jsonl", '{"question": "q", "answer": "#### 1"}\n{oops\n'),
+         ["bad.jsonl:2", "not valid JSON"]),
+        ("jsonl line not an object", lambda f: f.text("list.jsonl", "[1, 2]\n"), ["list.jsonl:1", "got list"]),
+        ("jsonl line nested too deeply", lambda f: f.text("deep.jsonl", "\n" + "[" * 100_000 + "\n"),
+         ["deep.jsonl:2", "nested too deeply"]),
+        ("json nested too deeply", lambda f: f.text("deep.json", "[" * 100_000), ["deep.json", "nested too deeply"]),
+        ("json not a list", lambda f: f.text("obj.json", '{"question": "q"}'), ["obj.json", "JSON list"]),
+        ("json list of non-objects", lambda f: f.text("nums.json", "[1, 2]"), ["nums.json", "record 1"]),
+        ("json not valid", lambda f: f.text("bad.json", '[{"question": '), ["bad.json", "not valid JSON"]),
+        ("json not UTF-8", lambda f: f.bytes("bin.json", b'[{"question": "\xff"}]'), ["bin.json", "UTF-8"]),
+        ("json empty", lambda f: f.text("empty.json", ""), ["empty.json", "empty"]),
+        ("gz empty", lambda f: f.bytes("empty.jsonl.gz", b""), ["empty.jsonl.gz", "empty"]),
+    ]
+] + [
+    pytest.param("data.prepare", lambda f: ["humaneval", "--input", f.gz("he.jsonl.gz", cut=0.5), "--output",
+                                            f.tmp / "o.jsonl"], ["he.jsonl.gz", "cut-off gzip"],
+                 id="prepare: humaneval input cut off"),
     # the output is an input, under any name: refused before it is read (or lost)
     pytest.param("data.prepare", lambda f: ["jsonl", "--input", f.records("in.jsonl"), "--output", f.tmp / "in.jsonl"],
                  ["--output", "is the --input file"], id="prepare: output is the input"),
@@ -435,9 +546,25 @@ TOOLCHAIN = [
 CASES = TRAIN + EVAL + PLAN + REHEARSE + MERGE + PLOT + PREPARE + SERVE + ERRPATH + TOOLCHAIN
 
 
+@pytest.fixture(scope="module")
+def checkpoint_source(tmp_path_factory):
+    """A callable returning a one-process checkpoint of the tiny model, saved on first call (the
+    merge cases copy it): the cases that need none do not pay for it."""
+    made = []
+
+    def get():
+        if not made:
+            from tests.test_merge import tiny_checkpoint
+
+            made.append(tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "run")[1])
+        return made[0]
+
+    return get
+
+
 @pytest.fixture
-def files(tmp_path):
-    f = Files(tmp_path)
+def files(tmp_path, checkpoint_source):
+    f = Files(tmp_path, checkpoint_source)
     yield f
     f.close()
 

@@ -2,7 +2,9 @@
 Hugging Face directory that AutoModelForCausalLM loads, with the Z-head beside it; and, on a
 one-process checkpoint of the tiny model, which of the checkpoint's files merge reads."""
 
+import json
 import os
+import re
 import shutil
 
 import pytest
@@ -93,3 +95,29 @@ def test_merge_reads_only_the_listed_tokenizer_and_config(tmp_path):
         torch.testing.assert_close(p, model.state_dict()[name], rtol=0, atol=0)
     text = "12+34=46"
     assert load_tokenizer(str(tmp_path / "merged"))(text)["input_ids"] == char_tokenizer()(text)["input_ids"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_crafted_config_is_named_and_nothing_is_written(tmp_path):
+    """hf/config.json comes from the checkpoint, which could hold anything (its size and checksum
+    recorded to match): a config transformers cannot build, or one that does not fit the weights,
+    is a CheckpointError naming the file, raised before the output directory is made. (The CLI
+    cases: tests/test_cli_sweep.py.)"""
+    _, path = tiny_checkpoint(tmp_path / "run")
+    config = os.path.join(path, "hf", "config.json")
+    good = json.loads(open(config).read())
+    for text, says in [("[" * 100_000, r"not valid JSON \(nested too deeply\)"),
+                       (json.dumps({**good, "hidden_size": "abc"}), r"not a model config transformers can build"),
+                       (json.dumps({**good, "hidden_size": 2 * good["hidden_size"]}),
+                        r"does not describe the checkpoint's weights")]:
+        with open(config, "w") as f:
+            f.write(text)
+        state = ckpt.read_state(path)
+        (size, crc), = ckpt.checksums(path, ["hf/config.json"]).values()
+        state["files"]["hf/config.json"], state["checksums"]["hf/config.json"] = size, crc
+        with open(os.path.join(path, ckpt.STATE), "w") as f:
+            json.dump(state, f)
+        with pytest.raises(ckpt.CheckpointError, match=rf"{re.escape(config)}:? {says}"):
+            merge(path, str(tmp_path / "merged"))
+        assert not (tmp_path / "merged").exists()

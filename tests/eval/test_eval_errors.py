@@ -174,9 +174,19 @@ def test_a_target_is_counted_per_prompt_and_bad_ones_are_named(tmp_path):
         load_target(_target(tmp_path, rows[:3]), recs, 1)
     with pytest.raises(EvalError, match=r"line 2 has prompt_index 7, but this eval has 2 prompts"):
         load_target(_target(tmp_path, [rows[0], _row(7, "split 57:", "1+56")]), recs, 1)
-    for bad in ("{not json", json.dumps({"prompt": "split 57:"}), json.dumps([1, 2])):
-        with pytest.raises(EvalError, match=r"line 1 is not a samples.jsonl row of the eval command"):
+    with pytest.raises(EvalError, match=r"line 1 is not a samples.jsonl row of the eval command"):
+        load_target(_target(tmp_path, [json.dumps({"prompt": "split 57:"})]), recs, 1)
+    for bad, says in (("{not json", "not valid JSON"), (json.dumps([1, 2]), "expected a JSON object"),
+                      ("[" * 100_000, "not valid JSON \\(nested too deeply\\)")):
+        with pytest.raises(EvalError, match=rf"eval.target=.*samples.jsonl:1: {says}"):
             load_target(_target(tmp_path, [bad]), recs, 1)
+    (tmp_path / "target" / "samples.jsonl").write_bytes(b"\xff\xfe\n")
+    with pytest.raises(EvalError, match=r"eval.target=.*samples.jsonl: not a UTF-8 text file"):
+        load_target(str(tmp_path / "target"), recs, 1)
+    # a summary.json that is no JSON object (nested too deeply, say) leaves the seed unknown
+    target = _target(tmp_path, rows)
+    (tmp_path / "target" / "summary.json").write_text("[" * 100_000)
+    assert load_target(target, recs, 0) == [{"23+34": 2}, {"32+32": 1}]
 
 
 def test_a_target_that_is_the_eval_s_own_output_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
