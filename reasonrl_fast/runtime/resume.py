@@ -19,8 +19,9 @@ from omegaconf import OmegaConf
 
 from reasonrl_fast.runtime.checkpoint import CheckpointError
 
-# Never written into a checkpoint: a key does not belong beside the weights.
-SECRET = frozenset({"fapo.genrm.api_key"})
+# Never written into a checkpoint nor logged: a key, or addresses that may carry credentials
+# (user:password@host), does not belong beside the weights. Either may change on resume.
+SECRET = frozenset({"fapo.genrm.api_key", "fapo.genrm.addresses"})
 
 
 def _embedded_model(s: dict) -> bool:

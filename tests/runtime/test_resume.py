@@ -51,7 +51,9 @@ def test_a_setting_that_does_not_apply_may_change():
 
 
 def test_secrets_are_not_recorded():
-    assert "fapo.genrm.api_key" not in _settings("fapo.genrm.api_key=sk-123")
+    recorded = _settings("fapo.genrm.api_key=sk-123", "fapo.genrm.addresses=[http://u:pw@h:1/v1]")
+    assert "fapo.genrm.api_key" not in recorded and "fapo.genrm.addresses" not in recorded
+    assert "sk-123" not in str(recorded) and "pw@" not in str(recorded)
 
 
 def _with_settings(path, cfg):
