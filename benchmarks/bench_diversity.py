@@ -86,8 +86,14 @@ class Sweep:
         path = os.path.join(self.out, "results", f"{name}.json")
         if not os.path.exists(path):
             return None
-        with open(path) as f:
-            res = json.load(f)
+        try:
+            with open(path) as f:
+                res = json.load(f)
+        except (OSError, ValueError) as e:  # cut off by a crash mid-write of an older version, say
+            raise StalePiece(f"{path} cannot be read ({e}): delete the piece to make it again") from None
+        if not isinstance(res, dict):
+            raise StalePiece(f"{path} is not a piece of this script (a JSON {type(res).__name__}): delete it to "
+                             f"make it again")
         made_with = res.pop("settings", None)
         if made_with != json.loads(json.dumps(settings)):  # compared as it reads back (tuples as lists)
             raise StalePiece(f"{path} was made with other settings ({made_with}) than this sweep's ({settings}): "

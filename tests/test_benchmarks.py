@@ -533,6 +533,11 @@ def test_diversity_bench_refuses_pieces_kept_from_other_settings(tmp_path, monke
     piece.write_text(json.dumps(made))  # kept by a version that recorded no settings
     with pytest.raises(bench_diversity.StalePiece, match=r"made with other settings \(None\)"):
         sweep.kept(name, settings)
+    for damaged, says in (('{"last": {', "cannot be read"), ("[1, 2]", "is not a piece of this script")):
+        piece.write_text(damaged)
+        with pytest.raises(bench_diversity.StalePiece, match=rf"{name}.json {says}"):
+            sweep.kept(name, settings)
+    piece.write_text(json.dumps(made))
 
     monkeypatch.setattr(bench_diversity, "sh", no_work)
     results = tmp_path / "RESULTS.md"
