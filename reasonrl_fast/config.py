@@ -13,12 +13,14 @@ are not installed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import os
 import re
 import stat
+import typing
 from dataclasses import dataclass, field
 from typing import Optional, get_type_hints
 
@@ -28,7 +30,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from reasonrl_fast.algos import ALGOS, get_algo
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.protocol import TEMPLATES, normalize_address
+from reasonrl_fast.protocol import API_KEY_ENV, TEMPLATES, normalize_address
+from reasonrl_fast.redact import (REDACTED, SECRET_KEYS, holds_redacted, redact_settings, redact_text, redact_url,
+                                  redact_value)
 from reasonrl_fast.rewards.score import SANDBOX_SHARE, check_sandbox
 from reasonrl_fast.rollout.registry import ROLLOUTS
 from reasonrl_fast.tasks import TASKS, get_task
@@ -40,7 +44,7 @@ __all__ = ["Config", "ConfigError", "load_config", "validate", "to_yaml", "confi
 
 
 def _fail(key: str, value, what: str):
-    raise ConfigError(f"{key}={value!r}: {what}")
+    raise ConfigError(f"{key}={redact_value(key, value)!r}: {what}")
 
 
 def tristate(value, key: str) -> str:
@@ -441,7 +445,8 @@ class GenRMConfig(_Checks):
     model: str = ""
     """Served model name; empty: the first one the server's /v1/models lists."""
     api_key: str = ""
-    """Bearer key; empty: $REASONRL_FAST_GENRM_API_KEY (if set)."""
+    """Bearer key; empty: $REASONRL_FAST_GENRM_API_KEY (if set). Never written or shown: the run's
+    config.yaml holds `<redacted>` in its place (redact.py)."""
     template: str = "auto"
     """Prompt rendering, and with it how the answer is read: fapo (our full instruction, for real
     models), compact (the embedded model's short form), published (the published FAPO run's
@@ -487,7 +492,7 @@ class GenRMConfig(_Checks):
             try:
                 normalize_address(a)
             except ValueError as e:
-                raise ConfigError(f"{at}addresses: {e}") from None
+                raise ConfigError(f"{at}addresses: {str(e).replace(a, redact_url(a))}") from None
         if not self.addresses and not self.serve.startswith(("rule:", "hf:")):
             _fail(f"{at}serve", self.serve, "expected rule:addition or hf:PATH")
         if self.template == "published" and not self.addresses and self.serve.startswith("rule:"):
@@ -698,6 +703,7 @@ def validate(cfg: Config) -> Config:
     """Each section's checks, then the rules that tie sections together."""
     _check_finite(cfg)
     cfg.check()
+    _check_not_redacted(cfg, skip=() if get_algo(cfg.algo).uses_genrm else ("fapo.genrm.",))
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
     p = cfg.data.prompts_per_step
     n_mb = -(-p // min(cfg.optim.mini_batch_prompts, p))
@@ -768,24 +774,106 @@ def check_bf16_lr(cfg: Config) -> None:
 
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults <- YAML file <- dotted overrides, type-checked against the dataclasses."""
+    layers = [_load_yaml(path)] if path else []
+    if overrides:
+        layers.append(_parse_overrides(overrides))
     try:
-        schema = OmegaConf.structured(Config)
-        merged = [schema]
-        if path:
-            merged.append(_load_yaml(path))
-        if overrides:
-            for o in overrides:
-                _check_override(o)
-            merged.append(OmegaConf.from_dotlist(list(overrides)))
-        for raw in merged[1:]:  # before OmegaConf reads 2 or "yes" as true
-            _check_raw(OmegaConf.to_container(raw, resolve=False), Config)
-        cfg = OmegaConf.merge(*merged)
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), *layers)
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
-        msg = str(e).splitlines()[0]
+        msg = redact_text(str(e).splitlines()[0])
+        if key in SECRET_KEYS:  # OmegaConf's message may quote the value
+            msg = "not a valid value (not shown: a secret)"
         raise ConfigError(f"config key {key!r}: {msg}" if key else msg) from None
+    except RecursionError:  # what _check_raw lets through nests no deeper than a list: a guard only
+        raise ConfigError("the settings nest too deeply") from None
     return validate(obj)
+
+
+# How the settings' YAML (the config file and each override's value) reads a plain scalar. YAML
+# 1.1, which PyYAML and OmegaConf follow, reads yes/no/on/off as booleans, 017 as octal 15,
+# 0x10, 0b11, 1_000 and 1:30 (sexagesimal, 90) as ints. Here only true/false (any case YAML 1.2
+# allows) are booleans, an int is decimal digits without a leading zero, a float is decimal with
+# a point or an exponent (1e-4, .5, 3.0) or .inf/.nan (which the finite check refuses); every
+# other plain scalar stays a string. A string where a bool, int or float setting is expected is
+# then refused by `_check_raw` with the key, unless it is written as such a number ("5" is 5).
+_INT_TEXT = r"[-+]?(?:0|[1-9][0-9]*)"
+_FLOAT_TEXT = r"[-+]?(?:(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)"
+_BOOL_TAG, _INT_TAG, _FLOAT_TAG = (f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float"))
+
+
+@functools.cache
+def _settings_loader():
+    """OmegaConf's own YAML loader (duplicate keys refused, alias expansion bounded) with the
+    scalar rules above."""
+    try:
+        from omegaconf._yaml import get_yaml_loader
+    except ImportError:  # omegaconf 2.3
+        from omegaconf._utils import get_yaml_loader
+    base = get_yaml_loader()
+
+    class SettingsLoader(base):
+        pass
+
+    SettingsLoader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (_BOOL_TAG, _INT_TAG, _FLOAT_TAG)]
+        for first, resolvers in base.yaml_implicit_resolvers.items()}
+    SettingsLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                         list("tTfF"))
+    SettingsLoader.add_implicit_resolver(_INT_TAG, re.compile(f"^{_INT_TEXT}$"), list("-+0123456789"))
+    SettingsLoader.add_implicit_resolver(
+        _FLOAT_TAG, re.compile(rf"^(?:{_FLOAT_TEXT}|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+        list("-+0123456789."))
+    return SettingsLoader
+
+
+def _parse_yaml(text: str, where: str):
+    """`text` read by the settings' loader, or a ConfigError starting with `where`. The message
+    gives YAML's problem and its place, not the text around it (which may hold a secret)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # an argument's bytes that were not UTF-8, kept as lone surrogates
+        raise ConfigError(f"{where}: not UTF-8 text (bytes the command line could not decode)") from None
+    try:
+        return yaml.load(text, Loader=_settings_loader())
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = " ".join(part for part in (e.context, e.problem) if part)
+        raise ConfigError(f"{where}: not valid YAML ({what}{at})") from None
+    except yaml.YAMLError as e:  # the reader's: a control character, a NUL, a lone surrogate
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply") from None
+
+
+def _parse_overrides(overrides) -> DictConfig:
+    """The dotted `key=value` overrides as one DictConfig, each value read by the settings' loader
+    and checked as written (`_check_raw`); a ConfigError naming the override that cannot be."""
+    merged = OmegaConf.create()
+    for o in overrides:
+        _check_override(o)
+        key, _, text = o.partition("=")
+        where = f"override {_shown_override(o)!r}"
+        value = _parse_yaml(text, where)
+        nested = value
+        for name in reversed(key.split(".")):
+            nested = {name: nested}
+        _check_raw(nested, Config)
+        try:
+            OmegaConf.update(merged, key, value, merge=True)
+        except (OmegaConfBaseException, ValueError, TypeError, RecursionError) as e:
+            first = (str(e).splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"{where}: {first}") from None
+    return merged
+
+
+def _shown_override(override: str) -> str:
+    """An override as an error message may show it: a secret's value redacted."""
+    key, eq, value = override.partition("=")
+    shown = f"{key}{eq}{redact_value(key, value)}" if eq else redact_text(override)
+    return shown if len(shown) <= 200 else f"{shown[:100]}... ({len(shown)} characters)"
 
 
 def _check_finite(section, at: str = "") -> None:
@@ -803,13 +891,65 @@ def _check_finite(section, at: str = "") -> None:
                 _fail(f"{at}{f.name}", value, "must fit in 64 bits")
 
 
+def _check_not_redacted(section, at: str = "", skip: tuple[str, ...] = ()) -> None:
+    """No setting the run uses holds the marker `to_yaml` writes in place of a secret: a run's
+    config.yaml given back as the config file would otherwise send "<redacted>" as the GenRM's
+    key, and the GenRM's refusals leave every answer unpenalised (fail open). Sections in `skip`
+    are not used by the run (the GenRM's, unless the algorithm asks it). The eval command given
+    a FAPO run's config.yaml is refused too (it cannot tell), and the message says how to go on:
+    `fapo.genrm.api_key=''` empties the key."""
+    for f in dataclasses.fields(section):
+        value, key = getattr(section, f.name), f"{at}{f.name}"
+        if key.startswith(skip):
+            continue
+        if dataclasses.is_dataclass(value):
+            _check_not_redacted(value, f"{key}.", skip)
+        elif holds_redacted(value):
+            how = (f"; or empty it ({key}='') for ${API_KEY_ENV}" if key == "fapo.genrm.api_key" else "")
+            raise ConfigError(f"{key} holds {REDACTED}, what a run's config.yaml writes in place of a secret: "
+                              f"give the real value{how}")
+
+
+def _setting_kind(hint) -> tuple[type | None, bool]:
+    """(the scalar type, whether a list of it) of a setting's type hint; Optional unwrapped."""
+    if typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is list:
+        return typing.get_args(hint)[0], True
+    return hint, False
+
+
+def _check_scalar(key: str, value, kind) -> None:
+    """One value as written against its setting's scalar type (see `_check_raw`)."""
+    if isinstance(value, str) and value.startswith("${"):  # an interpolation: checked once resolved
+        return
+    if kind is bool and not isinstance(value, bool) and not (
+            isinstance(value, str) and value.lower() in ("true", "false")):
+        _fail(key, value, "must be true or false")
+    if isinstance(value, (list, dict)):
+        _fail(key, value, "must be a single value, not a list or a mapping")
+    if kind in (int, float) and not isinstance(value, bool):
+        # inf and nan, as Python writes them, go on to the finite check, which names them
+        text = _INT_TEXT if kind is int else f"{_INT_TEXT}|{_FLOAT_TEXT}|(?i:[-+]?(?:inf|infinity|nan))"
+        if (isinstance(value, str) and not re.fullmatch(text, value.strip())
+                or kind is int and isinstance(value, float)):
+            what = "a whole number" if kind is int else "a number"
+            _fail(key, value, f"must be {what} written in decimal digits (017, 0o17, 0x10, 1_000 and 1:30 are "
+                              f"not read as numbers{', nor 1e3 or 2.0 as a whole one' if kind is int else ''})")
+
+
 def _check_raw(raw, cls, at: str = "") -> None:
-    """What the merge would let through or name badly, in one file's or the overrides' settings
+    """What the merge would let through or name badly, in one file's or one override's settings
     as written, against the dataclass `cls` of their section:
     - a bool setting takes true or false (YAML's, or the words quoted) and nothing else.
-      OmegaConf alone reads any number but 0, "yes", "on", "y" and "1" as true: a value meant for
-      another key, or a count, would switch the setting on without a word (int and float settings
-      already refuse a bool);
+      OmegaConf alone reads any number but 0, and "1", as true: a value meant for another key,
+      or a count, would switch the setting on without a word (int and float settings already
+      refuse a bool);
+    - an int or float setting takes a number written in decimal (the loader's rules above):
+      OmegaConf alone would read the string "017" as 17 and "1_000" as 1000, and an int setting
+      refuses a float here with the key named;
+    - a list setting (optim.betas, data.train_files) is given whole, as a list: `optim.betas.0=`
+      makes a mapping, which OmegaConf's merge refuses without naming the key;
     - a section (model, trainer, fapo.genrm, ...) is given as a mapping of its settings: a lone
       value in its place (`trainer=5`) is named here, where OmegaConf's merge names no key.
     Unknown keys are left to the merge, which names them."""
@@ -817,31 +957,44 @@ def _check_raw(raw, cls, at: str = "") -> None:
         return
     hints = get_type_hints(cls)
     for key, value in raw.items():
-        kind = hints.get(key)
-        if kind is None:
+        hint = hints.get(key)
+        if hint is None:
             continue
-        if dataclasses.is_dataclass(kind):
+        name = f"{at}{key}"
+        if dataclasses.is_dataclass(hint):
             if value is not None and not isinstance(value, dict):
-                _fail(f"{at}{key}", value, f"a section, not a value: give its settings ({at}{key}.NAME=VALUE)")
-            _check_raw(value, kind, f"{at}{key}.")
-        elif kind is bool and not isinstance(value, bool) and not (
-                isinstance(value, str) and (value.lower() in ("true", "false") or value.startswith("${"))):
-            _fail(f"{at}{key}", value, "must be true or false")
+                _fail(name, value, f"a section, not a value: give its settings ({name}.NAME=VALUE)")
+            _check_raw(value, hint, f"{name}.")
+            continue
+        kind, is_list = _setting_kind(hint)
+        if value is None:  # null: the merge says whether the setting may be unset
+            continue
+        if is_list:
+            if isinstance(value, dict):
+                _fail(name, value, f"a list setting is given whole, such as {name}=[...]")
+            if not isinstance(value, list) and not (isinstance(value, str) and value.startswith("${")):
+                _fail(name, value, f"must be a list, such as {name}=[...]")
+            for v in value if isinstance(value, list) else []:
+                _check_scalar(name, v, kind)
+        else:
+            _check_scalar(name, value, kind)
 
 
 # A dotted key: names joined by dots (OmegaConf would read `a..b` or `=v` as a key '' of some section)
-_OVERRIDE_KEY = re.compile(r"\w+(\.\w+)*")
+_OVERRIDE_KEY = re.compile(r"\w+(\.\w+)*", re.ASCII)
 
 
 def _check_override(override: str) -> None:
     """A ConfigError unless `override` is `dotted.key=value` (the value may be empty: null)."""
     key, eq, _ = override.partition("=")
     if not eq or not _OVERRIDE_KEY.fullmatch(key):
-        raise ConfigError(f"override {override!r}: expected key=value with a dotted key, such as trainer.steps=3")
+        raise ConfigError(f"override {_shown_override(override)!r}: expected key=value with a dotted key, such as "
+                          f"trainer.steps=3")
 
 
-def _load_yaml(path: str) -> DictConfig:
-    """The config file's sections, or a ConfigError saying why the file cannot be one."""
+def _load_yaml(path: str) -> dict:
+    """The config file's sections, checked as written (`_check_raw`), or a ConfigError saying why
+    the file cannot be one."""
     where = f"config file {path!r}"
     if not os.path.exists(path):
         hint = ("; settings are given as key=value" if not path.endswith((".yaml", ".yml"))
@@ -856,20 +1009,21 @@ def _load_yaml(path: str) -> DictConfig:
     if not regular:
         raise ConfigError(f"{where} is not a regular file (a FIFO, socket or device): give a YAML file")
     try:
-        loaded = OmegaConf.load(path)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot be read ({e.strerror})") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{where}: not a UTF-8 text file ({e.reason})") from None
-    except OSError as e:
-        if e.errno is None:  # OmegaConf's "Invalid loaded object type: int" for a lone scalar
-            raise ConfigError(f"{where}: {_NOT_SECTIONS}, got {str(e).rsplit(': ', 1)[-1]}") from None
-        raise ConfigError(f"{where}: cannot be read ({e.strerror})") from None
-    if not isinstance(loaded, DictConfig):
-        raise ConfigError(f"{where}: {_NOT_SECTIONS}, got a list")
+    loaded = _parse_yaml(text, where)
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{where}: {_NOT_SECTIONS}, got {type(loaded).__name__}")
     if not loaded:  # an empty or truncated file is more likely a mistake than a wish for the defaults
         raise ConfigError(f"{where} is empty (no settings): give its sections, or leave the file out for "
                           f"the defaults")
+    _check_raw(loaded, Config)
     return loaded
 
 
@@ -877,7 +1031,9 @@ _NOT_SECTIONS = "expected a mapping of sections (algo:, model:, data:, ...)"
 
 
 def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The settings as YAML, secrets redacted (redact.py): what a run writes to its config.yaml,
+    which other users may read. Loading it back refuses the redacted values (`validate`)."""
+    return OmegaConf.to_yaml(redact_settings(dataclasses.asdict(cfg)))
 
 
 def config_hash(*parts) -> str:

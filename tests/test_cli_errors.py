@@ -221,6 +221,13 @@ EVERY_CLI = [
     ("train reward_fn", lambda t: ["reasonrl_fast.train", "data.reward_fn=no_such_module_xyz:score",
                                    f"trainer.output_dir={t / 'run'}"],
      ["data.reward_fn=", "cannot import 'no_such_module_xyz'"]),
+    ("train unreadable override", lambda t: ["reasonrl_fast.train", "trainer.steps=[", f"trainer.output_dir={t / 'run'}"],
+     ["override 'trainer.steps=['", "not valid YAML"]),
+    ("train yes for a bool", lambda t: ["reasonrl_fast.train", "trainer.progress=yes", f"trainer.output_dir={t / 'run'}"],
+     ["trainer.progress='yes'", "must be true or false"]),
+    # bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
+    ("train non-UTF-8 override", lambda t: ["reasonrl_fast.train", f"trainer.output_dir={t / 'run'}" + os.fsdecode(b"\xff")],
+     ["trainer.output_dir=", "not UTF-8 text"]),
     ("eval", lambda t: ["reasonrl_fast.eval", "eval.n=0", f"eval.output_dir={t / 'eval'}"], ["eval.n=0"]),
     ("eval reward_fn", lambda t: ["reasonrl_fast.eval", f"model.path={t}", "data.reward_fn=no_such_module_xyz:score",
                                   f"eval.output_dir={t / 'eval'}"],

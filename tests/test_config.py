@@ -230,8 +230,8 @@ BAD_VALUES = {
     "model.max_position_embeddings": ["0"],
     "model.dtype": ["float16"],
     "model.compute_dtype": ["int8"],
-    "model.fused_lm_head": ["maybe"],
-    "model.gradient_checkpointing": ["2"],
+    "model.fused_lm_head": ["maybe", "on"],
+    "model.gradient_checkpointing": ["2", "yes"],
     "sft.steps": ["-1"],
     "sft.batch_size": ["0"],
     "sft.lr": ["0", "-1e-3"],
@@ -247,15 +247,15 @@ BAD_VALUES = {
     "data.carry_slip_prob": ["1.01"],
     "data.flaw_prob": ["-1"],
     "data.partition_styles": ["[1,1]", "[-1,1,1]", "[0,0,0]"],
-    "data.shuffle": ["1"],
+    "data.shuffle": ["1", "no"],
     "data.task": ["chess"],
-    "data.packing": ["maybe"],
+    "data.packing": ["maybe", "off"],
     "data.reward_fn": ["mod.fn"],
     "rollout.backend": ["sglang"],
     "rollout.tensor_parallel_size": ["0"],
     "rollout.decoder": ["lean"],
-    "rollout.n": ["0"],
-    "rollout.max_new_tokens": ["0"],
+    "rollout.n": ["0", "017"],
+    "rollout.max_new_tokens": ["0", "0x10", "1_000", "1e3", "1:30", "0o17", "'1_2'"],
     "rollout.temperature": ["0", "-1"],
     "rollout.top_p": ["0", "1.5"],
     "rollout.val_temperature": ["-0.5"],
@@ -276,7 +276,7 @@ BAD_VALUES = {
     "grpo.kl_coef": ["-0.1"],
     "grpo.overlong_buffer": ["-1"],
     "grpo.overlong_factor": ["-1"],
-    "grpo.norm_by_std": ["0"],
+    "grpo.norm_by_std": ["0", "off"],
     "grpo.clip_ratio_c": ["1"],
     "flowrl.beta": ["0", "-15"],
     "flowrl.max_is_weight": ["0"],
@@ -299,31 +299,31 @@ BAD_VALUES = {
     "fapo.genrm.cooldown_s": ["-1", "1e9"],
     "fapo.genrm.max_reply_bytes": ["0"],
     "fapo.genrm.warn_failure_rate": ["1.5"],
-    "optim.lr": ["-1e-4"],
+    "optim.lr": ["-1e-4", "1_0.5", "'0x1p-3'"],
     "optim.weight_decay": ["-0.1"],
     "optim.warmup_steps": ["-1"],
     "optim.grad_clip": ["0"],
     "optim.mini_batch_prompts": ["0"],
     "optim.micro_batch_tokens": ["-1"],
     "optim.betas": ["[0.9]", "[0.9,1.0]", "[0.9,0.99,0.999]", "[-0.1,0.99]"],
-    "optim.bf16_stochastic_round": ["2"],
-    "trainer.steps": ["-1"],
+    "optim.bf16_stochastic_round": ["2", "on"],
+    "trainer.steps": ["-1", "017"],
     "trainer.output_dir": ["''"],
     "trainer.nnodes": ["0"],
     "trainer.workers_per_node": ["0"],
     "trainer.cpus_per_worker": ["0"],
     "trainer.sharding": ["zero3"],
     "trainer.save_every": ["-1"],
-    "trainer.save_last": ["2"],
+    "trainer.save_last": ["2", "Yes"],
     "trainer.keep_checkpoints": ["-1"],
     "trainer.val_every": ["-1"],
     "trainer.resume": ["''"],
-    "trainer.overwrite": ["maybe"],
+    "trainer.overwrite": ["maybe", "ON"],
     "trainer.trust_checkpoint": ["[true]"],
     "trainer.collective_timeout_s": ["0", "99999999999"],
-    "trainer.seed": ["-1", str(2**32), str(2**64)],
+    "trainer.seed": ["-1", str(2**32), str(2**64), "017"],
     "trainer.logger": ["mlflow"],
-    "trainer.progress": ["1"],
+    "trainer.progress": ["1", "y"],
     "eval.files": ["['']"],
     "eval.n": ["0"],
     "eval.k": ["[0]", "[17]"],
@@ -371,6 +371,142 @@ def test_range_edges_are_accepted():
                              "sft.steps=0", "data.partition_styles=[0,0,1]", "eval.seed=0"])
     assert (cfg.grpo.clip_low, cfg.trainer.seed, cfg.optim.betas) == (1.0, 2**32 - 1, [0.0, 0.999])
     assert load_config(None, ["fapo.penalty=0", "fapo.genrm.api_key=sk-abc_123.xyz"]).fapo.penalty == 0
+
+
+@pytest.mark.parametrize("text,key,value", [
+    ("trainer:\n  progress: yes\n", "trainer.progress", None),
+    ("trainer:\n  progress: off\n", "trainer.progress", None),
+    ("data:\n  packing: on\n", "data.packing", None),
+    ("trainer:\n  steps: 017\n", "trainer.steps", None),
+    ("trainer:\n  steps: 0o17\n", "trainer.steps", None),
+    ("trainer:\n  steps: 0x10\n", "trainer.steps", None),
+    ("trainer:\n  steps: 1_000\n", "trainer.steps", None),
+    ("trainer:\n  steps: 1:30\n", "trainer.steps", None),
+    ("trainer:\n  steps: 1e3\n", "trainer.steps", None),
+    ("trainer:\n  steps: .inf\n", "trainer.steps", None),
+    ("optim:\n  lr: 1_0.5\n", "optim.lr", None),
+    ("optim:\n  lr: .inf\n", "optim.lr", None),
+    # read as written
+    ("trainer:\n  steps: 17\n", "trainer.steps", 17),
+    ("trainer:\n  steps: '17'\n", "trainer.steps", 17),
+    ("trainer:\n  steps: -0\n", "trainer.steps", 0),
+    ("optim:\n  lr: 1e-4\n", "optim.lr", 1e-4),
+    ("optim:\n  lr: .5\n", "optim.lr", 0.5),
+    ("optim:\n  lr: 1\n", "optim.lr", 1.0),
+    ("trainer:\n  progress: False\n", "trainer.progress", False),
+    ("trainer:\n  progress: 'true'\n", "trainer.progress", True),
+    ("trainer:\n  output_dir: on\n", "trainer.output_dir", "on"),
+    ("data:\n  train_files: [017, no]\n", "data.train_files", ["017", "no"]),
+])
+def test_yaml_reads_numbers_and_booleans_as_written_or_refuses_them(text, key, value, tmp_path):
+    """YAML 1.1 (PyYAML's, OmegaConf's) reads yes/on/off as booleans, 017 as 15, 0x10, 1_000 and
+    1:30 as numbers; the settings take only true/false as booleans and decimal numbers, from a
+    config file and from an override alike, and refuse the rest naming the key."""
+    y = tmp_path / "c.yaml"
+    y.write_text(text)
+    override = f"{key}={text.rsplit(': ', 1)[1].strip()}"
+    section, name = key.split(".")
+    for load in (lambda: load_config(str(y)), lambda: load_config(None, [override])):
+        if value is None:
+            with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=") as e:
+                load()
+            assert "\n" not in str(e.value)
+        else:
+            assert getattr(getattr(load(), section), name) == value
+
+
+@pytest.mark.parametrize("override,says", [
+    ("key=[", "override 'key=[': not valid YAML"),
+    ("trainer.steps=[", "override 'trainer.steps=[': not valid YAML"),
+    ("trainer.output_dir={a: ", "override 'trainer.output_dir={a: ': not valid YAML"),
+    ("trainer.output_dir=a\x00b", r"override 'trainer.output_dir=a\x00b': not valid YAML (unacceptable character"),
+    ("trainer.output_dir=run\udcff", r"override 'trainer.output_dir=run\udcff': not UTF-8 text"),
+    ("trainer.output\udcff=x", r"override 'trainer.output\udcff=x': expected key=value"),
+    ("optim.betas.0=", "optim.betas={'0': None}: a list setting is given whole"),
+    ("optim.betas.0=0.5", "optim.betas={'0': 0.5}: a list setting is given whole"),
+    ("data.train_files=a.jsonl", "data.train_files='a.jsonl': must be a list"),
+    ("data.train_files=[[a.jsonl]]", "data.train_files=['a.jsonl']: must be a single value"),
+    ("trainer.output_dir=[a]", "trainer.output_dir=['a']: must be a single value"),
+    ("data.train_files=" + "[" * 5000 + "]" * 5000, "not valid YAML (while increasing flow level exceeded maximum nesting"),
+    ("data.train_files=" + "[" * 100000, "... (100017 characters)': not valid YAML"),
+])
+def test_an_override_that_cannot_be_read_is_one_line_naming_it(override, says):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    msg = str(e.value)
+    assert says in msg and "\n" not in msg and len(msg) < 400, msg
+
+
+SECRET = "sk-SECRET123"
+
+
+@pytest.mark.parametrize("overrides", [
+    [f"fapo.genrm.api_key=[{SECRET}"],
+    [f"fapo.genrm.api_key=[{SECRET}]"],
+    [f"fapo.genrm.api_key={{k: {SECRET}}}"],
+    [f"fapo.genrm.api_key='{SECRET} x'"],
+    [f"fapo.genrm.api_key={SECRET}\x00"],
+    [f"fapo.genrm.api_key={SECRET}", "trainer.steps=many"],
+    [f"fapo.genrm.addresses=[http://user:{SECRET}@h:1/x]"],
+    [f"fapo.genrm.addresses=[http://user:{SECRET}@h:99999/v1]"],
+    [f"fapo.genrm.addresses=http://user:{SECRET}@h:1/v1"],
+    [f"trainer.ray_address=[ray://user:{SECRET}@h:1]"],
+    [f"trainer.ray_address=ray://user:{SECRET}@h:1", "trainer.nnodes=0"],
+])
+def test_error_messages_never_echo_a_secret(overrides, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert SECRET not in str(e.value) and "\n" not in str(e.value), str(e.value)
+    # and a config file whose key's line is bad YAML: YAML's message would quote the line
+    y = tmp_path / "c.yaml"
+    y.write_text(f"fapo:\n  genrm:\n    api_key: {SECRET}: x\n")
+    with pytest.raises(ConfigError, match="not valid YAML") as e:
+        load_config(str(y))
+    assert SECRET not in str(e.value)
+
+
+def test_the_saved_config_redacts_secrets_and_is_not_read_back_as_them(tmp_path):
+    from reasonrl_fast.config import to_yaml
+
+    cfg = load_config(None, ["algo=fapo", f"fapo.genrm.api_key={SECRET}",
+                             f"fapo.genrm.addresses=[http://user:{SECRET}@gen.example:8000/v1,127.0.0.1:9]",
+                             f"trainer.ray_address=ray://admin:{SECRET}@head:10001"])
+    assert cfg.fapo.genrm.api_key == SECRET  # the run itself keeps them
+    text = to_yaml(cfg)
+    assert SECRET not in text
+    assert "api_key: <redacted>" in text and "http://<redacted>@gen.example:8000/v1" in text
+    assert "ray://<redacted>@head:10001" in text and "127.0.0.1:9" in text
+    assert "api_key: ''" in to_yaml(load_config())  # nothing set, nothing redacted
+    saved = tmp_path / "config.yaml"
+    saved.write_text(text)
+    # given back as the config file, a redacted value is refused: never sent as the key
+    with pytest.raises(ConfigError, match=r"^fapo\.genrm\.addresses holds <redacted>"):
+        load_config(str(saved))
+    with pytest.raises(ConfigError, match=r"^fapo\.genrm\.api_key holds <redacted>.*REASONRL_FAST_GENRM_API_KEY"):
+        load_config(str(saved), ["fapo.genrm.addresses=[h:1]", "trainer.ray_address=''"])
+    again = load_config(str(saved), ["fapo.genrm.addresses=[h:1]", "trainer.ray_address=''",
+                                     f"fapo.genrm.api_key={SECRET}"])
+    assert again.fapo.genrm.api_key == SECRET and again.trainer.steps == cfg.trainer.steps
+    # a run whose algorithm does not ask the GenRM needs no key; emptied, the key is the environment's
+    evaluated = load_config(str(saved), ["algo=grpo", "trainer.ray_address=''"])
+    assert evaluated.fapo.genrm.api_key == "<redacted>"
+    emptied = load_config(str(saved), ["fapo.genrm.addresses=[h:1]", "trainer.ray_address=''", "fapo.genrm.api_key=''"])
+    assert emptied.fapo.genrm.api_key == ""
+
+
+def test_redaction_rules():
+    from reasonrl_fast.redact import REDACTED, redact_settings, redact_text, redact_url
+
+    assert redact_url("http://u:p@h:1/v1") == f"http://{REDACTED}@h:1/v1"
+    assert redact_url("https://u:p@ss@h:1/v1?x=a@b") == f"https://{REDACTED}@h:1/v1?x=a@b"
+    assert redact_url("u:p@h:1") == f"{REDACTED}@h:1"
+    assert redact_url("http://h:1/v1/a@b") == "http://h:1/v1/a@b"
+    assert redact_url("h:1") == "h:1"
+    assert redact_text("GenRM address 'http://u:p@h:1/x' and ray://a@b") == \
+        f"GenRM address 'http://{REDACTED}@h:1/x' and ray://{REDACTED}@b"
+    assert redact_settings({"fapo": {"genrm": {"api_key": "k", "addresses": ["u:p@h:1"], "model": "m"}},
+                            "algo": "fapo"}) == \
+        {"fapo": {"genrm": {"api_key": REDACTED, "addresses": [f"{REDACTED}@h:1"], "model": "m"}}, "algo": "fapo"}
 
 
 def test_missing_model_path_says_nothing_is_downloaded(tmp_path):
