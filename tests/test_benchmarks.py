@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import selectors
 import signal
 import subprocess
 import sys
@@ -487,6 +488,19 @@ def test_a_step_past_its_limit_is_killed_and_one_past_the_budget_is_skipped(monk
     assert step["status"] == "failed (exit 3)" and gpu_check.test_summary(step["tail"]) == "1 failed, 2 passed in 0.1s"
     monkeypatch.setattr(gpu_check, "_DEADLINE", 0.0)
     assert gpu_check.run_step("late", hang, _env(), timeout=60)["status"] == "skipped: budget spent"
+
+
+def test_a_step_that_exits_between_two_selects_keeps_its_last_lines(monkeypatch):
+    import gpu_check
+
+    class Late(selectors.DefaultSelector):
+        def select(self, timeout=None):  # under load: every wait times out, the child exits meanwhile
+            return []
+
+    monkeypatch.setattr(gpu_check.selectors, "DefaultSelector", Late)
+    done = [sys.executable, "-c", "import sys; print('started'); print('1 failed, 2 passed in 0.1s'); sys.exit(3)"]
+    step = gpu_check.run_step("tests", done, _env(), timeout=60)
+    assert step["status"] == "failed (exit 3)" and step["tail"] == ["started", "1 failed, 2 passed in 0.1s"]
 
 
 # --- bench_diversity.py's log-partition of FlowRL's residual --------------------------------
