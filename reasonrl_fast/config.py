@@ -44,7 +44,13 @@ __all__ = ["Config", "ConfigError", "load_config", "validate", "to_yaml", "confi
 
 
 def _fail(key: str, value, what: str):
-    raise ConfigError(f"{key}={redact_value(key, value)!r}: {what}")
+    try:  # a secret never shown (nor a URL's password in a nested value); a huge value cut
+        shown = redact_text(repr(redact_value(key, value)))
+    except RecursionError:
+        shown = "a value nested too deeply"
+    if len(shown) > 200:
+        shown = f"{shown[:100]}... ({len(shown)} characters)"
+    raise ConfigError(f"{key}={shown}: {what}")
 
 
 def tristate(value, key: str) -> str:

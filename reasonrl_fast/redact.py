@@ -48,8 +48,8 @@ def redact_value(key: str, value):
         return REDACTED if value else value
     if isinstance(value, str):
         return redact_url(value) if key in URL_KEYS else redact_text(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact_value(key, v) for v in value)
+    if isinstance(value, (list, tuple)):  # one level: no setting nests deeper
+        return type(value)(redact_value(key, v) if isinstance(v, str) else v for v in value)
     return value
 
 

@@ -428,6 +428,7 @@ def test_yaml_reads_numbers_and_booleans_as_written_or_refuses_them(text, key, v
     ("data.train_files=[[a.jsonl]]", "data.train_files=['a.jsonl']: must be a single value"),
     ("trainer.output_dir=[a]", "trainer.output_dir=['a']: must be a single value"),
     ("data.train_files=" + "[" * 5000 + "]" * 5000, "not valid YAML (while increasing flow level exceeded maximum nesting"),
+    ("data.train_files=" + "[" * 500 + "]" * 500, "data.train_files=[[[[[[[[[["),
     ("data.train_files=" + "[" * 100000, "... (100017 characters)': not valid YAML"),
 ])
 def test_an_override_that_cannot_be_read_is_one_line_naming_it(override, says):
