@@ -169,7 +169,10 @@ def test_config_rejects_other_values_naming_the_key(value):
 
 def test_yaml_booleans(tmp_path):
     f = tmp_path / "c.yaml"
-    f.write_text("model:\n  fused_lm_head: yes\n")
+    f.write_text("model:\n  fused_lm_head: yes\n")  # YAML 1.1's boolean: read as written, and refused
+    with pytest.raises(ConfigError, match=r"model.fused_lm_head='yes': must be auto, true or false"):
+        load_config(str(f))
+    f.write_text("model:\n  fused_lm_head: true\n")
     assert load_config(str(f)).model.fused_lm_head == "true"
     f.write_text("model:\n  fused_lm_head: false\n")
     assert load_config(str(f)).model.fused_lm_head == "false"
