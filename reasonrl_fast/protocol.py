@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 from urllib.parse import urlsplit
 
+from reasonrl_fast.redact import redact_url
 from reasonrl_fast.util import extract_boxed
 
 API_KEY_ENV = "REASONRL_FAST_GENRM_API_KEY"
@@ -236,24 +237,25 @@ def is_flawed(verdict: int | None) -> bool:
 def normalize_address(address: str) -> str:
     """An OpenAI base URL: 'host:port' -> 'http://host:port/v1', 'http://host:port' -> '.../v1',
     '.../v1' kept (https allowed, a trailing '/' dropped); anything else is a ValueError."""
+    shown = redact_url(address) if isinstance(address, str) else address  # messages never show a password
     if not isinstance(address, str) or not address.strip():
-        raise ValueError(f"GenRM address {address!r}: expected 'host:port' or 'http(s)://host:port[/v1]'")
+        raise ValueError(f"GenRM address {shown!r}: expected 'host:port' or 'http(s)://host:port[/v1]'")
     a = address.strip().rstrip("/")
     if "://" not in a:
         if not re.fullmatch(r"[A-Za-z0-9.\-]+:\d{1,5}|\[[0-9A-Fa-f:]+\]:\d{1,5}", a):
-            raise ValueError(f"GenRM address {address!r}: a bare address must be 'host:port'")
+            raise ValueError(f"GenRM address {shown!r}: a bare address must be 'host:port'")
         a = "http://" + a
     try:
         u = urlsplit(a)
         u.port  # noqa: B018  (raises ValueError for a port out of range)
     except ValueError as e:
-        raise ValueError(f"GenRM address {address!r}: {e}") from None
+        raise ValueError(f"GenRM address {shown!r}: {e}") from None
     if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
-        raise ValueError(f"GenRM address {address!r}: expected 'host:port' or 'http(s)://host:port[/v1]'")
+        raise ValueError(f"GenRM address {shown!r}: expected 'host:port' or 'http(s)://host:port[/v1]'")
     if u.path in ("", "/"):
         return f"{u.scheme}://{u.netloc}/v1"
     if not u.path.endswith("/v1"):
-        raise ValueError(f"GenRM address {address!r}: the path must be empty or end in /v1 (got {u.path!r})")
+        raise ValueError(f"GenRM address {shown!r}: the path must be empty or end in /v1 (got {u.path!r})")
     return f"{u.scheme}://{u.netloc}{u.path}"
 
 

@@ -7,6 +7,7 @@ Pure functions, without torch or the config, so anything may import them."""
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 REDACTED = "<redacted>"
 """What stands in for a secret. The settings refuse it as a value (config.py), so a config.yaml
@@ -22,18 +23,47 @@ URL_KEYS = frozenset({"fapo.genrm.addresses"})
 # '?' and '#' end the authority, and whitespace or a quote ends the URL in a message)
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"]*@")
 
+SECRET_MIN_CHARS = 4
+"""Secrets shorter than this are not searched for in free text (`hide`: they would blank out
+common words); URLs lose their user:password by `redact_url` whatever its length."""
+
 
 def redact_url(url: str) -> str:
-    """`url` with the user:password before its host replaced by REDACTED; a URL without them is
-    returned as it is. A bare `user:pass@host:port` (no scheme) counts too."""
+    """`url` with everything between its scheme and the last '@' before its query replaced by
+    REDACTED (a bare `user:pass@host:port` counts too); a URL without such an '@' is returned as
+    it is. The last '@', not the authority's end: a password may hold an unencoded '/' (where
+    urlsplit would end the credentials early and leave the rest in the path), and no address the
+    settings hold has an '@' of its own, so the worst this does is hide a path."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    authority = rest[:end]
-    if "@" not in authority:
+    end = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    if "@" not in rest[:end]:
         return url
-    return f"{scheme}{sep}{REDACTED}@{authority.rpartition('@')[2]}{rest[end:]}"
+    return f"{scheme}{sep}{REDACTED}@{rest[:end].rpartition('@')[2]}{rest[end:]}"
+
+
+def secrets_of(addresses, *keys: str) -> list[str]:
+    """The strings `hide` searches free text for, for these addresses and API keys: the keys, and
+    each address's user:password and password as written and percent-decoded; longest first,
+    none shorter than SECRET_MIN_CHARS. For texts of elsewhere (a library's exception, a server's
+    error body) that may quote a secret anywhere."""
+    found = set(keys)
+    for a in addresses:
+        a = str(a)
+        rest = a.partition("://")[2] if "://" in a else a
+        if "@" in rest:
+            userinfo = rest.rpartition("@")[0]
+            password = userinfo.partition(":")[2]
+            found |= {userinfo, password, unquote(userinfo), unquote(password)}
+    return sorted((s for s in found if len(s) >= SECRET_MIN_CHARS), key=len, reverse=True)
+
+
+def hide(text: str, secrets: list[str]) -> str:
+    """`text` with each of `secrets` (secrets_of: longest first) replaced by REDACTED."""
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def redact_text(text: str) -> str:

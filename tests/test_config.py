@@ -501,7 +501,7 @@ def test_redaction_rules():
     assert redact_url("http://u:p@h:1/v1") == f"http://{REDACTED}@h:1/v1"
     assert redact_url("https://u:p@ss@h:1/v1?x=a@b") == f"https://{REDACTED}@h:1/v1?x=a@b"
     assert redact_url("u:p@h:1") == f"{REDACTED}@h:1"
-    assert redact_url("http://h:1/v1/a@b") == "http://h:1/v1/a@b"
+    assert redact_url("http://u:pa/ss@h:1/v1") == f"http://{REDACTED}@h:1/v1"  # an unencoded '/' in the password
     assert redact_url("h:1") == "h:1"
     assert redact_text("GenRM address 'http://u:p@h:1/x' and ray://a@b") == \
         f"GenRM address 'http://{REDACTED}@h:1/x' and ray://{REDACTED}@b"

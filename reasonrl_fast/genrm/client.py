@@ -24,11 +24,11 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
-from urllib.parse import unquote
 
 import aiohttp
 
 from reasonrl_fast.protocol import API_KEY_ENV, TEMPLATES, is_flawed, normalize_address, parse_verdict, render
+from reasonrl_fast.redact import hide, redact_url, secrets_of
 from reasonrl_fast.util import quantile
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class _Final(Exception):
 class _Replica:
     index: int
     base: str  # what requests go to: credentials in it are sent (HTTP basic auth)
-    shown: str  # what messages say: `base` without them (redact_url)
+    shown: str  # what messages say: `base` with them redacted (redact_url)
     outstanding: int = 0
     fails: int = 0  # consecutive failed attempts
     down_until: float = 0.0  # loop.time() before which it is skipped
@@ -436,7 +436,7 @@ class GenRMClient:
             raise
 
     def _redact(self, text: str) -> str:
-        return redact(text, self._secrets)
+        return hide(text, self._secrets)
 
     def _reset_counters(self) -> None:
         self._requests = self._failures = self._unparseable = self._truncated = self._retries = 0
@@ -455,46 +455,6 @@ def failure_kind(error: str) -> str:
     if error.startswith("http "):
         return error.split(":", 1)[0]
     return error
-
-
-def redact_url(url: str) -> str:
-    """`url` without its credentials ('user:password@'): scheme, host, port and path kept, so
-    'http://u:p@h:8000/v1' -> 'http://h:8000/v1' and 'u:p@h:8000' -> 'h:8000'. Everything before
-    the last '@' after the scheme goes: a password may hold an unencoded '/' (where urlsplit would
-    end the credentials early and leave the rest in the path), and no GenRM address has an '@'
-    of its own."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    if "@" not in rest:
-        return url
-    return scheme + sep + rest.rpartition("@")[2]
-
-
-SECRET_MIN_CHARS = 4
-"""Secrets shorter than this are not searched for in free text (they would blank out common
-words); addresses lose their credentials by redact_url whatever their length."""
-
-
-def secrets_of(addresses: list[str], *keys: str) -> list[str]:
-    """The strings `redact` hides for a client of these addresses and API keys: the keys, each
-    address's credentials and password, as written and percent-decoded."""
-    found = set(keys)
-    for a in addresses:
-        a = str(a)
-        rest = a.partition("://")[2] if "://" in a else a
-        if "@" in rest:
-            userinfo = rest.rpartition("@")[0]
-            password = userinfo.partition(":")[2]
-            found |= {userinfo, password, unquote(userinfo), unquote(password)}
-    return sorted((s for s in found if len(s) >= SECRET_MIN_CHARS), key=len, reverse=True)
-
-
-def redact(text: str, secrets: list[str]) -> str:
-    """`text` with each of `secrets` (secrets_of: longest first) replaced by '***'."""
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
 
 
 VALUE_BYTES = 32

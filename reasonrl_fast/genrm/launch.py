@@ -24,8 +24,8 @@ import urllib.request
 from typing import Sequence
 
 from reasonrl_fast.errors import UserError
-from reasonrl_fast.genrm.client import redact, secrets_of
 from reasonrl_fast.protocol import API_KEY_ENV
+from reasonrl_fast.redact import REDACTED, hide, secrets_of
 
 DEFAULT_MAX_BATCH = 64
 """Verdicts the hf backend generates in one batch, unless --max-batch says otherwise (the memory
@@ -117,20 +117,20 @@ def _is_key_flag(arg: str) -> bool:
 
 
 def _shown(cmd: Sequence[str]) -> str:
-    """The command line as an error may show it: the value of --api-key as '***'."""
-    out, hide = [], False
+    """The command line as an error may show it: the value of --api-key REDACTED."""
+    out, hide_next = [], False
     for arg in cmd:
-        if hide:
-            arg, hide = "***", False
+        if hide_next:
+            arg, hide_next = REDACTED, False
         elif _is_key_flag(arg):
-            hide = "=" not in arg
-            arg = arg.partition("=")[0] + ("" if hide else "=***")
+            hide_next = "=" not in arg
+            arg = arg.partition("=")[0] + ("" if hide_next else f"={REDACTED}")
         out.append(arg)
     return " ".join(out)
 
 
 def _keys(api_key: str | None, args: Sequence[str]) -> list[str]:
-    """Every API key this launch hands the server, for `redact`: `api_key` and any --api-key in
+    """Every API key this launch hands the server, for `hide`: `api_key` and any --api-key in
     `args`."""
     keys = [api_key or ""]
     for i, arg in enumerate(args):
@@ -173,7 +173,7 @@ def launch(backend: str, *, host: str = "127.0.0.1", port: int = 0, api_key: str
             server._remove_log()
         where = "its log" if own_log else f"its log {log_path}"
         message = f"GenRM server ({_shown(cmd[1:])}) {why}; {where} ends with:\n{tail or '(empty)'}"
-        return GenRMStartError(redact(message, _keys(api_key, cmd)))
+        return GenRMStartError(hide(message, _keys(api_key, cmd)))
 
     deadline = time.monotonic() + start_timeout_s
     buf = b""

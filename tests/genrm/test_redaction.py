@@ -13,7 +13,8 @@ import pytest
 from aiohttp import web
 
 from reasonrl_fast.config import ConfigError, load_config
-from reasonrl_fast.genrm.client import GenRMClient, redact, redact_url, secrets_of
+from reasonrl_fast.genrm.client import GenRMClient
+from reasonrl_fast.redact import REDACTED, hide, redact_url, secrets_of
 from reasonrl_fast.genrm.launch import GenRMStartError, launch
 from reasonrl_fast.protocol import API_KEY_ENV
 from reasonrl_fast.trainer.fapo import Judge
@@ -76,19 +77,20 @@ def replica():
 
 
 def test_redact_url():
-    assert redact_url("http://u:p@h:8000/v1") == "http://h:8000/v1"
-    assert redact_url("https://user:pa%40ss@gpu-1.lan:443/prefix/v1") == "https://gpu-1.lan:443/prefix/v1"
-    assert redact_url("u:p@h:8000") == "h:8000"
-    assert redact_url("http://u:pa/ss@h:1/v1") == "http://h:1/v1"  # an unencoded '/' in the password
+    assert redact_url("http://u:p@h:8000/v1") == f"http://{REDACTED}@h:8000/v1"
+    assert redact_url("https://user:pa%40ss@gpu-1.lan:443/prefix/v1") == f"https://{REDACTED}@gpu-1.lan:443/prefix/v1"
+    assert redact_url("u:p@h:8000") == f"{REDACTED}@h:8000"
+    assert redact_url("http://u:pa/ss@h:1/v1") == f"http://{REDACTED}@h:1/v1"  # an unencoded '/' in the password
+    assert redact_url("http://u:p@ss@h:1/v1") == f"http://{REDACTED}@h:1/v1"  # and an unencoded '@'
     assert redact_url("http://h:8000/v1") == "http://h:8000/v1"
     assert redact_url("h:8000") == "h:8000" and redact_url("") == ""
 
 
-def test_redact_hides_the_secrets_of_addresses_and_keys():
+def test_hide_hides_the_secrets_of_addresses_and_keys():
     secrets = secrets_of([with_credentials("h:1", "p%40ss-word"), "h:2"], KEY, "")
     assert set(secrets) == {KEY, f"{USER}:p%40ss-word", f"{USER}:p@ss-word", "p%40ss-word", "p@ss-word"}
     text = f"Bearer {KEY} for {USER}:p@ss-word and p%40ss-word"
-    assert redact(text, secrets) == "Bearer *** for *** and ***"
+    assert hide(text, secrets) == f"Bearer {REDACTED} for {REDACTED} and {REDACTED}"
     assert secrets_of(["http://u:p@h:1/v1"], "k") == []  # too short to search free text for
 
 
@@ -108,7 +110,7 @@ def test_credentials_and_a_key_together_are_refused_once_without_either(monkeypa
     """aiohttp refuses a request with both (each one a 'client error: ValueError'); the client
     says so when it is made, naming the address without its credentials."""
     address = with_credentials("127.0.0.1:8000")
-    with pytest.raises(ValueError, match=r"'http://127.0.0.1:8000/v1' carries credentials .* give one") as e:
+    with pytest.raises(ValueError, match=r"'http://<redacted>@127.0.0.1:8000/v1' carries credentials .* give one") as e:
         GenRMClient([address], api_key=KEY, **FAST)
     assert_clean(str(e.value))
     monkeypatch.setenv(API_KEY_ENV, KEY)  # the key from the environment counts the same
@@ -123,7 +125,7 @@ def test_connection_failures_say_nothing_of_the_credentials(caplog):
         verdicts = c.judge(REQUEST * 3)
         status = c.replica_status()
     assert all(v.step is None and v.error.startswith("connection") for v in verdicts), verdicts
-    assert [s["address"].startswith("http://127.0.0.1:") for s in status] == [True, True], status
+    assert [s["address"].startswith(f"http://{REDACTED}@127.0.0.1:") for s in status] == [True, True], status
     assert caplog.records
     assert_clean(*verdicts, status, *(r.getMessage() for r in caplog.records))
 
@@ -142,9 +144,10 @@ def test_a_refused_key_is_logged_without_the_key_or_the_password(replica, caplog
         with GenRMClient([echo], api_key=KEY, **FAST) as c:
             echoed = c.judge(REQUEST)
     assert [v.error for v in by_password + by_key] == ["refused: 401"] * 2
-    assert echoed[0].error == "http 400: Bearer *** is not allowed", echoed
+    assert echoed[0].error == f"http 400: Bearer {REDACTED} is not allowed", echoed
     logged = [r.getMessage() for r in caplog.records]
-    assert sum(f"GenRM server http://{refuse}/v1 refused the API key" in m for m in logged) == 2, logged
+    assert sum(f"GenRM server http://{REDACTED}@{refuse}/v1 refused the API key" in m for m in logged) == 1, logged
+    assert sum(f"GenRM server http://{refuse}/v1 refused the API key" in m for m in logged) == 1, logged
     assert_clean(*by_password, *by_key, *echoed, *logged)
     assert seen[0].startswith("Basic ") and seen[1] == f"Bearer {KEY}"  # the secrets were still sent
 
@@ -162,25 +165,25 @@ def test_an_unexpected_error_is_reported_without_the_secrets(replica):
             c._session.request = request
             verdicts += c.judge(REQUEST)
     assert [v.error.startswith("client error: RuntimeError: cannot POST http://") for v in verdicts] == [True] * 2
-    assert "http://***@127.0.0.1:" in verdicts[0].error and "Bearer ***" in verdicts[1].error, verdicts
+    assert f"http://{REDACTED}@127.0.0.1:" in verdicts[0].error and f"Bearer {REDACTED}" in verdicts[1].error, verdicts
     assert_clean(*verdicts)
 
 
 def test_a_launch_that_fails_does_not_show_its_key(tmp_path):
     """The error quotes the server's command line and its log's end: a key given as api_key (in
-    the environment) or as --api-key (on the command line) is shown as ***."""
+    the environment) or as --api-key (on the command line) is shown redacted."""
     with pytest.raises(GenRMStartError) as e:
         launch(f"nonsense:{KEY}", api_key=KEY, extra_args=["--api-key", PASSWORD, f"--api-k={PASSWORD}"],
                start_timeout_s=30)
     message = str(e.value)
-    assert "--api-key *** --api-k=***" in message and "nonsense:***" in message, message
+    assert f"--api-key {REDACTED} --api-k={REDACTED}" in message and f"nonsense:{REDACTED}" in message, message
     assert_clean(message)
 
 
 def test_fapo_judge_refuses_credentials_with_a_key_in_one_line():
     cfg = load_config(None, ["algo=fapo", f"fapo.genrm.addresses=[{with_credentials('127.0.0.1:8000')}]",
                              f"fapo.genrm.api_key={KEY}", "fapo.genrm.max_retries=0"])
-    with pytest.raises(ConfigError, match=r"fapo.genrm: GenRMClient: address 'http://127.0.0.1:8000/v1'") as e:
+    with pytest.raises(ConfigError, match=r"fapo.genrm: GenRMClient: address 'http://<redacted>@127.0.0.1:8000/v1'") as e:
         Judge(cfg, log=print)
     assert_clean(str(e.value))
 
