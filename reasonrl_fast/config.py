@@ -270,7 +270,7 @@ class DataConfig(_Checks):
         self._file_list(at, "val_files")
         from reasonrl_fast.tasks.partition import STYLES  # torch-free
 
-        w = self.partition_styles  # read by data.task=partition only, whose own check says the same
+        w = self.partition_styles  # read by data.task=partition only
         if len(w) != len(STYLES) or any(x < 0 for x in w) or not sum(w) > 0:
             _fail(f"{at}partition_styles", w, f"needs {len(STYLES)} weights ({', '.join(STYLES)}), finite, >= 0, "
                                                f"not all 0")

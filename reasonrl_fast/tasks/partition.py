@@ -16,7 +16,6 @@ allows."""
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 from typing import Any
@@ -99,13 +98,8 @@ def budgets(digits: int) -> tuple[int, int]:
 
 
 def check_config(cfg) -> None:
-    w = cfg.data.partition_styles
-    if (len(w) != len(STYLES) or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in w)
-            or not sum(w) > 0):
-        raise ConfigError(f"data.partition_styles={list(w)}: needs {len(STYLES)} weights ({', '.join(STYLES)}), "
-                          f"finite, >= 0, not all 0")
-    if cfg.data.digits < 1:
-        raise ConfigError(f"data.digits={cfg.data.digits}: data.task=partition needs >= 1")
+    """The lengths this task's answers need (data.partition_styles and data.digits are checked
+    with the data section)."""
     prompt, response = budgets(cfg.data.digits)
     for key, have, need in (("data.max_prompt_length", cfg.data.max_prompt_length, prompt),
                             ("rollout.max_new_tokens", cfg.rollout.max_new_tokens, response)):
