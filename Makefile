@@ -1,5 +1,6 @@
 # The two commands a newcomer needs on a fresh CPU machine (Python 3.11): `make train`, `make test`.
-# Every target installs what is missing first and can be run again at any time.
+# Every target installs what is missing first (in seconds when nothing changed) and can be run
+# again at any time.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 # The CPU build of torch. Never let pip resolve an unpinned torch: it would fetch a CUDA build.
@@ -21,10 +22,37 @@ FAST := -m "not (heavy or e2e or xproj or slow)" -n $(TEST_WORKERS) --dist loadf
 
 .PHONY: install test test-all test-slow train bench gpu-check gpu-wheels clean
 
+# The project's own install rebuilds the C++ extension (about 100 s), so it runs only when needed:
+# a stamp, build/.install-stamp-<interpreter>, is written after it succeeds, and it is trusted
+# while none of the build's inputs (INSTALL_INPUTS) is newer than it and this interpreter imports
+# this checkout's reasonrl_fast._C. The stamp's name keys on the interpreter: its resolved path,
+# version and prefix and when its venv was made, so a new venv (even at a deleted one's path)
+# installs again. One stamp at a time: the extension is built in place, shared by every venv.
+INSTALL_INPUTS := setup.py pyproject.toml reasonrl_fast/toolchain.py csrc
+PYTHON_KEY = $(shell $(PYTHON) -c 'import hashlib, os, shutil, sys; \
+	given = os.path.abspath(shutil.which(sys.argv[1]) or sys.argv[1]); \
+	cfg = os.path.join(sys.prefix, "pyvenv.cfg"); \
+	made = os.stat(cfg).st_mtime_ns if os.path.exists(cfg) else 0; \
+	ident = [given, os.path.realpath(given), sys.executable, sys.version, sys.prefix, made]; \
+	print(hashlib.sha256(repr(ident).encode()).hexdigest()[:16])' "$(PYTHON)")
+INSTALL_STAMP = build/.install-stamp-$(PYTHON_KEY)
+# Run from / so that the checkout itself is not on sys.path: the import must come from the install.
+INSTALLED_HERE = cd / && $(PYTHON) -c 'import os, sys, torch, reasonrl_fast._C as c; \
+	sys.exit(not os.path.realpath(c.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep))' "$(CURDIR)"
+
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_PIN)"
 	@$(PYTHON) -c "import triton" 2>/dev/null || $(PIP) install "$(TRITON_PIN)"
-	$(PIP) install --no-build-isolation -e ".[dev,train]"
+	@stamp="$(INSTALL_STAMP)"; \
+	if [ -f "$$stamp" ] && [ -z "$$(find $(INSTALL_INPUTS) -newer "$$stamp")" ] \
+			&& ($(INSTALLED_HERE)) 2>/dev/null; then \
+		echo "reasonrl_fast is installed and up to date for $(PYTHON) (make clean to rebuild)"; \
+	else \
+		mkdir -p build && rm -f build/.install-stamp-* && touch "$$stamp.new" \
+		&& echo '$(PIP) install --no-build-isolation -e ".[dev,train]"' \
+		&& $(PIP) install --no-build-isolation -e ".[dev,train]" \
+		&& mv "$$stamp.new" "$$stamp"; \
+	fi
 
 test: install
 	$(PYTEST) $(FAST) --durations=15
