@@ -499,12 +499,29 @@ class GenRMConfig(_Checks):
                 normalize_address(a)
             except ValueError as e:
                 raise ConfigError(f"{at}addresses: {str(e).replace(a, redact_url(a))}") from None
-        if not self.addresses and not self.serve.startswith(("rule:", "hf:")):
-            _fail(f"{at}serve", self.serve, "expected rule:addition or hf:PATH")
-        if self.template == "published" and not self.addresses and self.serve.startswith("rule:"):
-            raise ConfigError(f"{at}template=published shows the raw response without step boundaries, which the "
-                              f"rule judge ({at}serve={self.serve}) cannot read: give {at}addresses of a served "
-                              f"GenRM (or {at}serve=hf:PATH), or use template fapo or compact")
+        if self.addresses:
+            return
+        from reasonrl_fast.genrm.backends import backend_of  # the registry alone: no server, no torch
+
+        try:
+            backend, _ = backend_of(self.serve)
+        except ValueError as e:
+            _fail(f"{at}serve", self.serve, str(e))
+        reads = getattr(backend, "templates", None)  # None: any rendering
+        if reads is not None and self.template != "auto" and self.template not in reads:
+            raise ConfigError(f"{at}template={self.template} is a rendering that "
+                              f"{getattr(backend, 'label', 'the backend')} "
+                              f"({at}serve={self.serve}) cannot read (it reads {', '.join(reads)}): give "
+                              f"{at}addresses of a served GenRM (or a model backend in {at}serve), or use "
+                              f"template {' or '.join(reads)}")
+
+    @property
+    def local_model(self) -> str | None:
+        """The model directory the run's own GenRM server loads; None when the run asks
+        `addresses` or its `serve` backend loads no model (genrm/backends.py `local_model`)."""
+        from reasonrl_fast.genrm.backends import local_model
+
+        return local_model(self.addresses, self.serve)
 
 
 @dataclass

@@ -554,8 +554,8 @@ def _main(argv: list[str]) -> Estimate:
         problems.append(context_problem(cfg, s.config, TINY_SOURCE))
     genrm = None
     g = cfg.fapo.genrm
-    if get_algo(cfg.algo).uses_genrm and not g.addresses and g.serve.startswith("hf:"):
-        d, where, note = model_fields(g.serve[3:], f"fapo.genrm.serve={g.serve!r}")
+    if get_algo(cfg.algo).uses_genrm and g.local_model is not None:
+        d, where, note = model_fields(g.local_model, f"fapo.genrm.serve={g.serve!r}")
         if note:
             print(note)
         genrm = shape_from_config(d, where)

@@ -110,14 +110,15 @@ def _check_kv_budget(cfg, model_config, source: str, here: bool) -> None:
 
 
 def _check_genrm(cfg) -> None:
-    """FAPO with a GenRM server the run starts itself (`fapo.genrm.serve=hf:PATH`): a verdict
-    request must fit that model's context. Only where PATH's config.json can be read here; the
-    server itself reports a model it cannot load, when it starts."""
+    """FAPO with a GenRM server the run starts itself on a model (`fapo.genrm.serve=hf:PATH`): a
+    verdict request must fit that model's context. Only where the model's config.json can be read
+    here; the server itself reports a model it cannot load, when it starts."""
     g = cfg.fapo.genrm
-    if not get_algo(cfg.algo).uses_genrm or g.addresses or not g.serve.startswith("hf:"):
+    model = g.local_model
+    if not get_algo(cfg.algo).uses_genrm or model is None:
         return
     try:
-        with open(os.path.join(g.serve[3:], "config.json")) as f:
+        with open(os.path.join(model, "config.json")) as f:
             config = json.load(f)
     except (OSError, ValueError):
         return

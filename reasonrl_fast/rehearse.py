@@ -185,11 +185,12 @@ def stand_in_head_dim(engine) -> int:
 
 def stand_in_genrm(cfg: Config) -> bool:
     """Whether the run's GenRM is replaced by a stand-in: a FAPO recipe whose GenRM is a model
-    (remote replicas, or our server's hf backend on a directory), not the embedded rule judge."""
+    (remote replicas, or a model directory its own server loads: `local_model`), not a rule
+    judge."""
     from reasonrl_fast.algos import get_algo
 
     g = cfg.fapo.genrm
-    return get_algo(cfg.algo).uses_genrm and (bool(g.addresses) or g.serve.startswith("hf:"))
+    return get_algo(cfg.algo).uses_genrm and (bool(g.addresses) or g.local_model is not None)
 
 
 def apply(cfg: Config, settings: dict[str, Any]) -> Config:
@@ -290,6 +291,7 @@ def stage(cfg: Config, work: str, records: dict, tok, log, tensor_parallel: int 
     wide, default stand_in.HEAD_DIM) and the GenRM model. Returns the settings that point the
     run at them, and a line on each."""
     from reasonrl_fast.data.prepare import write_records
+    from reasonrl_fast.genrm.backends import backend_spec
     from reasonrl_fast.models import stand_in
     from reasonrl_fast.models.shape import model_fields
 
@@ -314,12 +316,12 @@ def stage(cfg: Config, work: str, records: dict, tok, log, tensor_parallel: int 
     if stand_in_genrm(cfg):
         g = cfg.fapo.genrm
         fields, where, _ = (model_fields(GENRM_SHAPE, "the GenRM") if g.addresses else
-                            model_fields(g.serve[len("hf:"):], f"fapo.genrm.serve={g.serve!r}"))
+                            model_fields(g.local_model, f"fapo.genrm.serve={g.serve!r}"))
         small = stand_in.shrink(fields)
         # the client asks for fapo.genrm.model; our server serves its directory's name
         path = stand_in.build(small, os.path.join(work, g.model or "genrm"), stand_in.tokenizer(False),
                               cfg.trainer.seed + 1)
-        settings.update({"fapo.genrm.addresses": [], "fapo.genrm.serve": f"hf:{path}"})
+        settings.update({"fapo.genrm.addresses": [], "fapo.genrm.serve": backend_spec("hf", path)})
         notes.append(f"GenRM: {', '.join(redact_value('fapo.genrm.addresses', g.addresses)) or g.serve} -> "
                      f"our server's hf backend on a random "
                      f"{describe(small)} ({where})")

@@ -38,6 +38,17 @@ class HFBackend:
     """A local causal LM behind the server; loads at construction (the server prints its
     'listening' line only once the model is ready)."""
 
+    usage = "hf:PATH"
+    loads_model = True
+    templates = None  # a model reads any rendering
+    label = "the hf model"
+
+    @classmethod
+    def from_spec(cls, arg: str, device: str, max_batch: int) -> "HFBackend":
+        if not arg:
+            raise ValueError(f"{cls.usage} needs the model directory after 'hf:'")
+        return cls(arg, device=device, max_batch=max_batch)
+
     def __init__(self, path: str, device: str = "auto", max_batch: int = DEFAULT_MAX_BATCH, gather_ms: float = 5.0) -> None:
         import torch
         from transformers import AutoModelForCausalLM

@@ -5,14 +5,16 @@
         [--max-in-flight 64] [--max-reading 256] [--max-queued 1024] [--queue-timeout-s 10]
         [--idle-timeout-s 15] [--body-timeout-s 15] [--completion-timeout-s 300]
 
-Backends:
+Backends (`--backend NAME:ARG`, a name of genrm/backends.py's registry `BACKENDS`):
 - `rule:addition`: the exact judge of the embedded addition task (no model, tasks/addition.py): it
   reads the request written by `protocol.render` ("fapo" or "compact"), checks the steps against the right column
   work and answers like a model would, a line per step checked and then `\\boxed{k}`. Its token
   counts are characters, and an answer cut at `max_tokens` ends with finish_reason "length". A
-  "published" request (the raw solution, no step boundaries) is answered 400, saying so.
+  "published" request (the raw solution, no step boundaries) is answered 400, saying so
+  (genrm/rule_backend.py).
 - `hf:PATH`: a local Hugging Face causal LM; concurrent requests are batched into one `generate`
   call (genrm/hf_backend.py).
+- any backend a plug-in registers with one line, `BACKENDS["name"] = "package.module:Class"`.
 
 Once it accepts connections the server prints one line, `GenRM server listening on
 http://HOST:PORT/v1`, to stdout (a parent that started it with `--port 0` reads the port there)
@@ -46,7 +48,6 @@ import signal
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +56,9 @@ from aiohttp import HttpVersion11, web
 from reasonrl_fast import cli
 from reasonrl_fast.errors import UserError
 from reasonrl_fast.genrm.launch import DEFAULT_MAX_BATCH
-from reasonrl_fast.protocol import (API_KEY_ENV, Backend, Completion, RequestError, Sampling, last_user_text,
-                                    step_verdict)
-from reasonrl_fast.tasks import TASKS, get_task
+from reasonrl_fast.genrm.backends import make_backend
+from reasonrl_fast.genrm.rule_backend import RuleBackend  # noqa: F401 (the default backend, as serve.RuleBackend)
+from reasonrl_fast.protocol import API_KEY_ENV, Backend, RequestError, Sampling
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a GenRM request is a problem and a solution: far below this
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -109,44 +110,6 @@ class Limits:
                 raise ValueError(f"{name}={value!r}: must be a finite number > 0")
         if self.max_queued < 0:
             raise ValueError(f"max_queued={self.max_queued!r}: must be >= 0")
-
-
-class RuleBackend:
-    """`rule:TASK`: the exact verdicts of an embedded task's rule judge (tasks/), characters
-    counted as tokens. Judging runs in a worker thread: a request of several megabytes must not
-    stop the event loop while it is read."""
-
-    def __init__(self, task: str = "addition") -> None:
-        judge = get_task(task).rule_judge if task in TASKS else None
-        if judge is None:
-            known = [f"rule:{name}" for name in TASKS if get_task(name).rule_judge is not None]
-            raise ValueError(f"no task {task!r} with a rule judge: the rule judges are {', '.join(known)}")
-        self.default_name, self.judge = f"rule:{task}", judge
-        self.executor = ThreadPoolExecutor(2, thread_name_prefix="genrm-judge")
-
-    async def complete(self, messages: list[dict[str, str]], sampling: Sampling) -> Completion:
-        text = last_user_text(messages)
-        prompt_tokens = sum(len(m["content"]) for m in messages)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, _rule_completion, self.judge, text, sampling.max_tokens,
-                                          prompt_tokens)
-
-    def stats(self) -> dict[str, Any]:
-        return {}
-
-    def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _rule_completion(judge, text: str, max_tokens: int | None, prompt_tokens: int) -> Completion:
-    answer, verdict, n = judge(text)
-    # With no steps there is no index to name: step_verdict reads any box as None then.
-    assert n == 0 or step_verdict(answer, n) == verdict, (answer, verdict)
-    # Cut at max_tokens (characters here), it says so as a model server does: the client counts
-    # an answer cut before its verdict apart (genrm/truncated).
-    if max_tokens is not None and len(answer) > max_tokens:
-        return Completion(answer[:max_tokens], "length", prompt_tokens, max_tokens)
-    return Completion(answer, "stop", prompt_tokens, len(answer))
 
 
 # ---------------------------------------------------------------- request validation
@@ -446,20 +409,6 @@ def make_app(backend: Backend, served_name: str, api_key: str | None, backend_sp
     return app
 
 
-def make_backend(spec: str, device: str, max_batch: int) -> Backend:
-    """The backend a `--backend` spec names; ValueError or FileNotFoundError with the reason."""
-    kind, _, arg = spec.partition(":")
-    if kind == "rule":
-        return RuleBackend(arg)
-    if kind == "hf":
-        if not arg:
-            raise ValueError("--backend hf:PATH needs the model directory after 'hf:'")
-        from reasonrl_fast.genrm.hf_backend import HFBackend  # torch/transformers only here
-
-        return HFBackend(arg, device=device, max_batch=max_batch)
-    raise ValueError(f"--backend {spec!r}: expected 'rule:addition' or 'hf:PATH'")
-
-
 def raise_fd_limit() -> int:
     """Raise this process's soft limit on open files to its hard limit (many systems start at
     1024, which a thousand idle sockets use up); returns the limit now in force."""
@@ -527,7 +476,8 @@ def _main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m reasonrl_fast.genrm.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     d = Limits()
-    p.add_argument("--backend", required=True, help="rule:addition or hf:PATH (a local model directory)")
+    p.add_argument("--backend", required=True,
+                   help="rule:addition, hf:PATH (a local model directory) or another registered NAME:ARG")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=8000, help="0 takes a free port")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="hf: most requests in one generate call")
