@@ -44,6 +44,13 @@ def check_local_nodes(cfg) -> None:
                            f"(trainer.ray_address=HOST:PORT) or set trainer.nnodes=1")
 
 
+QUIET_WORKER_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+"""Set in every worker: the workers' output reaches the user's console beside the run's own
+lines (log_to_driver, so that what a dying worker prints is seen), and transformers' progress
+bars ("Loading weights" as each worker loads the model, one per worker) would come between
+them. transformers' bars follow huggingface_hub's switch."""
+
+
 def start_ray(cfg) -> bool:
     """Join `trainer.ray_address` / $RAY_ADDRESS, else start a local instance (no dashboard,
     every service on 127.0.0.1, ended with the driver). Returns True when we called ray.init
@@ -56,7 +63,9 @@ def start_ray(cfg) -> bool:
     # Workers import reasonrl_fast from the same place as the driver.
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
-                        "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(cfg.trainer.cpus_per_worker)}}
+                        "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(cfg.trainer.cpus_per_worker),
+                        **QUIET_WORKER_ENV}}
+    _no_log_dedup()
     if address:
         wait_for_gcs(address, key, RAY_CONNECT_TIMEOUT_S)
         ray.init(address=address, runtime_env=env, log_to_driver=True)
@@ -107,6 +116,20 @@ def _loopback_only() -> None:
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _no_log_dedup() -> None:
+    """Print each worker's lines as they are, prefixed by the worker that printed them. Ray's
+    default folds a line several workers print alike into one "[repeated Nx across cluster]" and
+    appends, the first time, a notice on how to turn that off, in the middle of the run's own
+    output. RAY_DEDUP_LOGS=0 is read when ray is imported, which this process already did, so
+    the switch its log printer reads is set too. A RAY_DEDUP_LOGS the user set is kept."""
+    if "RAY_DEDUP_LOGS" in os.environ:
+        return
+    os.environ["RAY_DEDUP_LOGS"] = "0"
+    from ray._private import ray_logging
+
+    ray_logging.RAY_DEDUP_LOGS = False
 
 
 def wait_for_gcs(address: str, key: str, timeout_s: float) -> None:
