@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import shutil
 import statistics
 import tempfile
@@ -75,7 +76,8 @@ def save_once(states: list[dict], out: str) -> dict[str, float]:
     checksum_s = time.perf_counter() - t0
     size = sum(s for s, _ in sums.values())
     # finalize without the checksums it computes again: publish what was measured
-    path = ckpt.finalize(tmp, {"step": 1, "run_id": "bench", "world_size": len(states)}, _Saver(), _Saver(), 0)
+    path = ckpt.finalize(tmp, ckpt.TrainState(1, "bench", len(states), {"epoch": 0, "pos": 0}, random.getstate()),
+                         _Saver(), _Saver(), 0)
     t0 = time.perf_counter()
     assert ckpt.defects(path) == []
     verify_s = time.perf_counter() - t0

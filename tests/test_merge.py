@@ -4,6 +4,7 @@ one-process checkpoint of the tiny model, which of the checkpoint's files merge 
 
 import json
 import os
+import random
 import re
 import shutil
 
@@ -71,7 +72,8 @@ def tiny_checkpoint(out):
     dcp.save({"model": {f"lm.{k}": v for k, v in model.state_dict().items()}}, checkpoint_id=tmp, no_dist=True)
     ckpt.save_rng(tmp, 0, torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))]),
                                                             lambda s: 1.0))
-    return model, ckpt.finalize(tmp, {"step": 1, "run_id": "r", "world_size": 1}, tok, model.config, 0)
+    state = ckpt.TrainState(1, "r", 1, {"epoch": 0, "pos": 0}, random.getstate())
+    return model, ckpt.finalize(tmp, state, tok, model.config, 0)
 
 
 @pytest.mark.timeout(60)

@@ -1,5 +1,5 @@
 """Which files of a run directory this trainer wrote, so that no command deletes or overwrites one
-it did not (runtime/checkpoint.py `refuse_foreign`, `clear_run`): the run files are a run's when
+it did not (runtime/checkpoint/run_dir.py `refuse_foreign`, `clear_run`): the run files are a run's when
 the config.yaml beside them is one the trainer wrote, a checkpoint folder when it holds only the
 names a save writes. Queries only; the checkpoint module refuses."""
 
@@ -11,7 +11,7 @@ import stat
 
 import yaml
 
-_NAME = re.compile(r"^checkpoint-\d+(\.tmp)?$")  # checkpoint.py's names, mid-save ones included
+_NAME = re.compile(r"^checkpoint-\d+(\.tmp)?$")  # checkpoint/format.py's names, mid-save ones included
 
 # What a run writes into its directory besides checkpoints and .lock: config.yaml first (at the
 # start), then these. They are this trainer's when config.yaml is (`our_config`).

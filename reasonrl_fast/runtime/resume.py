@@ -1,6 +1,6 @@
 """What a resumed run may change of the settings its checkpoint was written with, in one place.
 
-A checkpoint records the settings of the run that wrote it (`settings`, in trainer_state.json).
+A checkpoint records the settings of the run that wrote it (`settings`, TrainState.config).
 Resume compares them with the run's own (`compare`) before any worker starts and before the run
 directory's config.yaml is rewritten: a setting in FIXED that differs is refused with one line
 naming it, its old and its new value; every other difference is applied as written and logged
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import yaml
 from omegaconf import OmegaConf
 
-from reasonrl_fast.runtime.checkpoint import CheckpointError
+from reasonrl_fast.runtime.checkpoint import CheckpointError, TrainState
 
 # Never written into a checkpoint nor logged: a key, or addresses that may carry credentials
 # (user:password@host), does not belong beside the weights. Either may change on resume.
@@ -110,12 +110,12 @@ def compare(saved: dict, now: dict) -> list[str]:
             if k in saved and k not in SECRET and saved[k] != now[k]]
 
 
-def saved_settings(path: str, state: dict) -> tuple[dict | None, str]:
+def saved_settings(path: str, state: TrainState) -> tuple[dict | None, str]:
     """The settings the checkpoint `path` was written with, and where they were read: its
-    trainer_state.json's `config`, else (a checkpoint written before it recorded them) the
-    config.yaml its run directory holds; (None, why) when there is neither."""
-    if "config" in state:
-        return state["config"], "the checkpoint"
+    TrainState's `config`, else (a checkpoint written before it recorded them) the config.yaml
+    its run directory holds; (None, why) when there is neither."""
+    if state.config is not None:
+        return state.config, "the checkpoint"
     run_yaml = os.path.join(os.path.dirname(os.path.normpath(path)), "config.yaml")
     try:
         with open(run_yaml) as f:
@@ -127,15 +127,13 @@ def saved_settings(path: str, state: dict) -> tuple[dict | None, str]:
     return flatten(loaded), run_yaml
 
 
-def check_resume(path: str, state: dict, cfg, log=print) -> list[str]:
-    """Resume from `path` (its trainer_state `state`) under `cfg`: a CheckpointError naming a
+def check_resume(path: str, state: TrainState, cfg, log=print) -> list[str]:
+    """Resume from `path` (its checked TrainState `state`) under `cfg`: a CheckpointError naming a
     FIXED setting that changed; else each change logged and returned."""
     saved, where = saved_settings(path, state)
     if saved is None:
         log(f"warning: resuming {path} without comparing its settings with this run's ({where})")
         return []
-    if not isinstance(saved, dict):
-        raise CheckpointError(f"{path}: its recorded settings are not a mapping (not what the trainer writes)")
     try:
         changes = compare(saved, settings(cfg))
     except SettingChanged as e:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -169,12 +168,11 @@ def _started(cfg, log):
         sampler = Sampler(len(train_set), cfg.trainer.seed, cfg.data.shuffle)
         start = 0
         if resume_from:
-            start = state["step"]
-            sampler.load_state(state["sampler"])
-            random.setstate(ckpt.as_tuple(state["python_rng"]))
+            start = state.step
+            state.restore(sampler)
             cluster.call("load", resume_from)
             log(f"resumed from {resume_from} (step {start})")
-        yield Run(cfg, state["run_id"] if state else ckpt.new_run_id(), start, tok, train_set, val_set, algo, judge,
+        yield Run(cfg, state.run_id if state else ckpt.new_run_id(), start, tok, train_set, val_set, algo, judge,
                   cluster, pool, sampler, MetricsLogger(cfg, out_dir, start, cfg.trainer.steps))
 
 
@@ -282,10 +280,9 @@ def finite_rewards(rewards: list[float]) -> tuple[list[float], int]:
 
 def save(cfg, cluster, tok, step: int, sampler, run_id: str) -> str:
     tmp = ckpt.tmp_path(cfg.trainer.output_dir, step)
-    cluster.call("save", tmp)
-    # the run's settings: what a resumed run compares its own with (runtime/resume.py)
-    state = {"step": step, "run_id": run_id, "world_size": cluster.world, "sampler": sampler.state(),
-             "python_rng": random.getstate(), "config": resume.settings(cfg)}
+    cluster.call("save", tmp)  # the workers' shards and RNG files
+    # the driver's part, with the run's settings that a resumed run compares its own with
+    state = ckpt.TrainState.now(step, run_id, cluster.world, sampler, resume.settings(cfg))
     return ckpt.finalize(tmp, state, tok, cluster.hf_config, cfg.trainer.keep_checkpoints)
 
 

@@ -16,7 +16,7 @@ def warmup_factor(step: int, warmup: int) -> float:
 
 def make_scheduler(opt: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
     # A plain lambda, not a callable object: LambdaLR's state_dict then leaves it out, and the
-    # checkpoint (runtime/checkpoint.py save_rng) stores the step count as JSON.
+    # checkpoint (runtime/checkpoint/trusted.py save_rng) stores the step count as JSON.
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_factor(s, warmup))
 
 

@@ -259,7 +259,7 @@ def apply_optim_settings(opt, sched, base_lrs: list[float], o) -> None:
     lrs = [base * f(sched.last_epoch) for base, f in zip(base_lrs, sched.lr_lambdas, strict=True)]
     for g, base, lr in zip(opt.param_groups, base_lrs, lrs, strict=True):
         g["initial_lr"], g["weight_decay"], g["betas"] = base, o.weight_decay, tuple(o.betas)
-        if isinstance(g["lr"], torch.Tensor):  # torchao's AdamW holds it as a tensor (runtime/checkpoint.py)
+        if isinstance(g["lr"], torch.Tensor):  # torchao's AdamW holds it as a tensor (runtime/checkpoint/trusted.py)
             g["lr"].fill_(lr)
         else:
             g["lr"] = lr

@@ -42,8 +42,7 @@ def fake_checkpoint(out, step, run_id, world=2, keep=0):
     sched = scheduler()
     for r in range(world):
         ckpt.save_rng(tmp, r, sched)
-    state = {"step": step, "run_id": run_id, "world_size": world, "sampler": {"epoch": 0, "pos": 0},
-             "python_rng": random.getstate()}
+    state = ckpt.TrainState(step, run_id, world, {"epoch": 0, "pos": 0}, random.getstate())
     return ckpt.finalize(tmp, state, Saver("tokenizer.json"), Saver("config.json"), keep)
 
 

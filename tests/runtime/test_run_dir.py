@@ -109,7 +109,7 @@ def test_a_checkpoint_folder_another_trainer_wrote_is_not_deleted(tmp_path):
 def test_resume_keeps_the_run_id_and_metrics_only_runs_start_over(tmp_path):
     path = fake_checkpoint(tmp_path, 2, "abc")
     got, state = ckpt.prepare_run(config(tmp_path))
-    assert got == path and state["run_id"] == "abc" and state["step"] == 2
+    assert got == path and state.run_id == "abc" and state.step == 2
 
     other = tmp_path / "metrics_only"
     other.mkdir()
