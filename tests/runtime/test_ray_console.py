@@ -16,9 +16,24 @@ from tests.helpers.childproc import ROOT
 pytestmark = pytest.mark.e2e  # starts Ray
 
 _DRIVER = """
-import os, time, types
+import os, sys, time, types
 import ray
 from reasonrl_fast.runtime.ray_cluster import start_ray, stop_ray
+
+
+class Seen:  # the driver's console as it is written, to wait for the workers' lines
+    def __init__(self, stream):
+        self.stream, self.text = stream, ""
+
+    def write(self, s):
+        self.text += s
+        return self.stream.write(s)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+sys.stdout, sys.stderr = Seen(sys.stdout), Seen(sys.stderr)
 
 t = types.SimpleNamespace(ray_address="", nnodes=1, workers_per_node=2, cpus_per_worker=1)
 owned = start_ray(types.SimpleNamespace(trainer=t))
@@ -35,7 +50,10 @@ class Talker:
 
 talkers = [Talker.remote() for _ in range(2)]
 pids = ray.get([t.talk.remote() for t in talkers])
-time.sleep(3)  # the workers' lines reach the driver asynchronously
+deadline = time.monotonic() + 60  # the workers' lines reach the driver asynchronously, later under load
+while (sys.stdout.text + sys.stderr.text).count("the same line from every worker") < 4 and time.monotonic() < deadline:
+    time.sleep(0.2)
+time.sleep(1)  # a folding note, were there one, comes after the lines it folds
 stop_ray(owned)
 print("PIDS", *pids, flush=True)
 """
