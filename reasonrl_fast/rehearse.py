@@ -310,7 +310,7 @@ def stage(cfg: Config, work: str, records: dict, tok, log, tensor_parallel: int 
         small = stand_in.shrink(fields, tensor_parallel, head_dim or stand_in.HEAD_DIM)
         path = os.path.join(work, "model", os.path.basename(os.path.normpath(cfg.model.path)))
         stand_in.build(small, path, tok, cfg.trainer.seed)
-        warm_start(path, pairs, log)
+        teach_stand_in(path, pairs, log)
         settings["model.path"] = path
         notes.append(f"model: {where} -> {describe(small)}, random, warm-started {WARM_STEPS} steps")
     if stand_in_genrm(cfg):
@@ -334,44 +334,34 @@ def describe(fields: dict) -> str:
             f"heads, vocabulary {fields['vocab_size']}{', tied' if fields.get('tie_word_embeddings') else ''})")
 
 
-def warm_start(path: str, pairs: list[tuple[dict, str]], log) -> None:
-    """WARM_STEPS supervised steps of the stand-in model at `path` on the records' reference
-    responses (prompts rendered as the trainer renders them), saved in place. An untied input
-    embedding stays as initialised: the real vocabulary's table is half the model, and the
+def teach_stand_in(path: str, pairs: list[tuple[dict, str]], log) -> None:
+    """WARM_STEPS supervised steps (trainer/sft.py `train`, the embedded warm start's loop) of the
+    stand-in model at `path` on the records' reference responses (prompts rendered as the trainer
+    renders them), all in one batch, at a constant rate, unclipped; saved in place. An untied
+    input embedding stays as initialised: the real vocabulary's table is half the model, and the
     layers and the head learn the few answers without it."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from reasonrl_fast.data.records import prompt_ids
     from reasonrl_fast.models.loading import load_tokenizer
+    from reasonrl_fast.trainer.policy import make_batch
+    from reasonrl_fast.trainer.sft import one_thread, train
 
-    t0, threads = time.time(), torch.get_num_threads()
-    torch.set_num_threads(1)  # as the SFT warm start: on a small shared CPU one thread is faster
+    t0 = time.time()
     tok = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     seqs = dict.fromkeys((tuple(prompt_ids(r, tok)), tuple(tok(resp, add_special_tokens=False)["input_ids"]))
                          for r, resp in pairs)  # the records repeat a few problems
-    width = max(len(p) + len(r) for p, r in seqs) + 1
-    ids = torch.full((len(seqs), width), tok.pad_token_id)
-    labels, mask = torch.full_like(ids, -100), torch.zeros_like(ids)
-    for i, (p, r) in enumerate(seqs):
-        full = list(p) + list(r) + [tok.eos_token_id]
-        ids[i, :len(full)] = torch.tensor(full)
-        labels[i, len(p):len(full)] = torch.tensor(full[len(p):])
-        mask[i, :len(full)] = 1
+    batch = make_batch([list(p) for p, _ in seqs], [[*r, tok.eos_token_id] for _, r in seqs], tok.pad_token_id, "cpu")
     if not model.config.tie_word_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)
     lr = WARM_LR * min(1.0, WARM_WIDTH / model.config.hidden_size)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    model.train()
-    for _ in range(WARM_STEPS):
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    model.save_pretrained(path)
-    torch.set_num_threads(threads)
-    log(f"[rehearse] warm start: {WARM_STEPS} steps at lr {lr:.2g} on {len(seqs)} prompts, loss {loss.item():.3f} "
+    with one_thread():
+        loss = train(model, lambda _: batch, WARM_STEPS, lr, clip=None,
+                     params=[p for p in model.parameters() if p.requires_grad])
+        model.save_pretrained(path)
+    log(f"[rehearse] warm start: {WARM_STEPS} steps at lr {lr:.2g} on {len(seqs)} prompts, loss {loss:.3f} "
         f"({time.time() - t0:.0f}s)")
 
 
