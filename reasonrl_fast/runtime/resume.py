@@ -17,6 +17,7 @@ from collections.abc import Callable
 import yaml
 from omegaconf import OmegaConf
 
+from reasonrl_fast.redact import redact_value
 from reasonrl_fast.runtime.checkpoint import CheckpointError, TrainState
 
 # Never written into a checkpoint nor logged: a key, or addresses that may carry credentials
@@ -80,8 +81,11 @@ class SettingChanged(ValueError):
 
 
 def settings(cfg) -> dict:
-    """`cfg`'s settings by dotted key (what a checkpoint records), secrets left out."""
-    return {k: v for k, v in flatten(OmegaConf.to_container(OmegaConf.structured(cfg))).items() if k not in SECRET}
+    """`cfg`'s settings by dotted key (what a checkpoint records), secrets left out and any other
+    URL's user:password redacted (trainer.ray_address may carry them): compared and logged as
+    redacted, so a changed password is no change and no log line shows one."""
+    return {k: redact_value(k, v) for k, v in flatten(OmegaConf.to_container(OmegaConf.structured(cfg))).items()
+            if k not in SECRET}
 
 
 def flatten(d: dict, at: str = "") -> dict:

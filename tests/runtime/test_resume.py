@@ -51,9 +51,14 @@ def test_a_setting_that_does_not_apply_may_change():
 
 
 def test_secrets_are_not_recorded():
-    recorded = _settings("fapo.genrm.api_key=sk-123", "fapo.genrm.addresses=[http://u:pw@h:1/v1]")
+    recorded = _settings("fapo.genrm.api_key=sk-123", "fapo.genrm.addresses=[http://u:pw@h:1/v1]",
+                         "trainer.ray_address=ray://admin:pw2@head:10001")
     assert "fapo.genrm.api_key" not in recorded and "fapo.genrm.addresses" not in recorded
-    assert "sk-123" not in str(recorded) and "pw@" not in str(recorded)
+    assert "sk-123" not in str(recorded) and "pw@" not in str(recorded) and "pw2" not in str(recorded)
+    assert recorded["trainer.ray_address"] == "ray://<redacted>@head:10001"
+    # another password is no change, and no line shows one
+    again = _settings("trainer.ray_address=ray://admin:other@head:10001")
+    assert resume.compare(recorded, again) == []
 
 
 def _with_settings(path, cfg):
