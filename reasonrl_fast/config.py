@@ -30,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from reasonrl_fast.algos import ALGOS, get_algo
 from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.models.layout import mini_batch_count
 from reasonrl_fast.protocol import API_KEY_ENV, TEMPLATES, normalize_address
 from reasonrl_fast.redact import (REDACTED, SECRET_KEYS, holds_redacted, redact_settings, redact_text, redact_url,
                                   redact_value)
@@ -729,7 +730,7 @@ def validate(cfg: Config) -> Config:
     _check_not_redacted(cfg, skip=() if get_algo(cfg.algo).uses_genrm else ("fapo.genrm.",))
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
     p = cfg.data.prompts_per_step
-    n_mb = -(-p // min(cfg.optim.mini_batch_prompts, p))
+    n_mb = mini_batch_count(p, cfg.optim.mini_batch_prompts)
     if p // world < n_mb:  # the workers' shares and mini-batches differ by one prompt at most
         raise ConfigError(f"data.prompts_per_step={p} over {world} workers in {n_mb} mini-batches "
                           f"(optim.mini_batch_prompts={cfg.optim.mini_batch_prompts}) leaves a worker a "

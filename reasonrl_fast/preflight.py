@@ -42,14 +42,10 @@ def preflight(cfg, model_config=None, *, files: bool = True):
     check_shape(model_config, source)
     check_context(cfg, model_config, source)
     _check_genrm(cfg)
-    from reasonrl_fast.models.layout import packing_blocker, packing_refusal, tensor_parallel
+    from reasonrl_fast.models.layout import refuse_packing, tensor_parallel
 
     tensor_parallel(cfg, model_config)  # the rollout's tensor-parallel size against the heads
-    if cfg.data.packing == "true":  # a model family whose attention cannot read packed rows
-
-        blocker = packing_blocker(model_config)
-        if blocker:
-            raise packing_refusal(blocker)
+    refuse_packing(cfg.data.packing, model_config)  # data.packing=true where the attention cannot read packed rows
     if files:
         from reasonrl_fast.runtime.ray_cluster import check_local_nodes
 

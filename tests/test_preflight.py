@@ -235,6 +235,18 @@ def test_fused_head_refused_before_the_cluster():
     preflight(load_config(None, ["model.path=/m", "model.fused_lm_head=auto"]), config, files=False)
 
 
+def test_packing_refused_before_the_cluster_in_the_workers_words():
+    from reasonrl_fast.models.layout import packing
+
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100, n_positions=4096)
+    with pytest.raises(ConfigError, match=r"data.packing=true: model_type 'gpt2'") as driver:
+        preflight(load_config(None, ["model.path=/m", "data.packing=true"]), config, files=False)
+    with pytest.raises(ConfigError) as worker:
+        packing("true", config, "sdpa")
+    assert str(driver.value) == str(worker.value)
+    preflight(load_config(None, ["model.path=/m", "data.packing=auto"]), config, files=False)
+
+
 def test_missing_torchao_for_stochastic_rounding_is_refused_before_the_cluster(monkeypatch):
     import builtins
 

@@ -154,19 +154,22 @@ def packing_blocker(config) -> str | None:
     return None
 
 
-def packing_refusal(blocker: str) -> ConfigError:
-    """data.packing=true on a model that cannot pack: one line, the same in preflight and worker."""
-    return ConfigError(f"data.packing=true: {blocker}; packed rows are not read right by this model "
-                       f"(set data.packing=auto or false)")
+def refuse_packing(setting: str, config) -> str | None:
+    """data.packing `setting` against the model's config: ConfigError where it is 'true' and the
+    model cannot pack; else what rules packing out (`packing_blocker`, None: nothing). The one
+    home of the refusal: `packing` applies it on the workers, preflight before Ray starts."""
+    blocker = packing_blocker(config)
+    if setting == "true" and blocker:
+        raise ConfigError(f"data.packing=true: {blocker}; packed rows are not read right by this model "
+                          f"(set data.packing=auto or false)")
+    return blocker
 
 
 def packing(setting: str, config, attn: str) -> tuple[bool, bool, str]:
     """data.packing resolved for this model: (on, in one row, a log line). One row where the
     attention has variable-length kernels (flash-attn); else rows as long as the micro-batch's
     longest sequence (trainer/policy.py make_packed_batch says why)."""
-    blocker = packing_blocker(config)
-    if setting == "true" and blocker:
-        raise packing_refusal(blocker)
+    blocker = refuse_packing(setting, config)
     if setting == "false" or blocker:
         return False, False, f"packing: off ({'data.packing=false' if setting == 'false' else blocker})"
     if attn.startswith("flash_attention"):
@@ -189,9 +192,14 @@ def config_head_blocker(config) -> str | None:
     return None
 
 
-def head_refusal(blocker: str) -> ConfigError:
-    return ConfigError(f"model.fused_lm_head=true, but {blocker}: the fused head computes "
-                       f"hidden @ lm_head.weight.T only; use model.fused_lm_head=auto or false")
+def refuse_fused_head(setting: str, blocker: str | None) -> None:
+    """ConfigError where model.fused_lm_head `setting` is 'true' but the logits are not
+    `final hidden @ head.weight.T` (`blocker` says why; None: they are). The one home of the
+    refusal: `fused_head` applies it on the workers, models/lm_head.py `check_model` on the
+    driver before any worker starts."""
+    if setting == "true" and blocker is not None:
+        raise ConfigError(f"model.fused_lm_head=true, but {blocker}: the fused head computes "
+                          f"hidden @ lm_head.weight.T only; use model.fused_lm_head=auto or false")
 
 
 def fused_head(setting: str, blocker: str | None, device: str, tokens: int, vocab: int) -> tuple[bool, str]:
@@ -200,9 +208,8 @@ def fused_head(setting: str, blocker: str | None, device: str, tokens: int, voca
     one forward sees. ConfigError when `setting` is 'true' and there is a blocker."""
     if setting == "false":
         return False, "fused LM head off (model.fused_lm_head=false)"
+    refuse_fused_head(setting, blocker)
     if blocker is not None:
-        if setting == "true":
-            raise head_refusal(blocker)
         return False, f"fused LM head off: {blocker} (logits from the model's own forward)"
     if setting == "true":
         return True, "fused LM head on (model.fused_lm_head=true)"
@@ -239,12 +246,18 @@ def tensor_parallel(cfg, config) -> int:
     return tp
 
 
+def mini_batch_count(prompts: int, mini_batch_prompts: int) -> int:
+    """Mini-batches (optimizer updates) of a step of `prompts` prompts (data.prompts_per_step):
+    ceil(prompts / mini_batch_prompts), one where a mini-batch holds the whole step. Plain
+    integers, so config.py's check and the rehearsal's scaling count as the workers split."""
+    return -(-prompts // min(mini_batch_prompts, prompts))
+
+
 def mini_batches(cfg, prompts: int) -> list[slice]:
     """A worker's mini-batches over its `prompts` prompts (each with rollout.n samples, prompt-major):
-    ceil(prompts_per_step / mini_batch_prompts) contiguous slices of samples, split by the same
-    rule as the workers' shares (config checks that none is empty)."""
-    mb = min(cfg.optim.mini_batch_prompts, cfg.data.prompts_per_step)
-    n, count = cfg.rollout.n, -(-cfg.data.prompts_per_step // mb)
+    `mini_batch_count` contiguous slices of samples, split by the same rule as the workers' shares
+    (config checks that none is empty)."""
+    n, count = cfg.rollout.n, mini_batch_count(cfg.data.prompts_per_step, cfg.optim.mini_batch_prompts)
     return [slice(r.start * n, r.stop * n) for r in shares(prompts, count)]
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.layout import config_head_blocker, head_refusal
+from reasonrl_fast.models.layout import config_head_blocker, refuse_fused_head
 
 
 def decoder_of(lm: nn.Module) -> nn.Module | None:
@@ -89,19 +89,12 @@ def meta_model(config) -> nn.Module:
         return AutoModelForCausalLM.from_config(config)
 
 
-def check_model(setting: str, config) -> str | None:
+def check_model(setting: str, config) -> None:
     """Driver-side check before any worker starts: builds the model on the meta device, refuses a
-    model the trainer cannot train (`check_trainable`) and applies `head_blocker`. `setting`:
-    model.fused_lm_head as the config normalised it ("auto", "true" or "false"). Raises
-    ConfigError for those and, for 'true', a head that is not plain; returns the fallback line for
-    'auto', else None."""
+    model the trainer cannot train (`check_trainable`), and with model.fused_lm_head `setting`
+    'true' a head that is not plain (`head_blocker`, refused by the workers' own rule,
+    models/layout.py `refuse_fused_head`). ConfigError for either; what `auto` then does is the
+    workers' `fused_head`, logged by them."""
     lm = meta_model(config)
     check_trainable(lm)
-    if setting == "false":
-        return None
-    blocker = head_blocker(lm)
-    if blocker is not None and setting == "true":
-        raise head_refusal(blocker)
-    if blocker is None:
-        return None
-    return f"fused LM head off: {blocker} (logits from the model's own forward)"
+    refuse_fused_head(setting, head_blocker(lm))

@@ -114,6 +114,39 @@ def test_fused_head_rule():
     assert layout.config_head_blocker({**QWEN7, "logit_scale": 1.0}) is None
 
 
+def test_the_fused_head_refusal_is_one_rule_for_the_driver_and_the_workers():
+    blocker = "the output layer has a bias"
+    with pytest.raises(ConfigError, match="model.fused_lm_head=true, but the output layer has a bias") as driver:
+        layout.refuse_fused_head("true", blocker)
+    with pytest.raises(ConfigError) as worker:
+        layout.fused_head("true", blocker, "cuda", 1, 10)
+    assert str(worker.value) == str(driver.value)
+    for setting in ("auto", "false"):
+        layout.refuse_fused_head(setting, blocker)
+    layout.refuse_fused_head("true", None)
+
+
+def test_the_packing_refusal_is_one_rule_for_preflight_and_the_workers():
+    gpt2 = {"model_type": "gpt2"}
+    with pytest.raises(ConfigError, match=r"data.packing=true: model_type 'gpt2'") as preflight:
+        layout.refuse_packing("true", gpt2)
+    with pytest.raises(ConfigError) as worker:
+        layout.packing("true", gpt2, "sdpa")
+    assert str(worker.value) == str(preflight.value)
+    assert "gpt2" in layout.refuse_packing("auto", gpt2) and "gpt2" in layout.refuse_packing("false", gpt2)
+    assert layout.refuse_packing("true", QWEN7) is None
+
+
+def test_mini_batch_count_is_the_ceiling_of_prompts_over_the_mini_batch():
+    for p in range(1, 41):
+        for mb in range(1, 50):
+            assert layout.mini_batch_count(p, mb) == -(-p // min(mb, p)) == math.ceil(p / min(mb, p)), (p, mb)
+    assert layout.mini_batch_count(512, 32) == 16 and layout.mini_batch_count(5, 3) == 2
+    assert layout.mini_batch_count(8, 64) == 1  # a mini-batch larger than the step is the whole step
+    cfg = load_config(None, ["data.prompts_per_step=5", "optim.mini_batch_prompts=3", "rollout.n=2"])
+    assert len(layout.mini_batches(cfg, 5)) == layout.mini_batch_count(5, 3)
+
+
 def test_layout_imports_no_torch():
     code = ("import sys; import reasonrl_fast.models.layout, reasonrl_fast.models.shape; "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")

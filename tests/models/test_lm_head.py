@@ -16,7 +16,7 @@ from tests.helpers.train import read_metrics
 from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
 from reasonrl_fast.config import ConfigError, load_config
 from reasonrl_fast.models.layout import FUSED_CPU_MIN_ELEMENTS, fused_head, tokens_per_forward
-from reasonrl_fast.models.lm_head import check_model, head_blocker
+from reasonrl_fast.models.lm_head import check_model, head_blocker, meta_model
 from reasonrl_fast.trainer.policy import Actor, make_batch
 
 CPU = torch.device("cpu")
@@ -104,8 +104,11 @@ def test_soft_capped_head_falls_back_with_the_models_own_logits():
         use_fused("true", lm, CPU, 1)
     with pytest.raises(ConfigError, match="final_logit_softcapping"):
         check_model("true", lm.config)  # the driver's check, before any worker starts
-    assert "final_logit_softcapping" in check_model("auto", lm.config)
-    assert check_model("auto", _qwen(False).config) is None
+    check_model("auto", lm.config)  # auto and false fall back on the workers: nothing to refuse here
+    check_model("false", lm.config)
+    # The driver's meta-device model shows the blocker the worker's rule falls back on; a plain head none.
+    assert "final_logit_softcapping" in head_blocker(meta_model(lm.config))
+    assert head_blocker(meta_model(_qwen(False).config)) is None
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         Actor(lm, fused=True)
     # The fallback's log-probs are the model's own: soft-capped logits / temperature.
