@@ -23,8 +23,9 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
   - batch: at most SAMPLES_PER_STEP samples a step (data.prompts_per_step x rollout.n, the group
     size kept), optimizer steps per RL step kept where each of the two workers still gets a
     prompt in every mini-batch, else as many as they can;
-  - data: stand-in records in the recipe's record format with the data_source its files carry
-    (data/prepare.py's names, rewards/score.py's routing), VAL_PROMPTS validation prompts;
+  - data: stand-in records (data/stand_in.py: one example per scorer kind) in the recipe's record
+    format with the data_source its files carry (data/prepare.py's names, rewards/score.py's
+    routing), VAL_PROMPTS validation prompts;
   - GenRM (FAPO): a random stand-in of the GenRM's architecture served by our server's hf
     backend, started by the trainer itself; its verdicts are mostly unparseable, which the
     client counts as failures (no penalty), as it would a real GenRM's;
@@ -45,7 +46,6 @@ stand-in model, the records, the run).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -201,60 +201,6 @@ def apply(cfg: Config, settings: dict[str, Any]) -> Config:
     return validate(OmegaConf.to_object(conf))
 
 
-# ---------------------------------------------------------------- stand-in records
-
-
-def data_source_of(path: str) -> str:
-    """The data_source the records of a recipe's file carry: the one data/prepare.py writes for
-    the set its name names (dapo-math-17k -> math_dapo, aime24, humaneval, ...), `genrm` for
-    GenRM training records, else math."""
-    from reasonrl_fast.data.prepare import NAMES
-
-    stem = os.path.basename(path).split(".")[0].lower()
-    for name, (source, _) in sorted(NAMES.items(), key=lambda kv: -len(kv[0])):
-        if source and name in stem:
-            return source
-    return "genrm" if "genrm" in stem else "math"
-
-
-SUMS = [(0, 1), (1, 0), (1, 1), (2, 0), (0, 2)]  # answers 1 or 2: a warm-started guess is often right
-
-
-def stand_in_records(source: str, count: int) -> list[tuple[dict, str]]:
-    """`count` (verl-schema record, reference response) pairs of `source`'s kind (its scorer,
-    rewards/score.py): math answers in \\boxed{}, GenRM judgments (the compact rendering: the
-    full instruction alone is longer than a scaled prompt), or HumanEval-style programs."""
-    from reasonrl_fast.protocol import render
-    from reasonrl_fast.rewards.score import scorer_for
-
-    kind, out = scorer_for(source), []
-    for i in range(count):
-        a, b = SUMS[i % len(SUMS)]
-        if kind == "genrm":
-            flawed = i % 2
-            steps = [f"{a}+{b}={a + b + flawed}"]
-            truth = str(0 if flawed else -1)
-            content = render("compact", f"{a}+{b}", str(a + b), steps)
-            rec = {"ability": "genrm", "ground_truth": truth,
-                   "extra_info": {"problem": f"{a}+{b}", "answer": str(a + b), "steps": steps}}
-            response = f"\\boxed{{{truth}}}"
-        elif kind == "code":
-            fn = f"f{i}"
-            test = f"def check(candidate):\n    assert candidate() == {a + b}\n"
-            content = f"def {fn}():"
-            rec = {"ability": "code", "ground_truth": json.dumps({"test": test, "entry_point": fn}), "extra_info": {}}
-            response = f"```python\ndef {fn}():\n    return {a + b}\n```"
-        else:
-            content = f"{a}+{b}"
-            rec = {"ability": "math", "ground_truth": str(a + b), "extra_info": {}}
-            response = f"\\boxed{{{a + b}}}"
-        record = {"data_source": source, "prompt": [{"role": "user", "content": content}], "ability": rec["ability"],
-                  "reward_model": {"style": "rule", "ground_truth": rec["ground_truth"]},
-                  "extra_info": {**rec["extra_info"], "index": i}}
-        out.append((record, response))
-    return out
-
-
 # ---------------------------------------------------------------- the rehearsal
 
 
@@ -271,7 +217,10 @@ def real_model_config(cfg: Config):
 
 
 def records_for(cfg: Config) -> dict[str, list[tuple[str, list[tuple[dict, str]]]]]:
-    """The stand-in records of each data file setting: {key: [(recipe's file, pairs), ...]}."""
+    """The stand-in records of each data file setting (data/stand_in.py): {key: [(recipe's file,
+    pairs), ...]}."""
+    from reasonrl_fast.data.stand_in import data_source_of, stand_in_records
+
     return {key: [(path, stand_in_records(data_source_of(path), count)) for path in get(cfg, key)]
             for key, count in (("data.train_files", TRAIN_PROMPTS), ("data.val_files", VAL_PROMPTS))}
 

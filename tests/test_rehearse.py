@@ -18,11 +18,12 @@ from reasonrl_fast import rehearse
 from reasonrl_fast.config import ConfigError, load_config
 from reasonrl_fast.data.prepare import NAMES, write_records
 from reasonrl_fast.data.records import load_records
+from reasonrl_fast.data.stand_in import EXAMPLES, data_source_of, stand_in_records
 from reasonrl_fast.models import stand_in
 from reasonrl_fast.models.layout import tensor_parallel
 from reasonrl_fast.models.shape import check_shape, model_fields
 from reasonrl_fast.models.shipped_shapes import SHAPES
-from reasonrl_fast.rewards.score import default_compute_score, scorer_for
+from reasonrl_fast.rewards.score import SCORERS, default_compute_score, scorer_for
 from tests.helpers.train import ROOT, repo_env
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
@@ -152,14 +153,18 @@ def test_ids_beyond_the_tokenizer_decode_to_nothing():
 def test_data_source_follows_the_prepared_set_names():
     for name, (source, _) in NAMES.items():
         if source:
-            assert rehearse.data_source_of(f"/data/{name}.parquet") == source
-    assert scorer_for(rehearse.data_source_of("/data/fapo_genrm_train.parquet")) == "genrm"
-    assert rehearse.data_source_of("/data/my_problems.jsonl") == "math"
+            assert data_source_of(f"/data/{name}.parquet") == source
+    assert scorer_for(data_source_of("/data/fapo_genrm_train.parquet")) == "genrm"
+    assert data_source_of("/data/my_problems.jsonl") == "math"
 
 
-@pytest.mark.parametrize("source", ["math_dapo", "aime24", "math", "genrm", "humaneval"])
+def test_every_scorer_kind_has_a_stand_in_example():
+    assert set(EXAMPLES) == set(SCORERS)
+
+
+@pytest.mark.parametrize("source", ["math_dapo", "aime24", "math", "math_dapo_boxed", "genrm", "humaneval"])
 def test_stand_in_records_load_as_the_trainer_loads_them(source, tmp_path):
-    pairs = rehearse.stand_in_records(source, 7)
+    pairs = stand_in_records(source, 7)
     path = str(tmp_path / "records.jsonl")
     write_records([r for r, _ in pairs], path)
     loaded = load_records(path)
