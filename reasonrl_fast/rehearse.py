@@ -58,6 +58,7 @@ from omegaconf import OmegaConf
 from reasonrl_fast import cli
 from reasonrl_fast.config import Config, load_config, validate
 from reasonrl_fast.errors import UserError
+from reasonrl_fast.models.layout import mini_batch_count
 from reasonrl_fast.redact import redact_value
 from reasonrl_fast.rollout.registry import FALLBACK, get_rollout
 
@@ -143,7 +144,7 @@ def batch(prompts: int, mini: int, n: int) -> tuple[int, int]:
     SAMPLES_PER_STEP samples (at least a prompt per worker), in the recipe's number of
     mini-batches where every worker still gets a prompt in each (the trainer's rule, config.py
     `validate`), else in as many as it allows."""
-    updates = -(-prompts // min(mini, prompts))
+    updates = mini_batch_count(prompts, mini)
     budget = max(WORKERS, min(prompts, SAMPLES_PER_STEP // n))
     k = min(updates, budget // WORKERS)
     return budget // k * k, budget // k
@@ -372,7 +373,7 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
         log(f"[rehearse] passed in {time.time() - t0:.0f}s ({time.time() - t_run:.0f}s in the trainer): "
             f"{STEPS} steps, checkpoint-{STEPS} resumed to step {STEPS + 1}; lengths / {f}, "
             f"{small.data.prompts_per_step} prompts x {small.rollout.n} a step in "
-            f"{-(-small.data.prompts_per_step // small.optim.mini_batch_prompts)} mini-batches")
+            f"{mini_batch_count(small.data.prompts_per_step, small.optim.mini_batch_prompts)} mini-batches")
     except BaseException:
         log(f"[rehearse] its files are kept in {work}")
         raise
