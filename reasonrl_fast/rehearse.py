@@ -73,8 +73,11 @@ VAL_PROMPTS = 2
 """Validation prompts: one per worker, each sampled rollout.val_n times."""
 TRAIN_PROMPTS = 16
 STEPS = 2
-EMBEDDED_SFT_STEPS = 20
-"""The embedded model's warm start in a rehearsal (it runs, it need not teach)."""
+EMBEDDED_SFT_STEPS = 60
+"""The embedded model's warm start in a rehearsal, at most: enough that a group's sampled
+responses are not all scored alike, or every advantage is 0 and the rehearsal fails as one in
+which nothing learns (`nothing_learns`). At 20 steps every verdict of the genrm task's model
+scored -1; at 60 (its recipe's own) they differ, in a few seconds."""
 EMBEDDED_TRAIN_SIZE = 256
 WARM_STEPS, WARM_LR, WARM_WIDTH = 30, 1e-2, 80
 """The stand-in model's warm start: enough for about a quarter of its answers to be right. The
