@@ -23,6 +23,7 @@ import pytest
 from reasonrl_fast.errors import UserError
 from reasonrl_fast.rewards import code, seccomp_filter
 from reasonrl_fast.rewards.code import run_tests
+from tests.helpers import nobody
 
 pytestmark = pytest.mark.proc  # real sandboxed processes
 
@@ -88,12 +89,14 @@ def _in_caller(mode: str, unprivileged: bool, fn, executable: tuple[str, str] | 
     """fn() in a forked caller that scores in `mode`, as uid 65534 when `unprivileged` (with
     `executable` as its sys.executable and sys.prefix: the system's python3 if not given); its
     JSON result (this process's keyrings and uid slots stay untouched)."""
+    launcher = nobody.launcher() if unprivileged else code._LAUNCHER  # this checkout may be private
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: no pytest machinery, only os._exit
         try:
             os.close(r)
             if unprivileged:
+                code._LAUNCHER = launcher
                 os.setgroups([])
                 os.setgid(_NOBODY)
                 os.setuid(_NOBODY)
@@ -138,13 +141,12 @@ def _usable_caller(name: str) -> str:
             why = "needs root (and the system's python3) to run each mode"
         elif mode == "root" and code.sandbox_mode() != "root":
             why = "no root sandbox here"
-        elif unprivileged and not os.access(code._REPO_DIR, os.R_OK | os.X_OK):
-            why = "uid 65534 cannot read the repository"
         else:
             why = ""
             if mode == "userns":
                 probe = os.fork()
                 if probe == 0:
+                    code._LAUNCHER = nobody.launcher()
                     os.setgroups([])
                     os.setgid(_NOBODY)
                     os.setuid(_NOBODY)
