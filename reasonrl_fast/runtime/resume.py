@@ -60,7 +60,8 @@ FIXED: dict[str, tuple[str, Callable[[dict], bool]]] = {
     "sft.steps": (_SAME_WARM, _embedded_model),
     "sft.batch_size": (_SAME_WARM, _embedded_model),
     "sft.lr": (_SAME_WARM, _embedded_model),
-    "data.task": ("the embedded model's tokenizer and training set are this task's", _embedded_task),
+    "data.task": ("the embedded model's tokenizer and training set are built for the problems data.task names",
+                  _embedded_task),
     "data.train_files": (_SAME_DATA, _always),
     "data.max_prompt_length": ("it decides which prompts the training set keeps, which the saved data "
                                "position indexes", _always),

@@ -98,8 +98,8 @@ def budgets(digits: int) -> tuple[int, int]:
 
 
 def check_config(cfg) -> None:
-    """The lengths this task's answers need (data.partition_styles and data.digits are checked
-    with the data section)."""
+    """The prompt and response lengths a partition problem and its answer need
+    (data.partition_styles and data.digits are checked with the data section)."""
     prompt, response = budgets(cfg.data.digits)
     for key, have, need in (("data.max_prompt_length", cfg.data.max_prompt_length, prompt),
                             ("rollout.max_new_tokens", cfg.rollout.max_new_tokens, response)):
