@@ -14,7 +14,7 @@ weight).
 Table 1: a small Qwen2-style model built from a config (hidden 256, 2 layers) with Qwen2's
 151,936-token vocabulary, at several token counts. Table 2: the embedded default's model
 (hidden 128, 2 layers) at its per-worker update size (2,048 response tokens), over vocabulary
-sizes: where the fused path starts to pay on CPU (models/layout.py FUSED_CPU_MIN_ELEMENTS).
+sizes: where the fused path starts to pay on CPU (layout/ FUSED_CPU_MIN_ELEMENTS).
 
 Each (model, tokens, variant) runs in a fresh subprocess with one torch thread (as a trainer
 worker with trainer.cpus_per_worker=1): peak memory is its maximum resident set size minus the
@@ -158,7 +158,7 @@ def main() -> None:
             f"RSS delta of a fresh process per variant); {time.time() - t_start:.0f} s in all. "
             f"One step: forward with entropy, GRPO loss, backward.")
     reading = ("The CPU threshold of `model.fused_lm_head=auto` (2^27 tokens x vocabulary, "
-               "models/layout.py) is read off these tables: on CPU the fused head buys memory, "
+               "layout/) is read off these tables: on CPU the fused head buys memory, "
                "not time.")
     body = "\n".join(["", note, "", *lines, "", reading, ""])
     print(body)

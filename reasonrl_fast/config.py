@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from reasonrl_fast.algos import ALGOS, get_algo
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.layout import mini_batch_count
+from reasonrl_fast.layout import mini_batch_count
 from reasonrl_fast.protocol import API_KEY_ENV, TEMPLATES, normalize_address
 from reasonrl_fast.redact import (REDACTED, SECRET_KEYS, holds_redacted, redact_settings, redact_text, redact_url,
                                   redact_value)
@@ -748,7 +748,7 @@ def validate(cfg: Config) -> Config:
 def check_tensor_parallel(cfg: Config) -> None:
     """rollout.tensor_parallel_size against the engine and the workers: an engine that shards the
     model (`Rollout.tensor_parallel`), over consecutive workers of one node. What the model's
-    shape allows is models/layout.py `tensor_parallel`'s (it needs the model's config)."""
+    shape allows is layout/resolve.py `tensor_parallel`'s (it needs the model's config)."""
     tp, per_node = cfg.rollout.tensor_parallel_size, cfg.trainer.workers_per_node
     if tp == 1:
         return

@@ -11,7 +11,7 @@ rollout.tensor_parallel_size that gives it room. docs/scaling.md explains every 
 The estimate is an upper bound of the worst step: every sequence at data.max_prompt_length +
 rollout.max_new_tokens. What the workers hold and how they run it (sharding, dtypes, attention,
 packing, the fused head, the engine's memory) is the Layout the workers build from
-(models/layout.py `resolve`); this module only counts its bytes. It imports no torch. On CPU it is what the worker's `memory/peak_gb` (its max RSS) measures,
+(layout/resolve.py `resolve`); this module only counts its bytes. It imports no torch. On CPU it is what the worker's `memory/peak_gb` (its max RSS) measures,
 checked against real runs by tests/test_plan.py."""
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from reasonrl_fast.algos import get_algo
 from reasonrl_fast.config import Config, load_argv
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.genrm.launch import DEFAULT_MAX_BATCH
-from reasonrl_fast.models.layout import (SYNC_BUCKET_BYTES, Layout, dtype_bytes, largest_mini_batch, resolve,
+from reasonrl_fast.layout import (SYNC_BUCKET_BYTES, Layout, dtype_bytes, largest_mini_batch, resolve,
                                          tensor_parallel)
 from reasonrl_fast.models.shape import (Shape, context_problem, genrm_context_problem, model_fields,
                                         shape_from_config, tiny_shape, zhead_params)
 from reasonrl_fast.rollout.registry import get_rollout
-from reasonrl_fast.trainer.micro import split
+from reasonrl_fast.layout.micro import split
 from reasonrl_fast.util import chunk_width, meminfo_bytes, rollout_sequences
 
 GIB = 2 ** 30
@@ -72,7 +72,7 @@ class Forward:
 
 def forward_tokens(cfg: Config, layout: Layout) -> Forward:
     """The worst forward of the update: the largest mini-batch of the largest worker's share, cut
-    into micro-batches of optim.micro_batch_tokens as the workers cut it (trainer/micro.py), every
+    into micro-batches of optim.micro_batch_tokens as the workers cut it (layout/micro.py), every
     sequence at its longest."""
     p, r = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
     seq = p + r
@@ -173,7 +173,7 @@ class Estimate:
     terms: list[Term] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # impossible settings, whatever the total
-    layout: Layout | None = None  # what the workers would resolve (models/layout.py)
+    layout: Layout | None = None  # what the workers would resolve (layout/)
     engine_sequences: float | None = None
     """Full-length sequences one rollout engine holds in flight (its KV cache over one sequence's);
     None for an engine that is no vLLM-like engine of its own (the hf backend's copy)."""
@@ -425,7 +425,7 @@ class TensorParallelChoice:
 def tensor_parallel_choice(cfg: Config, s: Shape, est: Estimate, device: str,
                            genrm: Shape | None) -> TensorParallelChoice | None:
     """The smallest rollout.tensor_parallel_size in TENSOR_PARALLEL_SIZES that the run can have (it
-    divides trainer.workers_per_node, and the model's heads and MLP as models/layout.py
+    divides trainer.workers_per_node, and the model's heads and MLP as layout/
     `tensor_parallel` checks) with which one engine holds `sequences_wanted` full-length sequences
     and the whole estimate fits: at the config's rollout.gpu_memory_utilization where that does,
     else at the largest share that fits (to two decimals). None where no size does, or the engine

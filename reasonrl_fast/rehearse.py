@@ -58,7 +58,7 @@ from omegaconf import OmegaConf
 from reasonrl_fast import cli
 from reasonrl_fast.config import Config, load_config, validate
 from reasonrl_fast.errors import UserError
-from reasonrl_fast.models.layout import mini_batch_count
+from reasonrl_fast.layout import mini_batch_count
 from reasonrl_fast.redact import redact_value
 from reasonrl_fast.rollout.registry import FALLBACK, get_rollout
 

@@ -236,7 +236,7 @@ def test_fused_head_refused_before_the_cluster():
 
 
 def test_packing_refused_before_the_cluster_in_the_workers_words():
-    from reasonrl_fast.models.layout import packing
+    from reasonrl_fast.layout import packing
 
     config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100, n_positions=4096)
     with pytest.raises(ConfigError, match=r"data.packing=true: model_type 'gpt2'") as driver:
@@ -282,7 +282,7 @@ def test_override_reaches_the_hf_model_and_its_config(tmp_path):
 
 
 def test_override_reaches_the_vllm_engine_arguments(monkeypatch):
-    from reasonrl_fast.models.layout import resolve
+    from reasonrl_fast.layout import resolve
     from reasonrl_fast.models.shape import model_fields
     from reasonrl_fast.rollout import get_rollout, make_rollout
     from reasonrl_fast.rollout import vllm as rollout_vllm

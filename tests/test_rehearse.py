@@ -1,5 +1,5 @@
 """The CPU rehearsal of a recipe (reasonrl_fast.rehearse): its scaling rule and stand-ins as pure
-functions, the compute-dtype setting it relies on (bf16 compute on CPU under FSDP2, models/layout.py), the
+functions, the compute-dtype setting it relies on (bf16 compute on CPU under FSDP2, layout/), the
 preflight failure it shares with the train command, and every shipped config rehearsed end to
 end (e2e: Ray, two gloo workers, a checkpoint resumed; a minute or two each)."""
 
@@ -20,7 +20,7 @@ from reasonrl_fast.data.prepare import NAMES, write_records
 from reasonrl_fast.data.records import load_records
 from reasonrl_fast.data.stand_in import EXAMPLES, data_source_of, stand_in_records
 from reasonrl_fast.models import stand_in
-from reasonrl_fast.models.layout import tensor_parallel
+from reasonrl_fast.layout import tensor_parallel
 from reasonrl_fast.models.shape import check_shape, model_fields
 from reasonrl_fast.models.shipped_shapes import SHAPES
 from reasonrl_fast.rewards.score import SCORERS, default_compute_score, scorer_for

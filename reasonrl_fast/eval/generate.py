@@ -14,7 +14,7 @@ import time
 import ray
 import torch
 
-from reasonrl_fast.models.layout import resolve
+from reasonrl_fast.layout import resolve
 from reasonrl_fast.models.loading import load_model, load_model_config, load_tokenizer, torch_dtype
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.rollout import Rollout, make_rollout, sample_seeds
@@ -46,7 +46,7 @@ class Generator:
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         tok = load_tokenizer(model_path)
         # Sampled as the run's workers sample: the engine's dtype and memory from the Layout of
-        # the run's config (models/layout.py), its KV cache sized for one batch at once
+        # the run's config (layout/), its KV cache sized for one batch at once
         t = cfg.trainer
         config = load_model_config(model_path, cfg.model.max_position_embeddings)
         layout = resolve(cfg, config, device.type, t.nnodes * t.workers_per_node, self.rollout,

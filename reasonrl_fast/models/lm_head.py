@@ -1,5 +1,5 @@
 """The parts of a causal LM the trainer reads (its decoder and output layer), and what in a built
-model keeps the fused LM head (`model.fused_lm_head`) off; models/layout.py makes the decision.
+model keeps the fused LM head (`model.fused_lm_head`) off; layout/ makes the decision.
 
 Fused: `linear_token_logprob(h, lm_head.weight, ids)` turns the final hidden states into
 log-probs and entropies without the [tokens, vocabulary] logits. That is exact only when the
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.layout import config_head_blocker, refuse_fused_head
+from reasonrl_fast.layout import config_head_blocker, refuse_fused_head
 
 
 def decoder_of(lm: nn.Module) -> nn.Module | None:
@@ -93,7 +93,7 @@ def check_model(setting: str, config) -> None:
     """Driver-side check before any worker starts: builds the model on the meta device, refuses a
     model the trainer cannot train (`check_trainable`), and with model.fused_lm_head `setting`
     'true' a head that is not plain (`head_blocker`, refused by the workers' own rule,
-    models/layout.py `refuse_fused_head`). ConfigError for either; what `auto` then does is the
+    layout/resolve.py `refuse_fused_head`). ConfigError for either; what `auto` then does is the
     workers' `fused_head`, logged by them."""
     lm = meta_model(config)
     check_trainable(lm)

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from reasonrl_fast.errors import ConfigError, UserError
-from reasonrl_fast.models import layout
+from reasonrl_fast import layout
 from reasonrl_fast.models.shape import context_overrides
 
 
@@ -64,12 +64,12 @@ def load_tokenizer(path: str, what: str | None = None):
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a dtype name of the Layout (models/layout.py)."""
+    """The torch dtype of a dtype name of the Layout (layout/)."""
     return getattr(torch, name)
 
 
 def master_dtype(setting: str) -> torch.dtype:
-    """`model.dtype` as a torch dtype (models/layout.py `master_dtype`)."""
+    """`model.dtype` as a torch dtype (layout/resolve.py `master_dtype`)."""
     return torch_dtype(layout.master_dtype(setting))
 
 

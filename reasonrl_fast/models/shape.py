@@ -179,7 +179,7 @@ class Shape:
     o_bias: bool = False  # o_proj's bias (attention_bias in Llama, Mistral, Qwen3; never Qwen2)
     mlp_bias: bool = False
     config: dict = field(default_factory=dict, compare=False, repr=False)
-    """The config.json fields it was read from (what models/layout.py `resolve` reads)."""
+    """The config.json fields it was read from (what layout/resolve.py `resolve` reads)."""
 
     @property
     def layer_params(self) -> int:

@@ -18,7 +18,7 @@ __all__ = ["ROLLOUTS", "Rollout", "RolloutEngine", "Samples", "get_rollout", "ma
 def make_rollout(cfg, layout, lm, model_path: str, pad_id: int, eos_id: int, device, log_path: str | None = None,
                  log=print, rollout: Rollout | None = None) -> RolloutEngine:
     """The engine `rollout` (default: the one `cfg.rollout.backend` names) as the run's Layout
-    (models/layout.py `resolve`) has it: sampling in `layout.rollout_dtype` on `device`, its KV
+    (layout/resolve.py `resolve`) has it: sampling in `layout.rollout_dtype` on `device`, its KV
     cache `layout.kv_cache_bytes` (or its share of the GPU). `lm`, the policy's Hugging Face model,
     goes to an engine that `needs_trainer_copy` (None: the engine loads `model_path` itself)."""
     import torch

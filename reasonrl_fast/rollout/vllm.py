@@ -33,7 +33,7 @@ import os
 from typing import TYPE_CHECKING
 
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.layout import dtype_bytes
+from reasonrl_fast.layout import dtype_bytes
 from reasonrl_fast.models.shape import context_overrides, read
 from reasonrl_fast.rollout.base import GREEDY_BELOW, RolloutEngine, Samples
 from reasonrl_fast.rollout.registry import Rollout

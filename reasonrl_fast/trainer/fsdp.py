@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from reasonrl_fast.models.layout import SYNC_BUCKET_BYTES
+from reasonrl_fast.layout import SYNC_BUCKET_BYTES
 from reasonrl_fast.models.loading import decoder_layers
 from reasonrl_fast.runtime.distributed import init_process_group
 
@@ -27,7 +27,7 @@ def init_distributed(rank: int, world: int, master_addr: str, master_port: int,
 
 def shard(module: torch.nn.Module, layers_of: torch.nn.Module, mesh, compute: torch.dtype) -> torch.nn.Module:
     """fully_shard each decoder layer of `layers_of`, then `module` as the root. `compute`: the
-    Layout's compute dtype (models/layout.py); bf16 gets the mixed-precision policy (the gathered weights cast to bf16,
+    Layout's compute dtype (layout/); bf16 gets the mixed-precision policy (the gathered weights cast to bf16,
     gradients reduced in float32, on a GPU's nccl or a CPU's gloo alike)."""
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if compute == torch.bfloat16
           else MixedPrecisionPolicy())

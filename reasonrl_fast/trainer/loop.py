@@ -177,7 +177,7 @@ def _started(cfg, log):
 
 
 def _log_layout(cfg, layout: dict, log) -> None:
-    """The workers' Layout (models/layout.py): its notes in the log, the whole of it in the run
+    """The workers' Layout (layout/): its notes in the log, the whole of it in the run
     directory (layout.json, which `python -m reasonrl_fast.plan` answers for the same config)."""
     with open(os.path.join(cfg.trainer.output_dir, "layout.json"), "w") as f:
         json.dump(layout, f, indent=1)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from reasonrl_fast.algos.correction import gap_sums, rollout_weights
-from reasonrl_fast.trainer.micro import split
+from reasonrl_fast.layout.micro import split
 from reasonrl_fast.trainer.policy import make_batch, make_packed_batch
 
 

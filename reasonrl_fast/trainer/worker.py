@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from reasonrl_fast.algos import get_algo
 from reasonrl_fast.algos.correction import pool_sums
 from reasonrl_fast.models import LM_PREFIX, ZHEAD_PREFIX
-from reasonrl_fast.models.layout import mini_batches, resolve
+from reasonrl_fast.layout import mini_batches, resolve
 from reasonrl_fast.models.lm_head import head_blocker, meta_model
 from reasonrl_fast.models.loading import (enable_checkpointing, load_model, load_model_config, load_tokenizer,
                                           torch_dtype)
@@ -51,7 +51,7 @@ class Worker:
         return rendezvous_address(self)
 
     def setup(self, master_addr: str, master_port: int) -> dict:
-        """Load and hold the model as the run's Layout says (models/layout.py `resolve`, the rules
+        """Load and hold the model as the run's Layout says (layout/resolve.py `resolve`, the rules
         the planner and the driver's log read too): the policy (sharded or replicated), the
         rollout engine, the frozen reference where the algorithm needs one, the optimiser."""
         cfg = self.cfg

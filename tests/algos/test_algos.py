@@ -117,7 +117,7 @@ def test_the_one_split_rule_allows_uneven_shares():
 
 def test_mini_batches_of_a_share_and_the_largest_forward():
     from reasonrl_fast.config import load_config
-    from reasonrl_fast.models.layout import mini_batches, tokens_per_forward
+    from reasonrl_fast.layout import mini_batches, tokens_per_forward
 
     cfg = load_config(None, ["data.prompts_per_step=5", "optim.mini_batch_prompts=3", "rollout.n=4",
                              "rollout.max_new_tokens=10"])

@@ -15,7 +15,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForC
 from tests.helpers.train import read_metrics
 from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
 from reasonrl_fast.config import ConfigError, load_config
-from reasonrl_fast.models.layout import FUSED_CPU_MIN_ELEMENTS, fused_head, tokens_per_forward
+from reasonrl_fast.layout import FUSED_CPU_MIN_ELEMENTS, fused_head, tokens_per_forward
 from reasonrl_fast.models.lm_head import check_model, head_blocker, meta_model
 from reasonrl_fast.trainer.policy import Actor, make_batch
 
@@ -23,7 +23,7 @@ CPU = torch.device("cpu")
 
 
 def use_fused(setting: str, lm, device: torch.device, tokens: int):
-    """The Layout's decision (models/layout.py `fused_head`) for a built model, as a worker makes it."""
+    """The Layout's decision (layout/resolve.py `fused_head`) for a built model, as a worker makes it."""
     return fused_head(setting, head_blocker(lm), device.type, tokens, lm.get_output_embeddings().weight.shape[0])
 
 

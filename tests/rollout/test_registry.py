@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from reasonrl_fast.config import load_config
-from reasonrl_fast.models.layout import resolve
+from reasonrl_fast.layout import resolve
 from reasonrl_fast.rollout import ROLLOUTS, Rollout, get_rollout, make_rollout
 from reasonrl_fast.rollout.vllm import INSTALL, kv_cache_bytes, kv_shape
 from tests.helpers import venvs

@@ -17,7 +17,7 @@ from transformers import Qwen2Config
 from reasonrl_fast.config import load_config
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.models.shipped_shapes import SHAPES
-from reasonrl_fast.models.layout import resolve
+from reasonrl_fast.layout import resolve
 from reasonrl_fast.rollout import get_rollout, make_rollout
 from reasonrl_fast.rollout import vllm as rollout_vllm
 from reasonrl_fast.rollout.vllm import engine_args, kv_cache_bytes, kv_shape, memory_error

@@ -23,7 +23,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reasonrl_fast.config import load_config
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.layout import resolve
+from reasonrl_fast.layout import resolve
 from reasonrl_fast.models.loading import load_model_config
 from reasonrl_fast.rollout import get_rollout, make_rollout
 from reasonrl_fast.rollout.vllm import CPU_BLOCK_TOKENS, kv_cache_bytes, kv_shape
@@ -35,7 +35,7 @@ SKIP = f"holding {OLD_FRACTION} of this node's memory would take over a third of
 
 
 def cpu_layout(cfg, path: str):
-    """The Layout a CPU worker of `cfg` resolves for the model at `path` (models/layout.py)."""
+    """The Layout a CPU worker of `cfg` resolves for the model at `path` (layout/)."""
     t = cfg.trainer
     return resolve(cfg, load_model_config(path), "cpu", t.nnodes * t.workers_per_node, get_rollout("vllm"))
 

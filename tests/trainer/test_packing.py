@@ -1,6 +1,6 @@
 """Packed rows (one row per micro-batch, position ids restarting per sequence, no attention mask)
 against the padded layout, in float64: log-probs, entropies, log Z and every gradient, for each
-model family the packing is on for (models/layout.py PACKED_FAMILIES)."""
+model family the packing is on for (layout/ PACKED_FAMILIES)."""
 
 import random
 
@@ -9,8 +9,8 @@ import torch
 import transformers
 
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models import layout
-from reasonrl_fast.models.layout import PACKED_FAMILIES
+from reasonrl_fast import layout
+from reasonrl_fast.layout import PACKED_FAMILIES
 from reasonrl_fast.trainer.policy import Actor, make_batch, make_packed_batch
 
 CONFIGS = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig,
@@ -120,7 +120,7 @@ def test_packing_setting_resolves_per_model():
 
 
 def use_packing(setting: str, lm):
-    """The Layout's decision (models/layout.py `packing`) for a loaded model, as a worker makes it."""
+    """The Layout's decision (layout/resolve.py `packing`) for a loaded model, as a worker makes it."""
     return layout.packing(setting, lm.config, lm.config._attn_implementation)
 
 

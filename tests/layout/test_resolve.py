@@ -1,4 +1,4 @@
-"""models/layout.py: the one place a run's shape is decided (sharding, dtypes, attention, packing,
+"""layout/resolve.py: the one place a run's shape is decided (sharding, dtypes, attention, packing,
 fused head, engine memory). The worker builds from `resolve`, and the planner counts bytes from
 the same call: these tests pin the rules, that the planner follows flash-attn's install exactly
 as a worker would, and that a real CPU run and the planner agree on every field."""
@@ -15,7 +15,7 @@ import pytest
 
 from reasonrl_fast import plan
 from reasonrl_fast.config import ConfigError, load_config
-from reasonrl_fast.models import layout
+from reasonrl_fast import layout
 from reasonrl_fast.models.shape import shape_from_config, tiny_shape
 from reasonrl_fast.models.shipped_shapes import SHAPES
 from reasonrl_fast.rollout import get_rollout
@@ -148,7 +148,7 @@ def test_mini_batch_count_is_the_ceiling_of_prompts_over_the_mini_batch():
 
 
 def test_layout_imports_no_torch():
-    code = ("import sys; import reasonrl_fast.models.layout, reasonrl_fast.models.shape; "
+    code = ("import sys; import reasonrl_fast.layout, reasonrl_fast.layout.micro, reasonrl_fast.models.shape; "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=repo_env(), check=True)
 

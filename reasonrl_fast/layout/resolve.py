@@ -15,8 +15,8 @@ import importlib.util
 from dataclasses import asdict, dataclass, field
 
 from reasonrl_fast.errors import ConfigError
+from reasonrl_fast.layout.batches import tokens_per_forward
 from reasonrl_fast.models.shape import read, text_part
-from reasonrl_fast.util import shares
 
 PACKED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 """Model types whose attention reads packed rows from restarting position ids (transformers'
@@ -38,10 +38,6 @@ SCALES = ("logit_scale",         # Cohere, Cohere2
           "logits_scaling",      # Granite family, MiniCPM3, HyperCLOVA X
           "lm_head_multiplier",  # Falcon-H1
           "output_multiplier")
-
-SYNC_BUCKET_BYTES = 256 * 2 ** 20
-"""Full tensors gathered per collective of the weight sync (trainer/fsdp.py `iter_full`)."""
-
 
 @dataclass(frozen=True)
 class Layout:
@@ -244,35 +240,6 @@ def tensor_parallel(cfg, config) -> int:
                           f"num_key_value_heads={kv}: with fewer key/value heads than ranks each head is "
                           f"replicated on tp / heads ranks")
     return tp
-
-
-def mini_batch_count(prompts: int, mini_batch_prompts: int) -> int:
-    """Mini-batches (optimizer updates) of a step of `prompts` prompts (data.prompts_per_step):
-    ceil(prompts / mini_batch_prompts), one where a mini-batch holds the whole step. Plain
-    integers, so config.py's check and the rehearsal's scaling count as the workers split."""
-    return -(-prompts // min(mini_batch_prompts, prompts))
-
-
-def mini_batches(cfg, prompts: int) -> list[slice]:
-    """A worker's mini-batches over its `prompts` prompts (each with rollout.n samples, prompt-major):
-    `mini_batch_count` contiguous slices of samples, split by the same rule as the workers' shares
-    (config checks that none is empty)."""
-    n, count = cfg.rollout.n, mini_batch_count(cfg.data.prompts_per_step, cfg.optim.mini_batch_prompts)
-    return [slice(r.start * n, r.stop * n) for r in shares(prompts, count)]
-
-
-def largest_mini_batch(cfg, world: int) -> int:
-    """Samples in the largest mini-batch of the largest worker's share of a step."""
-    most = len(shares(cfg.data.prompts_per_step, world)[0])
-    return max(s.stop - s.start for s in mini_batches(cfg, most))
-
-
-def tokens_per_forward(cfg, world: int) -> int:
-    """Upper bound on the response positions one policy forward sees: the largest mini-batch of the
-    largest worker's share (prompts x samples) times the longest response, or the micro-batch
-    token budget when that is less."""
-    whole = max(1, largest_mini_batch(cfg, world)) * cfg.rollout.max_new_tokens
-    return min(whole, cfg.optim.micro_batch_tokens) if cfg.optim.micro_batch_tokens else whole
 
 
 def resolve(cfg, model_config, device: str, world: int, engine, *, head_blocker: str | None = None,

@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from reasonrl_fast.algos import get_algo
 from reasonrl_fast.config import load_config
 from reasonrl_fast.trainer import update
-from reasonrl_fast.trainer.micro import cost, split
+from reasonrl_fast.layout.micro import cost, split
 from reasonrl_fast.trainer.policy import Actor
 
 
