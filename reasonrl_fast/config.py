@@ -218,6 +218,13 @@ class DataConfig(_Checks):
     """jsonl/parquet files with fields `prompt` and `answer`. Empty: the built-in synthetic task."""
     val_files: list[str] = field(default_factory=list)
     """Validation files (same format). Empty: a held-out split of the synthetic task."""
+    train_sources: list[str] = field(default_factory=list)
+    """The data_source the records of each file of `train_files` carry, in order, as data.prepare
+    writes them (math_dapo, math_dapo_boxed, aime24, genrm, ...). The trainer reads each record's
+    own; the CPU rehearsal (reasonrl_fast.rehearse) gives its stand-in records these where a file
+    is not on its machine, and checks them against one that is."""
+    val_sources: list[str] = field(default_factory=list)
+    """The same as `train_sources`, for `val_files`."""
     prompts_per_step: int = 16
     """Prompts per RL step (each sampled `rollout.n` times)."""
     max_prompt_length: int = 16
@@ -269,6 +276,9 @@ class DataConfig(_Checks):
         self._probability(at, "flaw_prob", "carry_slip_prob", "carry_frac")
         self._file_list(at, "train_files")
         self._file_list(at, "val_files")
+        for name in ("train_sources", "val_sources"):
+            if any(not s.strip() for s in getattr(self, name)):
+                _fail(f"{at}{name}", getattr(self, name), "an empty data_source")
         from reasonrl_fast.tasks.partition import STYLES  # torch-free
 
         w = self.partition_styles  # read by data.task=partition only

@@ -14,7 +14,8 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
     (models/stand_in.py), random weights, the character tokenizer (a minimal chat template when
     the records are chat messages), warm-started for a few steps on the stand-in records'
     reference answers so that some responses are right (FAPO asks its GenRM about right
-    answers only); the embedded model is rehearsed as it is, its warm start shortened;
+    answers only; trainer/stand_ins.py writes the stand-ins); the embedded model is rehearsed
+    as it is, its warm start shortened;
   - lengths: every token length (data.max_prompt_length, rollout.max_new_tokens,
     grpo.overlong_buffer, flowrl.overlong_buffer, optim.micro_batch_tokens, fapo.genrm.max_tokens)
     divided by one factor, the smallest power of two that brings prompt + response to
@@ -23,9 +24,9 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
   - batch: at most SAMPLES_PER_STEP samples a step (data.prompts_per_step x rollout.n, the group
     size kept), optimizer steps per RL step kept where each of the two workers still gets a
     prompt in every mini-batch, else as many as they can;
-  - data: stand-in records (data/stand_in.py: one example per scorer kind) in the recipe's record
-    format with the data_source its files carry (data/prepare.py's names, rewards/score.py's
-    routing), VAL_PROMPTS validation prompts;
+  - data: stand-in records (data/stand_in.py: one example per scorer kind) with the data_source
+    each file's records carry (where the file is on this machine), else the one
+    data.train_sources / data.val_sources names for it, VAL_PROMPTS validation prompts;
   - GenRM (FAPO): a random stand-in of the GenRM's architecture served by our server's hf
     backend, started by the trainer itself; its verdicts are mostly unparseable, which the
     client counts as failures (no penalty), as it would a real GenRM's;
@@ -59,7 +60,6 @@ from reasonrl_fast import cli
 from reasonrl_fast.config import Config, load_config, validate
 from reasonrl_fast.errors import UserError
 from reasonrl_fast.layout import mini_batch_count
-from reasonrl_fast.redact import redact_value
 from reasonrl_fast.rollout.registry import FALLBACK, get_rollout
 
 SEQUENCE_TOKENS = 64
@@ -79,16 +79,6 @@ responses are not all scored alike, or every advantage is 0 and the rehearsal fa
 which nothing learns (`nothing_learns`). At 20 steps every verdict of the genrm task's model
 scored -1; at 60 (its recipe's own) they differ, in a few seconds."""
 EMBEDDED_TRAIN_SIZE = 256
-WARM_STEPS, WARM_LR, WARM_WIDTH = 30, 1e-2, 80
-"""The stand-in model's warm start: enough for about a quarter of its answers to be right. The
-rate is WARM_LR up to WARM_WIDTH hidden units and falls as 1/width beyond (Adam's steps move each
-weight alike, so a wider layer's output moves more): at 1e-2 the 320-wide stand-in a TP-2 vLLM
-engine gets was still at loss 0.9 after 30 steps and sampled no right answer; at 2.5e-3 it is
-below 0.1 by step 20, as the 80-wide one is at 1e-2."""
-GENRM_SHAPE = "Qwen3-4B-Instruct-2507"
-"""The architecture of the GenRM a FAPO recipe asks at remote addresses: FAPO's GenRM is trained
-from it (configs/fapo_genrm_qwen3_4b.yaml)."""
-
 LENGTHS = ("data.max_prompt_length", "rollout.max_new_tokens", "grpo.overlong_buffer", "flowrl.overlong_buffer",
            "optim.micro_batch_tokens", "fapo.genrm.max_tokens")
 """Every setting counted in tokens: the ones the length factor divides."""
@@ -177,26 +167,6 @@ def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[
     return {k: v for k, v in out.items() if get(cfg, k) != v}
 
 
-def stand_in_head_dim(engine) -> int:
-    """The stand-in's head size: stand_in.HEAD_DIM, or the smallest above it that the rehearsal's
-    rollout engine can run on CPU (vLLM's CPU attention starts at 32)."""
-    from reasonrl_fast.models import stand_in
-
-    dims = engine.cpu_head_dims
-    return stand_in.HEAD_DIM if not dims or stand_in.HEAD_DIM in dims else min(
-        d for d in dims if d > stand_in.HEAD_DIM)
-
-
-def stand_in_genrm(cfg: Config) -> bool:
-    """Whether the run's GenRM is replaced by a stand-in: a FAPO recipe whose GenRM is a model
-    (remote replicas, or a model directory its own server loads: `local_model`), not a rule
-    judge."""
-    from reasonrl_fast.algos import get_algo
-
-    g = cfg.fapo.genrm
-    return get_algo(cfg.algo).uses_genrm and (bool(g.addresses) or g.local_model is not None)
-
-
 def apply(cfg: Config, settings: dict[str, Any]) -> Config:
     """`cfg` with `settings` (dotted keys), type-checked and validated as a loaded config is."""
     conf = OmegaConf.structured(cfg)
@@ -220,115 +190,19 @@ def real_model_config(cfg: Config):
     return hf_config(fields), where
 
 
-def records_for(cfg: Config) -> dict[str, list[tuple[str, list[tuple[dict, str]]]]]:
-    """The stand-in records of each data file setting (data/stand_in.py): {key: [(recipe's file,
-    pairs), ...]}."""
-    from reasonrl_fast.data.stand_in import data_source_of, stand_in_records
-
-    return {key: [(path, stand_in_records(data_source_of(path), count)) for path in get(cfg, key)]
-            for key, count in (("data.train_files", TRAIN_PROMPTS), ("data.val_files", VAL_PROMPTS))}
-
-
-def longest_prompt(records: dict, tok) -> int:
-    """The stand-in records' longest prompt in tokens, rendered as the trainer renders it."""
-    from reasonrl_fast.data.records import prompt_ids
-
-    return max((len(prompt_ids(r, tok)) for files in records.values() for _, pairs in files for r, _ in pairs),
-               default=1)
-
-
-def stage(cfg: Config, work: str, records: dict, tok, log, tensor_parallel: int = 1,
-          head_dim: int | None = None) -> tuple[dict[str, Any], list[str]]:
-    """Write the stand-ins the recipe needs into `work`: records, the policy model (warm-started,
-    shaped for the rehearsal's rollout: heads `tensor_parallel` engine ranks split, `head_dim`
-    wide, default stand_in.HEAD_DIM) and the GenRM model. Returns the settings that point the
-    run at them, and a line on each."""
-    from reasonrl_fast.data.prepare import write_records
-    from reasonrl_fast.genrm.backends import backend_spec
-    from reasonrl_fast.models import stand_in
-    from reasonrl_fast.models.shape import model_fields
-
-    settings: dict[str, Any] = {}
-    notes: list[str] = []
-    pairs: list[tuple[dict, str]] = []
-    for key, files in records.items():
-        for i, (path, recs) in enumerate(files):
-            out = os.path.join(work, "data", f"{key.split('.')[1]}-{i}.jsonl")
-            write_records([r for r, _ in recs], out)
-            settings.setdefault(key, []).append(out)
-            pairs += recs
-            notes.append(f"{key}: {path} -> {len(recs)} stand-in {recs[0][0]['data_source']!r} records")
-    if not cfg.embedded_model:
-        fields, where, _ = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
-        small = stand_in.shrink(fields, tensor_parallel, head_dim or stand_in.HEAD_DIM)
-        path = os.path.join(work, "model", os.path.basename(os.path.normpath(cfg.model.path)))
-        stand_in.build(small, path, tok, cfg.trainer.seed)
-        teach_stand_in(path, pairs, log)
-        settings["model.path"] = path
-        notes.append(f"model: {where} -> {describe(small)}, random, warm-started {WARM_STEPS} steps")
-    if stand_in_genrm(cfg):
-        g = cfg.fapo.genrm
-        fields, where, _ = (model_fields(GENRM_SHAPE, "the GenRM") if g.addresses else
-                            model_fields(g.local_model, f"fapo.genrm.serve={g.serve!r}"))
-        small = stand_in.shrink(fields)
-        # the client asks for fapo.genrm.model; our server serves its directory's name
-        path = stand_in.build(small, os.path.join(work, g.model or "genrm"), stand_in.tokenizer(False),
-                              cfg.trainer.seed + 1)
-        settings.update({"fapo.genrm.addresses": [], "fapo.genrm.serve": backend_spec("hf", path)})
-        notes.append(f"GenRM: {', '.join(redact_value('fapo.genrm.addresses', g.addresses)) or g.serve} -> "
-                     f"our server's hf backend on a random "
-                     f"{describe(small)} ({where})")
-    return settings, notes
-
-
-def describe(fields: dict) -> str:
-    return (f"{fields['model_type']} {fields['num_hidden_layers']} layers x {fields['hidden_size']} "
-            f"({fields['num_attention_heads']}:{fields.get('num_key_value_heads') or fields['num_attention_heads']} "
-            f"heads, vocabulary {fields['vocab_size']}{', tied' if fields.get('tie_word_embeddings') else ''})")
-
-
-def teach_stand_in(path: str, pairs: list[tuple[dict, str]], log) -> None:
-    """WARM_STEPS supervised steps (trainer/sft.py `train`, the embedded warm start's loop) of the
-    stand-in model at `path` on the records' reference responses (prompts rendered as the trainer
-    renders them), all in one batch, at a constant rate, unclipped; saved in place. An untied
-    input embedding stays as initialised: the real vocabulary's table is half the model, and the
-    layers and the head learn the few answers without it."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from reasonrl_fast.data.records import prompt_ids
-    from reasonrl_fast.models.loading import load_tokenizer
-    from reasonrl_fast.trainer.policy import make_batch
-    from reasonrl_fast.trainer.sft import one_thread, train
-
-    t0 = time.time()
-    tok = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    seqs = dict.fromkeys((tuple(prompt_ids(r, tok)), tuple(tok(resp, add_special_tokens=False)["input_ids"]))
-                         for r, resp in pairs)  # the records repeat a few problems
-    batch = make_batch([list(p) for p, _ in seqs], [[*r, tok.eos_token_id] for _, r in seqs], tok.pad_token_id, "cpu")
-    if not model.config.tie_word_embeddings:
-        model.get_input_embeddings().weight.requires_grad_(False)
-    lr = WARM_LR * min(1.0, WARM_WIDTH / model.config.hidden_size)
-    with one_thread():
-        loss = train(model, lambda _: batch, WARM_STEPS, lr, clip=None,
-                     params=[p for p in model.parameters() if p.requires_grad])
-        model.save_pretrained(path)
-    log(f"[rehearse] warm start: {WARM_STEPS} steps at lr {lr:.2g} on {len(seqs)} prompts, loss {loss:.3f} "
-        f"({time.time() - t0:.0f}s)")
-
-
 def rehearse(config: str, overrides: list[str], output_dir: str | None = None, log=print) -> dict:
     """Preflight the recipe at `config` (with `overrides`), then rehearse it scaled (module
     docstring); returns the resumed run's last metrics row."""
+    from reasonrl_fast.data.stand_in import longest_prompt, records_for
     from reasonrl_fast.models import stand_in
     from reasonrl_fast.preflight import preflight
+    from reasonrl_fast.trainer import stand_ins
 
     t0 = time.time()
     cfg = load_config(config, overrides)
     real, where = real_model_config(cfg)
     preflight(cfg, real, files=False)  # what stops the real run before Ray stops this one
-    records = records_for(cfg)
+    records = records_for(cfg, TRAIN_PROMPTS, VAL_PROMPTS)
     chat = any(isinstance(r["prompt"], list) for files in records.values() for _, pairs in files for r, _ in pairs)
     tok = stand_in.tokenizer(chat)
     prompt_tokens = longest_prompt(records, tok)
@@ -346,9 +220,9 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
             log(f"[rehearse] rollout: the recipe names {cfg.rollout.backend}, which is not importable here: "
                 f"the {FALLBACK} rollout samples")
         engine = get_rollout(scaled.get("rollout.backend", cfg.rollout.backend))
-        paths, notes = stage(cfg, work, records, tok, log,
-                             scaled.get("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size),
-                             stand_in_head_dim(engine))
+        paths, notes = stand_ins.stage(cfg, work, records, tok, log,
+                                       scaled.get("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size),
+                                       stand_ins.stand_in_head_dim(engine))
         settings = {**scaled, **paths, "trainer.output_dir": os.path.join(work, "run")}
         if cfg.embedded_model:
             settings["sft.cache_dir"] = os.path.join(work, "sft")

@@ -35,7 +35,7 @@ def _stop(*args, **kwargs):
 # the work each command would start once its checks pass
 STOPS = {
     "train": ["reasonrl_fast.trainer.loop:run"],
-    "rehearse": ["reasonrl_fast.trainer.loop:run", "reasonrl_fast.rehearse:stage"],
+    "rehearse": ["reasonrl_fast.trainer.loop:run", "reasonrl_fast.trainer.stand_ins:stage"],
     "eval": ["reasonrl_fast.eval.generate:generate_all"],
     "genrm.serve": ["reasonrl_fast.genrm.serve:serve"],
     "errpath": ["reasonrl_fast.errpath:check", "reasonrl_fast.errpath:child"],

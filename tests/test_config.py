@@ -238,6 +238,8 @@ BAD_VALUES = {
     "sft.cache_dir": ["''"],
     "data.train_files": ["['']"],
     "data.val_files": ["[' ']"],
+    "data.train_sources": ["['']"],
+    "data.val_sources": ["[math, ' ']"],
     "data.prompts_per_step": ["0"],
     "data.max_prompt_length": ["0"],
     "data.val_size": ["0"],

@@ -18,8 +18,9 @@ from reasonrl_fast import rehearse
 from reasonrl_fast.config import ConfigError, load_config
 from reasonrl_fast.data.prepare import NAMES, write_records
 from reasonrl_fast.data.records import load_records
-from reasonrl_fast.data.stand_in import EXAMPLES, data_source_of, stand_in_records
+from reasonrl_fast.data.stand_in import EXAMPLES, file_sources, longest_prompt, records_for, stand_in_records
 from reasonrl_fast.models import stand_in
+from reasonrl_fast.trainer import stand_ins
 from reasonrl_fast.layout import tensor_parallel
 from reasonrl_fast.models.shape import check_shape, model_fields
 from reasonrl_fast.models.shipped_shapes import SHAPES
@@ -37,9 +38,9 @@ RUN_SHAPE = {"data.prompts_per_step", "optim.mini_batch_prompts", "trainer.nnode
 
 
 def _stand_ins(cfg):
-    records = rehearse.records_for(cfg)
+    records = records_for(cfg, rehearse.TRAIN_PROMPTS, rehearse.VAL_PROMPTS)
     chat = any(isinstance(r["prompt"], list) for files in records.values() for _, pairs in files for r, _ in pairs)
-    return records, rehearse.longest_prompt(records, stand_in.tokenizer(chat))
+    return records, longest_prompt(records, stand_in.tokenizer(chat))
 
 
 # ---------------------------------------------------------------- the scaling rule
@@ -150,12 +151,51 @@ def test_ids_beyond_the_tokenizer_decode_to_nothing():
     assert tok.decode(mixed, skip_special_tokens=True) == text
 
 
-def test_data_source_follows_the_prepared_set_names():
-    for name, (source, _) in NAMES.items():
-        if source:
-            assert data_source_of(f"/data/{name}.parquet") == source
-    assert scorer_for(data_source_of("/data/fapo_genrm_train.parquet")) == "genrm"
-    assert data_source_of("/data/my_problems.jsonl") == "math"
+@pytest.mark.parametrize("name", NAME)
+def test_every_recipe_says_the_data_source_of_each_file(name):
+    """A recipe's files are not on a CI machine: each names the data_source its records carry, and
+    the stand-ins carry that one (the names data.prepare writes)."""
+    cfg = load_config(os.path.join(ROOT, "configs", name))
+    d = cfg.data
+    assert (len(d.train_sources), len(d.val_sources)) == (len(d.train_files), len(d.val_files))
+    records = records_for(cfg, 3, 2)
+    for split in ("train", "val"):
+        for (path, pairs), source in zip(records[f"data.{split}_files"], getattr(d, f"{split}_sources")):
+            assert not os.path.exists(path) and {r["data_source"] for r, _ in pairs} == {source}
+    prepared = {source for source, _ in NAMES.values() if source} | {"math_dapo_boxed", "genrm"}
+    assert set(d.train_sources + d.val_sources) <= prepared
+
+
+def test_a_file_not_here_without_its_data_source_is_one_config_error_naming_the_key(tmp_path):
+    """Never guessed from the file's name: /data/aime24.parquet says nothing."""
+    cfg = load_config(None, ["data.train_files=[/data/aime24.parquet]", "data.val_files=[/data/x.jsonl]",
+                             "data.train_sources=[aime24]"])
+    assert file_sources(cfg.data, "train", 0) == ["aime24"]
+    with pytest.raises(ConfigError, match=r"^data.val_sources\[0\]: /data/x.jsonl is not on this machine"):
+        file_sources(cfg.data, "val", 0)
+    partition = load_config(None, ["data.train_files=[/data/p.jsonl]", "data.train_sources=[partition]"])
+    with pytest.raises(ConfigError, match=r"^data.train_sources\[0\]: data_source 'partition' .* no stand-in"):
+        file_sources(partition.data, "train", 0)
+
+
+def test_a_file_here_is_read_for_its_data_sources(tmp_path):
+    path = str(tmp_path / "mixed.jsonl")
+    write_records([r for r, _ in stand_in_records(["humaneval", "aime24"], 4)], path)
+    cfg = load_config(None, [f"data.train_files=[{path}]"])
+    assert file_sources(cfg.data, "train", 0) == ["humaneval", "aime24"]
+    assert file_sources(load_config(None, [f"data.train_files=[{path}]", "data.train_sources=[aime24]"]).data,
+                        "train", 0) == ["humaneval", "aime24"]
+    wrong = load_config(None, [f"data.train_files=[{path}]", "data.train_sources=[math_dapo]"])
+    with pytest.raises(ConfigError, match=r"^data.train_sources\[0\]='math_dapo', but the records of .* carry "
+                                          r"'humaneval', 'aime24'$"):
+        file_sources(wrong.data, "train", 0)
+
+
+def test_a_recipe_without_its_data_sources_stops_the_rehearsal_with_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        rehearse.main([os.path.join(ROOT, "configs", "grpo_qwen2.5_32b_dapo.yaml"), "data.val_sources=[]"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: data.val_sources[0]: "), err
 
 
 def test_every_scorer_kind_has_a_stand_in_example():
@@ -164,7 +204,7 @@ def test_every_scorer_kind_has_a_stand_in_example():
 
 @pytest.mark.parametrize("source", ["math_dapo", "aime24", "math", "math_dapo_boxed", "genrm", "humaneval"])
 def test_stand_in_records_load_as_the_trainer_loads_them(source, tmp_path):
-    pairs = stand_in_records(source, 7)
+    pairs = stand_in_records([source], 7)
     path = str(tmp_path / "records.jsonl")
     write_records([r for r, _ in pairs], path)
     loaded = load_records(path)
@@ -233,8 +273,8 @@ def test_the_stand_in_has_heads_its_rollout_engine_runs_on_cpu():
     (10:2 of them for Qwen2.5-32B at TP 2: hidden 320); the hf rollout keeps 16."""
     from reasonrl_fast.rollout import get_rollout
 
-    assert rehearse.stand_in_head_dim(get_rollout("hf")) == stand_in.HEAD_DIM == 16
-    assert rehearse.stand_in_head_dim(get_rollout("vllm")) == 32
+    assert stand_ins.stand_in_head_dim(get_rollout("hf")) == stand_in.HEAD_DIM == 16
+    assert stand_ins.stand_in_head_dim(get_rollout("vllm")) == 32
     real = {k: v for k, v in SHAPES["Qwen2.5-32B"].items() if not k.startswith("_")}
     small = stand_in.shrink(real, 2, 32)
     assert (small["num_attention_heads"], small["num_key_value_heads"], small["hidden_size"]) == (10, 2, 320)
@@ -262,16 +302,16 @@ def test_the_stand_in_warm_start_learns_the_answers_and_keeps_the_untied_embeddi
     from safetensors.torch import load_file
 
     cfg = load_config(os.path.join(ROOT, "configs", "grpo_qwen2.5_32b_dapo.yaml"))
-    records = rehearse.records_for(cfg)
+    records = records_for(cfg, rehearse.TRAIN_PROMPTS, rehearse.VAL_PROMPTS)
     tok = stand_in.tokenizer(True)
     fields, _, _ = model_fields(cfg.model.path, "model.path")
     small = stand_in.shrink(fields)
-    assert small["hidden_size"] <= rehearse.WARM_WIDTH and not small.get("tie_word_embeddings")
+    assert small["hidden_size"] <= stand_ins.WARM_WIDTH and not small.get("tie_word_embeddings")
     path = str(tmp_path / "model")
     stand_in.build(small, path, tok, cfg.trainer.seed)
     before = load_file(os.path.join(path, "model.safetensors"))
     lines = []
-    rehearse.teach_stand_in(path, [p for files in records.values() for _, ps in files for p in ps], lines.append)
+    stand_ins.teach_stand_in(path, [p for files in records.values() for _, ps in files for p in ps], lines.append)
     loss = float(lines[-1].split(" loss ")[1].split()[0])
     assert loss < 0.1, lines
     after = load_file(os.path.join(path, "model.safetensors"))
@@ -293,7 +333,7 @@ def test_every_config_rehearses(name, tmp_path):
     assert [r["step"] for r in rows] == list(range(rehearse.STEPS + 2))
     assert (run / f"checkpoint-{rehearse.STEPS + 1}").is_dir()
     cfg = load_config(os.path.join(ROOT, "configs", name))
-    if rehearse.stand_in_genrm(cfg):  # the stand-in GenRM was started by the trainer and asked
+    if stand_ins.stand_in_genrm(cfg):  # the stand-in GenRM was started by the trainer and asked
         assert "[fapo] GenRM server (hf:" in p.stdout
         assert sum(r.get("fapo/sent", 0) for r in rows) > 0, rows
 

@@ -5,6 +5,10 @@ stand-in model on the reference responses.
 
 One example per scorer kind (`EXAMPLES`, the keys of rewards/score.py `SCORERS`): a new scorer
 kind gets its example here, next to the others (tests/test_rehearse.py checks the keys match).
+
+The records carry the data_source of the file they stand in for, never guessed from its name:
+the file's own records where it is on this machine (what the trainer would read), else the
+config's `data.train_sources` / `data.val_sources` entry for it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Callable, NamedTuple
+
+from reasonrl_fast.errors import ConfigError
 
 SUMS = [(0, 1), (1, 0), (1, 1), (2, 0), (0, 2)]  # answers 1 or 2: a warm-started guess is often right
 
@@ -51,34 +57,71 @@ def _verdict(i: int, a: int, b: int) -> Example:
 
 EXAMPLES: dict[str, Callable[[int, int, int], Example]] = {
     "math": _answer, "dapo": _answer, "boxed": _answer, "code": _program, "genrm": _verdict}
-"""The i-th example (of the sum a+b) per scorer kind; an embedded task's own scorer kind
-("module:function") gets the math answer."""
+"""The i-th example (of the sum a+b) per scorer kind. An embedded task's own scorer kind
+("module:function") has none: its records are not rehearsed from a file."""
 
 
-def data_source_of(path: str) -> str:
-    """The data_source the records of a recipe's file carry: the one data/prepare.py writes for
-    the set its name names (dapo-math-17k -> math_dapo, aime24, humaneval, ...), `genrm` for
-    GenRM training records, else math. (The config names no data source: the records carry it.)"""
-    from reasonrl_fast.data.prepare import NAMES
-
-    stem = os.path.basename(path).split(".")[0].lower()
-    for name, (source, _) in sorted(NAMES.items(), key=lambda kv: -len(kv[0])):
-        if source and name in stem:
-            return source
-    return "genrm" if "genrm" in stem else "math"
-
-
-def stand_in_records(source: str, count: int) -> list[tuple[dict, str]]:
-    """`count` (verl-schema record, reference response) pairs of `source`'s kind (its scorer,
-    rewards/score.py `scorer_for`), the example of that kind (`EXAMPLES`)."""
+def file_sources(data, split: str, i: int) -> list[str]:
+    """The data_sources of the records of the i-th file of `data.<split>_files` (data: the data
+    config; split: train or val): its records' own, in order of first appearance, where the file
+    is on this machine; else the one its `data.<split>_sources` entry names. A ConfigError naming
+    that key where neither says, where the entry contradicts the file, or where a source's scorer
+    has no example here."""
     from reasonrl_fast.rewards.score import scorer_for
 
-    example = EXAMPLES.get(scorer_for(source), _answer)
+    path, key = getattr(data, f"{split}_files")[i], f"data.{split}_sources"
+    declared = getattr(data, f"{split}_sources")
+    said = declared[i] if i < len(declared) else None
+    if os.path.exists(path):
+        from reasonrl_fast.data.records import load_records
+
+        sources = list(dict.fromkeys(r["data_source"] for r in load_records(path)))
+        if said is not None and said not in sources:
+            raise ConfigError(f"{key}[{i}]={said!r}, but the records of {path} carry "
+                              f"{', '.join(map(repr, sources))}")
+    elif said is None:
+        raise ConfigError(f"{key}[{i}]: {path} is not on this machine, and {key} does not say which "
+                          f"data_source its records carry: give one per file of data.{split}_files, as "
+                          f"data.prepare writes them (such as {key}=[math_dapo])")
+    else:
+        sources = [said]
+    for source in sources:
+        if scorer_for(source) not in EXAMPLES:
+            raise ConfigError(f"{key}[{i}]: data_source {source!r} ({path}) is scored by "
+                              f"{scorer_for(source)!r}, which has no stand-in records (one of "
+                              f"{', '.join(EXAMPLES)}; data/stand_in.py EXAMPLES)")
+    return sources
+
+
+def stand_in_records(sources: list[str], count: int) -> list[tuple[dict, str]]:
+    """`count` (verl-schema record, reference response) pairs, the i-th of `sources[i % len]`
+    and of its scorer's kind (rewards/score.py `scorer_for`), the example of that kind
+    (`EXAMPLES`)."""
+    from reasonrl_fast.rewards.score import scorer_for
+
     out = []
     for i in range(count):
-        e = example(i, *SUMS[i % len(SUMS)])
+        source = sources[i % len(sources)]
+        e = EXAMPLES[scorer_for(source)](i, *SUMS[i % len(SUMS)])
         record = {"data_source": source, "prompt": [{"role": "user", "content": e.content}], "ability": e.ability,
                   "reward_model": {"style": "rule", "ground_truth": e.ground_truth},
                   "extra_info": {**e.extra_info, "index": i}}
         out.append((record, e.response))
     return out
+
+
+def records_for(cfg, train: int, val: int) -> dict[str, list[tuple[str, list[tuple[dict, str]]]]]:
+    """The stand-in records of each data file setting, `train` per training file and `val` per
+    validation file: {"data.train_files": [(recipe's file, pairs), ...], "data.val_files": ...}."""
+    d = cfg.data
+    return {f"data.{split}_files": [(path, stand_in_records(file_sources(d, split, i), count))
+                                    for i, path in enumerate(getattr(d, f"{split}_files"))]
+            for split, count in (("train", train), ("val", val))}
+
+
+def longest_prompt(records: dict, tok) -> int:
+    """The longest prompt of `records` (records_for's) in tokens, rendered as the trainer renders it."""
+    from reasonrl_fast.data.records import prompt_ids
+
+    return max((len(prompt_ids(r, tok)) for files in records.values() for _, pairs in files for r, _ in pairs),
+               default=1)

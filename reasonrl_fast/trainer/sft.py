@@ -4,8 +4,8 @@
 changed config never picks up a stale one.
 
 `train` is the one supervised loop: this warm start and the rehearsal's stand-in warm start
-(rehearse.py `teach_stand_in`) both run it, through the RL update's `Actor`, so a supervised
-step computes its log-probs exactly as the RL update does."""
+(trainer/stand_ins.py `teach_stand_in`) both run it, through the RL update's `Actor`, so a
+supervised step computes its log-probs exactly as the RL update does."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def test_the_template_check_reads_the_backends_facts(echo):
 
 
 def test_a_model_backend_of_a_plugin_gets_the_rehearsals_stand_in(echo):
-    from reasonrl_fast.rehearse import stand_in_genrm
+    from reasonrl_fast.trainer.stand_ins import stand_in_genrm
 
     assert stand_in_genrm(load_config(None, ["algo=fapo", "fapo.genrm.serve=echomodel:/m"]))
     assert not stand_in_genrm(load_config(None, ["algo=fapo", "fapo.genrm.serve=echo:hi"]))
