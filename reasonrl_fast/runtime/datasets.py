@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 
 from reasonrl_fast.data.records import filter_long, load_records, render_prompt
+from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.rewards.score import check_sandbox
 from reasonrl_fast.tasks import get_task
 from reasonrl_fast.util import derive_seed
@@ -18,11 +19,11 @@ from reasonrl_fast.util import derive_seed
 def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     d = cfg.data
     if d.train_files:
-        train = [r for p in d.train_files for r in load_records(p)]
+        train = _read_files(d, "train")
     else:
         train = embedded_split(d, d.train_size, derive_seed(cfg.trainer.seed, "data", "train"), "train")
     if d.val_files:
-        val = [r for p in d.val_files for r in load_records(p)]
+        val = _read_files(d, "val")
     elif d.train_files:
         val = []
     else:
@@ -38,6 +39,22 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     if val:
         val = filter_long(val, tokenizer, d.max_prompt_length, "data.val_files")
     return train, val
+
+
+def _read_files(d, split: str) -> list[dict]:
+    """The records of every file of `data.<split>_files`, in order. Where `data.<split>_sources`
+    names a file's data_source (the recipe's claim, which the CPU rehearsal stands in for), its
+    records must carry it: a recipe that names the wrong set fails here, not after a run."""
+    out = []
+    for i, path in enumerate(getattr(d, f"{split}_files")):
+        records = load_records(path)
+        declared = getattr(d, f"{split}_sources")
+        if i < len(declared) and records and declared[i] not in {r["data_source"] for r in records}:
+            carried = sorted({r["data_source"] for r in records})
+            raise ConfigError(f"data.{split}_sources[{i}]={declared[i]!r}, but the records of {path} carry "
+                              f"{', '.join(map(repr, carried))}")
+        out += records
+    return out
 
 
 def embedded_split(d, n: int, seed: int, part: str = "train") -> list[dict]:
