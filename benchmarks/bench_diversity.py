@@ -9,7 +9,7 @@ prompt), from a narrow and a flat warm start, with the same seeds and budget.
 FlowRL's target is p*(y|x) ∝ π_ref(y|x) exp(β r̂(x, y)); with 0/1 rewards every right answer of a
 prompt has the same r̂, so over right answers the target is the reference's (the warm start's)
 own distribution, renormalised. For each seed and warm start (`narrow`: the task's default mix
-of splitting styles; `flat`: data.partition_styles=[1,1,1]) the script builds the warm start,
+of splitting styles; `flat`: data.partition.styles=[1,1,1]) the script builds the warm start,
 evaluates it twice with independent samples (the second against the first: the metric's sampling
 floor), trains each algorithm (`python -m reasonrl_fast.train data.task=partition algo=... `; an
 algo `flowrl:B` sets flowrl.beta=B; extra key=value settings pass through) and evaluates its last
@@ -44,7 +44,7 @@ from results_md import publish
 
 MARKER = "partition-diversity"
 TASK = ["data.task=partition", "rollout.val_n=4", "data.val_size=64"]
-WARM = {"narrow": [], "flat": ["data.partition_styles=[1,1,1]"]}
+WARM = {"narrow": [], "flat": ["data.partition.styles=[1,1,1]"]}
 """The warm starts: the task's default mix of splitting styles (0.6/0.3/0.1), and an even one."""
 STEPS = "trainer.steps=300"
 """Twice the embedded default's: the distributions still move at 150 (a key=value overrides it)."""

@@ -12,15 +12,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from reasonrl_fast.errors import UserError
+from reasonrl_fast.errors import UserError, one_line
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 128 + 2  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
-
-
-def one_line(message: str) -> str:
-    """The message on one line (some libraries' messages span several)."""
-    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
 def main(fn: Callable[[list[str]], Any], argv: list[str] | None = None) -> Any:

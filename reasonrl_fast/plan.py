@@ -55,7 +55,7 @@ VLLM_OVERHEAD_GIB = 2.0
 # the step. Below this the planner names the rollout.tensor_parallel_size that gives it.
 MIN_SEQUENCES_IN_FLIGHT = 32
 # The sizes of vLLM's tensor parallelism the advice tries: an engine's ranks are consecutive
-# workers of one node (config.py check_tensor_parallel), at most 8 GPUs.
+# workers of one node (config/validate.py check_tensor_parallel), at most 8 GPUs.
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 
 

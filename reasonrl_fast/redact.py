@@ -10,7 +10,7 @@ import re
 from urllib.parse import unquote
 
 REDACTED = "<redacted>"
-"""What stands in for a secret. The settings refuse it as a value (config.py), so a config.yaml
+"""What stands in for a secret. The settings refuse it as a value (config/validate.py), so a config.yaml
 written with it cannot be loaded back as if it held the real key or password."""
 
 SECRET_KEYS = frozenset({"fapo.genrm.api_key"})

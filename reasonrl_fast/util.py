@@ -86,6 +86,13 @@ def shares(count: int, parts: int) -> list[range]:
     return out
 
 
+def mini_batch_count(prompts: int, mini_batch_prompts: int) -> int:
+    """Mini-batches (optimizer updates) of a step of `prompts` prompts (data.prompts_per_step):
+    ceil(prompts / mini_batch_prompts), one where a mini-batch holds the whole step. Plain
+    integers, so config's check, layout's mini-batches and the rehearsal's scaling count alike."""
+    return -(-prompts // min(mini_batch_prompts, prompts))
+
+
 def engine_shares(count: int, world: int, tp: int) -> list[tuple[range, range]]:
     """For each of `world` workers, (its engine's items, its own items) of `count` items (a
     step's prompts): its own are its `shares` share, as without tensor parallelism; its engine's,

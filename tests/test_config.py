@@ -240,6 +240,8 @@ BAD_VALUES = {
     "data.val_files": ["[' ']"],
     "data.train_sources": ["['']"],
     "data.val_sources": ["[math, ' ']"],
+    "data.train_sources": ["['']"],
+    "data.val_sources": ["[math, ' ']"],
     "data.prompts_per_step": ["0"],
     "data.max_prompt_length": ["0"],
     "data.val_size": ["0"],
@@ -248,7 +250,7 @@ BAD_VALUES = {
     "data.carry_frac": ["-0.1", "1.5"],
     "data.carry_slip_prob": ["1.01"],
     "data.flaw_prob": ["-1"],
-    "data.partition_styles": ["[1,1]", "[-1,1,1]", "[0,0,0]"],
+    "data.partition.styles": ["[1,1]", "[-1,1,1]", "[0,0,0]"],
     "data.shuffle": ["1", "no"],
     "data.task": ["chess"],
     "data.packing": ["maybe", "off"],
@@ -370,7 +372,7 @@ def test_range_edges_are_accepted():
     cfg = load_config(None, ["grpo.clip_low=1", "grpo.clip_high=0.1", "rollout.val_temperature=0", "fapo.penalty=2",
                              "flowrl.zhead_lr_mult=0", "flowrl.is_clip_eps=1", "trainer.seed=4294967295",
                              "fapo.genrm.cooldown_s=0", "optim.betas=[0,0.999]", "reward.timeout_s=604800",
-                             "sft.steps=0", "data.partition_styles=[0,0,1]", "eval.seed=0"])
+                             "sft.steps=0", "data.partition.styles=[0,0,1]", "eval.seed=0"])
     assert (cfg.grpo.clip_low, cfg.trainer.seed, cfg.optim.betas) == (1.0, 2**32 - 1, [0.0, 0.999])
     assert load_config(None, ["fapo.penalty=0", "fapo.genrm.api_key=sk-abc_123.xyz"]).fapo.penalty == 0
 

@@ -1,6 +1,7 @@
 """What every algorithm shares: the reward shaping and group advantage of docs/math.md, and the
 `Algo` interface the trainer calls. Pure functions of tensors; an algorithm reads its own config
-section (`cfg.grpo`, `cfg.flowrl`, `cfg.fapo`) and nothing of the trainer.
+section (`cfg.grpo`, `cfg.flowrl`, `cfg.fapo`, which it declares: `section`, `Settings`) and
+nothing of the trainer.
 
 An algorithm's facts (`zhead`, `uses_genrm`, `per_sequence`, `needs_ref`, `loss_units`,
 `norm_by_std`) answer without torch: the memory planner and the config read them where torch may
@@ -38,6 +39,10 @@ class Algo:
     this, overrides what differs, and takes one line in `algos.ALGOS`."""
 
     name = ""
+    section = ""
+    """The name of its own settings section, at the top of the settings ("" none): `SECTION.*`."""
+    Settings: type | None = None
+    """The dataclass of that section (config/checks.py `Checks`, one docstring per field)."""
     uses_genrm = False
     """Right answers go to the GenRM judge, whose flags `rewards` receives (FAPO)."""
     zhead = False

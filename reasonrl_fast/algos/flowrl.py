@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 from reasonrl_fast.algos.base import Algo
+from reasonrl_fast.config.checks import Checks
 from reasonrl_fast.errors import ConfigError
 
 
@@ -43,8 +47,37 @@ def _carry_weight(logprob, old_logprob, mask, rollout_weight, max_is_weight, is_
     return old.to(old_logprob.dtype), float("inf"), None
 
 
+@dataclass
+class FlowRLConfig(Checks):
+    """FlowRL's settings (`flowrl.*`)."""
+
+    beta: float = 15.0
+    """Reward temperature beta of the trajectory-balance loss."""
+    max_is_weight: float = 10.0
+    """Cap of the importance weight."""
+    is_clip_eps: Optional[float] = None
+    """Paper variant: clip the importance weight to [1-eps, 1+eps] instead."""
+    zhead_layers: int = 3
+    """Layers of the Z-head MLP."""
+    zhead_lr_mult: float = 1.0
+    """Learning-rate multiplier for the Z-head parameters."""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping of FlowRL's rewards: buffer L_buf in tokens (0: off; the published
+    FlowRL runs shape with 4096, as DAPO)."""
+    overlong_factor: float = 1.0
+    """DAPO overlong penalty factor of FlowRL's rewards."""
+
+    def check(self, at: str = "flowrl.") -> None:
+        # beta scales the advantage in the target pi_ref exp(beta r): 0 ignores the reward, a
+        # negative beta trains toward the wrong answers
+        self._positive(at, "beta", "max_is_weight", "zhead_layers")
+        self._between(at, "is_clip_eps", 0, 1, lo_open=True)  # the weight's clip [1 - eps, 1 + eps]
+        self._not_negative(at, "zhead_lr_mult", "overlong_buffer", "overlong_factor")  # 0: a frozen Z-head
+
+
 class FlowRL(Algo):
     name = "flowrl"
+    section, Settings = "flowrl", FlowRLConfig
     zhead = True
     per_sequence = True
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 from reasonrl_fast.algos.base import Algo
+from reasonrl_fast.config.checks import Checks, fail
 
 if TYPE_CHECKING:
     import torch
@@ -79,8 +81,47 @@ def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg
     return loss, stats
 
 
+@dataclass
+class GRPOConfig(Checks):
+    """GRPO's settings (`grpo.*`), read by algo=grpo and by FAPO, which is GRPO with other
+    rewards."""
+
+    clip_low: float = 0.2
+    """epsilon_low of the clipped surrogate."""
+    clip_high: float = 0.28
+    """epsilon_high (clip-higher, DAPO)."""
+    loss_agg: str = "token-mean"
+    """token-mean, seq-mean-token-mean or seq-mean-token-sum."""
+    kl_coef: float = 0.0
+    """Coefficient of the k3 KL to the reference policy (0: no reference model)."""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping buffer L_buf in tokens (0: off), for algo=grpo and fapo (FlowRL has
+    its own, flowrl.overlong_buffer)."""
+    overlong_factor: float = 1.0
+    """DAPO overlong penalty factor."""
+    norm_by_std: bool = True
+    """Divide advantages by the group std (False: Dr.GRPO)."""
+    clip_ratio_c: Optional[float] = None
+    """Dual clip (verl's clip_ratio_c, 10.0 in its FAPO and baseline scripts): a token with a
+    negative advantage loses at most -A * clip_ratio_c, so a stale token whose ratio has grown
+    past it stops pushing (docs/math.md §GRPO and DAPO policy loss; logged as
+    grpo/dual_clip_frac). Unset: off. Must be > 1."""
+
+    def check(self, at: str = "grpo.") -> None:
+        self._one_of(at, "loss_agg", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
+            fail(f"{at}clip_ratio_c", self.clip_ratio_c, "must be > 1 (it bounds ratios above 1)")
+        # the clip interval [1 - clip_low, 1 + clip_high] holds ratio 1 whenever both are > 0, and
+        # clip_low = 1 already opens it down to 0: positive epsilons cannot invert it, so the two
+        # need no order (clip-higher has clip_high > clip_low, the symmetric PPO clip equal ones)
+        self._between(at, "clip_low", 0, 1, lo_open=True)
+        self._positive(at, "clip_high")
+        self._not_negative(at, "kl_coef", "overlong_buffer", "overlong_factor")
+
+
 class GRPO(Algo):
     name = "grpo"
+    section, Settings = "grpo", GRPOConfig
 
     def needs_ref(self, cfg) -> bool:  # the k3 KL term reads the reference log-probs
         return cfg.grpo.kl_coef > 0

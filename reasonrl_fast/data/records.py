@@ -17,8 +17,7 @@ import warnings
 import zlib
 from typing import Any
 
-from reasonrl_fast.cli import one_line
-from reasonrl_fast.errors import UserError
+from reasonrl_fast.errors import UserError, one_line
 from reasonrl_fast.rewards.score import scorer_for
 from reasonrl_fast.util import loads_json
 

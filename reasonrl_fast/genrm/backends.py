@@ -1,8 +1,8 @@
 """The GenRM server's backends, by name: a backend spec `NAME:ARG` (`rule:addition`, `hf:PATH`)
 names one of `BACKENDS` and the argument it is built with.
 
-`BACKENDS` maps a name to the backend class as "module:Class", imported when it is asked for
-(as rollout/registry.py does for engines): the hf backend's torch and transformers cost nothing
+`BACKENDS` (registry.py, re-exported here) maps a name to the backend class as "module:Class",
+imported when it is asked for (as rollout/registry.py does for engines): the hf backend's torch and transformers cost nothing
 until a server loads a model, and the config checks, the planner and the preflight ask a
 backend's facts on any machine. A test or a plug-in adds one with one line,
 `BACKENDS["name"] = "package.module:Class"`.
@@ -17,75 +17,30 @@ and builds with `from_spec(arg, device=..., max_batch=...)`, the server's option
 backend may use or ignore; a ValueError, FileNotFoundError or ImportError there says why not.
 Its instances are protocol.Backend (complete, stats, close, default_name).
 
-`parse_backend` is the one reading of a spec; nothing else slices one or compares a backend's
-name."""
+A backend with settings of its own declares them under `fapo.genrm.` (`section`, `Settings`).
+
+`parse_backend` (registry.py `BackendRegistry.parse`) is the one reading of a spec; nothing else
+slices one or compares a backend's name."""
 
 from __future__ import annotations
 
-import functools
-import importlib
+from reasonrl_fast.registry import BACKENDS
 
-BACKENDS: dict[str, str] = {
-    "rule": "reasonrl_fast.genrm.rule_backend:RuleBackend",
-    "hf": "reasonrl_fast.genrm.hf_backend:HFBackend",
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _load(path: str) -> type:
-    module, _, cls = path.partition(":")
-    return getattr(importlib.import_module(module), cls)
-
-
-def _usages() -> str:
-    """The known backends as their specs are written ("rule:TASK, hf:PATH")."""
-    out = []
-    for name, path in BACKENDS.items():
-        try:
-            out.append(getattr(_load(path), "usage", f"{name}:ARG"))
-        except (ImportError, AttributeError):  # a plug-in that cannot load still gets named
-            out.append(f"{name}:ARG")
-    return ", ".join(out)
-
-
-def parse_backend(spec: str) -> tuple[str, str]:
-    """(name, arg) of a backend spec `NAME:ARG` (split at the first ':', so a path may hold
-    more); a one-line ValueError listing the known backends when NAME is not one of them."""
-    name, colon, arg = spec.partition(":") if isinstance(spec, str) else ("", "", "")
-    if not colon or name not in BACKENDS:
-        raise ValueError(f"unknown GenRM backend {name!r}: expected NAME:ARG, one of {_usages()}")
-    return name, arg
+parse_backend = BACKENDS.parse
+backend_of = BACKENDS.of
+local_model = BACKENDS.local_model
 
 
 def get_backend(name: str) -> type:
     """The backend class called `name` (imported on first use); a ValueError listing the known
     ones otherwise."""
-    try:
-        path = BACKENDS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown GenRM backend {name!r}: known backends are {_usages()}") from None
-    return _load(path)
-
-
-def backend_of(spec: str) -> tuple[type, str]:
-    """(backend class, arg) of a backend spec."""
-    name, arg = parse_backend(spec)
-    return get_backend(name), arg
+    return BACKENDS.lookup(name)
 
 
 def backend_spec(name: str, arg: str) -> str:
     """The spec naming backend `name` built with `arg` (parse_backend's inverse)."""
     get_backend(name)
     return f"{name}:{arg}"
-
-
-def local_model(addresses, serve: str) -> str | None:
-    """The model directory the run's own GenRM server loads: None when the run asks `addresses`
-    (replicas it does not start) or its `serve` backend loads no model (a rule judge)."""
-    if addresses:
-        return None
-    cls, arg = backend_of(serve)
-    return arg if getattr(cls, "loads_model", False) else None
 
 
 def make_backend(spec: str, device: str, max_batch: int):

@@ -5,17 +5,10 @@ with these and nothing else (micro.py cuts a mini-batch into micro-batches by to
 
 from __future__ import annotations
 
-from reasonrl_fast.util import shares
+from reasonrl_fast.util import mini_batch_count, shares  # noqa: F401 (re-exported)
 
 SYNC_BUCKET_BYTES = 256 * 2 ** 20
 """Full tensors gathered per collective of the weight sync (trainer/fsdp.py `iter_full`)."""
-
-
-def mini_batch_count(prompts: int, mini_batch_prompts: int) -> int:
-    """Mini-batches (optimizer updates) of a step of `prompts` prompts (data.prompts_per_step):
-    ceil(prompts / mini_batch_prompts), one where a mini-batch holds the whole step. Plain
-    integers, so config.py's check and the rehearsal's scaling count as the workers split."""
-    return -(-prompts // min(mini_batch_prompts, prompts))
 
 
 def mini_batches(cfg, prompts: int) -> list[slice]:

@@ -222,7 +222,7 @@ def tensor_parallel(cfg, config) -> int:
     """rollout.tensor_parallel_size, checked against the model's shape as vLLM shards it: the
     attention heads split evenly over the ranks, the key/value heads split evenly or each
     replicated on a whole number of ranks, and the MLP's columns split evenly. ConfigError naming
-    the size that does not divide (the engine and the workers are config.py's checks)."""
+    the size that does not divide (the engine and the workers are config's checks)."""
     tp = cfg.rollout.tensor_parallel_size
     if tp == 1:
         return tp

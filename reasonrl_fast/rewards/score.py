@@ -142,11 +142,6 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: Any
 
 # ---------------------------------------------------------------- the sandbox's time limit
 
-SANDBOX_SHARE = 3
-"""reward.sandbox_timeout_s, when unset, is reward.timeout_s / SANDBOX_SHARE: the old fixed
-defaults (30 s, 10 s)."""
-
-
 def check_sandbox(cfg, data_sources) -> None:
     """When one of `data_sources` is scored in the code sandbox (the default routing, a code
     source): a ConfigError when reward.sandbox_timeout_s is not below reward.timeout_s, and the

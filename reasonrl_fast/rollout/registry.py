@@ -3,9 +3,10 @@
 `ROLLOUTS` maps a name to the `Rollout` class that describes the engine, as "module:Class",
 imported when it is asked for (verl's `_ROLLOUT_REGISTRY` idea): an engine whose packages are not
 installed costs nothing until a run names it. A new engine is one module defining a `Rollout`
-subclass (its facts, and `build`, which imports the engine itself) and one line here; config's
-`rollout.backend` choices are these keys. A test or a plug-in adds one with one line,
-`ROLLOUTS["name"] = "package.module:Class"`.
+subclass (its facts, and `build`, which imports the engine itself) and one line in the table
+(registry.py `ROLLOUTS`, re-exported here); config's `rollout.backend` choices are its keys. A
+test or a plug-in adds one with one line, `ROLLOUTS["name"] = "package.module:Class"`; an engine
+with settings of its own declares them under `rollout.` (`section`, `Settings`).
 
 The facts (everything but `build`) are answered without torch, so the planner, the config checks
 and the driver's setup ask them on any machine. The loop, eval, the cluster's error notes, the
@@ -13,14 +14,9 @@ preflight and the planner ask the engine's class; none of them compares the back
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 
-ROLLOUTS: dict[str, str] = {
-    "hf": "reasonrl_fast.rollout.registry:HF",
-    "vllm": "reasonrl_fast.rollout.vllm:VLLM",
-}
+from reasonrl_fast.registry import ROLLOUTS
 
 FALLBACK = "hf"
 """The engine that runs on every machine and model (the CPU rehearsal samples with it where the
@@ -35,6 +31,10 @@ class Rollout:
     name = ""
     label = ""
     """How logs and errors name the engine ("vLLM")."""
+    section = ""
+    """The name of its own settings section under `rollout.` ("" none): `rollout.SECTION.*`."""
+    Settings: type | None = None
+    """The dataclass of that section (config/checks.py `Checks`, one docstring per field)."""
     needs_trainer_copy = False
     """The engine samples from a copy of the policy's Hugging Face model (`build`'s `lm`): eval
     must load one; an engine that loads the model directory itself gets None."""
@@ -110,20 +110,10 @@ class HF(Rollout):
         return HFRollout(lm, pad_id, eos_id, device, cfg.rollout.decoder, dtype)
 
 
-@functools.lru_cache(maxsize=None)
-def _load(path: str) -> Rollout:
-    module, _, cls = path.partition(":")
-    return getattr(importlib.import_module(module), cls)()
-
-
 def get_rollout(name: str) -> Rollout:
     """The engine called `name` (its class imported on first use, one instance per class path);
     a ValueError listing the known ones otherwise."""
-    try:
-        path = ROLLOUTS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown rollout engine {name!r}: known engines are {', '.join(ROLLOUTS)}") from None
-    return _load(path)
+    return ROLLOUTS.lookup(name)
 
 
 def last_line(path: str) -> str:

@@ -21,8 +21,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
 
-from reasonrl_fast import cli
-from reasonrl_fast.errors import UserError
+from reasonrl_fast.errors import UserError, one_line
 from reasonrl_fast.models import LM_PREFIX, ZHEAD_PREFIX
 from reasonrl_fast.runtime import checkpoint
 from reasonrl_fast.util import loads_json
@@ -97,13 +96,13 @@ def build_model(hf: str, ckpt: str, lm_sd: dict[str, torch.Tensor]):
     # dataclasses' checks of each field, TypeError/KeyError/AttributeError from a value of the
     # wrong kind, RecursionError from a value nested too deeply
     except (ValueError, TypeError, KeyError, AttributeError, OSError, RecursionError, StrictDataclassError) as e:
-        why = cli.one_line(e).replace(hf, os.path.join(ckpt, "hf"))[:400]
+        why = one_line(e).replace(hf, os.path.join(ckpt, "hf"))[:400]
         raise checkpoint.CheckpointError(f"{where}: not a model config transformers can build "
                                          f"({type(e).__name__}: {why})") from None
     try:
         model.load_state_dict(lm_sd, strict=True, assign=True)
     except RuntimeError as e:  # missing, unexpected or differently shaped weights
-        why = cli.one_line(e)[:400]
+        why = one_line(e)[:400]
         raise checkpoint.CheckpointError(f"{where} does not describe the checkpoint's weights ({why})") from None
     return model
 

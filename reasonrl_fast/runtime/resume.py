@@ -71,7 +71,7 @@ FIXED: dict[str, tuple[str, Callable[[dict], bool]]] = {
     "data.carry_frac": (_SAME_DATA, _embedded_task),
     "data.carry_slip_prob": (_SAME_DATA, _embedded_task),
     "data.flaw_prob": (_SAME_DATA, _embedded_task),
-    "data.partition_styles": (_SAME_DATA, _embedded_task),
+    "data.partition.styles": (_SAME_DATA, _embedded_task),
     "rollout.n": ("the group size is part of the objective the saved state was trained on", _always),
     "trainer.seed": ("the data order and every sample's seed derive from it", _always),
 }

@@ -1,44 +1,29 @@
 """The embedded tasks, by name (`data.task`) and by the `data_source` of their records
 (tasks/base.py says what a task gives). A new task is one module defining a `Task` subclass and
-one line here; config's `data.task` choices are these keys.
+one line in the table (registry.py `TASKS`, re-exported here); config's `data.task` choices are
+its keys.
 
 The entries are "module:Class" paths, imported when a task is first asked for, as in
-algos.ALGOS. A task names its own scorer (`Task.scorer`), and this registry hands each task's
+algos.ALGOS. A task with settings of its own declares them under `data.` (`section`,
+`Settings`: tasks/partition.py's `data.partition.styles`). A task names its own scorer
+(`Task.scorer`), and this registry hands each task's
 data_source and scorer to the reward routing (rewards/score.py `add_routes`): the routing sits a
 layer below the tasks and never imports them, so it is told; the reward pool passes what it was
 told on to its worker processes."""
 
 from __future__ import annotations
 
-import functools
-import pkgutil
-
 from reasonrl_fast.data.records import problem_text
 from reasonrl_fast.protocol import split_steps
+from reasonrl_fast.registry import TASKS
 from reasonrl_fast.rewards.score import add_routes
 from reasonrl_fast.tasks.base import Task
-
-TASKS: dict[str, str] = {
-    "addition": "reasonrl_fast.tasks.addition:Addition",
-    "code": "reasonrl_fast.tasks.code:Code",
-    "genrm": "reasonrl_fast.tasks.genrm:GenRM",
-    "partition": "reasonrl_fast.tasks.partition:Partition",
-}
 
 
 def get_task(name: str) -> Task:
     """The task called `name` (one instance per class path); a ValueError listing the known ones
     otherwise."""
-    try:
-        path = TASKS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown task {name!r}: known tasks are {', '.join(TASKS)}") from None
-    return _instance(path)
-
-
-@functools.cache
-def _instance(path: str):
-    return pkgutil.resolve_name(path)()
+    return TASKS.lookup(name)
 
 
 def all_tasks() -> list[Task]:

@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 
 from reasonrl_fast.protocol import split_steps
+from reasonrl_fast.rewards.score import check_sandbox
 
 
 class Task:
@@ -58,5 +59,16 @@ class Task:
         are none); one item, text and acc flag per sample."""
         return {}
 
+    section = ""
+    """The name of its own settings section under `data.` ("" none): `data.SECTION.*`."""
+    Settings: type | None = None
+    """The dataclass of that section (config/checks.py `Checks`, one docstring per field)."""
+
     def check_config(self, cfg) -> None:
         """A ConfigError when the run's settings cannot hold this embedded task."""
+
+    def check_settings(self, cfg) -> None:
+        """What config.validate asks of the run's embedded task: the sandbox limits of its
+        scorer (rewards/score.py `check_sandbox`), then its own `check_config`."""
+        check_sandbox(cfg, [self.source])
+        self.check_config(cfg)

@@ -18,14 +18,16 @@ from __future__ import annotations
 import json
 import random
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
+from reasonrl_fast.config.checks import Checks, fail
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.tasks.base import Task
 from reasonrl_fast.util import extract_boxed
 
 STYLES = ("halves", "tens", "any")
-"""How the warm start's demonstrations split each digit; `data.partition_styles` weighs them
+"""How the warm start's demonstrations split each digit; `data.partition.styles` weighs them
 (by default 0.6, 0.3, 0.1: a narrow warm start)."""
 SLIP_PROB = 0.35
 """A demonstration writes one column's second digit off by one this often (the boxed numbers
@@ -71,7 +73,7 @@ def work(cols: list[tuple[int, int]], digits: str | None = None) -> str:
 def demonstration(rng: random.Random, d) -> tuple[str, str]:
     """(prompt, response) of one warm-start example on a training number."""
     n = rng.choice(numbers(d.digits, "train"))
-    cols = columns(rng, n, d.partition_styles)
+    cols = columns(rng, n, d.partition.styles)
     if rng.random() < SLIP_PROB:  # one column's second digit off by one, staying a digit
         i = rng.randrange(len(cols))
         x, y = cols[i]
@@ -99,7 +101,7 @@ def budgets(digits: int) -> tuple[int, int]:
 
 def check_config(cfg) -> None:
     """The prompt and response lengths a partition problem and its answer need
-    (data.partition_styles and data.digits are checked with the data section)."""
+    (data.partition.styles and data.digits are checked with their sections)."""
     prompt, response = budgets(cfg.data.digits)
     for key, have, need in (("data.max_prompt_length", cfg.data.max_prompt_length, prompt),
                             ("rollout.max_new_tokens", cfg.rollout.max_new_tokens, response)):
@@ -159,12 +161,28 @@ def partition_score(solution_str: str, ground_truth: Any, extra_info: dict | Non
 # ---------------------------------------------------------------- the task
 
 
+@dataclass
+class PartitionConfig(Checks):
+    """The partition task's settings (`data.partition.*`), read with data.task=partition."""
+
+    styles: list[float] = field(default_factory=lambda: [0.6, 0.3, 0.1])
+    """How often the warm start's demonstrations split each digit in halves, as the first digit
+    less one and the rest, or at random (relative weights; [1, 1, 1]: an even mix, a flatter warm
+    start)."""
+
+    def check(self, at: str = "data.partition.") -> None:
+        w = self.styles
+        if len(w) != len(STYLES) or any(x < 0 for x in w) or not sum(w) > 0:
+            fail(f"{at}styles", w, f"needs {len(STYLES)} weights ({', '.join(STYLES)}), finite, >= 0, not all 0")
+
+
 class Partition(Task):
     name = source = "partition"
+    section, Settings = "partition", PartitionConfig
     scorer = f"{__name__}:partition_score"  # its own scorer, run by the reward workers
 
     def sft_key(self, d) -> tuple:  # 2: demonstration version; the default mix keeps its old key
-        return ("partition", 2, tuple(zip(STYLES, map(float, d.partition_styles))), SLIP_PROB)
+        return ("partition", 2, tuple(zip(STYLES, map(float, d.partition.styles))), SLIP_PROB)
 
     def split(self, d, n: int, seed: int, part: str = "train") -> list[dict]:
         return split(d, n, seed, part)

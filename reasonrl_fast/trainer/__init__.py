@@ -7,4 +7,4 @@ batch layout), fsdp.py (sharding, replication, the weight gather), optim.py (the
 schedule.py (the learning-rate schedule), sft.py (the embedded model's cached warm start),
 fapo.py (the GenRM judge in the loop), logger.py (the metrics sinks). It stands on runtime/
 (Ray, checkpoints, datasets), algos/, tasks/, rollout/, rewards/, models/, layout/ (the run's shape and its
-mini- and micro-batches) and config.py."""
+mini- and micro-batches) and config/."""

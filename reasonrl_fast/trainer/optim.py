@@ -1,7 +1,7 @@
 """The policy's optimizer: torch's AdamW, or with bf16 master weights and
 `optim.bf16_stochastic_round` torchao's AdamW, which rounds each new weight to bf16 stochastically
 so that a step below bf16's spacing still moves it in expectation (docs/trainer.md, Memory:
-Precision; the rule that asks for it is config.py `check_bf16_lr`)."""
+Precision; the rule that asks for it is config/validate.py `check_bf16_lr`)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def stochastic_adamw():
 def make_optimizer(groups: list[dict], cfg, device: torch.device) -> torch.optim.Optimizer:
     """AdamW over the parameter `groups` (each with its own lr) with cfg.optim's settings."""
     o = cfg.optim
-    if o.bf16_stochastic_round:  # config.py allows it with bf16 master weights only
+    if o.bf16_stochastic_round:  # config allows it with bf16 master weights only
         return stochastic_adamw()(groups, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
                                   bf16_stochastic_round=True)
     # The fused kernel: one call over all of a group's shards. The default on CPU loops over

@@ -1,18 +1,32 @@
 """A GenRM backend from outside the package, added as a user adds one: this module and one
 registry line, `BACKENDS["echo"] = "tests.genrm.plugin_backend:Echo"` (tests/genrm/test_backends.py).
-It answers every request with its spec's argument and a verdict box: `\\boxed{-1}` (no flaw)."""
+It answers every request with its spec's argument and a verdict box: `\\boxed{-1}` (no flaw). Its
+own settings section, `fapo.genrm.echo` (`EchoConfig`), shows a backend's settings joining the
+config's."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from reasonrl_fast.config import Checks
 from reasonrl_fast.protocol import Completion, Sampling
 
 PATH = f"{__name__}:Echo"
 MODEL_PATH = f"{__name__}:EchoModel"
 
 
+@dataclass
+class EchoConfig(Checks):
+    repeat: int = 1
+    """How many times the word is said before the verdict."""
+
+    def check(self, at: str = "fapo.genrm.echo.") -> None:
+        self._positive(at, "repeat")
+
+
 class Echo:
+    section, Settings = "echo", EchoConfig  # fapo.genrm.echo.*
     usage = "echo:WORD"
     loads_model = False
     templates = ("fapo",)

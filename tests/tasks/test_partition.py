@@ -94,7 +94,7 @@ def test_the_task_checks_its_budgets():
 
 def test_the_styles_mix_shapes_the_warm_start_and_its_cache_key():
     narrow = load_config(None, ["data.task=partition"])
-    flat = load_config(None, ["data.task=partition", "data.partition_styles=[1,1,1]"])
+    flat = load_config(None, ["data.task=partition", "data.partition.styles=[1,1,1]"])
     task = get_task("partition")
     # the default mix keeps the key the warm starts were cached under before it was a setting
     assert task.sft_key(narrow.data) == ("partition", 2, (("halves", 0.6), ("tens", 0.3), ("any", 0.1)), 0.35)
@@ -112,5 +112,5 @@ def test_the_styles_mix_shapes_the_warm_start_and_its_cache_key():
     # halves: 0.6 + a tenth of "any" landing there, against a third + a fraction
     assert 0.55 < share_n < 0.70 and 0.30 < share_f < 0.45 and kinds_f >= kinds_n
     for bad in ("[1,1]", "[1,-1,1]", "[0,0,0]"):
-        with pytest.raises(ConfigError, match=r"data.partition_styles=.*needs 3 weights \(halves, tens, any\)"):
-            load_config(None, ["data.task=partition", f"data.partition_styles={bad}"])
+        with pytest.raises(ConfigError, match=r"data.partition.styles=.*needs 3 weights \(halves, tens, any\)"):
+            load_config(None, ["data.task=partition", f"data.partition.styles={bad}"])
