@@ -240,8 +240,6 @@ BAD_VALUES = {
     "data.val_files": ["[' ']"],
     "data.train_sources": ["['']"],
     "data.val_sources": ["[math, ' ']"],
-    "data.train_sources": ["['']"],
-    "data.val_sources": ["[math, ' ']"],
     "data.prompts_per_step": ["0"],
     "data.max_prompt_length": ["0"],
     "data.val_size": ["0"],
