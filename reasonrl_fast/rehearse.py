@@ -95,19 +95,19 @@ class NothingLearned(RuntimeError):
 
 def nothing_learns(rows: list[dict], samples: int) -> str | None:
     """Why no step of a run could teach the model anything, from its metrics rows (the training
-    rows: those with grad_norm), or None. A step whose `samples` rewards all timed out or failed
+    rows: those with train/grad_norm), or None. A step whose `samples` rewards all timed out or failed
     (reward/timeouts + reward/errors, trainer/loop.py) scores every sample 0: the advantages are
-    0, and the update learns nothing from the recipe's reward. A grad_norm of exactly 0 at every
+    0, and the update learns nothing from the recipe's reward. A train/grad_norm of exactly 0 at every
     step (or none: every update skipped for a non-finite norm) means no weight moved at all."""
-    steps = [r for r in rows if "grad_norm" in r]
+    steps = [r for r in rows if "train/grad_norm" in r]
     for r in steps:
         timeouts, errors = r.get("reward/timeouts") or 0, r.get("reward/errors") or 0
         if timeouts + errors >= samples:
             return (f"step {r['step']}: every reward timed out or failed (reward/timeouts={timeouts}, "
                     f"reward/errors={errors} of {samples} samples): nothing could learn from the reward")
-    if steps and all(not r["grad_norm"] for r in steps):  # 0, or None (non-finite, every update skipped)
-        return (f"grad_norm is {steps[0]['grad_norm']} at every step (steps {steps[0]['step']}-{steps[-1]['step']}): "
-                f"no update moved a weight")
+    if steps and all(not r["train/grad_norm"] for r in steps):  # 0, or None (non-finite, every update skipped)
+        return (f"train/grad_norm is {steps[0]['train/grad_norm']} at every step "
+                f"(steps {steps[0]['step']}-{steps[-1]['step']}): no update moved a weight")
     return None
 
 

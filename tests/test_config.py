@@ -150,10 +150,10 @@ def test_metrics_logger_progress_tensorboard_and_truncation(tmp_path):
     cfg = load_config(None, ["trainer.progress=true", "trainer.logger=tensorboard"])
     lg = MetricsLogger(cfg, str(tmp_path), 0, 3)
     for s in (1, 2, 3):
-        lg.log({"step": s, "reward/mean": 0.5, "grad_norm": float("nan"), "val/accuracy": 0.25, "time/step_s": 1.0})
+        lg.log({"step": s, "reward/mean": 0.5, "train/grad_norm": float("nan"), "val/accuracy": 0.25, "time/step_s": 1.0})
     lg.close()
     rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["grad_norm"] is None
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["train/grad_norm"] is None
     assert any(p.name.startswith("events.") for p in (tmp_path / "tensorboard").iterdir())
     # resuming from step 1 drops the rows a killed run logged after its checkpoint
     MetricsLogger(load_config(None, ["trainer.progress=false", "trainer.logger=none"]), str(tmp_path), 1, 3).close()

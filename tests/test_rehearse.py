@@ -248,7 +248,7 @@ def test_a_kv_budget_below_one_sequence_fails_in_preflight_with_one_line(capsys)
 
 
 def _row(step, timeouts=0, errors=0, grad_norm=0.5):
-    return {"step": step, "reward/timeouts": timeouts, "reward/errors": errors, "grad_norm": grad_norm}
+    return {"step": step, "reward/timeouts": timeouts, "reward/errors": errors, "train/grad_norm": grad_norm}
 
 
 def test_nothing_learns_names_the_step_whose_rewards_all_failed():
@@ -262,8 +262,8 @@ def test_nothing_learns_names_the_step_whose_rewards_all_failed():
 
 def test_nothing_learns_when_no_gradient_moves_a_weight():
     assert rehearse.nothing_learns([_row(1, grad_norm=0.0), _row(2, grad_norm=0.0)], 8) == (
-        "grad_norm is 0.0 at every step (steps 1-2): no update moved a weight")
-    assert rehearse.nothing_learns([_row(1, grad_norm=None), _row(2, grad_norm=None)], 8).startswith("grad_norm is None")
+        "train/grad_norm is 0.0 at every step (steps 1-2): no update moved a weight")
+    assert rehearse.nothing_learns([_row(1, grad_norm=None), _row(2, grad_norm=None)], 8).startswith("train/grad_norm is None")
     assert rehearse.nothing_learns([_row(1, grad_norm=0.0), _row(2, grad_norm=1e-9)], 8) is None
     assert rehearse.nothing_learns([], 8) is None
 

@@ -104,12 +104,7 @@ class Cluster:
         with self._engine_notes():
             outs = gather([w.train_step.remote(adv[r.start:r.stop], step) for w, r in zip(self.workers, kept)],
                           "train_step")
-        sums = pool_sums(o.pop(ROLLOUT_SUMS) for o in outs)  # the rollout's metrics over all tokens
-        merged = {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
-        merged["memory/peak_gb"] = max(o["memory/peak_gb"] for o in outs)
-        merged["train/skipped_updates"] = outs[0]["train/skipped_updates"]
-        merged.update(rollout_metrics(sums))
-        return merged
+        return merge_updates(outs)
 
     def shutdown(self) -> None:
         # Best effort and bounded: after a failure a surviving rank may still be blocked in a
@@ -120,3 +115,14 @@ class Cluster:
         remove_placement_group(self.pg)
         stop_ray(self.owns_ray)
 
+
+def merge_updates(outs: list[dict]) -> dict:
+    """The step's update metrics from every worker's (worker.py `update_metrics`): the mean over
+    workers, the largest peak memory, the skipped updates as counted alike on every worker, and
+    the rollout/* metrics over all tokens from the pooled sums."""
+    sums = pool_sums(o.pop(ROLLOUT_SUMS) for o in outs)
+    merged = {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
+    merged["memory/peak_gb"] = max(o["memory/peak_gb"] for o in outs)
+    merged["train/skipped_updates"] = outs[0]["train/skipped_updates"]
+    merged.update(rollout_metrics(sums))
+    return merged

@@ -89,7 +89,7 @@ def accumulate(model, algo, cfg, responses, idxs, batches, adv, total: float, wo
             (loss * share).backward()
         if idx:
             sums.append({**gap_sums(old, rollout_lp, mask), **{"w_" + k: v for k, v in wsums.items()}})
-        st["loss"] = float(loss.detach())
+        st["train/loss"] = float(loss.detach())
         st["entropy/mean"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
         for key, v in st.items():
             stats[key] = stats.get(key, 0.0) + v * share

@@ -133,7 +133,7 @@ class Worker:
         the samples this rank kept from the step's rollout (prompt-major groups of rollout.n); `adv` are their group-normalised
         advantages, in the same order. Each mini-batch runs as micro-batches whose gradients add
         up to the mini-batch's (update.py)."""
-        cfg, t = self.cfg, {}
+        cfg = self.cfg
         if self._samples is None:
             raise RuntimeError("train_step without a kept rollout (generate(..., keep=True))")
         prompts, responses, rollout_lps = self._samples
@@ -159,7 +159,7 @@ class Worker:
         # Old log-probs only matter when the policy moves between mini-batches; with one
         # mini-batch the current log-probs (detached) are the old ones.
         old_lp = update.logprobs(self.actor, batches, temp) if len(plans) > 1 else None
-        t["time/logprob_s"] = time.perf_counter() - t0
+        logprob_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         self.actor.train()
@@ -183,8 +183,7 @@ class Worker:
                 stats.setdefault(key, []).append(v)
         self.opt.zero_grad(set_to_none=True)
         lr = advance(self.sched)  # the lr this step's updates used
-        t["time/update_s"] = time.perf_counter() - t0
-        t["train/micro_batches"] = sum(len(m) for m in plans)
+        update_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         if self.device.type == "cuda":  # what the update freed goes back to the device, for the engine
@@ -193,15 +192,8 @@ class Worker:
             self.sync_weights()
         else:
             self.rollout.wake()  # the engine keeps the weights of the last sync
-        t["time/sync_s"] = time.perf_counter() - t0
-        out = {k: sum(v) / len(v) for k, v in stats.items()}  # the driver means them over workers
-        out.update(t)
-        out[ROLLOUT_SUMS] = pool_sums(sums)  # the driver pools them over workers
-        out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
-        out["train/skipped_updates"] = skipped
-        out["lr"] = lr
-        out["memory/peak_gb"] = self._peak_gb()
-        return out
+        return update_metrics(stats, sums, norms, skipped, lr, sum(len(m) for m in plans), logprob_s, update_s,
+                              time.perf_counter() - t0, self._peak_gb())
 
     def sync_weights(self):
         """Gather the LM's parameters (not the Z-head), a bucket per collective, in the engine's
@@ -267,3 +259,19 @@ def apply_optim_settings(opt, sched, base_lrs: list[float], o) -> None:
 
 
 ROLLOUT_SUMS = "rollout_sums"  # train_step's key for the sums of algos/correction.py
+
+
+def update_metrics(stats: dict[str, list[float]], sums: list[dict], norms: list[float], skipped: int, lr: float,
+                   micro_batches: int, logprob_s: float, update_s: float, sync_s: float, peak_gb: float) -> dict:
+    """One worker's update metrics for the step (docs/trainer.md §Metrics), the one place that
+    names them: `stats` the loss's statistics per mini-batch (update.accumulate), `sums` the
+    rollout-gap sums per micro-batch, `norms` the finite gradient norms (one per update that
+    stepped), `skipped` the updates skipped for a non-finite norm, `lr` the rate they ran at.
+    The driver means them over workers (cluster.py `merge_updates`)."""
+    out = {k: sum(v) / len(v) for k, v in stats.items()}
+    out.update({"time/logprob_s": logprob_s, "time/update_s": update_s, "time/sync_s": sync_s,
+                "train/micro_batches": micro_batches,
+                "train/grad_norm": sum(norms) / len(norms) if norms else float("nan"),
+                "train/skipped_updates": skipped, "train/lr": lr, "memory/peak_gb": peak_gb})
+    out[ROLLOUT_SUMS] = pool_sums(sums)  # the driver pools them over workers
+    return out

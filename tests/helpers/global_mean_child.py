@@ -18,7 +18,7 @@ from reasonrl_fast.models.loading import enable_checkpointing  # noqa: E402
 from reasonrl_fast.trainer import update  # noqa: E402
 from reasonrl_fast.trainer.fsdp import full_tensor, replicate, shard  # noqa: E402
 from reasonrl_fast.trainer.policy import Actor  # noqa: E402
-from tests.trainer.test_micro_batches import CASES, _model, samples  # noqa: E402
+from tests.layout.test_micro import CASES, _model, samples  # noqa: E402
 
 mode = sys.argv[1]  # replicate | fsdp
 dist.init_process_group("gloo")
@@ -65,7 +65,7 @@ for name, override in CASES:
     dist.all_gather_object(counts, len(plan))
     assert len(set(counts)) == 1, counts  # every rank ran as many forwards
     losses = [None] * world
-    dist.all_gather_object(losses, stats["loss"])
+    dist.all_gather_object(losses, stats["train/loss"])
     if rank == 0:
         assert counts[0] > 1  # rank 1's short sequences alone would fit one forward
         ref_actor = actor_for(cfg, algo)
@@ -77,7 +77,7 @@ for name, override in CASES:
             scale = want[k].abs().max().clamp(min=1.0)
             assert (got[k] - want[k]).abs().max() / scale < 1e-10, (name, override, k)
         # the driver's mean of the workers' losses is the mini-batch's loss
-        assert abs(sum(losses) / world - ref_stats["loss"]) <= 1e-10 * max(1.0, abs(ref_stats["loss"])), (losses, ref_stats)
+        assert abs(sum(losses) / world - ref_stats["train/loss"]) <= 1e-10 * max(1.0, abs(ref_stats["train/loss"])), (losses, ref_stats)
         checked += 1
 dist.barrier()
 if rank == 0:

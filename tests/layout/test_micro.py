@@ -95,4 +95,4 @@ def test_micro_batches_give_the_mini_batch_gradient(algo_name, override, packed)
     for name in g1:
         scale = g1[name].abs().max().clamp(min=1.0)
         assert (g1[name] - g2[name]).abs().max() / scale < 1e-10, name
-    assert s2["loss"] == pytest.approx(s1["loss"], rel=1e-10, abs=1e-12)
+    assert s2["train/loss"] == pytest.approx(s1["train/loss"], rel=1e-10, abs=1e-12)

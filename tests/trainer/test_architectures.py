@@ -100,7 +100,7 @@ def test_a_gpt2_directory_trains_a_step(train, tmp_path):
                f"trainer.output_dir={out}"], tmp_path)
     assert "data parallel: fsdp" in p.stdout and "packing: off (model_type 'gpt2'" in p.stdout
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [1] and rows[0]["grad_norm"] > 0
+    assert [r["step"] for r in rows] == [1] and rows[0]["train/grad_norm"] > 0
 
 
 def test_preflight_reads_a_gpt2_directory_and_refuses_what_its_workers_would(tmp_path):

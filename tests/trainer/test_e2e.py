@@ -8,9 +8,10 @@ import shutil
 import pytest
 import torch
 
+from tests.helpers.metric_names import documented, problems
 from tests.helpers.train import read_metrics
 
-REQUIRED = ["step", "reward/mean", "accuracy/mean", "response_length/mean", "entropy/mean", "grad_norm",
+REQUIRED = ["step", "reward/mean", "accuracy/mean", "response_length/mean", "entropy/mean", "train/grad_norm",
             "time/rollout_s", "time/update_s", "time/step_s", "perf/tokens_per_s", "memory/peak_gb"]
 FLOWRL = ["log_z/mean", "tb/delta_abs_mean", "tb/is_weight_mean"]
 
@@ -23,6 +24,7 @@ def test_flowrl_smoke(trained_run):
         for k in REQUIRED + FLOWRL:
             assert k in r, k
     assert "val/accuracy" in rows[0] and "val/accuracy" in rows[2]
+    assert problems(set().union(*rows), documented()) == []  # docs/trainer.md §Metrics
     assert (out / "config.yaml").exists() and any((out / "tensorboard").iterdir())
     assert (out / "checkpoint-2" / "trainer_state.json").exists()
     assert "data parallel: fsdp" in trained_run.stdout

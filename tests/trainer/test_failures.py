@@ -32,7 +32,7 @@ def test_nan_rewards_train_and_the_run_dir_is_guarded(train, tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["reward/nonfinite"] > 0 and r["train/skipped_updates"] == 0
-        assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and math.isfinite(r["reward/mean"])
+        assert math.isfinite(r["train/loss"]) and math.isfinite(r["train/grad_norm"]) and math.isfinite(r["reward/mean"])
 
     ck = out / "checkpoint-2"
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]  # keep_checkpoints=1
