@@ -1,8 +1,9 @@
 """Small helpers several wings share, one home each: the nearest-rank quantile of the latency
 metrics, parsing JSON text and reading a run's metrics.jsonl (the trainer's resume, plot,
 benchmarks, tests), whether two paths name one file (what a command must not write over), the split
-rule of the trainer's shares (and a worker's rollout batch by it), the host's /proc/meminfo, and the last \\boxed{} of a text (how answers and GenRM verdicts are
-written)."""
+rule of the trainer's shares (and a worker's rollout batch by it) and the count of a step's
+mini-batches, the host's /proc/meminfo, and the last \\boxed{} of a text (how answers and GenRM
+verdicts are written)."""
 
 from __future__ import annotations
 

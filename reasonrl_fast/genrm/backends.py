@@ -2,9 +2,9 @@
 names one of `BACKENDS` and the argument it is built with.
 
 `BACKENDS` (registry.py, re-exported here) maps a name to the backend class as "module:Class",
-imported when it is asked for (as rollout/registry.py does for engines): the hf backend's torch and transformers cost nothing
-until a server loads a model, and the config checks, the planner and the preflight ask a
-backend's facts on any machine. A test or a plug-in adds one with one line,
+imported when it is asked for (as rollout/registry.py does for engines): the hf backend's torch
+and transformers cost nothing until a server loads a model, and the config checks, the planner
+and the preflight ask a backend's facts on any machine. A test or a plug-in adds one with one line,
 `BACKENDS["name"] = "package.module:Class"`.
 
 A backend class carries its facts as class attributes (read without building it):
