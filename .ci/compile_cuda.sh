@@ -12,6 +12,13 @@
 #   TORCH_CUDA_ARCH_LIST  default "8.0;9.0"
 #   MAX_JOBS         default 1 (the CI machine has 2 shared cores)
 #   KEEP_BUILD=1     keep the scratch build directory (printed at the end)
+#   COMPILE_CUDA_FORCE=1  build even when these exact inputs passed before (see below)
+#
+# A pass is remembered under the venv's folder, keyed on everything the build reads: setup.py,
+# pyproject.toml, csrc/, reasonrl_fast/toolchain.py, this script, torch's and nvcc's versions and
+# the arch list. With the same key the build would be the same, so CI skips it and says so (the
+# build takes one of the two cores for 6-10 minutes beside the tests); a change to any input
+# builds again. Failures are never remembered.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,6 +45,17 @@ fi
 "$py" -c "import torch; print('compile_cuda: torch', torch.__version__, 'CUDA', torch.version.cuda)"
 "$CUDA_HOME/bin/nvcc" --version | tail -n 2
 t1=$(date +%s)
+
+key="$( { (cd "$repo" && find setup.py pyproject.toml csrc reasonrl_fast/toolchain.py .ci/compile_cuda.sh -type f \
+            ! -name '*.so' ! -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum);
+          "$py" -c "import torch; print(torch.__version__, torch.version.cuda)";
+          "$CUDA_HOME/bin/nvcc" --version; echo "$TORCH_CUDA_ARCH_LIST"; } | sha256sum | cut -c1-16 )"
+passed="$VENV_CUDA.passed/$key"
+if [ -f "$passed" ] && [ "${COMPILE_CUDA_FORCE:-0}" != "1" ]; then
+  echo "compile_cuda: OK, unchanged: these exact inputs (key $key) passed on $(cat "$passed");" \
+       "not built again (COMPILE_CUDA_FORCE=1 builds)"
+  exit 0
+fi
 
 # Scratch copy: the worktree's in-place CPU build (reasonrl_fast/_C*.so, build/) is untouched.
 scratch="$(mktemp -d /tmp/rrl-cuda-build.XXXXXX)"
@@ -101,6 +119,9 @@ sys.exit(1 if missing else 0)
 PY
 nsym=$(grep -c "STO_ENTRY" <<< "$syms" || true)
 echo "compile_cuda: $nsym kernel entry points; venv $((t1 - t0)) s, build $((t2 - t1)) s, total $(( $(date +%s) - t0 )) s"
-[ "$status" = 0 ] && echo "compile_cuda: OK (sm_80 and sm_90 cubins for every kernel unit)"
+if [ "$status" = 0 ]; then
+  echo "compile_cuda: OK (sm_80 and sm_90 cubins for every kernel unit)"
+  mkdir -p "$(dirname "$passed")" && date -u +%Y-%m-%dT%H:%MZ > "$passed"
+fi
 if [ "${KEEP_BUILD:-0}" = "1" ]; then echo "compile_cuda: build kept in $scratch"; fi
 exit "$status"
