@@ -1,5 +1,5 @@
 """A tensor-parallel vLLM rollout engine on CPU against the one-process engine, side by side in one
-run: the project's VLLMRollout over the same Qwen2 model (random weights, float32) as
+run: the project's VLLMEngine over the same Qwen2 model (random weights, float32) as
 
 - TP=1, one process with 1 torch thread (a trainer worker's default `trainer.cpus_per_worker=1`),
 - TP=2, two processes of 1 thread each in one gloo group (vLLM's `external_launcher`, as two
@@ -92,7 +92,7 @@ def kv_bytes(model_path: str, tp: int, sizes: dict) -> int:
 
 def worker(a) -> None:
     """One process of a layout (rank `a.rank` of `a.tp`): its figures as JSON in `a.out`."""
-    # what VLLMRollout sets, here before `import vllm` below: the engine in this process
+    # what VLLMEngine sets, here before `import vllm` below: the engine in this process
     os.environ.update(OMP_NUM_THREADS=str(a.threads), VLLM_ENABLE_V1_MULTIPROCESSING="0")
     import torch
 
@@ -108,12 +108,12 @@ def worker(a) -> None:
 
         init_process_group(a.rank, a.tp, "127.0.0.1", a.port, timeout_s=600)
     from reasonrl_fast.rollout import sample_seeds
-    from reasonrl_fast.rollout.vllm import VLLMRollout
+    from reasonrl_fast.rollout.vllm import VLLMEngine
 
     sizes = json.loads(a.sizes)
     seqs, tokens = sizes["prompts"] * sizes["n"], sizes["prompt_len"] + sizes["new_tokens"]
     t0 = time.perf_counter()
-    engine = VLLMRollout(a.model, torch.float32, EOS, max_model_len=tokens, seed=0, device=torch.device("cpu"),
+    engine = VLLMEngine(a.model, torch.float32, EOS, max_model_len=tokens, seed=0, device=torch.device("cpu"),
                          log_path=a.out + ".vllm.log", log=lambda _: None,
                          kv_cache_memory_bytes=kv_bytes(a.model, a.tp, sizes), tensor_parallel_size=a.tp,
                          local_rank=a.rank)

@@ -171,7 +171,7 @@ def held_bytes(w) -> dict[str, int]:
     states = [v for st in w.opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
     return {"policy parameters": storage_bytes(w.actor.parameters()), "AdamW states (2)": storage_bytes(states),
             "reference model": storage_bytes(w.ref.parameters()) if w.ref is not None else 0,
-            "hf rollout copy": storage_bytes(w.rollout.model.parameters())}
+            "hf rollout copy": storage_bytes(w.engine.model.parameters())}
 
 
 # ---------------------------------------------------------------- the comparison (pure)
@@ -297,7 +297,7 @@ def train_steps(w, cfg, meter: Meter, count: int, log) -> tuple:
     from reasonrl_fast.algos import advantages
     from reasonrl_fast.rollout import sample_seeds
 
-    w.rollout.eos_id = NO_TOKEN  # the hf engine's end token (rollout/hf.py): none, so every response is full length
+    w.engine.eos_id = NO_TOKEN  # the hf engine's end token (rollout/hf.py): none, so every response is full length
     k, n = cfg.data.prompts_per_step, cfg.rollout.n
     length, vocab = cfg.data.max_prompt_length, len(w.tok)
     gen = torch.Generator().manual_seed(cfg.trainer.seed)

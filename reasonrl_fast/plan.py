@@ -45,9 +45,6 @@ GPU_RESERVE_GIB = 4.0
 # hidden-32 model (all model terms below 1 MiB): 0.537 GiB with torch 2.13 (CPU), transformers
 # 5.24, ray, Linux x86-64 (benchmarks/RESULTS.md §16).
 CPU_BASELINE_GIB = 0.54
-# vLLM needs beyond its weights and KV cache: the activations of its profiling batch, the
-# sampler's logits and CUDA graphs (about 1-2 GiB for 4-32B models at the default batch limits).
-VLLM_OVERHEAD_GIB = 2.0
 # The fewest full-length sequences a rollout engine should hold in flight (its KV cache), or its
 # whole batch where that is less. A step samples the engine's prompts x rollout.n sequences at
 # once (util.rollout_sequences); an engine with room for a few decodes them a few at a time, each
@@ -130,11 +127,10 @@ def logits_bytes(s: Shape, f: Forward, c: int, fused: bool, gpu: bool) -> int:
     return chunk + n * s.hidden * (4 + 2 * c)
 
 
-def kv_bytes(s: Shape, rows: int, length: int, c: int, tp: int = 1) -> int:
-    """The KV cache of `rows` sequences of `length` tokens in `c`-byte elements on one of `tp`
-    engine ranks: vLLM splits the key/value heads over the ranks, and where there are fewer heads
-    than ranks gives each rank one (rollout/vllm.py `kv_shape`)."""
-    return 2 * s.layers * rows * max(1, s.kv_heads // tp) * s.head_dim * length * c
+def kv_bytes(s: Shape, rows: int, length: int, c: int) -> int:
+    """The KV cache of `rows` sequences of `length` tokens in `c`-byte elements of a model held
+    whole (the GenRM's; a rollout engine counts its own, `EngineSpec.memory`)."""
+    return 2 * s.layers * rows * s.kv_heads * s.head_dim * length * c
 
 
 def sync_bytes(s: Shape, params: int, c: int, world: int) -> int:
@@ -176,7 +172,7 @@ class Estimate:
     layout: Layout | None = None  # what the workers would resolve (layout/)
     engine_sequences: float | None = None
     """Full-length sequences one rollout engine holds in flight (its KV cache over one sequence's);
-    None for an engine that is no vLLM-like engine of its own (the hf backend's copy)."""
+    None for an engine whose cache is as long as its batch (`EngineMemory.sequences`)."""
 
     @property
     def rollout(self) -> float:
@@ -261,55 +257,13 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     add(Term("logits", 0, _gib(logits_bytes(s, f, c, layout.fused, gpu)),
              f"{'fused: one vocabulary chunk' if layout.fused else f'unfused: {f.logit_rows} x {s.vocab}'}", "logits"))
 
-    # the rollout engine: one that holds memory of its own (sized in bytes or by a share of the
-    # device), or a copy of the trainer's model with a KV cache as long as its batch
-    batch = rollout_sequences(cfg)
-    seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    eb = dtype_bytes(layout.rollout_dtype)
-    engine_of = get_rollout(cfg.rollout.backend)
-    name = engine_of.label or engine_of.name
-    # One GPU (one engine rank) of an engine over tp workers: vLLM shards every linear layer over
-    # its ranks and the embeddings and LM head by vocabulary; what it replicates (the norms) is a
-    # few MiB. The KV cache per rank: its key/value heads (`kv_bytes`).
-    tp = layout.engine_tp
-    weights = lm * eb / tp
-    one = kv_bytes(s, 1, seq, eb, tp)  # one full-length sequence's KV cache on one rank
-    kv, util = layout.kv_cache_bytes, layout.engine_share  # both one rank's
-    problem = kv_budget_problem(cfg, s, layout)
-    if problem:
-        est.problems.append(problem)
-    if util is not None:
-        engine = util * memory_gib
-        need = _gib(weights + one) + VLLM_OVERHEAD_GIB
-        room = engine - _gib(weights) - VLLM_OVERHEAD_GIB
-        tokens = int(room * GIB / kv_bytes(s, 1, 1, eb, tp)) if room > 0 else 0
-        est.engine_sequences = tokens / seq
-        add(Term(f"{name} engine", engine, 0, f"{util:g} of {memory_gib:g} GiB; TP {tp}: {_gib(weights):.1f} GiB "
-                 f"weights per GPU, KV room ~{tokens} tokens ({tokens / seq:.1f} sequences of {seq} per engine); "
-                 f"asleep in the update", "engine"))
-        if engine < need:
-            est.problems.append(f"rollout.gpu_memory_utilization={util:g} gives the {name} engine {engine:.1f} GiB "
-                                f"of each GPU, but its weights there (TP {tp}), one {seq}-token sequence's KV "
-                                f"cache and ~{VLLM_OVERHEAD_GIB:g} GiB of overhead need {need:.1f} GiB: set it to "
-                                f"at least {need / memory_gib + 0.005:.2f}")
-    elif kv is not None:
-        est.engine_sequences = kv / one
-        what = ("rollout.kv_cache_memory_bytes" if cfg.rollout.kv_cache_memory_bytes is not None
-                else f"{batch} sequences x {seq} tokens, in blocks")
-        where = f"TP {tp}: weights / {tp}" if tp > 1 else "weights"
-        if gpu:
-            engine = _gib(weights + kv) + VLLM_OVERHEAD_GIB
-            add(Term(f"{name} engine", engine, 0, f"{where} + {_gib(kv):.2f} GiB KV cache ({what}) + "
-                     f"~{VLLM_OVERHEAD_GIB:g} GiB; asleep in the update", "engine"))
-        else:
-            engine = _gib(weights + kv)
-            add(Term(f"{name} engine", engine, engine, f"{where} + {_gib(kv):.3g} GiB KV cache ({what}); "
-                     f"no sleep on CPU", "engine"))
-    else:
-        cache = kv_bytes(s, batch, seq, eb) + batch * s.vocab * 40  # + the sampler's fp32 logits, fp64 noise, int64 hashes
-        add(Term(f"{name} rollout copy", _gib(lm * eb), _gib(lm * eb),
-                 f"full weights in {layout.rollout_dtype}, refreshed every sync"))
-        add(Term(f"{name} rollout KV cache", _gib(cache), 0, f"{batch} rows x {seq} tokens", "engine"))
+    # the rollout engine: what its spec counts (rollout/registry.py `EngineSpec.memory`)
+    mem = get_rollout(cfg.rollout.backend).memory(cfg, s, layout, memory_gib * GIB)
+    est.problems += mem.problems
+    est.engine_sequences = mem.sequences
+    for t in mem.terms:
+        add(Term(t.name, _gib(t.rollout), _gib(t.update), t.note, t.knob))
+    eb, seq = dtype_bytes(layout.rollout_dtype), cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     if mode == "fsdp":  # every engine takes its weights from the shards, gathered a bucket at a time
         add(Term("weight sync buckets", _gib(sync_bytes(s, lm, eb, world)), 0,
                  f"one bucket gathered in {layout.rollout_dtype} + its full tensors, or the largest "
@@ -329,18 +283,10 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
 
 
 def kv_budget_problem(cfg: Config, s: Shape, layout: Layout) -> str | None:
-    """What stops the rollout engine of `layout` starting when its KV cache on one rank (the bytes
-    it is given) cannot hold one full-length sequence, data.max_prompt_length +
-    rollout.max_new_tokens tokens: vLLM refuses to start then. None where it can, or where the
-    engine is sized by a share of the device. The planner and the trainer's preflight both ask."""
-    kv, seq = layout.kv_cache_bytes, cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    one = kv_bytes(s, 1, seq, dtype_bytes(layout.rollout_dtype), layout.engine_tp)
-    if kv is None or kv >= one:
-        return None
-    engine = get_rollout(cfg.rollout.backend)
-    return (f"rollout.kv_cache_memory_bytes={kv} holds less than one {seq}-token sequence's KV cache on an "
-            f"engine rank ({one} bytes at TP {layout.engine_tp}): the {engine.label or engine.name} engine "
-            f"would not start")
+    """What stops the rollout engine of `layout` starting with these settings (its spec's
+    `start_problem`: a KV cache too small for one full-length sequence), else None. The planner
+    and the trainer's preflight both ask."""
+    return get_rollout(cfg.rollout.backend).start_problem(cfg, s, layout)
 
 
 # ---------------------------------------------------------------- advice

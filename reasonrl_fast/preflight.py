@@ -33,7 +33,7 @@ def preflight(cfg, model_config=None, *, files: bool = True):
     config.json, or for the embedded tiny model (model.path empty) builds the config its model
     section gives. `files=False` skips what only the user's machine can answer: the data files,
     the reward function, the run directory, the weight files, the tokenizer's size, the rollout
-    engine's install (`Rollout.preflight`) and trainer.nnodes against a local instance (a recipe
+    engine's install (`EngineSpec.preflight`) and trainer.nnodes against a local instance (a recipe
     names the nodes of its cluster)."""
     if model_config is None:
         model_config, source = _policy_config(cfg)

@@ -157,10 +157,10 @@ TASKS = Registry("task", "tasks", {
 """The embedded tasks (`data.task`; tasks/base.py says what one gives)."""
 
 ROLLOUTS = Registry("rollout engine", "engines", {
-    "hf": "reasonrl_fast.rollout.registry:HF",
+    "hf": "reasonrl_fast.rollout.hf:HF",
     "vllm": "reasonrl_fast.rollout.vllm:VLLM",
 }, at="rollout")
-"""The rollout engines (`rollout.backend`; rollout/registry.py says what one gives)."""
+"""The rollout engines' specs (`rollout.backend`; rollout/registry.py `EngineSpec` says what one gives)."""
 
 BACKENDS = BackendRegistry("GenRM backend", "backends", {
     "rule": "reasonrl_fast.genrm.rule_backend:RuleBackend",

@@ -219,10 +219,10 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
         if "rollout.backend" in scaled:
             log(f"[rehearse] rollout: the recipe names {cfg.rollout.backend}, which is not importable here: "
                 f"the {FALLBACK} rollout samples")
-        engine = get_rollout(scaled.get("rollout.backend", cfg.rollout.backend))
+        spec = get_rollout(scaled.get("rollout.backend", cfg.rollout.backend))
         paths, notes = stand_ins.stage(cfg, work, records, tok, log,
                                        scaled.get("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size),
-                                       stand_ins.stand_in_head_dim(engine))
+                                       stand_ins.stand_in_head_dim(spec))
         settings = {**scaled, **paths, "trainer.output_dir": os.path.join(work, "run")}
         if cfg.embedded_model:
             settings["sft.cache_dir"] = os.path.join(work, "sft")

@@ -15,6 +15,7 @@ from reasonrl_fast import plan
 from reasonrl_fast.config import load_config
 from reasonrl_fast.models.shape import shape_from_config, tiny_shape, zhead_params
 from reasonrl_fast.models.shipped_shapes import SHAPES
+from reasonrl_fast.rollout.vllm import VLLM_OVERHEAD_GIB
 from tests.helpers.train import ROOT, read_metrics, repo_env
 
 CONFIGS = os.path.join(ROOT, "configs")
@@ -343,7 +344,7 @@ def test_gpu_vllm_term_with_the_kv_cache_in_bytes():
     s = shape_from_config(SHAPES["Qwen2.5-7B"], "x")
     cfg = load_config(path, ["rollout.backend=vllm", "rollout.kv_cache_memory_bytes=20000000000"])
     t = {x.name: x for x in plan.estimate(cfg, s, "gpu", 80.0).terms}
-    assert t["vLLM engine"].rollout == pytest.approx((s.params * 2 + 20e9) / 2**30 + plan.VLLM_OVERHEAD_GIB)
+    assert t["vLLM engine"].rollout == pytest.approx((s.params * 2 + 20e9) / 2**30 + VLLM_OVERHEAD_GIB)
     assert t["vLLM engine"].update == 0
     big = load_config(path, ["rollout.backend=vllm", "rollout.kv_cache_memory_bytes=70000000000"])
     est = plan.estimate(big, s, "gpu", 80.0)
@@ -389,7 +390,7 @@ def test_tensor_parallel_kv_cache_in_bytes_is_per_rank():
     start."""
     at4 = plan.estimate(load_config(GRPO32, ["rollout.kv_cache_memory_bytes=1000000000"]), QWEN32, "gpu", 80.0)
     t = {x.name: x for x in at4.terms}["vLLM engine"]
-    assert t.rollout == pytest.approx((16_381_938_176 + 1e9) / 2**30 + plan.VLLM_OVERHEAD_GIB)
+    assert t.rollout == pytest.approx((16_381_938_176 + 1e9) / 2**30 + VLLM_OVERHEAD_GIB)
     assert not at4.problems and at4.engine_sequences == pytest.approx(1e9 / 786_432_000)
     at1 = plan.estimate(load_config(GRPO32, ["rollout.kv_cache_memory_bytes=1000000000",
                                              "rollout.tensor_parallel_size=1"]), QWEN32, "gpu", 80.0)

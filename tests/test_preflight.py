@@ -284,7 +284,9 @@ def test_override_reaches_the_hf_model_and_its_config(tmp_path):
 def test_override_reaches_the_vllm_engine_arguments(monkeypatch):
     from reasonrl_fast.layout import resolve
     from reasonrl_fast.models.shape import model_fields
-    from reasonrl_fast.rollout import get_rollout, make_rollout
+    from types import SimpleNamespace
+
+    from reasonrl_fast.rollout import get_rollout
     from reasonrl_fast.rollout import vllm as rollout_vllm
 
     cpu = torch.device("cpu")
@@ -293,20 +295,20 @@ def test_override_reaches_the_vllm_engine_arguments(monkeypatch):
     assert rollout_vllm.engine_args("/m", torch.float32, 48, 0, cpu, kv_cache_memory_bytes=2**20)["hf_overrides"] == {}
 
     seen = {}
-    signature = inspect.signature(rollout_vllm.VLLMRollout.__init__)
+    signature = inspect.signature(rollout_vllm.VLLMEngine.__init__)
 
-    class Recorder:  # the engine's arguments as make_rollout passes them, without an engine
+    class Recorder:  # the engine's arguments as its spec's `build` passes them, without an engine
         def __init__(self, *args, **kwargs):
             a = signature.bind(self, *args, **kwargs).arguments
             seen["args"] = rollout_vllm.engine_args(a["model_path"], a["dtype"], a["max_model_len"], a["seed"],
                                                     a["device"], a["gpu_memory_utilization"],
                                                     a["max_position_embeddings"], a["kv_cache_memory_bytes"])
 
-    monkeypatch.setattr(rollout_vllm, "VLLMRollout", Recorder)
+    monkeypatch.setattr(rollout_vllm, "VLLMEngine", Recorder)
     cfg = math_7b_run("rollout.backend=vllm", "model.max_position_embeddings=32768")
     config = model_fields("/models/Qwen2.5-Math-7B", "x")[0]  # its shipped shape
     layout = resolve(cfg, config, "cpu", 8, get_rollout("vllm"))
-    make_rollout(cfg, layout, None, "/models/Qwen2.5-Math-7B", 0, 1, cpu)
+    get_rollout("vllm").build(cfg, layout, None, "/models/Qwen2.5-Math-7B", SimpleNamespace(eos_token_id=1), device=cpu)
     assert seen["args"]["hf_overrides"] == {"max_position_embeddings": 32768}
     assert seen["args"]["max_model_len"] == 2048 + 8192
 
@@ -372,7 +374,7 @@ def test_a_kv_budget_below_one_full_sequence_is_refused_as_the_planner_says(tmp_
         preflight(cfg, config, files=False)
     assert str(e.value) == said[0]
     seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    one = plan.kv_bytes(s, 1, seq, 2, 1)  # bf16 on a GPU
+    one = plan.kv_bytes(s, 1, seq, 2)  # bf16 on a GPU
     preflight(load_config(path, ["rollout.backend=vllm", f"rollout.kv_cache_memory_bytes={one}"]), config,
               files=False)
     with pytest.raises(ConfigError, match=f"kv_cache_memory_bytes={one - 1} holds less than one {seq}-token"):

@@ -44,7 +44,7 @@ def validate(cfg: Config) -> Config:
 
 def check_tensor_parallel(cfg: Config) -> None:
     """rollout.tensor_parallel_size against the engine and the workers: an engine that shards the
-    model (`Rollout.tensor_parallel`), over consecutive workers of one node. What the model's
+    model (`EngineSpec.tensor_parallel`), over consecutive workers of one node. What the model's
     shape allows is layout/resolve.py `tensor_parallel`'s (it needs the model's config)."""
     tp, per_node = cfg.rollout.tensor_parallel_size, cfg.trainer.workers_per_node
     if tp == 1:

@@ -225,14 +225,14 @@ def run(cfg, log=print) -> dict:
         records = load_eval_set(cfg, tok)
         targets = load_target(e.target, records, e.seed) if e.target else [None] * len(records)
         prompts = [prompt_ids(rec, tok) for rec in records]  # the chat template, as in training
-        rollout = get_rollout(cfg.rollout.backend)
-        version = rollout.preflight(config.architectures)  # not installed, or cannot load this model: now
+        spec = get_rollout(cfg.rollout.backend)
+        version = spec.preflight(config.architectures)  # not installed, or cannot load this model: now
         if version:
             log(f"[eval] rollout: {version}")
         check_weights(model_dir, f"model.path={cfg.model.path!r}")  # before Ray, not in a worker
         from reasonrl_fast.eval.generate import generate_all  # imports ray
 
-        responses = generate_all(cfg, model_dir, prompts, rollout, log)
+        responses = generate_all(cfg, model_dir, prompts, spec, log)
     texts = tok.batch_decode(responses, skip_special_tokens=True)
     t_score = time.time()
     scored, counts = score_all(cfg, records, texts)

@@ -1,4 +1,4 @@
-"""`resolve(cfg, model_config, device, world, engine) -> Layout`: every decision about how a run's
+"""`resolve(cfg, model_config, device, world, spec) -> Layout`: every decision about how a run's
 workers hold and run the model, made in one place from the settings, the model's config and the
 device. The trainer's workers build from it, eval samples with it, the loop logs its notes and
 the memory planner (plan.py) counts bytes from it: none of them restates a rule.
@@ -242,11 +242,11 @@ def tensor_parallel(cfg, config) -> int:
     return tp
 
 
-def resolve(cfg, model_config, device: str, world: int, engine, *, head_blocker: str | None = None,
+def resolve(cfg, model_config, device: str, world: int, spec, *, head_blocker: str | None = None,
             sequences: int | None = None) -> Layout:
     """The Layout of a run of `cfg` on `world` workers of `device` ("cpu" or "cuda"; a
     torch.device is read by its type) for the model whose config is `model_config`, sampling with
-    the rollout engine class `engine` (rollout/registry.py `get_rollout(cfg.rollout.backend)`).
+    the rollout engine's spec `spec` (rollout/registry.py `get_rollout(cfg.rollout.backend)`).
     `head_blocker`: what a built model shows against the fused head beyond its config
     (models/lm_head.py `head_blocker`; None where no model was built, as in the planner).
     `sequences`: the engine's batch at once (default: a trainer engine's rollout batch).
@@ -260,12 +260,12 @@ def resolve(cfg, model_config, device: str, world: int, engine, *, head_blocker:
     blocker = head_blocker or config_head_blocker(model_config)
     fused, head_note = fused_head(cfg.model.fused_lm_head, blocker, device, tokens_per_forward(cfg, world),
                                   read(model_config, "vocab_size"))
-    rollout_dtype = engine.dtype(compute, device)
+    rollout_dtype = spec.dtype(compute, device)
     tp = tensor_parallel(cfg, model_config)
     return Layout(device=device, world=world, sharding=sharding, weight_dtype=master, compute_dtype=compute,
                   attention=attn, packed=packed, one_row=one_row, fused=fused, rollout_dtype=rollout_dtype,
-                  kv_cache_bytes=engine.kv_cache_bytes(cfg, model_config, rollout_dtype, device, sequences),
-                  engine_share=engine.memory_share(cfg, device), engine_tp=tp,
+                  kv_cache_bytes=spec.kv_cache_bytes(cfg, model_config, rollout_dtype, device, sequences),
+                  engine_share=spec.memory_share(cfg, device), engine_tp=tp,
                   notes={"sharding": f"data parallel: {sharding} (trainer.sharding={cfg.trainer.sharding})",
                          "attention": attn_note, "packing": pack_note, "lm_head": head_note})
 

@@ -1,4 +1,5 @@
-"""What every rollout engine shares: the interface the trainer and eval call, and the one rule
+"""What every rollout engine shares: the interface a rollout worker (rollout/worker.py) samples
+through (`Engine`, what an engine's spec builds, rollout/registry.py `EngineSpec`), and the one rule
 that turns (run seed, stream, sample index) into a sample's own sampling seed.
 
 Every sample carries its own seed, so what a sample draws depends on the run's seed, the step
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from reasonrl_fast.util import derive_seed
 
-if TYPE_CHECKING:  # annotations only: the registry's facts and the seed rule load without torch
+if TYPE_CHECKING:  # annotations only: the engines' specs and the seed rule load without torch
     import torch
 
 
@@ -26,7 +27,9 @@ class Samples:
     logprobs: list[list[float]] = field(default_factory=list)
 
 
-class RolloutEngine:
+class Engine:
+    """A built engine: it samples, takes new weights, and sleeps through the update."""
+
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
                  max_new_tokens: int, seeds: list[int]) -> Samples:
         """n samples per prompt, prompt-major; `seeds` holds one sampling seed per sample

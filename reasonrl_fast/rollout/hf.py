@@ -1,141 +1,34 @@
-"""The `hf` rollout: a Hugging Face causal LM sampled with its KV cache (`sample`) on an unsharded
-copy of the policy's weights, refreshed after every sync. Works on every device and model.
+"""The `hf` engine: the policy's Hugging Face model sampled with its KV cache by the project's own
+loop (rollout/sampling.py `sample`), on an unsharded copy of the policy's weights refreshed after
+every sync. Works on every device and model.
 
-Sampling draws each row's token by the Gumbel-max rule from noise that is a pure function of the
-row's seed, the position and the token id (`gumbel_noise`): a row's sample depends on its seed
-only, whatever else is in the batch, so one seed gives the same sample at any worker count."""
+`HF` is what the registry (rollout/registry.py) knows of the engine, answered without torch (this
+module imports torch only when an engine is built); `HFEngine` samples."""
 
 from __future__ import annotations
 
-import copy
-import inspect
-from typing import Callable
+from reasonrl_fast.layout import dtype_bytes
+from reasonrl_fast.rollout.base import Engine, Samples
+from reasonrl_fast.rollout.registry import EngineMemory, EngineSpec, MemoryTerm, engine_device
+from reasonrl_fast.util import rollout_sequences
 
-import torch
-
-from reasonrl_fast.rollout.base import GREEDY_BELOW, RolloutEngine, Samples
-from reasonrl_fast.rollout.lean import LeanDecoder, unsupported
-
-
-def _int64(x: int) -> int:
-    """A 64-bit constant as the signed int64 torch stores (arithmetic wraps modulo 2**64)."""
-    return x - (1 << 64) if x >= 1 << 63 else x
+SAMPLER_BYTES_PER_LOGIT = 40
+"""What the sampler holds per row and vocabulary entry beside the cache: the float32 logits, the
+float64 noise and the int64 hashes it is drawn from (rollout/sampling.py)."""
 
 
-_GAMMA, _M1, _M2 = _int64(0x9E3779B97F4A7C15), _int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB)
-
-
-def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (z >> k) & ((1 << (64 - k)) - 1)
-
-
-def _mix(z: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's finaliser: a bijection of int64 whose output bits all depend on every input
-    bit (Steele, Lea, Flood 2014)."""
-    z = (z ^ _shr(z, 30)) * _M1
-    z = (z ^ _shr(z, 27)) * _M2
-    return z ^ _shr(z, 31)
-
-
-def gumbel_noise(seeds: torch.Tensor, t: int, vocab: int) -> torch.Tensor:
-    """Standard Gumbel noise [B, V] (float64) for position t of rows seeded `seeds` [B] (int64):
-    a SplitMix64 stream per row, so the noise of a row is the same in any batch."""
-    state = _mix(seeds)[:, None] + (t * vocab + torch.arange(1, vocab + 1, device=seeds.device)) * _GAMMA
-    u = (_shr(_mix(state), 11).double() + 0.5) / 2.0**53  # 53 random bits, strictly inside (0, 1)
-    return -torch.log(-torch.log(u))
-
-
-def _keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Logits outside the smallest set of tokens whose probability reaches top_p set to -inf
-    (the most likely token always stays)."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    probs = sorted_logits.softmax(-1)
-    drop = probs.cumsum(-1) - probs >= top_p  # the mass before this token already reaches top_p
-    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-
-
-def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor) -> Callable:
-    """`LeanDecoder.stepper` through the model's own forward and a `DynamicCache`: called with
-    None, the next-token logits [B, V] after the left-padded prompts; called with the tokens just
-    chosen [B], the logits after them."""
-    from transformers import DynamicCache
-
-    try:
-        cache = DynamicCache(config=model.config)
-    except TypeError:  # older transformers
-        cache = DynamicCache()
-    # transformers renamed `past_key_values` to `cache` (5.x); take whichever this model has
-    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    state = {"attn": attn, "pos": pos[:, -1:]}
-
-    def step(tok: torch.Tensor | None) -> torch.Tensor:
-        if tok is None:
-            out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
-                        **{kw: cache})
-        else:
-            state["attn"] = torch.cat([state["attn"], torch.ones_like(attn[:, :1])], 1)
-            state["pos"] = state["pos"] + 1
-            out = model(input_ids=tok[:, None], attention_mask=state["attn"], position_ids=state["pos"],
-                        use_cache=True, **{kw: cache})
-        return out.logits[:, -1, :]
-
-    return step
-
-
-# No autograd bookkeeping at all: faster than no_grad (benchmarks/RESULTS.md §9).
-@torch.inference_mode()
-def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top_p: float, max_new_tokens: int,
-           eos_id: int, pad_id: int, lean: LeanDecoder | None = None,
-           seeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ancestral sampling from a Hugging Face causal LM with its KV cache: ([B, <= max_new_tokens]
-    new tokens for the left-padded `ids`, pad after a row's EOS, stopping once every row has ended;
-    each token's log-prob [B, same] under the distribution it was drawn from, 0 after the row's
-    end and for greedy choices). `seeds` [B] int64: each row's sampling seed (drawn from torch's
-    global generator when None). The same distribution as `generate(do_sample=True, temperature,
-    top_p, top_k=0)`, without its per-token logits processors and stopping criteria: faster, and
-    faster again through `lean` (the same model run by a LeanDecoder; benchmarks/RESULTS.md §9).
-    The outputs are inference-mode tensors (no autograd)."""
-    step = lean.stepper(ids, attn, max_new_tokens) if lean is not None else hf_stepper(model, ids, attn)
-    if seeds is None:
-        seeds = torch.randint(0, 2**62, (ids.shape[0],))
-    seeds = seeds.to(device=ids.device, dtype=torch.long)
-    logits = step(None)
-    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-    new, lps = [], []
-    for t in range(max_new_tokens):
-        logits = logits.float()
-        if temperature < GREEDY_BELOW:
-            tok = logits.argmax(-1)
-            lp = torch.zeros(tok.shape, device=logits.device)
-        else:
-            logits = logits / temperature
-            if top_p < 1.0:
-                logits = _keep_top_p(logits, top_p)
-            tok = (logits.double() + gumbel_noise(seeds, t, logits.shape[-1])).argmax(-1)
-            lp = logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(1)
-        tok = tok.masked_fill(done, pad_id)
-        new.append(tok)
-        lps.append(lp.masked_fill(done, 0.0))
-        done |= tok == eos_id
-        if t + 1 == max_new_tokens or bool(done.all()):
-            break
-        logits = step(tok)
-    if not new:
-        return ids.new_zeros(ids.shape[0], 0), torch.zeros(ids.shape[0], 0, device=ids.device)
-    return torch.stack(new, 1), torch.stack(lps, 1)
-
-
-class HFRollout(RolloutEngine):
+class HFEngine(Engine):
     """`decoder`: "auto" samples a Llama-family model with the lean decoder (rollout/lean.py)
     and any other through its forward; "model" always through its forward. `dtype`: the copy's
     dtype (default `lm`'s own); the weight sync casts into it."""
 
-    def __init__(self, lm: torch.nn.Module, pad_id: int, eos_id: int, device, decoder: str = "auto",
-                 dtype: torch.dtype | None = None):
+    def __init__(self, lm, pad_id: int, eos_id: int, device, decoder: str = "auto", dtype=None):
+        import copy
+
+        from reasonrl_fast.rollout.lean import LeanDecoder, unsupported
+
         if decoder not in ("auto", "model"):
-            raise ValueError(f"HFRollout: decoder={decoder!r}, expected 'auto' or 'model'")
+            raise ValueError(f"HFEngine: decoder={decoder!r}, expected 'auto' or 'model'")
         self.model = copy.deepcopy(lm).to(device=device, dtype=dtype).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -143,21 +36,25 @@ class HFRollout(RolloutEngine):
         self.lean = LeanDecoder(self.model) if decoder == "auto" and unsupported(self.model) is None else None
         self.params = dict(self.model.named_parameters())  # after the lean decoder's fusing
 
-    @torch.no_grad()
     def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds):
+        import torch
+
+        from reasonrl_fast.rollout.sampling import sample
+
         if not prompts:
             return Samples()
         rep = [p for p in prompts for _ in range(n)]
         if len(seeds) != len(rep):
-            raise ValueError(f"HFRollout.generate: {len(seeds)} seeds for {len(rep)} samples")
+            raise ValueError(f"HFEngine.generate: {len(seeds)} seeds for {len(rep)} samples")
         width = max(len(p) for p in rep)
         ids = torch.full((len(rep), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for i, p in enumerate(rep):
             ids[i, width - len(p):] = torch.tensor(p)
             attn[i, width - len(p):] = 1
-        out, lps = sample(self.model, ids.to(self.device), attn.to(self.device), temperature, top_p,
-                          max_new_tokens, self.eos_id, self.pad_id, self.lean, torch.tensor(seeds))
+        with torch.no_grad():
+            out, lps = sample(self.model, ids.to(self.device), attn.to(self.device), temperature, top_p,
+                              max_new_tokens, self.eos_id, self.pad_id, self.lean, torch.tensor(seeds))
         res = Samples()
         for row, lp in zip(out.tolist(), lps.tolist()):
             end = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)  # keep EOS: the policy learns to stop
@@ -165,7 +62,41 @@ class HFRollout(RolloutEngine):
             res.logprobs.append(lp[:end])
         return res
 
-    @torch.no_grad()
     def load_weights(self, named_tensors):
-        for name, t in named_tensors:
-            self.params[name].copy_(t)
+        import torch
+
+        with torch.no_grad():
+            for name, t in named_tensors:
+                self.params[name].copy_(t)
+
+
+class HF(EngineSpec):
+    """The `hf` engine's facts (rollout/registry.py `EngineSpec`)."""
+
+    name = "hf"
+    label = "hf"
+    needs_trainer_copy = True
+
+    def memory(self, cfg, shape, layout, device_bytes):
+        # a full copy of the weights beside the trainer's, and a KV cache as long as its batch,
+        # every row at its longest (the sampler's DynamicCache, or the lean decoder's)
+        s, batch = shape, rollout_sequences(cfg)
+        seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        eb = dtype_bytes(layout.rollout_dtype)
+        weights = s.params * eb
+        cache = (2 * s.layers * batch * s.kv_heads * s.head_dim * seq * eb
+                 + batch * s.vocab * SAMPLER_BYTES_PER_LOGIT)
+        name = self.label or self.name
+        return EngineMemory([
+            MemoryTerm(f"{name} rollout copy", weights, weights,
+                       f"full weights in {layout.rollout_dtype}, refreshed every sync", ""),
+            MemoryTerm(f"{name} rollout KV cache", cache, 0, f"{batch} rows x {seq} tokens")])
+
+    def build(self, cfg, layout, lm, model_path, tok, log=print, *, device=None, log_path=None):
+        import torch
+
+        return HFEngine(lm, tok.pad_token_id, tok.eos_token_id, engine_device(layout, device), cfg.rollout.decoder,
+                        getattr(torch, layout.rollout_dtype))
+
+
+__all__ = ["HF", "HFEngine"]

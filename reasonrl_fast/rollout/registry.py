@@ -1,20 +1,23 @@
 """The rollout engines, by name (`rollout.backend`), and what each one knows about itself.
 
-`ROLLOUTS` maps a name to the `Rollout` class that describes the engine, as "module:Class",
+`ROLLOUTS` maps a name to the `EngineSpec` class that describes the engine, as "module:Class",
 imported when it is asked for (verl's `_ROLLOUT_REGISTRY` idea): an engine whose packages are not
-installed costs nothing until a run names it. A new engine is one module defining a `Rollout`
-subclass (its facts, and `build`, which imports the engine itself) and one line in the table
-(registry.py `ROLLOUTS`, re-exported here); config's `rollout.backend` choices are its keys. A
-test or a plug-in adds one with one line, `ROLLOUTS["name"] = "package.module:Class"`; an engine
-with settings of its own declares them under `rollout.` (`section`, `Settings`).
+installed costs nothing until a run names it. A new engine is one module defining an `EngineSpec`
+subclass (its facts, its memory, and `build`, which imports the engine itself and returns the
+`Engine` of rollout/base.py that samples) and one line in the table (registry.py `ROLLOUTS`,
+re-exported here); config's `rollout.backend` choices are its keys. A test or a plug-in adds one
+with one line, `ROLLOUTS["name"] = "package.module:Class"`; an engine with settings of its own
+declares them under `rollout.` (`section`, `Settings`).
 
 The facts (everything but `build`) are answered without torch, so the planner, the config checks
 and the driver's setup ask them on any machine. The loop, eval, the cluster's error notes, the
-preflight and the planner ask the engine's class; none of them compares the backend's name."""
+preflight and the planner ask the engine's spec; none of them compares the backend's name.
+Throughout the project the spec is called `spec` and the engine it builds `engine`."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 from reasonrl_fast.registry import ROLLOUTS
 
@@ -23,10 +26,39 @@ FALLBACK = "hf"
 recipe's engine is not installed)."""
 
 
-class Rollout:
+GIB = 2 ** 30
+
+
+@dataclass
+class MemoryTerm:
+    """One row of the planner's table (plan.py) that an engine holds on one worker, in bytes."""
+
+    name: str
+    rollout: float
+    """Held while the engine samples."""
+    update: float
+    """Held through the update (0 for an engine that sleeps, or frees it)."""
+    note: str = ""
+    knob: str = "engine"
+    """The planner's advice for this row ("engine": the engine's memory settings; "" none)."""
+
+
+@dataclass
+class EngineMemory:
+    """What an engine costs one worker, as the planner counts it (`EngineSpec.memory`)."""
+
+    terms: list[MemoryTerm] = field(default_factory=list)
+    sequences: float | None = None
+    """Full-length sequences one engine holds in flight (its KV cache over one sequence's); None
+    for an engine whose cache is as long as its batch (it has no size of its own to advise on)."""
+    problems: list[str] = field(default_factory=list)
+    """What stops the engine starting with these settings, whatever the total."""
+
+
+class EngineSpec:
     """One generation engine: its facts (default methods: an engine that needs no check, writes
-    no log and samples in the trainer's compute dtype) and `build`, which makes the
-    `RolloutEngine` (rollout/base.py) a trainer worker or an eval worker samples with."""
+    no log and samples in the trainer's compute dtype), its memory, and `build`, which makes the
+    `Engine` (rollout/base.py) a rollout worker (rollout/worker.py) samples with."""
 
     name = ""
     label = ""
@@ -86,33 +118,44 @@ class Rollout:
         """The share of the device the engine takes when it is sized by a share, else None."""
         return None
 
-    def build(self, cfg, lm, model_path: str, pad_id: int, eos_id: int, device, dtype, kv_bytes: int | None,
-              log_path: str | None, log):
-        """The engine (a RolloutEngine) on `device` (a torch.device), in `dtype` (a torch.dtype,
-        what `dtype` decided): `lm` the policy's Hugging Face model where `needs_trainer_copy`
-        (else None), `model_path` its directory, `kv_bytes` what `kv_cache_bytes` decided, its own
-        log to `log_path`, notes to `log`."""
+    def start_problem(self, cfg, shape, layout) -> str | None:
+        """What stops the engine of `layout` starting for a model of `shape` (models/shape.py) with
+        these settings (a KV cache too small for one full-length sequence), else None. The
+        planner and the trainer's preflight both ask."""
+        return None
+
+    def memory(self, cfg, shape, layout, device_bytes: float) -> EngineMemory:
+        """What the engine of `layout` holds on one worker (one engine rank) for a model of
+        `shape`, on a device of `device_bytes` (a GPU's memory, or a CPU worker's share of the
+        host's): the planner's rows (plan.py `estimate`), how many full-length sequences it has
+        room for, and what would stop it. The default counts nothing: an engine of its own says
+        what it holds."""
+        return EngineMemory()
+
+    def build(self, cfg, layout, lm, model_path: str, tok, log=print, *, device=None, log_path: str | None = None):
+        """The engine (an Engine, rollout/base.py) as the run's Layout (layout/resolve.py
+        `resolve`) has it: sampling in `layout.rollout_dtype`, its KV cache `layout.kv_cache_bytes`
+        (or its share of the GPU). `lm`: the policy's Hugging Face model, which an engine that
+        `needs_trainer_copy` copies (others load `model_path`, its directory, themselves; the
+        caller may pass None to them); `tok`: its tokenizer (the pad and end tokens); notes to
+        `log`. `device` (a torch.device): where it samples (default the current CUDA device where
+        `layout.device` is "cuda", else the CPU); its own log to `log_path`."""
         raise NotImplementedError
 
 
-class HF(Rollout):
-    """The `hf` engine: the policy's Hugging Face model sampled with its KV cache (rollout/hf.py),
-    on every device and model. Its facts live here, beside the base, because hf.py is torch
-    through and through."""
+def engine_device(layout, device=None):
+    """`device` as a torch.device, by default the one `layout` runs on (this process's current
+    CUDA device)."""
+    import torch
 
-    name = "hf"
-    label = "hf"
-    needs_trainer_copy = True
-
-    def build(self, cfg, lm, model_path, pad_id, eos_id, device, dtype, kv_bytes, log_path, log):
-        from reasonrl_fast.rollout.hf import HFRollout
-
-        return HFRollout(lm, pad_id, eos_id, device, cfg.rollout.decoder, dtype)
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda", torch.cuda.current_device()) if layout.device == "cuda" else torch.device("cpu")
 
 
-def get_rollout(name: str) -> Rollout:
-    """The engine called `name` (its class imported on first use, one instance per class path);
-    a ValueError listing the known ones otherwise."""
+def get_rollout(name: str) -> EngineSpec:
+    """The spec of the engine called `name` (its class imported on first use, one instance per
+    class path); a ValueError listing the known ones otherwise."""
     return ROLLOUTS.lookup(name)
 
 
@@ -128,4 +171,5 @@ def last_line(path: str) -> str:
     return lines[-1] if lines else ""
 
 
-__all__ = ["FALLBACK", "HF", "ROLLOUTS", "Rollout", "get_rollout", "last_line"]
+__all__ = ["FALLBACK", "GIB", "ROLLOUTS", "EngineMemory", "EngineSpec", "MemoryTerm", "engine_device", "get_rollout",
+           "last_line"]

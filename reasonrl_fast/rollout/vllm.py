@@ -21,8 +21,8 @@ holds 1/TP of the weights and of the KV cache, and loads its part from the same 
   when the engine fails; an engine that cannot get its KV cache's memory is a ConfigError that
   says what to set.
 - `VLLM` is what the registry (rollout/registry.py) knows of the engine: its preflight, log,
-  dtype and memory, answered without importing torch or vLLM (this module imports neither until
-  an engine is built or checked)."""
+  dtype and memory (the planner's rows too, plan.py), answered without importing torch or vLLM
+  (this module imports neither until an engine is built or checked)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.layout import dtype_bytes
 from reasonrl_fast.models.shape import context_overrides, read
-from reasonrl_fast.rollout.base import GREEDY_BELOW, RolloutEngine, Samples
-from reasonrl_fast.rollout.registry import Rollout
+from reasonrl_fast.rollout.base import GREEDY_BELOW, Engine, Samples
+from reasonrl_fast.rollout.registry import GIB, EngineMemory, EngineSpec, MemoryTerm, engine_device
 from reasonrl_fast.util import meminfo_bytes, rollout_sequences
 
 if TYPE_CHECKING:  # annotations only: the engine's facts (`VLLM`) load without torch
@@ -53,6 +53,9 @@ CPU_BLOCK_TOKENS = 128
 # Spare blocks beyond the batch at its longest, so that the scheduler never waits on a block the
 # prefix cache still holds; vLLM's pool also keeps one null block back for itself.
 KV_SPARE = 0.05
+# What vLLM needs on a GPU beyond its weights and KV cache: the activations of its profiling batch,
+# the sampler's logits and CUDA graphs (about 1-2 GiB for 4-32B models at the default batch limits).
+VLLM_OVERHEAD_GIB = 2.0
 
 
 def kv_shape(config, tp: int = 1) -> tuple[int, int, int]:
@@ -66,19 +69,25 @@ def kv_shape(config, tp: int = 1) -> tuple[int, int, int]:
             read(config, "head_dim") or read(config, "hidden_size") // heads)
 
 
+def kv_token_bytes(kv: tuple[int, int, int], dtype_bytes: int) -> int:
+    """The bytes one token takes in one rank's KV cache, for a model of `kv_shape` `kv` cached in
+    `dtype_bytes`: keys and values, every layer, the rank's key/value heads. The engine's size
+    (`kv_cache_bytes`) and the planner's rows (`VLLM.memory`) both count with it."""
+    layers, kv_heads, head_dim = kv
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
 def kv_cache_bytes(cfg, kv: tuple[int, int, int], dtype_bytes: int, sequences: int | None = None) -> int:
     """The bytes of the engine's KV cache on one rank (vLLM's `kv_cache_memory_bytes` is per
     rank): rollout.kv_cache_memory_bytes when set, else what `sequences` (default: the engine's
     batch, `rollout_sequences`) need at their longest, data.max_prompt_length +
-    rollout.max_new_tokens tokens each, for a model of `kv_shape` `kv` cached in `dtype_bytes`:
-    2 (keys and values) x layers x the rank's kv heads x head size x bytes per token, each sequence in
-    whole CPU blocks, KV_SPARE more blocks and vLLM's null block. Fewer bytes only make vLLM
+    rollout.max_new_tokens tokens each, for a model of `kv_shape` `kv` cached in `dtype_bytes`
+    (`kv_token_bytes` a token), each sequence in whole CPU blocks, KV_SPARE more blocks and vLLM's null block. Fewer bytes only make vLLM
     queue what does not fit (slower); more are held by the engine for the whole run. The workers
     and the planner (plan.py) both size the engine with this function (`VLLM.kv_cache_bytes`)."""
     if cfg.rollout.kv_cache_memory_bytes is not None:
         return cfg.rollout.kv_cache_memory_bytes
-    layers, kv_heads, head_dim = kv
-    block = 2 * layers * kv_heads * head_dim * dtype_bytes * CPU_BLOCK_TOKENS
+    block = kv_token_bytes(kv, dtype_bytes) * CPU_BLOCK_TOKENS
     seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     blocks = (sequences or rollout_sequences(cfg)) * -(-seq // CPU_BLOCK_TOKENS)
     return (math.ceil(blocks * (1 + KV_SPARE)) + 1) * block
@@ -197,7 +206,7 @@ def _unlink_shm(prefix: str) -> None:
             pass
 
 
-class VLLMRollout(RolloutEngine):
+class VLLMEngine(Engine):
     """One engine, or with `tensor_parallel_size` TP > 1 this process's rank of one (vLLM's
     `external_launcher`: TP consecutive ranks of the caller's torch.distributed group, initialised
     before, with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment, as
@@ -213,7 +222,7 @@ class VLLMRollout(RolloutEngine):
             import torch.distributed as dist
 
             if not dist.is_initialized() or "MASTER_PORT" not in os.environ:
-                raise ValueError(f"VLLMRollout(tensor_parallel_size={tensor_parallel_size}): initialise "
+                raise ValueError(f"VLLMEngine(tensor_parallel_size={tensor_parallel_size}): initialise "
                                  f"torch.distributed first (env:// variables set), one rank per engine rank")
             # vLLM's device index on a GPU (the one this process sees), its node-local rank on CPU
             os.environ["LOCAL_RANK"] = str(local_rank)
@@ -249,7 +258,7 @@ class VLLMRollout(RolloutEngine):
         if not prompts:
             return Samples()
         if len(seeds) != len(prompts) * n:
-            raise ValueError(f"VLLMRollout.generate: {len(seeds)} seeds for {len(prompts) * n} samples")
+            raise ValueError(f"VLLMEngine.generate: {len(seeds)} seeds for {len(prompts) * n} samples")
         greedy = temperature < GREEDY_BELOW
         reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(n)]
         params = [SamplingParams(n=1, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
@@ -290,8 +299,8 @@ class VLLMRollout(RolloutEngine):
             del llm
 
 
-class VLLM(Rollout):
-    """The `vllm` engine's facts (rollout/registry.py `Rollout`): answered without torch or vLLM,
+class VLLM(EngineSpec):
+    """The `vllm` engine's facts (rollout/registry.py `EngineSpec`): answered without torch or vLLM,
     except `preflight`, which imports vLLM, and `build`."""
 
     name = "vllm"
@@ -331,8 +340,65 @@ class VLLM(Rollout):
             return None
         return cfg.rollout.gpu_memory_utilization or GPU_UTILIZATION
 
-    def build(self, cfg, lm, model_path, pad_id, eos_id, device, dtype, kv_bytes, log_path, log):
+    def start_problem(self, cfg, shape, layout):
+        # vLLM refuses to start with a KV cache (the bytes it is given, on one rank) that cannot
+        # hold one full-length sequence
+        kv, seq = layout.kv_cache_bytes, cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        one = kv_token_bytes(kv_shape(shape.config, layout.engine_tp), dtype_bytes(layout.rollout_dtype)) * seq
+        if kv is None or kv >= one:
+            return None
+        return (f"rollout.kv_cache_memory_bytes={kv} holds less than one {seq}-token sequence's KV cache on an "
+                f"engine rank ({one} bytes at TP {layout.engine_tp}): the {self.label} engine would not start")
+
+    def memory(self, cfg, shape, layout, device_bytes):
+        # One GPU (one engine rank) of an engine over tp workers: vLLM shards every linear layer
+        # over its ranks and the embeddings and LM head by vocabulary; what it replicates (the
+        # norms) is a few MiB. The KV cache per rank: its key/value heads (`kv_shape`).
+        s, tp, name = shape, layout.engine_tp, self.label
+        seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        token = kv_token_bytes(kv_shape(s.config, tp), dtype_bytes(layout.rollout_dtype))
+        weights = s.params * dtype_bytes(layout.rollout_dtype) / tp
+        one = token * seq  # one full-length sequence's KV cache on one rank
+        kv, util, gpu = layout.kv_cache_bytes, layout.engine_share, layout.device == "cuda"
+        problem = self.start_problem(cfg, shape, layout)
+        out = EngineMemory(problems=[problem] if problem else [])
+        overhead = VLLM_OVERHEAD_GIB * GIB
+        if util is not None:  # its share of the GPU, weights and overhead first, the rest KV cache
+            engine = util * device_bytes
+            need = weights + one + overhead
+            room = engine - weights - overhead
+            tokens = int(room / token) if room > 0 else 0
+            out.sequences = tokens / seq
+            out.terms.append(MemoryTerm(
+                f"{name} engine", engine, 0, f"{util:g} of {device_bytes / GIB:g} GiB; TP {tp}: {weights / GIB:.1f} GiB "
+                f"weights per GPU, KV room ~{tokens} tokens ({tokens / seq:.1f} sequences of {seq} per engine); "
+                f"asleep in the update"))
+            if engine < need:
+                out.problems.append(
+                    f"rollout.gpu_memory_utilization={util:g} gives the {name} engine {engine / GIB:.1f} GiB of each "
+                    f"GPU, but its weights there (TP {tp}), one {seq}-token sequence's KV cache and "
+                    f"~{VLLM_OVERHEAD_GIB:g} GiB of overhead need {need / GIB:.1f} GiB: set it to at least "
+                    f"{need / device_bytes + 0.005:.2f}")
+            return out
+        out.sequences = kv / one
+        what = ("rollout.kv_cache_memory_bytes" if cfg.rollout.kv_cache_memory_bytes is not None
+                else f"{rollout_sequences(cfg)} sequences x {seq} tokens, in blocks")
+        where = f"TP {tp}: weights / {tp}" if tp > 1 else "weights"
+        if gpu:  # asleep through the update
+            engine = weights + kv + overhead
+            out.terms.append(MemoryTerm(f"{name} engine", engine, 0, f"{where} + {kv / GIB:.2f} GiB KV cache "
+                                        f"({what}) + ~{VLLM_OVERHEAD_GIB:g} GiB; asleep in the update"))
+        else:  # no sleep mode on CPU: it holds its memory through the update
+            engine = weights + kv
+            out.terms.append(MemoryTerm(f"{name} engine", engine, engine, f"{where} + {kv / GIB:.3g} GiB KV cache "
+                                        f"({what}); no sleep on CPU"))
+        return out
+
+    def build(self, cfg, layout, lm, model_path, tok, log=print, *, device=None, log_path=None):
+        import torch
+
         r = cfg.rollout
+        device, kv_bytes = engine_device(layout, device), layout.kv_cache_bytes
         if device.type != "cuda" and r.gpu_memory_utilization is not None:
             log(f"rollout.gpu_memory_utilization={r.gpu_memory_utilization:g} applies on a GPU only: vLLM on CPU "
                 f"keeps a KV cache of {kv_bytes} bytes (rollout.kv_cache_memory_bytes)")
@@ -341,6 +407,7 @@ class VLLM(Rollout):
             import torch.distributed as dist
 
             local = (device.index or 0) if device.type == "cuda" else dist.get_rank() % cfg.trainer.workers_per_node
-        return VLLMRollout(model_path, dtype, eos_id, cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed,
-                           device, r.gpu_memory_utilization, log_path, log, cfg.model.max_position_embeddings,
-                           kv_bytes, r.tensor_parallel_size, local)
+        return VLLMEngine(model_path, getattr(torch, layout.rollout_dtype), tok.eos_token_id,
+                          cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed, device,
+                          r.gpu_memory_utilization, log_path, log, cfg.model.max_position_embeddings, kv_bytes,
+                          r.tensor_parallel_size, local)

@@ -153,18 +153,20 @@ def wait_for_gcs(address: str, key: str, timeout_s: float) -> None:
             time.sleep(0.5)
 
 
-def place_workers(t, bundle: dict, local: bool):
-    """A ready placement group of `nnodes x workers_per_node` bundles, or an error that says what
-    the cluster lacks (instead of a bare timeout)."""
+def place_workers(t, bundle: dict, local: bool, world: int | None = None, nodes: int | None = None):
+    """A ready placement group of `world` bundles (default `nnodes x workers_per_node`) over
+    `nodes` nodes (default `nnodes`; 1: packed, on as few nodes as hold them), or an error that
+    says what the cluster lacks (instead of a bare timeout)."""
     alive = [n for n in ray.nodes() if n.get("Alive")]
-    if t.nnodes > len(alive):
+    nodes = nodes or t.nnodes
+    if nodes > len(alive):
         hint = (" (a local instance is one node: join a multi-node cluster with trainer.ray_address "
                 "or RAY_ADDRESS)" if local else "")
         raise ClusterError(f"trainer.nnodes={t.nnodes}, but the Ray cluster has {len(alive)} alive "
                            f"node(s){hint}")
-    world = t.nnodes * t.workers_per_node
+    world = world or t.nnodes * t.workers_per_node
     # nnodes > 1 with one worker per node: one bundle per node (STRICT_SPREAD).
-    strategy = "PACK" if t.nnodes == 1 else ("STRICT_SPREAD" if t.workers_per_node == 1 else "SPREAD")
+    strategy = "PACK" if nodes == 1 else ("STRICT_SPREAD" if t.workers_per_node == 1 else "SPREAD")
     pg = placement_group([dict(bundle) for _ in range(world)], strategy=strategy)
     try:
         ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
@@ -209,13 +211,13 @@ def user_error(e: BaseException) -> UserError | None:
     return None
 
 
-def as_completed(refs: list, what: str):
+def as_completed(refs: list, what: str, ranks: list[int] | None = None):
     """(rank, result) of one call per rank, in the order they finish, failing as soon as any
-    rank fails. A plain ray.get on the list would wait for rank 0 first, and rank 0 may be
+    rank fails (`ranks`: the rank each call went to, by default its place in `refs`). A plain ray.get on the list would wait for rank 0 first, and rank 0 may be
     blocked in a collective with the dead rank until the collective timeout runs out. A
     UserError a rank raised is raised as itself; any other failure is a WorkerError naming the
     rank (with the traceback of its cause)."""
-    rank_of = {ref: r for r, ref in enumerate(refs)}
+    rank_of = {ref: r for ref, r in zip(refs, range(len(refs)) if ranks is None else ranks, strict=True)}
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
@@ -232,9 +234,10 @@ def as_completed(refs: list, what: str):
         yield r, value
 
 
-def gather(refs: list, what: str) -> list:
-    """ray.get of one call per rank, in rank order (see `as_completed`)."""
+def gather(refs: list, what: str, ranks: list[int] | None = None) -> list:
+    """ray.get of one call per rank, in the order of `refs` (see `as_completed`)."""
+    place = {r: i for i, r in enumerate(range(len(refs)) if ranks is None else ranks)}
     out: list = [None] * len(refs)
-    for r, value in as_completed(refs, what):
-        out[r] = value
+    for r, value in as_completed(refs, what, ranks):
+        out[place[r]] = value
     return out

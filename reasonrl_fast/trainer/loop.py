@@ -144,8 +144,8 @@ def _started(cfg, log):
     model_path = warm_start(cfg, log) if cfg.embedded_model else cfg.model.path
     tok = load_tokenizer(model_path)
     train_set, val_set = load_datasets(cfg, tok)
-    engine = get_rollout(cfg.rollout.backend)
-    engine_line = engine.describe(cfg, out_dir, engine.preflight())  # checked by the preflight: its log line
+    spec = get_rollout(cfg.rollout.backend)
+    engine_line = spec.describe(cfg, out_dir, spec.preflight())  # checked by the preflight: its log line
     if engine_line:
         log(engine_line)
 

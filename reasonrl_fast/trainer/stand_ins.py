@@ -24,12 +24,12 @@ GENRM_SHAPE = "Qwen3-4B-Instruct-2507"
 from it (configs/fapo_genrm_qwen3_4b.yaml)."""
 
 
-def stand_in_head_dim(engine) -> int:
+def stand_in_head_dim(spec) -> int:
     """The stand-in's head size: stand_in.HEAD_DIM, or the smallest above it that the rehearsal's
-    rollout engine can run on CPU (vLLM's CPU attention starts at 32)."""
+    rollout engine (its spec, rollout/registry.py) can run on CPU (vLLM's CPU attention starts at 32)."""
     from reasonrl_fast.models import stand_in
 
-    dims = engine.cpu_head_dims
+    dims = spec.cpu_head_dims
     return stand_in.HEAD_DIM if not dims or stand_in.HEAD_DIM in dims else min(
         d for d in dims if d > stand_in.HEAD_DIM)
 

@@ -1,8 +1,9 @@
-"""One FSDP rank as a Ray actor: it owns a shard of the policy (and of the frozen reference), an
-optimiser, and a rollout engine with a full copy of the weights (or its rank of a tensor-parallel
-engine that spans rollout.tensor_parallel_size workers, with 1/TP of them). The driver (loop.py) tells it
-what to do; every method that touches sharded weights is called on all workers together. It
-keeps the samples it generated for the step: the driver sends back only their advantages."""
+"""One FSDP rank as a Ray actor: a rollout worker (rollout/worker.py `RolloutWorker`: a rollout
+engine with a full copy of the weights, or its rank of a tensor-parallel engine that spans
+rollout.tensor_parallel_size workers, with 1/TP of them) that also owns a shard of the policy (and
+of the frozen reference) and an optimiser, and updates them. The driver (loop.py) tells it what to
+do; every method that touches sharded weights is called on all workers together. It keeps the
+samples it generated for the step: the driver sends back only their advantages."""
 
 from __future__ import annotations
 
@@ -22,10 +23,9 @@ from reasonrl_fast.layout import mini_batches, resolve
 from reasonrl_fast.models.lm_head import head_blocker, meta_model
 from reasonrl_fast.models.loading import (enable_checkpointing, load_model, load_model_config, load_tokenizer,
                                           torch_dtype)
-from reasonrl_fast.rollout import make_rollout
+from reasonrl_fast.rollout.worker import RolloutWorker
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer import update
-from reasonrl_fast.runtime.distributed import rendezvous_address
 from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, iter_full, replicate, shard
 from reasonrl_fast.trainer.policy import Actor
 from reasonrl_fast.util import derive_seed
@@ -33,22 +33,13 @@ from reasonrl_fast.trainer.optim import make_optimizer
 from reasonrl_fast.trainer.schedule import advance, make_scheduler
 
 
-class Worker:
-    # The constructor only stores its arguments: what can fail on bad input (loading the model,
-    # a setting only the device can judge) runs in `setup`, a method call, whose exception Ray
-    # hands to the driver as itself (runtime/ray_cluster.py `as_completed`), while an error in
-    # an actor's constructor reaches it only as text.
-    def __init__(self, cfg, rank: int, world: int, model_path: str, engine):
-        # `engine`: the driver's rollout engine class (rollout/registry.py), so that an engine
-        # registered in the driver reaches the workers
-        self.cfg, self.rank, self.world, self.model_path, self.engine = cfg, rank, world, model_path, engine
-        if not torch.cuda.is_available():
-            # One CPU slot per worker: more threads than cores only adds contention.
-            torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
+class Worker(RolloutWorker):
+    """A rollout worker whose engine samples the policy it trains; `spec`: the driver's engine
+    spec (rollout/registry.py). Its engine writes its own log under trainer.output_dir. As a
+    rollout worker's, its constructor only stores its arguments."""
 
-    def address(self) -> tuple[str, int]:
-        """Rank 0's address and a port for the process group rendezvous."""
-        return rendezvous_address(self)
+    def __init__(self, cfg, rank: int, world: int, model_path: str, spec):
+        super().__init__(cfg, rank, world, model_path, spec, log_dir=cfg.trainer.output_dir)
 
     def setup(self, master_addr: str, master_port: int) -> dict:
         """Load and hold the model as the run's Layout says (layout/resolve.py `resolve`, the rules
@@ -60,16 +51,13 @@ class Worker:
         torch.manual_seed(cfg.trainer.seed)  # same init of the Z-head on every rank
         self.tok = load_tokenizer(self.model_path)
         config = load_model_config(self.model_path, cfg.model.max_position_embeddings)
-        engine = self.engine
         # what only a built model shows against the fused head: built on the meta device, no memory
-        self.layout = layout = resolve(cfg, config, self.device.type, self.world, engine,
+        self.layout = layout = resolve(cfg, config, self.device.type, self.world, self.spec,
                                        head_blocker=head_blocker(meta_model(config)))
         compute = torch_dtype(layout.compute_dtype)
         lm = load_model(self.model_path, torch_dtype(layout.weight_dtype), layout.attention,
                         cfg.model.max_position_embeddings)
-        self.rollout = make_rollout(cfg, layout, lm, self.model_path, self.tok.pad_token_id, self.tok.eos_token_id,
-                                    self.device, engine.log_path(cfg.trainer.output_dir, self.rank), self._log,
-                                    engine)
+        self.load_engine(layout, lm, self.device)
         if cfg.model.gradient_checkpointing:  # after the rollout's copy: only the trained model recomputes
             enable_checkpointing(lm)
         self.algo = get_algo(cfg.algo)
@@ -112,19 +100,18 @@ class Worker:
     # ------------------------------------------------------------------ rollout
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, seeds: list[int],
-                 keep: bool = False, own: tuple[int, int] | None = None) -> list[list[int]]:
+                 own: tuple[int, int] | None = None, keep: bool = False) -> list[list[int]]:
         """Step 1 of the loop's step: n responses per prompt (prompt-major), sample i drawn with
         seeds[i], at the caller's temperature and top-p (training's or validation's). `prompts` are
         the engine's: with a tensor-parallel engine every one of its ranks samples them all alike,
         and this worker's own are prompts[own[0]:own[1]] (None: all); it returns and keeps only
         its own. `keep`: these are the step's training samples (with the sampler's log-probs),
         which `train_step` trains on."""
-        out = self.rollout.generate(prompts, n, temperature, top_p, self.cfg.rollout.max_new_tokens, seeds)
         a, b = own or (0, len(prompts))
-        tokens, logprobs = out.tokens[a * n:b * n], out.logprobs[a * n:b * n]
+        out = self.sample(prompts, n, temperature, top_p, seeds, (a, b))
         if keep:
-            self._samples = ([p for p in prompts[a:b] for _ in range(n)], tokens, logprobs)
-        return tokens
+            self._samples = ([p for p in prompts[a:b] for _ in range(n)], out.tokens, out.logprobs)
+        return out.tokens
 
     # ------------------------------------------------------------------ update
 
@@ -140,7 +127,7 @@ class Worker:
         self._samples = None
         if len(adv) != len(responses):
             raise ValueError(f"train_step: {len(adv)} advantages for {len(responses)} kept samples")
-        self.rollout.sleep()  # the engine's memory is the update's until the next sync
+        self.engine.sleep()  # the engine's memory is the update's until the next sync
         torch.manual_seed(derive_seed(cfg.trainer.seed, "update", step, self.rank))  # Z-head dropout
         adv = torch.tensor(adv, dtype=torch.float32, device=self.device)
         chunks = mini_batches(cfg, len(responses) // cfg.rollout.n)
@@ -191,7 +178,7 @@ class Worker:
         if step % cfg.rollout.sync_every == 0:
             self.sync_weights()
         else:
-            self.rollout.wake()  # the engine keeps the weights of the last sync
+            self.engine.wake()  # the engine keeps the weights of the last sync
         return update_metrics(stats, sums, norms, skipped, lr, sum(len(m) for m in plans), logprob_s, update_s,
                               time.perf_counter() - t0, self._peak_gb())
 
@@ -199,7 +186,7 @@ class Worker:
         """Gather the LM's parameters (not the Z-head), a bucket per collective, in the engine's
         dtype (the Layout's rollout dtype), and copy them into the rollout engine (which wakes
         first if it sleeps)."""
-        self.rollout.load_weights(iter_full(
+        self.load_weights(iter_full(
             [(name[len(LM_PREFIX):], p.detach()) for name, p in self.actor.named_parameters()
              if name.startswith(LM_PREFIX)], dtype=torch_dtype(self.layout.rollout_dtype)))
 
@@ -223,21 +210,10 @@ class Worker:
 
     # ------------------------------------------------------------------ misc
 
-    def _log(self, msg: str) -> None:
-        if self.rank == 0:
-            print(msg, flush=True)
-
     def _peak_gb(self) -> float:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated() / 2**30
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
-
-    def shutdown(self) -> None:
-        rollout = getattr(self, "rollout", None)
-        if rollout is not None:
-            rollout.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def apply_optim_settings(opt, sched, base_lrs: list[float], o) -> None:

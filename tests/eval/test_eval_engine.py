@@ -12,7 +12,7 @@ from tests.helpers.model_dirs import model_dir
 
 
 def test_eval_with_a_registered_third_engine(ray_local, tmp_path, monkeypatch):
-    monkeypatch.setitem(ROLLOUTS, "fake", "tests.helpers.fake_rollout:FakeRollout")  # the one place
+    monkeypatch.setitem(ROLLOUTS, "fake", "tests.helpers.fake_rollout:FakeSpec")  # the one place
     out = tmp_path / "eval"
     cfg = load_config(None, [f"model.path={model_dir(tmp_path / 'm')}", f"eval.output_dir={out}", "eval.n=2",
                              "data.val_size=3", "eval.prompts_per_batch=2", "trainer.workers_per_node=1",

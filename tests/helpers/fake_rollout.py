@@ -1,18 +1,18 @@
 """A third rollout engine for the tests, registered in one place
-(`ROLLOUTS["fake"] = "tests.helpers.fake_rollout:FakeRollout"`): it answers every prompt with the
-same text, ANSWER, then EOS, through the RolloutEngine interface. It loads the model directory's
+(`ROLLOUTS["fake"] = "tests.helpers.fake_rollout:FakeSpec"`): it answers every prompt with the
+same text, ANSWER, then EOS, through the Engine interface (rollout/base.py). It loads the model directory's
 tokenizer, not its weights, so eval builds it without a copy of the policy."""
 
 from __future__ import annotations
 
-from reasonrl_fast.rollout.base import RolloutEngine, Samples
-from reasonrl_fast.rollout.registry import Rollout
+from reasonrl_fast.rollout.base import Engine, Samples
+from reasonrl_fast.rollout.registry import EngineSpec
 
 ANSWER = "\\boxed{0}"
 VERSION = "fixed answers 1.0"
 
 
-class FixedEngine(RolloutEngine):
+class FixedEngine(Engine):
     def __init__(self, ids: list[int], eos_id: int):
         self.ids, self.eos_id = ids, eos_id
 
@@ -27,17 +27,14 @@ class FixedEngine(RolloutEngine):
             pass
 
 
-class FakeRollout(Rollout):
+class FakeSpec(EngineSpec):
     name = "fake"
     label = "fixed-answer"
 
     def preflight(self, architectures=None):
         return VERSION
 
-    def build(self, cfg, lm, model_path, pad_id, eos_id, device, dtype, kv_bytes, log_path, log):
-        from reasonrl_fast.models.loading import load_tokenizer
-
+    def build(self, cfg, layout, lm, model_path, tok, log=print, *, device=None, log_path=None):
         if lm is not None:
-            raise ValueError("FakeRollout.build: given a copy of the policy it did not ask for")
-        ids = load_tokenizer(model_path).encode(ANSWER, add_special_tokens=False)
-        return FixedEngine(ids, eos_id)
+            raise ValueError("FakeSpec.build: given a copy of the policy it did not ask for")
+        return FixedEngine(tok.encode(ANSWER, add_special_tokens=False), tok.eos_token_id)

@@ -1,4 +1,4 @@
-"""rollout/hf.py `sample`: the HF rollout's own sampling loop over a Hugging Face causal LM and
+"""rollout/sampling.py `sample`: the HF rollout's own sampling loop over a Hugging Face causal LM and
 its KV cache, against `generate` (greedy, token for token, with left padding), against the exact
 next-token distribution (temperature, top-p), its handling of EOS, its per-row seeds and the
 log-probs it reports (a few seconds)."""
@@ -10,7 +10,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reasonrl_fast.rollout import sample_seed, sample_seeds
-from reasonrl_fast.rollout.hf import HFRollout, _keep_top_p, gumbel_noise, sample
+from reasonrl_fast.rollout.hf import HFEngine
+from reasonrl_fast.rollout.sampling import _keep_top_p, gumbel_noise, sample
 
 V, PAD, EOS = 29, 0, 2
 
@@ -104,7 +105,7 @@ def test_stops_once_every_row_has_ended():
 
 
 def test_engine_cuts_after_eos_and_is_reproducible():
-    engine = HFRollout(_model(2), PAD, EOS, torch.device("cpu"))
+    engine = HFEngine(_model(2), PAD, EOS, torch.device("cpu"))
     res = engine.generate([[7, 3], [4]], 3, 1.0, 1.0, 20, seeds=list(range(6)))
     assert len(res.tokens) == 6 and all(len(r) <= 20 and (EOS not in r or r.index(EOS) == len(r) - 1) for r in res.tokens)
     assert [len(x) for x in res.logprobs] == [len(r) for r in res.tokens]
@@ -117,7 +118,7 @@ def test_engine_cuts_after_eos_and_is_reproducible():
 def test_engine_samples_in_the_dtype_it_is_given_and_the_sync_casts_into_it():
     """The trainer hands the sampler its compute dtype (bf16 over fp32 masters under FSDP2)."""
     lm = _model(2).float()
-    engine = HFRollout(lm, PAD, EOS, torch.device("cpu"), dtype=torch.bfloat16)
+    engine = HFEngine(lm, PAD, EOS, torch.device("cpu"), dtype=torch.bfloat16)
     assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in lm.parameters()} == {torch.float32}  # the trained model is untouched
     res = engine.generate([[7, 3]], 2, 1.0, 1.0, 8, seeds=[0, 1])
@@ -130,7 +131,7 @@ def test_engine_samples_in_the_dtype_it_is_given_and_the_sync_casts_into_it():
 def test_a_rows_sample_depends_on_its_seed_only():
     """The same seed gives the same response alone, in a batch of others, at another place in
     the batch, and beside prompts of other lengths (other padding); other seeds give others."""
-    engine = HFRollout(_model(3), PAD, EOS, torch.device("cpu"))
+    engine = HFEngine(_model(3), PAD, EOS, torch.device("cpu"))
     seeds = sample_seeds(11, 4, 0, 6)
     together = engine.generate([[7, 3], [4], [9, 9, 9, 9, 9]], 2, 1.0, 0.9, 16, seeds).tokens
     alone = [engine.generate([p], 1, 1.0, 0.9, 16, [s]).tokens[0]
@@ -146,7 +147,7 @@ def test_reported_logprobs_are_the_models_under_the_sampling_distribution():
     """The sampler's log-prob of each token equals log_softmax(logits / T) of a fresh forward over
     prompt + response (float64), with top-p renormalised over the nucleus."""
     model = _model(4)
-    engine = HFRollout(model, PAD, EOS, torch.device("cpu"), decoder="model")
+    engine = HFEngine(model, PAD, EOS, torch.device("cpu"), decoder="model")
     prompts = [[7, 3], [4, 5, 6]]
     for temperature, top_p in [(1.0, 1.0), (0.7, 1.0), (1.2, 0.85)]:
         res = engine.generate(prompts, 3, temperature, top_p, 10, sample_seeds(0, 1, 0, 6))

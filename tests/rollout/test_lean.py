@@ -10,7 +10,8 @@ import torch
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-from reasonrl_fast.rollout.hf import HFRollout, _keep_top_p, hf_stepper, sample
+from reasonrl_fast.rollout.hf import HFEngine
+from reasonrl_fast.rollout.sampling import _keep_top_p, hf_stepper, sample
 from reasonrl_fast.rollout.lean import LeanDecoder, unsupported
 
 V, PAD, EOS = 29, 0, 2
@@ -106,7 +107,7 @@ def test_bf16_error_at_most_twice_the_models(arch):
 
 
 def test_weight_refresh_reaches_the_fused_projections():
-    engine = HFRollout(_model("qwen2", seed=3), PAD, EOS, torch.device("cpu"))
+    engine = HFEngine(_model("qwen2", seed=3), PAD, EOS, torch.device("cpu"))
     assert engine.lean is not None
     new = _model("qwen2", seed=4)
     engine.load_weights(new.named_parameters())
@@ -116,8 +117,8 @@ def test_weight_refresh_reaches_the_fused_projections():
 
 
 def test_engines_choose_and_reproduce():
-    lean_engine = HFRollout(_model("qwen2", seed=5), PAD, EOS, torch.device("cpu"))
-    model_engine = HFRollout(_model("qwen2", seed=5), PAD, EOS, torch.device("cpu"), decoder="model")
+    lean_engine = HFEngine(_model("qwen2", seed=5), PAD, EOS, torch.device("cpu"))
+    model_engine = HFEngine(_model("qwen2", seed=5), PAD, EOS, torch.device("cpu"), decoder="model")
     assert lean_engine.lean is not None and model_engine.lean is None
     for temperature in (0.0, 1.0):  # greedy, and sampled with the same seeds
         args = ([[7, 3], [4, 8, 8]], 4, temperature, 1.0, 12, list(range(8)))
@@ -125,13 +126,13 @@ def test_engines_choose_and_reproduce():
         assert a.tokens == b.tokens
         torch.testing.assert_close(torch.tensor(sum(a.logprobs, [])), torch.tensor(sum(b.logprobs, [])))
     with pytest.raises(ValueError, match="decoder='fast'"):
-        HFRollout(_model("qwen2"), PAD, EOS, torch.device("cpu"), decoder="fast")
+        HFEngine(_model("qwen2"), PAD, EOS, torch.device("cpu"), decoder="fast")
 
 
 def test_other_models_fall_back_to_their_forward():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=32, n_layer=1, n_head=2, n_positions=32)).eval()
     assert "model_type 'gpt2'" in unsupported(gpt2)
-    assert HFRollout(gpt2, PAD, EOS, torch.device("cpu")).lean is None
+    assert HFEngine(gpt2, PAD, EOS, torch.device("cpu")).lean is None
     windowed = Qwen2ForCausalLM(Qwen2Config(**SIZES, use_sliding_window=True, sliding_window=8, max_window_layers=0))
     assert unsupported(windowed) == "sliding-window attention"
     with pytest.raises(ValueError, match="lean decoder: sliding-window attention"):

@@ -13,7 +13,8 @@ import torch
 
 from reasonrl_fast.config import load_config
 from reasonrl_fast.layout import resolve
-from reasonrl_fast.rollout import ROLLOUTS, Rollout, get_rollout, make_rollout
+from reasonrl_fast.rollout import ROLLOUTS, EngineSpec, get_rollout
+from reasonrl_fast.rollout.registry import engine_device
 from reasonrl_fast.rollout.vllm import INSTALL, kv_cache_bytes, kv_shape
 from tests.helpers import venvs
 
@@ -135,19 +136,19 @@ def test_unknown_engine_lists_the_known_ones(monkeypatch):
     with pytest.raises(ValueError, match="known engines are hf, vllm"):
         get_rollout(None)
     # one line adds an engine; the error lists it from then on
-    monkeypatch.setitem(ROLLOUTS, "fake", "tests.helpers.fake_rollout:FakeRollout")
+    monkeypatch.setitem(ROLLOUTS, "fake", "tests.helpers.fake_rollout:FakeSpec")
     fake = get_rollout("fake")
-    assert isinstance(fake, Rollout) and fake.name == "fake" and get_rollout("fake") is fake
+    assert isinstance(fake, EngineSpec) and fake.name == "fake" and get_rollout("fake") is fake
     with pytest.raises(ValueError, match="known engines are hf, vllm, fake"):
         get_rollout("sglang")
 
 
-def test_make_rollout_builds_the_engine_its_class_decides(tmp_path, monkeypatch):
-    """The Layout asks the engine's class for its dtype and KV cache; make_rollout builds
-    through the class with them."""
+def test_the_spec_builds_the_engine_the_layout_decides(tmp_path, monkeypatch):
+    """The Layout asks the engine's spec for its dtype and KV cache; the spec builds the engine
+    from that Layout."""
     seen = {}
 
-    class Spy(Rollout):
+    class Spy(EngineSpec):
         name = "spy"
 
         def dtype(self, compute, device):
@@ -156,15 +157,16 @@ def test_make_rollout_builds_the_engine_its_class_decides(tmp_path, monkeypatch)
         def kv_cache_bytes(self, cfg, model_config, dtype, device, sequences=None):
             return model_config["num_hidden_layers"] * 1000 + (sequences or 0)
 
-        def build(self, cfg, lm, model_path, pad_id, eos_id, device, dtype, kv_bytes, log_path, log):
-            seen.update(device=device, dtype=dtype, kv_bytes=kv_bytes, log_path=log_path)
+        def build(self, cfg, layout, lm, model_path, tok, log=print, *, device=None, log_path=None):
+            seen.update(device=engine_device(layout, device), dtype=getattr(torch, layout.rollout_dtype),
+                        kv_bytes=layout.kv_cache_bytes, log_path=log_path)
             return "engine"
 
     (tmp_path / "config.json").write_text(json.dumps(MODEL))
     cfg = load_config(None, RUN)
     layout = resolve(cfg, MODEL, "cpu", 2, Spy(), sequences=7)
     assert (layout.rollout_dtype, layout.kv_cache_bytes) == ("bfloat16", 2007)
-    out = make_rollout(cfg, layout, None, str(tmp_path), 0, 1, "cpu", "x.log", rollout=Spy())
+    out = Spy().build(cfg, layout, None, str(tmp_path), None, log_path="x.log")
     assert out == "engine"
     assert seen == {"device": torch.device("cpu"), "dtype": torch.bfloat16, "kv_bytes": 2007, "log_path": "x.log"}
 

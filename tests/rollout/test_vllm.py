@@ -9,6 +9,7 @@ import inspect
 import json
 import os
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from reasonrl_fast.config import load_config
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.models.shipped_shapes import SHAPES
 from reasonrl_fast.layout import resolve
-from reasonrl_fast.rollout import get_rollout, make_rollout
+from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.rollout import vllm as rollout_vllm
 from reasonrl_fast.rollout.vllm import engine_args, kv_cache_bytes, kv_shape, memory_error
 from tests.helpers import venvs
@@ -79,7 +80,7 @@ def test_a_tensor_parallel_engine_is_one_rank_of_the_callers_process_group(monke
     for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CONFIGURE_LOGGING", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(ValueError, match="initialise torch.distributed first"):  # no process group here
-        rollout_vllm.VLLMRollout("/m", torch.float32, 2, 48, 0, CPU, kv_cache_memory_bytes=2**20,
+        rollout_vllm.VLLMEngine("/m", torch.float32, 2, 48, 0, CPU, kv_cache_memory_bytes=2**20,
                                  tensor_parallel_size=2)
     # refused before it touched the environment: vLLM's settings there reach every child process
     assert not {"VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CONFIGURE_LOGGING", "LOCAL_RANK"} & set(os.environ)
@@ -104,19 +105,19 @@ def test_a_ranks_kv_cache_holds_its_share_of_the_key_value_heads_by_hand():
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """VLLMRollout's arguments as make_rollout passes them, without an engine."""
+    """VLLMEngine's arguments as its spec's `build` passes them, without an engine."""
     seen = {}
-    signature = inspect.signature(rollout_vllm.VLLMRollout.__init__)
+    signature = inspect.signature(rollout_vllm.VLLMEngine.__init__)
 
     class Recorder:
         def __init__(self, *args, **kwargs):
             seen.update(signature.bind(self, *args, **kwargs).arguments)
 
-    monkeypatch.setattr(rollout_vllm, "VLLMRollout", Recorder)
+    monkeypatch.setattr(rollout_vllm, "VLLMEngine", Recorder)
     return seen
 
 
-def test_make_rollout_sizes_a_cpu_engine_from_the_model_and_the_run(tmp_path, recorded):
+def test_build_sizes_a_cpu_engine_from_the_model_and_the_run(tmp_path, recorded):
     config = Qwen2Config(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3)
     (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
     cfg = load_config(None, ["rollout.backend=vllm", "data.prompts_per_step=8", "trainer.workers_per_node=2",
@@ -126,13 +127,14 @@ def test_make_rollout_sizes_a_cpu_engine_from_the_model_and_the_run(tmp_path, re
     def layout(sequences=None):  # what a worker (or eval, for its batch) resolves on CPU
         return resolve(cfg, config.to_dict(), "cpu", 2, get_rollout("vllm"), sequences=sequences)
 
-    make_rollout(cfg, layout(), None, str(tmp_path), 0, 1, CPU, log=notes.append)
+    spec, tok = get_rollout("vllm"), SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    spec.build(cfg, layout(), None, str(tmp_path), tok, notes.append, device=CPU)
     assert recorded["kv_cache_memory_bytes"] == kv_cache_bytes(cfg, (3, 2, 32), 4) and not notes
     assert recorded["dtype"] == torch.float32
-    make_rollout(cfg, layout(sequences=5), None, str(tmp_path), 0, 1, CPU)  # eval's batch
+    spec.build(cfg, layout(sequences=5), None, str(tmp_path), tok, device=CPU)  # eval's batch
     assert recorded["kv_cache_memory_bytes"] == kv_cache_bytes(cfg, (3, 2, 32), 4, sequences=5)
     cfg.rollout.gpu_memory_utilization = 0.3  # a GPU setting, said to be one
-    make_rollout(cfg, layout(), None, str(tmp_path), 0, 1, CPU, log=notes.append)
+    spec.build(cfg, layout(), None, str(tmp_path), tok, notes.append, device=CPU)
     assert len(notes) == 1 and "GPU only" in notes[0] and "rollout.kv_cache_memory_bytes" in notes[0]
 
 

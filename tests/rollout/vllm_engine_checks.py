@@ -3,7 +3,7 @@ starts this file there): `python vllm_engine_checks.py WORKDIR`. Each check rais
 the last line printed is "ok" when all passed.
 
 A tiny Qwen2 model (fp32) is built from a config in code and saved; the engine is the project's
-VLLMRollout over it on the CPU."""
+VLLMEngine over it on the CPU."""
 
 import math
 import os
@@ -13,7 +13,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reasonrl_fast.rollout import sample_seeds
-from reasonrl_fast.rollout.vllm import VLLMRollout
+from reasonrl_fast.rollout.vllm import VLLMEngine
 
 V, EOS = 61, 2
 
@@ -37,7 +37,7 @@ def teacher_forced(m, prompt, tokens, temperature, top_p=1.0):
     with torch.no_grad():
         logits = m(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].double() / temperature
     if top_p < 1:
-        from reasonrl_fast.rollout.hf import _keep_top_p
+        from reasonrl_fast.rollout.sampling import _keep_top_p
         logits = _keep_top_p(logits, top_p)
     return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
@@ -48,7 +48,7 @@ def main(work: str) -> None:
     path = os.path.join(work, "tiny")
     first.save_pretrained(path)
     # 64 blocks of 128 tokens at 2 x 2 layers x 2 kv heads x 32 x 4 bytes a token: every sample below at once
-    engine = VLLMRollout(path, torch.float32, EOS, max_model_len=96, seed=0, device=torch.device("cpu"),
+    engine = VLLMEngine(path, torch.float32, EOS, max_model_len=96, seed=0, device=torch.device("cpu"),
                          log_path=os.path.join(work, "vllm.log"), kv_cache_memory_bytes=64 * 128 * 1024)
     prompts = [[5, 9, 11], [7], [3, 4, 5, 6, 7, 8]]
     seeds = sample_seeds(0, 1, 0, 12)

@@ -8,7 +8,7 @@ CHECK is one of
 - resident: the process first holds more resident memory than 0.05 of the NUMA node, as a trainer
   worker holds its model and optimiser beside the engine; a fraction of the node (vLLM's
   `gpu_memory_utilization`) then leaves the KV cache less than nothing, and vLLM refuses to start.
-  The engine that `make_rollout` builds starts anyway (its KV cache in bytes) and samples;
+  The engine that the spec's `build` makes starts anyway (its KV cache in bytes) and samples;
 - fraction: the same process with vLLM sized by the fraction 0.05, as the rollout did before:
   vLLM refuses (the condition `resident` survives is a real one);
 - refused: a KV cache larger than the machine: a ConfigError naming
@@ -17,6 +17,7 @@ CHECK is one of
 import math
 import os
 import sys
+from types import SimpleNamespace
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -25,10 +26,11 @@ from reasonrl_fast.config import load_config
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.layout import resolve
 from reasonrl_fast.models.loading import load_model_config
-from reasonrl_fast.rollout import get_rollout, make_rollout
+from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.rollout.vllm import CPU_BLOCK_TOKENS, kv_cache_bytes, kv_shape
 
 EOS = 2
+TOK = SimpleNamespace(pad_token_id=0, eos_token_id=EOS)  # what the engine reads of a tokenizer
 OLD_FRACTION = 0.05  # the rollout's former default on CPU
 SKIP = f"holding {OLD_FRACTION} of this node's memory would take over a third of what is free"
 
@@ -97,8 +99,8 @@ def check_resident(work: str) -> None:
         return SKIP
     cfg = run_config()
     notes = []
-    engine = make_rollout(cfg, cpu_layout(cfg, path), None, path, 0, EOS, "cpu",
-                          log_path=os.path.join(work, "vllm.log"), log=notes.append)
+    engine = get_rollout("vllm").build(cfg, cpu_layout(cfg, path), None, path, TOK, notes.append,
+                                       device=torch.device("cpu"), log_path=os.path.join(work, "vllm.log"))
     cache = engine.llm.llm_engine.vllm_config.cache_config
     want = kv_cache_bytes(cfg, kv_shape(Qwen2Config.from_pretrained(path)), 4)
     assert cache.kv_cache_memory_bytes == want, (cache.kv_cache_memory_bytes, want)
@@ -132,7 +134,8 @@ def check_refused(work: str) -> None:
     asked = 4 * total
     try:
         cfg = run_config(f"rollout.kv_cache_memory_bytes={asked}")
-        make_rollout(cfg, cpu_layout(cfg, path), None, path, 0, EOS, "cpu", log_path=os.path.join(work, "vllm.log"))
+        get_rollout("vllm").build(cfg, cpu_layout(cfg, path), None, path, TOK, device=torch.device("cpu"),
+                                  log_path=os.path.join(work, "vllm.log"))
     except ConfigError as e:
         text = str(e)
         assert "rollout.kv_cache_memory_bytes" in text and str(asked) in text and "available" in text, text

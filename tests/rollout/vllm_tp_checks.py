@@ -10,7 +10,7 @@ printed is "ok" when all passed.
         the trainer's workers form theirs (rendezvous on 127.0.0.1:PORT); checks its samples
         against ref.json and against the other rank's
 
-Both runs call the project's VLLMRollout with the same prompts and seeds in the same order (the
+Both runs call the project's VLLMEngine with the same prompts and seeds in the same order (the
 ranks of an engine are called alike) and record: greedy samples, seeded temperature-1 samples,
 seeded temperature-0.7 / top-p 0.9 samples, the same after a weight sync with the second model's
 full state dict (the (name, tensor) pairs the trainer's sync feeds), and after a sync back to
@@ -92,11 +92,11 @@ def sample_all(engine, work: str) -> dict:
 
 
 def build(work: str, tp: int, rank: int = 0):
-    from reasonrl_fast.rollout.vllm import VLLMRollout
+    from reasonrl_fast.rollout.vllm import VLLMEngine
 
     # 32 blocks of 128 tokens at 2 x 2 layers x (2 / tp) kv heads x 32 x 4 bytes a token: every batch at once
     kv_bytes = 32 * 128 * 2 * 2 * (2 // tp) * 32 * 4
-    return VLLMRollout(os.path.join(work, "first"), torch.float32, EOS, max_model_len=96, seed=0,
+    return VLLMEngine(os.path.join(work, "first"), torch.float32, EOS, max_model_len=96, seed=0,
                        device=torch.device("cpu"), log_path=os.path.join(work, f"vllm-tp{tp}-rank{rank}.log"),
                        kv_cache_memory_bytes=kv_bytes, tensor_parallel_size=tp, local_rank=rank)
 

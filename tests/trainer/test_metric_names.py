@@ -74,7 +74,7 @@ class FakeWorkers:
             lm = tiny_model(cfg.model, len(tok), tok)
             w.cfg, w.rank, w.world, w.tok, w.algo, w.device = cfg, rank, 1, tok, algo, torch.device("cpu")
             w.layout = SimpleNamespace(packed=False, one_row=False, sharding="replicate")
-            w.rollout = SimpleNamespace(sleep=lambda: None, wake=lambda: None)
+            w.engine = SimpleNamespace(sleep=lambda: None, wake=lambda: None)
             w.actor = w.train_model = Actor(lm, cfg.flowrl.zhead_layers if algo.zhead else 0)
             w.ref = Actor(tiny_model(cfg.model, len(tok), tok)).eval() if algo.needs_ref(cfg) else None
             w.opt = make_optimizer([{"params": list(w.actor.parameters()), "lr": cfg.optim.lr}], cfg, w.device)

@@ -7,14 +7,15 @@ import pytest
 from reasonrl_fast.config import load_config
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.score import default_compute_score
-from reasonrl_fast.rollout.base import RolloutEngine, Samples
-from reasonrl_fast.trainer import cluster as cluster_mod
+from reasonrl_fast.rollout.base import Engine, Samples
+from reasonrl_fast.rollout import group as group_mod
+from reasonrl_fast.rollout.group import WorkerGroup
 from reasonrl_fast.trainer.cluster import Cluster
 from reasonrl_fast.trainer.loop import rollout_and_score, validate
 from reasonrl_fast.trainer.worker import Worker
 
 
-class RecordingEngine(RolloutEngine):
+class RecordingEngine(Engine):
     def __init__(self, tok):
         self.tok, self.calls = tok, []
 
@@ -44,12 +45,15 @@ def _cluster(cfg, monkeypatch, world=2):
     for rank in range(world):
         w = Worker.__new__(Worker)
         w.cfg, w.rank, w.world, w._samples = cfg, rank, world, None
-        w.rollout = RecordingEngine(tok)
-        engines.append(w.rollout)
+        w.engine = RecordingEngine(tok)
+        engines.append(w.engine)
         handles.append(InPlace(w))
+    group = WorkerGroup.__new__(WorkerGroup)
+    group.cfg, group.spec, group.count, group.tp, group.log_dir, group.actors = (
+        cfg, None, world, cfg.rollout.tensor_parallel_size, None, handles)
     c = Cluster.__new__(Cluster)
-    c.cfg, c.world, c.workers, c._kept = cfg, world, handles, None
-    monkeypatch.setattr(cluster_mod, "as_completed", lambda refs, what: enumerate(refs))
+    c.cfg, c.world, c.workers, c.group, c._kept = cfg, world, handles, group, None
+    monkeypatch.setattr(group_mod, "as_completed", lambda refs, what, ranks=None: enumerate(refs))
     return c, tok, engines
 
 

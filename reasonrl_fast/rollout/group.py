@@ -1,0 +1,107 @@
+"""Rollout workers (rollout/worker.py, the trainer's workers among them) as a group of Ray actors:
+placed through a placement group, one bundle each, wired into one process group through rank
+0's rendezvous, and called together, a worker's failure reported with what its engine adds (its
+log's last line). The trainer's cluster (trainer/cluster.py) and the eval command
+(eval/generate.py) both start their workers here.
+
+The engines of a group: with rollout.tensor_parallel_size TP, each TP consecutive workers run one
+engine (`engine_ranks`), every rank of it sent the same prompts; `shares` is the one rule that
+splits a call's prompts over the engines (util.py `engine_shares`)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import ray
+from ray.util.placement_group import remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from reasonrl_fast.runtime import ray_cluster as rt
+from reasonrl_fast.runtime.ray_cluster import WorkerError, as_completed, gather, place_workers
+from reasonrl_fast.util import engine_shares
+
+SHUTDOWN_TIMEOUT_S = 10.0
+"""How long the workers' shutdown calls may take before they are killed: after a failure a
+surviving rank may still be blocked in a collective, and its shutdown call would queue behind
+that forever."""
+
+
+def cluster_gpus() -> int:
+    """The GPUs of the Ray cluster in use."""
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def worker_bundle(cfg, gpus: int) -> dict:
+    """What one worker holds: a GPU (and a CPU slot) where the cluster has GPUs, else
+    trainer.cpus_per_worker CPU slots."""
+    return {"GPU": 1, "CPU": 1} if gpus else {"CPU": cfg.trainer.cpus_per_worker}
+
+
+class WorkerGroup:
+    """`count` actors of `cls` (a RolloutWorker class), rank i built as `cls(cfg, i, count,
+    model_path, spec, **kwargs)` in bundle i of a placement group of `bundle`s over `nodes` nodes
+    (runtime/ray_cluster.py `place_workers`: default trainer.nnodes; 1 packs them on as few
+    nodes as hold them). `log_dir`: the run directory the workers' engines write their logs under
+    (`EngineSpec.log_path`), which a failure's note reads; None where they write none."""
+
+    def __init__(self, cls, cfg, model_path: str, spec, count: int, bundle: dict, *, log_dir: str | None = None,
+                 nodes: int | None = None, **kwargs):
+        self.cfg, self.spec, self.count, self.log_dir = cfg, spec, count, log_dir
+        self.tp = cfg.rollout.tensor_parallel_size
+        self.pg = place_workers(cfg.trainer, bundle, local=rt.is_local(), world=count, nodes=nodes)
+        remote = ray.remote(cls)
+        self.actors = [
+            remote.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+                           scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
+                           ).remote(cfg, i, count, model_path, spec, **kwargs)
+            for i in range(count)]
+
+    def setup(self, what: str = "setup") -> list:
+        """Every worker's `setup`, given rank 0's rendezvous address. Through `gather`
+        (runtime/ray_cluster.py), which raises a worker's UserError as itself: a model directory
+        without weights, a setting only the device can judge, a model the engine cannot load."""
+        addr, port = gather([self.actors[0].address.remote()], "startup")[0]
+        return self.gather([a.setup.remote(addr, port) for a in self.actors], what)
+
+    @contextmanager
+    def engine_notes(self):
+        """A worker's failure, with what its engine adds (`EngineSpec.error_note`: the engine
+        log's last line) when it has something."""
+        try:
+            yield
+        except WorkerError as e:
+            note = (self.spec.error_note(self.log_dir, e.rank) if self.log_dir and e.rank is not None else None)
+            if not note:
+                raise
+            raise WorkerError(f"{e}; {note}", rank=e.rank) from e
+
+    def as_completed(self, refs: list, what: str, ranks: list[int] | None = None):
+        """runtime/ray_cluster.py `as_completed`, failures with the engine's note."""
+        with self.engine_notes():
+            yield from as_completed(refs, what, ranks)
+
+    def gather(self, refs: list, what: str, ranks: list[int] | None = None) -> list:
+        """runtime/ray_cluster.py `gather`, failures with the engine's note."""
+        with self.engine_notes():
+            return gather(refs, what, ranks)
+
+    def call(self, method: str, *args) -> list:
+        """`method(*args)` on every worker, their results in rank order."""
+        return self.gather([getattr(a, method).remote(*args) for a in self.actors], method)
+
+    def engine_ranks(self, engine: int) -> range:
+        """The ranks of engine `engine`: TP consecutive workers."""
+        return range(engine * self.tp, (engine + 1) * self.tp)
+
+    def shares(self, count: int) -> list[tuple[range, range]]:
+        """Each worker's (its engine's items, its own items) of `count` items (util.py
+        `engine_shares`)."""
+        return engine_shares(count, self.count, self.tp)
+
+    def shutdown(self) -> None:
+        """Best effort and bounded (SHUTDOWN_TIMEOUT_S): each worker's engine and process group,
+        then the actors and their placement group."""
+        ray.wait([a.shutdown.remote() for a in self.actors], num_returns=len(self.actors), timeout=SHUTDOWN_TIMEOUT_S)
+        for a in self.actors:
+            ray.kill(a)
+        remove_placement_group(self.pg)

@@ -1,0 +1,102 @@
+"""One process that samples: a rollout worker holds one engine (or its rank of a tensor-parallel
+engine that spans rollout.tensor_parallel_size workers), built as the run's Layout says, and
+answers `generate` calls with each sample drawn from its own seed. The eval command's Ray actors
+are rollout workers (eval/generate.py); the trainer's workers extend them with the policy and its
+update (trainer/worker.py `Worker`), and hand their engine new weights through `load_weights`.
+Started as Ray actors by a WorkerGroup (rollout/group.py), whose calls reach every worker alike."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from reasonrl_fast.layout import Layout, resolve
+from reasonrl_fast.models.loading import load_model, load_model_config, load_tokenizer, torch_dtype
+from reasonrl_fast.rollout.base import Engine, Samples
+from reasonrl_fast.rollout.registry import EngineSpec
+from reasonrl_fast.runtime.distributed import init_process_group, rendezvous_address
+
+
+class RolloutWorker:
+    """Rank `rank` of `world` workers over the model at `model_path`, sampling with the engine of
+    `spec` (the driver's, so that an engine registered there reaches the workers). `log_dir`: the
+    run directory its engine writes its own log under (`EngineSpec.log_path`; None: no log of
+    its own); `sequences`: the engine's batch at once (None: a trainer worker's rollout batch).
+
+    The constructor only stores its arguments: what can fail on bad input (loading the model, a
+    setting only the device can judge) runs in `setup`, a method call, whose exception Ray hands
+    to the driver as itself (runtime/ray_cluster.py `as_completed`), while an error in an actor's
+    constructor reaches it only as text."""
+
+    engine: Engine | None = None
+
+    def __init__(self, cfg, rank: int, world: int, model_path: str, spec: EngineSpec, *, log_dir: str | None = None,
+                 sequences: int | None = None):
+        self.cfg, self.rank, self.world, self.model_path, self.spec = cfg, rank, world, model_path, spec
+        self.sequences = sequences
+        self.log_path = spec.log_path(log_dir, rank) if log_dir else None
+        if not torch.cuda.is_available():
+            # One CPU slot per worker: more threads than cores only adds contention.
+            torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
+
+    def address(self) -> tuple[str, int]:
+        """Rank 0's address and a port for the process group's rendezvous."""
+        return rendezvous_address(self)
+
+    def setup(self, master_addr: str | None = None, master_port: int | None = None) -> None:
+        """Join the workers' process group (where there are several: the ranks of a
+        tensor-parallel engine find each other through it) and load the engine: the model's
+        tokenizer, the Layout of the run's config, the model itself where the engine samples from
+        a copy of it."""
+        cfg = self.cfg
+        if self.world > 1:
+            device = init_process_group(self.rank, self.world, master_addr, master_port,
+                                        cfg.trainer.collective_timeout_s, getattr(self, "_listen", None))
+        else:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.tok = load_tokenizer(self.model_path)
+        t = cfg.trainer
+        config = load_model_config(self.model_path, cfg.model.max_position_embeddings)
+        layout = resolve(cfg, config, device.type, t.nnodes * t.workers_per_node, self.spec, sequences=self.sequences)
+        lm = (load_model(self.model_path, torch_dtype(layout.compute_dtype), layout.attention,
+                         cfg.model.max_position_embeddings).to(device)
+              if self.spec.needs_trainer_copy else None)
+        self.load_engine(layout, lm, device)
+        del lm  # the engine holds its own copy
+
+    def load_engine(self, layout: Layout, lm, device: torch.device) -> None:
+        """Build the engine as `layout` has it, on `device`; `lm`, the policy's Hugging Face
+        model, goes to an engine that samples from a copy of it."""
+        self.engine = self.spec.build(self.cfg, layout, lm if self.spec.needs_trainer_copy else None, self.model_path,
+                                      self.tok, self._log, device=device, log_path=self.log_path)
+
+    def sample(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, seeds: list[int],
+               own: tuple[int, int] | None = None) -> Samples:
+        """n samples per prompt (prompt-major), sample i drawn with seeds[i], up to
+        rollout.max_new_tokens each, with the sampler's log-probs. `prompts` are the engine's:
+        with a tensor-parallel engine every one of its ranks samples them all alike, and this
+        worker's own are prompts[own[0]:own[1]] (None: all); only its own come back."""
+        out = self.engine.generate(prompts, n, temperature, top_p, self.cfg.rollout.max_new_tokens, seeds)
+        if own is None:
+            return out
+        a, b = own
+        return Samples(out.tokens[a * n:b * n], out.logprobs[a * n:b * n])
+
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, seeds: list[int],
+                 own: tuple[int, int] | None = None) -> list[list[int]]:
+        """The response tokens of `sample`."""
+        return self.sample(prompts, n, temperature, top_p, seeds, own).tokens
+
+    def load_weights(self, named_tensors) -> None:
+        """Replace the engine's weights (Hugging Face names; it wakes first if it sleeps)."""
+        self.engine.load_weights(named_tensors)
+
+    def _log(self, msg: str) -> None:
+        if self.rank == 0:
+            print(msg, flush=True)
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
