@@ -97,3 +97,40 @@ def test_eval_and_the_trainer_sample_with_one_rollout_worker(tmp_path, monkeypat
         w.shutdown()
     assert len(evaluated) == len(PROMPTS) * 2 and any(evaluated)
     assert trained == evaluated
+
+
+def test_a_group_names_the_rank_a_call_went_to_with_its_engines_note(tmp_path, monkeypatch):
+    """Eval sends a batch to one engine's ranks only: a failure there names the worker's rank in
+    the group (not the call's place in the batch), with the engine log's last line, as the
+    trainer's calls are reported."""
+    import ray
+
+    from reasonrl_fast.rollout import group as group_mod
+    from reasonrl_fast.runtime import ray_cluster
+    from reasonrl_fast.runtime.ray_cluster import WorkerError
+
+    class Dead:  # an object ref whose actor died
+        pass
+
+    def get(ref):
+        if isinstance(ref, Dead):
+            raise ray.exceptions.RayActorError()
+        return ref
+
+    monkeypatch.setattr(ray_cluster.ray, "wait", lambda pending, num_returns: (pending[:1], pending[1:]))
+    monkeypatch.setattr(ray_cluster.ray, "get", get)
+    spec = get_rollout("vllm")
+    log = spec.log_path(str(tmp_path), 5)
+    (tmp_path / "rollout").mkdir()
+    with open(log, "w") as f:
+        f.write("starting\nKV cache too small\n")
+    g = group_mod.WorkerGroup.__new__(group_mod.WorkerGroup)
+    g.spec, g.log_dir = spec, str(tmp_path)
+    assert g.gather(["a", "b"], "generate", [4, 5]) == ["a", "b"]
+    with pytest.raises(WorkerError, match=r"^worker rank 5 died during generate \(batch 1\): .*"
+                                          r"vLLM engine's last log line .*: KV cache too small$") as e:
+        g.gather(["a", Dead()], "generate (batch 1)", [4, 5])
+    assert e.value.rank == 5
+    g.log_dir = None  # workers that write no log of their own: the failure as it is
+    with pytest.raises(WorkerError, match=r"^worker rank 4 died during generate: [^;]*$"):
+        g.gather([Dead(), "b"], "generate", [4, 5])
