@@ -159,10 +159,13 @@ def engine_args(model_path: str, dtype: torch.dtype, max_model_len: int, seed: i
         # vLLM then skips its fractional checks (on CPU: the node's total x the fraction, less the
         # process's whole RSS) and checks the bytes against the memory actually free
         memory["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
-    elif device.type == "cuda":
-        memory["gpu_memory_utilization"] = gpu_memory_utilization or GPU_UTILIZATION
-    else:
+    elif device.type != "cuda":
         raise ValueError("engine_args: a CPU engine needs kv_cache_memory_bytes (kv_cache_bytes)")
+    elif gpu_memory_utilization is None:  # decided once, by the Layout (`VLLM.memory_share`)
+        raise ValueError("engine_args: a GPU engine needs gpu_memory_utilization (the Layout's engine_share) "
+                         "or kv_cache_memory_bytes")
+    else:
+        memory["gpu_memory_utilization"] = gpu_memory_utilization
     return dict(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed, max_model_len=max_model_len,
                 **memory, logprobs_mode="processed_logprobs",
                 enable_sleep_mode=device.type == "cuda",
@@ -407,7 +410,8 @@ class VLLM(EngineSpec):
             import torch.distributed as dist
 
             local = (device.index or 0) if device.type == "cuda" else dist.get_rank() % cfg.trainer.workers_per_node
+        # the engine's memory as the Layout sized it: bytes, or its share of the GPU
         return VLLMEngine(model_path, getattr(torch, layout.rollout_dtype), tok.eos_token_id,
                           cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed, device,
-                          r.gpu_memory_utilization, log_path, log, cfg.model.max_position_embeddings, kv_bytes,
+                          layout.engine_share, log_path, log, cfg.model.max_position_embeddings, kv_bytes,
                           r.tensor_parallel_size, local)

@@ -65,8 +65,10 @@ def test_a_cpu_engine_is_told_its_kv_cache_in_bytes_not_a_fraction():
     assert "gpu_memory_utilization" not in engine_args("/m", torch.float32, 48, 0, CPU, 0.3, None, 4587520)
     with pytest.raises(ValueError, match="kv_cache_memory_bytes"):
         engine_args("/m", torch.float32, 48, 0, CPU)
-    # a GPU engine: its share of the device, unless a size in bytes is set
-    gpu = engine_args("/m", torch.bfloat16, 48, 0, CUDA)
+    # a GPU engine: its share of the device (the Layout's, decided there), unless a size in bytes is set
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        engine_args("/m", torch.bfloat16, 48, 0, CUDA)
+    gpu = engine_args("/m", torch.bfloat16, 48, 0, CUDA, 0.5)
     assert gpu["gpu_memory_utilization"] == 0.5 and "kv_cache_memory_bytes" not in gpu
     assert engine_args("/m", torch.bfloat16, 48, 0, CUDA, 0.7)["gpu_memory_utilization"] == 0.7
     sized = engine_args("/m", torch.bfloat16, 48, 0, CUDA, 0.7, None, 2**30)
@@ -136,6 +138,12 @@ def test_build_sizes_a_cpu_engine_from_the_model_and_the_run(tmp_path, recorded)
     cfg.rollout.gpu_memory_utilization = 0.3  # a GPU setting, said to be one
     spec.build(cfg, layout(), None, str(tmp_path), tok, notes.append, device=CPU)
     assert len(notes) == 1 and "GPU only" in notes[0] and "rollout.kv_cache_memory_bytes" in notes[0]
+    # on a GPU the engine takes the share the Layout decided (the setting's, else the default)
+    for share, want in ((None, 0.5), (0.3, 0.3)):
+        cfg.rollout.gpu_memory_utilization = share
+        gpu = resolve(cfg, config.to_dict(), "cuda", 2, spec)
+        spec.build(cfg, gpu, None, str(tmp_path), tok, device=torch.device("cuda", 0))
+        assert (recorded["gpu_memory_utilization"], recorded["kv_cache_memory_bytes"]) == (want, None)
 
 
 @pytest.mark.parametrize("message", [
