@@ -348,7 +348,7 @@ def run(a, cuda: bool, tmp: str, log) -> dict:
     from reasonrl_fast import plan
     from reasonrl_fast.config import load_config
     from reasonrl_fast.errors import ConfigError
-    from reasonrl_fast.models.shape import model_fields, shape_from_config
+    from reasonrl_fast.layout.shape import model_fields, shape_from_config
     from reasonrl_fast.models.stand_in import shrink
     from reasonrl_fast.rollout import get_rollout
     from reasonrl_fast.trainer.worker import Worker

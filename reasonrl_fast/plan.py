@@ -3,7 +3,7 @@
 The memory one worker (one GPU, or one CPU process) of a training run needs, term by term, in
 the two phases of a step: the rollout (the engine generating) and the update (log-prob passes,
 forward and backward, optimiser step). It reads the model's config.json only, never weights: from
-`model.path`, else the shipped shape of a model the configs name (models/shipped_shapes.py). Exit status
+`model.path`, else the shipped shape of a model the configs name (layout/shipped_shapes.py). Exit status
 0 when the peak fits the device, 1 when it does not (with the first knob to turn), 2 on bad input;
 either way, where the rollout engine has room for too few full-length sequences at once, the
 rollout.tensor_parallel_size that gives it room. docs/scaling.md explains every row and the knobs.
@@ -27,12 +27,12 @@ from reasonrl_fast.algos import get_algo
 from reasonrl_fast.config import Config, load_argv
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.genrm.launch import DEFAULT_MAX_BATCH
-from reasonrl_fast.layout import (SYNC_BUCKET_BYTES, Layout, dtype_bytes, largest_mini_batch, resolve,
-                                         tensor_parallel)
-from reasonrl_fast.models.shape import (Shape, context_problem, genrm_context_problem, model_fields,
-                                        shape_from_config, tiny_shape, zhead_params)
-from reasonrl_fast.rollout.registry import get_rollout
+from reasonrl_fast.layout import SYNC_BUCKET_BYTES, Layout, dtype_bytes, largest_mini_batch, resolve, tensor_parallel
 from reasonrl_fast.layout.micro import split
+from reasonrl_fast.layout.shape import (Shape, context_problem, genrm_context_problem, model_fields,
+                                        shape_from_config, zhead_params)
+from reasonrl_fast.models.tiny import tiny_shape
+from reasonrl_fast.rollout.registry import get_rollout
 from reasonrl_fast.util import chunk_width, meminfo_bytes, rollout_sequences
 
 GIB = 2 ** 30
@@ -484,7 +484,7 @@ def _main(argv: list[str]) -> Estimate:
     a = p.parse_intermixed_args(argv)  # key=value settings before, between or after the flags
     given_mem = gpu_memory(a.gpu_memory_gb) if a.gpu_memory_gb is not None else None
     cfg = load_argv(a.args + (gpu_overrides(a.gpus) if a.gpus is not None else []))
-    # the contexts are read as the trainer's preflight reads them (models/shape.py); a run past
+    # the contexts are read as the trainer's preflight reads them (layout/shape.py); a run past
     # one is flagged as a problem: it would not start
     problems = []
     if not cfg.embedded_model:

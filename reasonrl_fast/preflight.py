@@ -23,7 +23,7 @@ import os
 
 from reasonrl_fast.algos import get_algo
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.shape import check_context, check_shape, genrm_context_problem
+from reasonrl_fast.layout.shape import check_context, check_shape, genrm_context_problem
 
 
 def preflight(cfg, model_config=None, *, files: bool = True):
@@ -91,7 +91,7 @@ def _check_kv_budget(cfg, model_config, source: str, here: bool) -> None:
     """The planner's check (plan.py `kv_budget_problem`): a KV cache too small for one full-length
     sequence, with which vLLM would not start. On the workers' device: this machine's (`here`),
     else a recipe's GPU cluster, whose engine caches in bf16."""
-    from reasonrl_fast.models.shape import shape_from_config
+    from reasonrl_fast.layout.shape import shape_from_config
     from reasonrl_fast.plan import kv_budget_problem, plan_layout
 
     device = "gpu"

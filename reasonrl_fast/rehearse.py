@@ -181,7 +181,7 @@ def apply(cfg: Config, settings: dict[str, Any]) -> Config:
 def real_model_config(cfg: Config):
     """(the transformers config of the recipe's model, where it was read); None for the embedded
     model, whose config the preflight builds from the model section."""
-    from reasonrl_fast.models.shape import model_fields
+    from reasonrl_fast.layout.shape import model_fields
     from reasonrl_fast.models.stand_in import hf_config
 
     if cfg.embedded_model:

@@ -128,7 +128,7 @@ def test_train_refuses_a_run_past_the_model_context_before_anything_starts(tmp_p
     """A recipe's 2048 + 8192 tokens on Qwen2.5-Math-7B's config.json as downloaded (4096
     positions): one line naming model.max_position_embeddings, before the data files (absent
     here), the run directory, the GenRM or Ray."""
-    from reasonrl_fast.models.shipped_shapes import SHAPES
+    from reasonrl_fast.layout.shipped_shapes import SHAPES
 
     model = tmp_path / "Qwen2.5-Math-7B"
     model.mkdir()

@@ -13,8 +13,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 
 from reasonrl_fast import plan
 from reasonrl_fast.config import load_config
-from reasonrl_fast.models.shape import shape_from_config, tiny_shape, zhead_params
-from reasonrl_fast.models.shipped_shapes import SHAPES
+from reasonrl_fast.layout.shape import shape_from_config, zhead_params
+from reasonrl_fast.models.tiny import tiny_shape
+from reasonrl_fast.layout.shipped_shapes import SHAPES
 from reasonrl_fast.rollout.vllm import VLLM_OVERHEAD_GIB
 from tests.helpers.train import ROOT, read_metrics, repo_env
 

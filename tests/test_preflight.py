@@ -12,8 +12,8 @@ from transformers import GPT2Config, Qwen2Config, Qwen3Config
 
 from reasonrl_fast.config import load_config
 from reasonrl_fast.errors import ConfigError, UserError
-from reasonrl_fast.models.shape import check_shape, context_overrides, model_context, shape_from_config
-from reasonrl_fast.models.shipped_shapes import SHAPES
+from reasonrl_fast.layout.shape import check_shape, context_overrides, model_context, shape_from_config
+from reasonrl_fast.layout.shipped_shapes import SHAPES
 from reasonrl_fast.preflight import preflight
 from tests.helpers.train import ROOT
 
@@ -283,7 +283,7 @@ def test_override_reaches_the_hf_model_and_its_config(tmp_path):
 
 def test_override_reaches_the_vllm_engine_arguments(monkeypatch):
     from reasonrl_fast.layout import resolve
-    from reasonrl_fast.models.shape import model_fields
+    from reasonrl_fast.layout.shape import model_fields
     from types import SimpleNamespace
 
     from reasonrl_fast.rollout import get_rollout

@@ -22,8 +22,8 @@ from reasonrl_fast.data.stand_in import EXAMPLES, file_sources, longest_prompt, 
 from reasonrl_fast.models import stand_in
 from reasonrl_fast.trainer import stand_ins
 from reasonrl_fast.layout import tensor_parallel
-from reasonrl_fast.models.shape import check_shape, model_fields
-from reasonrl_fast.models.shipped_shapes import SHAPES
+from reasonrl_fast.layout.shape import check_shape, model_fields
+from reasonrl_fast.layout.shipped_shapes import SHAPES
 from reasonrl_fast.rewards.score import SCORERS, default_compute_score, scorer_for
 from tests.helpers.train import ROOT, repo_env
 

@@ -16,7 +16,7 @@ from reasonrl_fast.data.records import DataError, filter_long, jsonl_rows, load_
 from reasonrl_fast.errors import ConfigError, UserError
 from reasonrl_fast.eval.metrics import PromptResult, answer_key, maj_at_n, summarize
 from reasonrl_fast.models.loading import check_weights, load_model_config, load_tokenizer
-from reasonrl_fast.models.shape import check_context
+from reasonrl_fast.layout.shape import check_context
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.math import extract_boxed, math_equal
 from reasonrl_fast.rewards.pool import RewardPool

@@ -3,7 +3,9 @@ engine) -> Layout` (resolve.py: sharding, dtypes, attention, packing, the fused 
 memory and tensor parallelism), the mini-batch rule (batches.py) and the micro-batches by token
 budget (micro.py). The trainer's workers build from these, eval samples with them, config's
 checks, preflight and the planner (plan.py) read them: none of them restates a rule. Nothing in
-this package imports torch (tests/models/test_layout.py runs it where torch is not importable)."""
+this package imports torch (tests/layout/test_resolve.py imports it and checks that torch stays
+out), and it reads a model by its config alone (shape.py: the config.json fields, or a shipped
+shape for a model that is not on the machine)."""
 
 from reasonrl_fast.layout.batches import (SYNC_BUCKET_BYTES, largest_mini_batch, mini_batch_count, mini_batches,
                                           tokens_per_forward)

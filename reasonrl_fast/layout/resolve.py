@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.layout.batches import tokens_per_forward
-from reasonrl_fast.models.shape import read, text_part
+from reasonrl_fast.layout.shape import read, text_part
 
 PACKED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 """Model types whose attention reads packed rows from restarting position ids (transformers'

@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from reasonrl_fast.errors import ConfigError, UserError
 from reasonrl_fast import layout
-from reasonrl_fast.models.shape import context_overrides
+from reasonrl_fast.layout.shape import context_overrides
 
 
 class ModelPathError(UserError, FileNotFoundError):
@@ -76,7 +76,7 @@ def master_dtype(setting: str) -> torch.dtype:
 def load_model(path: str, dtype: torch.dtype = torch.float32, attn: str = "sdpa",
                max_position_embeddings: int | None = None):
     """The causal LM at `path`; `max_position_embeddings` (model.max_position_embeddings)
-    replaces config.json's context when set (models/shape.py `context_overrides`)."""
+    replaces config.json's context when set (layout/shape.py `context_overrides`)."""
     check_weights(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn,
                                                 **context_overrides(max_position_embeddings))

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+    from reasonrl_fast.layout.shape import Shape
+
 # EOS is spelled like Qwen2's so that AutoTokenizer (which picks Qwen2Tokenizer for a qwen2
 # config.json) finds it in the vocabulary instead of appending a token the model does not have.
 PAD, BOS, EOS = "<pad>", "<s>", "<|endoftext|>"
@@ -75,3 +77,10 @@ def tiny_model(cfg, vocab_size: int, tokenizer) -> Qwen2ForCausalLM:
     from transformers import Qwen2ForCausalLM
 
     return Qwen2ForCausalLM(tiny_config(cfg, tokenizer, vocab_size))
+
+
+def tiny_shape(m) -> Shape:
+    """The embedded tiny model's shape (layout/shape.py), from the config's model section."""
+    from reasonrl_fast.layout.shape import shape_from_config
+
+    return shape_from_config(tiny_config(m).to_dict(), TINY_SOURCE)

@@ -119,7 +119,7 @@ class EngineSpec:
         return None
 
     def start_problem(self, cfg, shape, layout) -> str | None:
-        """What stops the engine of `layout` starting for a model of `shape` (models/shape.py) with
+        """What stops the engine of `layout` starting for a model of `shape` (layout/shape.py) with
         these settings (a KV cache too small for one full-length sequence), else None. The
         planner and the trainer's preflight both ask."""
         return None

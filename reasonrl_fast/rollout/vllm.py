@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.layout import dtype_bytes
-from reasonrl_fast.models.shape import context_overrides, read
+from reasonrl_fast.layout.shape import context_overrides, read
 from reasonrl_fast.rollout.base import GREEDY_BELOW, Engine, Samples
 from reasonrl_fast.rollout.registry import GIB, EngineMemory, EngineSpec, MemoryTerm, engine_device
 from reasonrl_fast.util import meminfo_bytes, rollout_sequences

@@ -106,7 +106,7 @@ def check_config(cfg) -> None:
         if have < n:
             raise ConfigError(f"{key}={have}: data.task=genrm with data.digits={d} needs >= {n}")
     if cfg.embedded_model:  # the embedded model's context is known now (a real model's: preflight.py)
-        from reasonrl_fast.models.shape import check_context
+        from reasonrl_fast.layout.shape import check_context
         from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_context
 
         check_context(cfg, {"max_position_embeddings": tiny_context(cfg.model)}, TINY_SOURCE)

@@ -53,7 +53,7 @@ def stage(cfg, work: str, records: dict, tok, log, tensor_parallel: int = 1,
     from reasonrl_fast.data.prepare import write_records
     from reasonrl_fast.genrm.backends import backend_spec
     from reasonrl_fast.models import stand_in
-    from reasonrl_fast.models.shape import model_fields
+    from reasonrl_fast.layout.shape import model_fields
 
     settings: dict[str, Any] = {}
     notes: list[str] = []

@@ -16,8 +16,9 @@ import pytest
 from reasonrl_fast import plan
 from reasonrl_fast.config import ConfigError, load_config
 from reasonrl_fast import layout
-from reasonrl_fast.models.shape import shape_from_config, tiny_shape
-from reasonrl_fast.models.shipped_shapes import SHAPES
+from reasonrl_fast.layout.shape import shape_from_config
+from reasonrl_fast.models.tiny import tiny_shape
+from reasonrl_fast.layout.shipped_shapes import SHAPES
 from reasonrl_fast.rollout import get_rollout
 from tests.helpers.train import ROOT, repo_env
 
@@ -148,7 +149,7 @@ def test_mini_batch_count_is_the_ceiling_of_prompts_over_the_mini_batch():
 
 
 def test_layout_imports_no_torch():
-    code = ("import sys; import reasonrl_fast.layout, reasonrl_fast.layout.micro, reasonrl_fast.models.shape; "
+    code = ("import sys; import reasonrl_fast.layout, reasonrl_fast.layout.micro, reasonrl_fast.layout.shape; "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=repo_env(), check=True)
 

@@ -17,7 +17,7 @@ from transformers import Qwen2Config
 
 from reasonrl_fast.config import load_config
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.shipped_shapes import SHAPES
+from reasonrl_fast.layout.shipped_shapes import SHAPES
 from reasonrl_fast.layout import resolve
 from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.rollout import vllm as rollout_vllm

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.models.shipped_shapes import SHAPES
+from reasonrl_fast.layout.shipped_shapes import SHAPES
 
 SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 """The fields every decoder-only causal LM's config has, each a positive integer."""
@@ -215,13 +215,6 @@ def shape_from_config(d: dict, where: str) -> Shape:
                  o_bias=mt != "qwen2" and bool(d.get("attention_bias")), mlp_bias=bool(d.get("mlp_bias")),
                  sliding=bool(d.get("use_sliding_window")) or (mt == "mistral" and bool(d.get("sliding_window"))),
                  config=d)
-
-
-def tiny_shape(m) -> Shape:
-    """The embedded tiny model of models/tiny.py, from the config's model section."""
-    from reasonrl_fast.models.tiny import TINY_SOURCE, tiny_config
-
-    return shape_from_config(tiny_config(m).to_dict(), TINY_SOURCE)
 
 
 def zhead_params(hidden: int, layers: int) -> int:

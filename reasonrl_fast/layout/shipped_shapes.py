@@ -1,6 +1,6 @@
 """Architecture shapes of the models the configs under configs/ name, for the memory planner
 (`python -m reasonrl_fast.plan`) on a machine without their weights: only the config.json fields
-the estimate and the context check (models/shape.py) read, and RoPE's θ beside the context,
+the estimate and the context check (layout/shape.py) read, and RoPE's θ beside the context,
 keyed by the model directory's name (`model.path=/models/Qwen2.5-32B` ->
 "Qwen2.5-32B"). A directory that has its own config.json is always read instead.
 
