@@ -218,13 +218,17 @@ class RolloutConfig(_Checks):
     token) or seq_tis (one per response)."""
     is_cap: float = 2.0
     """The truncation of the rollout importance weights: min(ratio, is_cap)."""
+    workers: int = 1
+    """trainer.placement=split only: the rollout engines, each on rollout.tensor_parallel_size
+    workers (devices) of its own beside the trainer's; one engine spans one node. Colocated
+    placement ignores it (each trainer worker runs its own engine)."""
 
     def check(self, at: str = "rollout.") -> None:
         self._one_of(at, "backend", tuple(ROLLOUTS))  # read when checked: a registered engine counts
         self._one_of(at, "decoder", ("auto", "model"))
         self._one_of(at, "correction", ("none", "token_tis", "seq_tis"))
         self._positive(at, "n", "max_new_tokens", "temperature", "sync_every", "is_cap", "tensor_parallel_size",
-                       "val_n")
+                       "val_n", "workers")
         self._not_negative(at, "val_temperature")  # 0: greedy validation (rollout/base.py GREEDY_BELOW)
         for name in ("top_p", "val_top_p"):
             value = getattr(self, name)
@@ -360,13 +364,23 @@ class TrainerConfig(_Checks):
     """wandb project name."""
     progress: bool = True
     """Console progress bar."""
+    placement: str = "colocated"
+    """Where the two roles run (docs/trainer.md §Placement): colocated (each trainer worker also
+    runs the rollout engine, which sleeps during the update) or split (rollout.workers engines on
+    workers of their own; the trainer's rank 0 sends them the weights after each update)."""
+    max_staleness: int = 0
+    """split placement only: how many updates behind the trained policy a sample's weights may
+    be. 0: each step samples the weights of the update before it (on-policy); k >= 1 keeps up to
+    k steps of generation in flight while the trainer updates (rollout.correction corrects the
+    gap; SPEC §11)."""
 
     def check(self, at: str = "trainer.") -> None:
         self._one_of(at, "logger", ("tensorboard", "wandb", "none"))
+        self._one_of(at, "placement", ("colocated", "split"))
         self._one_of(at, "sharding", ("auto", "fsdp", "replicate"))
         self._positive(at, "nnodes", "workers_per_node", "cpus_per_worker")
         self._duration(at, "collective_timeout_s")
-        self._not_negative(at, "steps", "save_every", "keep_checkpoints", "val_every")
+        self._not_negative(at, "steps", "save_every", "keep_checkpoints", "val_every", "max_staleness")
         self._seed(at, "seed")
         self._named(at, "output_dir", "resume")  # resume: auto, never or a checkpoint path
 

@@ -36,6 +36,7 @@ def validate(cfg: Config) -> Config:
                           f"mini-batch without prompts: each needs at least one prompt per mini-batch")
     check_bf16_lr(cfg)
     check_tensor_parallel(cfg)
+    check_placement(cfg)
     algo.check_config(cfg)
     if cfg.embedded_task:  # its scorer's sandbox limit, its own limits (tasks/base.py)
         TASKS.lookup(cfg.data.task).check_settings(cfg)
@@ -49,13 +50,31 @@ def check_tensor_parallel(cfg: Config) -> None:
     tp, per_node = cfg.rollout.tensor_parallel_size, cfg.trainer.workers_per_node
     if tp == 1:
         return
+    if cfg.trainer.placement == "split":  # the engines have workers of their own
+        per_node = None
     if not ROLLOUTS.lookup(cfg.rollout.backend).tensor_parallel:
         raise ConfigError(f"rollout.tensor_parallel_size={tp} needs an engine that shards the model over "
                           f"workers; rollout.backend={cfg.rollout.backend} holds the whole model in each "
                           f"worker: set rollout.backend=vllm, or rollout.tensor_parallel_size=1")
-    if per_node % tp:
+    if per_node is not None and per_node % tp:
         raise ConfigError(f"rollout.tensor_parallel_size={tp} does not divide trainer.workers_per_node="
                           f"{per_node}: an engine's ranks are {tp} consecutive workers of one node")
+
+
+def check_placement(cfg: Config) -> None:
+    """trainer.placement against the settings that assume the other one. What needs the
+    cluster's devices (an engine's TP workers on one node's GPUs) is trainer/cluster.py's."""
+    t, r = cfg.trainer, cfg.rollout
+    if t.placement == "colocated":
+        if t.max_staleness:
+            raise ConfigError(f"trainer.max_staleness={t.max_staleness} needs trainer.placement=split: colocated "
+                              f"workers sample and train in turn, so no generation can overlap an update")
+        return
+    if r.sync_every > 1:
+        raise ConfigError(f"rollout.sync_every={r.sync_every} with trainer.placement=split: the rollout "
+                          f"workers load every update, and trainer.max_staleness bounds how old their samples "
+                          f"may be; set rollout.sync_every=1 (and trainer.max_staleness={r.sync_every - 1} "
+                          f"for as stale a rollout)")
 
 
 # The lowest lr bf16 master weights train at with round-to-nearest. bf16 keeps 8 significant
@@ -125,4 +144,4 @@ def _check_not_redacted(section, at: str = "", skip: tuple[str, ...] = ()) -> No
                               f"give the real value{how}")
 
 
-__all__ = ["BF16_MIN_LR", "check_bf16_lr", "check_tensor_parallel", "validate"]
+__all__ = ["BF16_MIN_LR", "check_bf16_lr", "check_placement", "check_tensor_parallel", "validate"]
