@@ -45,9 +45,9 @@ class WorkerGroup:
     (`EngineSpec.log_path`), which a failure's note reads; None where they write none."""
 
     def __init__(self, cls, cfg, model_path: str, spec, count: int, bundle: dict, *, log_dir: str | None = None,
-                 nodes: int | None = None, **kwargs):
+                 nodes: int | None = None, tp: int | None = None, **kwargs):
         self.cfg, self.spec, self.count, self.log_dir = cfg, spec, count, log_dir
-        self.tp = cfg.rollout.tensor_parallel_size
+        self.tp = tp or cfg.rollout.tensor_parallel_size  # 1: a group of trainer workers without engines
         self.pg = place_workers(cfg.trainer, bundle, local=rt.is_local(), world=count, nodes=nodes)
         remote = ray.remote(cls)
         self.actors = [

@@ -7,6 +7,8 @@ Started as Ray actors by a WorkerGroup (rollout/group.py), whose calls reach eve
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -58,6 +60,7 @@ class RolloutWorker:
         t = cfg.trainer
         config = load_model_config(self.model_path, cfg.model.max_position_embeddings)
         layout = resolve(cfg, config, device.type, t.nnodes * t.workers_per_node, self.spec, sequences=self.sequences)
+        self.layout = layout
         lm = (load_model(self.model_path, torch_dtype(layout.compute_dtype), layout.attention,
                          cfg.model.max_position_embeddings).to(device)
               if self.spec.needs_trainer_copy else None)
@@ -90,6 +93,48 @@ class RolloutWorker:
     def load_weights(self, named_tensors) -> None:
         """Replace the engine's weights (Hugging Face names; it wakes first if it sleeps)."""
         self.engine.load_weights(named_tensors)
+
+    def sample_timed(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, seeds: list[int],
+                     own: tuple[int, int] | None = None) -> tuple[list, list, float]:
+        """Split placement: `sample`'s responses and log-probs, and the seconds this worker sat
+        idle (between its calls) since its last generation ended."""
+        self._note_idle()
+        out = self.sample(prompts, n, temperature, top_p, seeds, own)
+        idle, self._idle_s = self._idle_s, 0.0
+        self._busy_until = time.perf_counter()
+        return out.tokens, out.logprobs, idle
+
+    _busy_until: float | None = None  # when this worker's last call ended
+    _idle_s = 0.0  # the gaps between its calls since its last generation
+
+    def _note_idle(self) -> None:
+        if self._busy_until is not None:
+            self._idle_s += time.perf_counter() - self._busy_until
+
+    def join_transport(self, host: str, port: int, rank: int, size: int) -> None:
+        """Split placement: rank `rank` (1..) of the weight transport whose rank 0 is the
+        trainer's (rollout/transport.py)."""
+        from reasonrl_fast.rollout.transport import Transport
+
+        self.transport = Transport(host, port, rank, size, self.cfg.trainer.collective_timeout_s)
+
+    def receive_weights(self, meta: list, dtype: str, version: int) -> int:
+        """Load version `version` of the weights from the transport (the trainer publishes it
+        at once); returns the version now loaded."""
+        from reasonrl_fast.layout import SYNC_BUCKET_BYTES
+
+        self._note_idle()
+        self.load_weights(self.transport.receive(meta, version, torch_dtype(dtype), SYNC_BUCKET_BYTES))
+        self.version = version
+        self._busy_until = time.perf_counter()
+        return version
+
+    def weights_checksum(self, names: list[str]) -> float:
+        """transport.py `checksum` of the engine's weights `names`, for engines that expose them
+        (`params`: the hf engine)."""
+        from reasonrl_fast.rollout.transport import checksum
+
+        return checksum([(n, self.engine.params[n]) for n in names])
 
     def _log(self, msg: str) -> None:
         if self.rank == 0:

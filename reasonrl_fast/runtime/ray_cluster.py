@@ -71,6 +71,8 @@ def start_ray(cfg) -> bool:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return True
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
+    if cfg.trainer.placement == "split":  # the rollout workers' slots too (on CPU they share the cores)
+        world += cfg.rollout.workers * cfg.rollout.tensor_parallel_size
     import torch
 
     _loopback_only()

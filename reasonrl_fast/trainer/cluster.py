@@ -2,34 +2,77 @@
 workers (rollout/group.py `WorkerGroup`: placed through a placement group, wired into one
 torch.distributed group); calls fan out to all of them. Each worker keeps the samples it generated
 for the step (`WorkerGroup.shares` is the one split rule), so the driver sends back only their
-advantages."""
+advantages.
+
+Split placement (trainer.placement=split): a group of trainer workers without engines and a group
+of rollout workers (rollout.workers engines, each rollout.tensor_parallel_size wide). The
+rollout workers' responses and sampler log-probs come to the driver (token ids and floats), which
+sends each trainer worker its share with the advantages; after each update the trainer's rank 0
+publishes the weights to the rollout workers (rollout/transport.py), as version `version`. A
+generation is submitted (`submit`) and collected (`collect`) apart, so the driver can keep some in
+flight while the trainer updates (loop.py, trainer.max_staleness)."""
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
 
 from reasonrl_fast.algos.correction import pool_sums, rollout_metrics
 from reasonrl_fast.models.loading import load_model_config
 from reasonrl_fast.rollout import get_rollout, sample_seeds
+from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.rollout.group import WorkerGroup, cluster_gpus, worker_bundle
+from reasonrl_fast.rollout.worker import RolloutWorker
 from reasonrl_fast.runtime.ray_cluster import ClusterError, start_ray, stop_ray
 from reasonrl_fast.trainer.worker import ROLLOUT_SUMS, Worker
 
 
+@dataclass
+class Pending:
+    """A submitted generation (split placement): its refs, each rollout worker's (engine's
+    prompts, own prompts), the weights' version it samples, and what `collect` gathers."""
+
+    refs: list
+    split: list
+    n: int
+    version: int
+    prompts: list
+    responses: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    rollout_idle_s: float = 0.0
+
+
 class Cluster:
+    split = False  # trainer.placement=split: the rollout workers are a group of their own
+    rollout = None  # that group (split placement)
+
     def __init__(self, cfg, model_path: str):
         self.cfg = cfg
         self.spec = get_rollout(cfg.rollout.backend)
         self.owns_ray = start_ray(cfg)
         t = cfg.trainer
         world = t.nnodes * t.workers_per_node
+        self.split = t.placement == "split"
         try:
-            self.group = WorkerGroup(Worker, cfg, model_path, self.spec, world, worker_bundle(cfg, cluster_gpus()),
-                                     log_dir=t.output_dir)
-        except ClusterError:
+            gpus = cluster_gpus()
+            bundle = worker_bundle(cfg, gpus)
+            if self.split:
+                check_rollout_fits(cfg, gpus)
+            self.group = WorkerGroup(Worker, cfg, model_path, self.spec, world, bundle, log_dir=t.output_dir,
+                                     tp=1 if self.split else None)
+        except (ClusterError, ConfigError):
             stop_ray(self.owns_ray)
             raise
         self.workers = self.group.actors
         try:
+            if self.split:  # its own placement group, its engines packed on as few nodes as hold them
+                r = cfg.rollout
+                self.rollout = WorkerGroup(RolloutWorker, cfg, model_path, self.spec,
+                                           r.workers * r.tensor_parallel_size, bundle, nodes=1)
             self.setup_info = self.group.setup()[0]
+            if self.split:
+                self.rollout.setup("rollout setup")
+                self._join_transport()
             # the workers' config, context override included: checkpoints save it as config.json
             self.hf_config = load_model_config(model_path, cfg.model.max_position_embeddings)
         except BaseException:
@@ -37,6 +80,37 @@ class Cluster:
             raise
         self.world = world
         self._kept: list[range] | None = None  # each worker's samples of the step's rollout
+        self._pending: Pending | None = None  # split placement: the step's kept generation
+        self.version = 0  # split placement: the weights' version the rollout workers hold (queued)
+
+    def _join_transport(self) -> None:
+        """The weight transport over the trainer's rank 0 and every rollout worker (all join at
+        once), then version 0 to the rollout workers: the trainer's weights (its warm start, a
+        checkpoint's) are the ones sampled from, not whatever the engines loaded."""
+        rollout = self.rollout.actors
+        host, port = self.group.gather([self.workers[0].transport_address.remote()], "transport")[0]
+        size = 1 + len(rollout)
+        refs = [self.workers[0].open_transport.remote(host, port, size)]
+        refs += [a.join_transport.remote(host, port, 1 + i, size) for i, a in enumerate(rollout)]
+        (self._meta, self._dtype), *_ = self.group.gather(refs, "transport")
+        self.publish(0)
+
+    def publish(self, version: int) -> float:
+        """Split placement: the trainer's weights to every rollout worker as `version` (after
+        whatever each has queued before it); returns the seconds it took."""
+        t0 = time.perf_counter()
+        refs = [w.publish.remote(self._meta, version) for w in self.workers]
+        refs += [a.receive_weights.remote(self._meta, self._dtype, version) for a in self.rollout.actors]
+        self.group.gather(refs, "weight transport")
+        self.version = version
+        return time.perf_counter() - t0
+
+    def load(self, path: str) -> None:
+        """A checkpoint into the trainer's workers (and so into their engines, or the rollout
+        workers' in split placement)."""
+        self.call("load", path)
+        if self.split:
+            self.publish(self.version)
 
     def call(self, method: str, *args):
         return self.group.call(method, *args)
@@ -49,6 +123,12 @@ class Cluster:
         Sample i of the call is drawn with `sample_seed(trainer.seed, stream, i)`, whichever
         worker draws it. `keep`: the step's training samples; each worker keeps its share for
         `train_step`."""
+        if self.split:
+            pending = self.submit(prompts, n, temperature, top_p, stream)
+            if keep:
+                self._pending = pending
+            yield from self.collect(pending)
+            return
         split = self.group.shares(len(prompts))
         seed = self.cfg.trainer.seed
         # each worker is sent its engine's prompts (every rank of a tensor-parallel engine samples
@@ -62,10 +142,40 @@ class Cluster:
         for rank, responses in self.group.as_completed(refs, "generate"):
             yield split[rank][1].start * n, responses
 
+    def submit(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, stream: int | str) -> Pending:
+        """Split placement: submit a generation to the rollout workers (as `generate_stream`
+        shares it out and seeds it); it samples the weights of version `self.version`, the last
+        one published before it (a worker runs its calls in order)."""
+        split = self.rollout.shares(len(prompts))
+        seed = self.cfg.trainer.seed
+        refs = [a.sample_timed.remote([prompts[i] for i in g], n, temperature, top_p,
+                                      sample_seeds(seed, stream, g.start * n, len(g) * n),
+                                      own=(r.start - g.start, r.stop - g.start))
+                for a, (g, r) in zip(self.rollout.actors, split)]
+        total = len(prompts) * n
+        return Pending(refs, split, n, self.version, prompts, [None] * total, [None] * total)
+
+    def collect(self, pending: Pending):
+        """Yield (index of the share's first sample, its responses) of a submitted generation as
+        each rollout worker finishes; the log-probs stay in `pending`."""
+        for rank, (tokens, logprobs, idle) in self.rollout.as_completed(pending.refs, "generate"):
+            start = pending.split[rank][1].start * pending.n
+            pending.responses[start:start + len(tokens)] = tokens
+            pending.logprobs[start:start + len(tokens)] = logprobs
+            pending.rollout_idle_s = max(pending.rollout_idle_s, idle)
+            yield start, tokens
+
+    def keep(self, pending: Pending) -> None:
+        """The generation the next `train_step` trains on (collected)."""
+        self._pending = pending
+
     def train_step(self, adv: list[float], step: int) -> dict:
         """Step 4 of the loop's step: each worker trains on the samples it kept from the last
         `generate_stream(keep=True)`; it is sent only their advantages (`adv`: one per sample of
-        the step, in order)."""
+        the step, in order). Split placement: each trainer worker is sent its share of the kept
+        generation's samples too, and the new weights are published as version `step`."""
+        if self.split:
+            return self._train_split(adv, step)
         kept, self._kept = self._kept, None
         if kept is None or kept[-1].stop != len(adv):
             raise ValueError(f"train_step: {len(adv)} advantages do not match the kept rollout")
@@ -73,7 +183,33 @@ class Cluster:
                                  "train_step")
         return merge_updates(outs)
 
+    def _train_split(self, adv: list[float], step: int) -> dict:
+        pending, self._pending = self._pending, None
+        if pending is None or len(pending.responses) != len(adv):
+            raise ValueError(f"train_step: {len(adv)} advantages do not match the kept rollout")
+        n = pending.n
+        proximal = self.cfg.trainer.max_staleness > 0  # samples may be of older weights than the trainer's
+        refs = []
+        for w, (_, r) in zip(self.workers, self.group.shares(len(pending.prompts))):
+            a, b = r.start * n, r.stop * n
+            samples = ([p for p in pending.prompts[r.start:r.stop] for _ in range(n)], pending.responses[a:b],
+                       pending.logprobs[a:b])
+            refs.append(w.train_step.remote(adv[a:b], step, samples, proximal))
+        merged = merge_updates(self.group.gather(refs, "train_step"))
+        merged["time/sync_s"] = self.publish(step)
+        return merged
+
+    def weights_checksums(self) -> tuple[float, list[float]]:
+        """Split placement: the trainer's and each rollout worker's transport.py `checksum` of
+        the weights (tests)."""
+        names = [name for name, _ in self._meta]
+        trainer = self.group.gather([w.weights_checksum.remote() for w in self.workers], "checksum")[0]
+        return trainer, self.rollout.gather([a.weights_checksum.remote(names) for a in self.rollout.actors],
+                                            "checksum")
+
     def shutdown(self) -> None:
+        if self.rollout is not None:
+            self.rollout.shutdown()
         self.group.shutdown()
         stop_ray(self.owns_ray)
 
@@ -88,3 +224,23 @@ def merge_updates(outs: list[dict]) -> dict:
     merged["train/skipped_updates"] = outs[0]["train/skipped_updates"]
     merged.update(rollout_metrics(sums))
     return merged
+
+
+def check_rollout_fits(cfg, gpus: int) -> None:
+    """Split placement on GPUs: one engine's rollout.tensor_parallel_size workers on one node's
+    GPUs, beside nothing else of the run's (the trainer's workers have GPUs of their own).
+    On CPU the roles share the node's cores (loop.py logs it)."""
+    import ray
+
+    if not gpus:
+        return
+    tp = cfg.rollout.tensor_parallel_size
+    per_node = max(int(n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes() if n.get("Alive"))
+    if tp > per_node:
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} with trainer.placement=split: an engine spans one "
+                          f"node, and the largest node has {per_node} GPU(s)")
+    need = cfg.rollout.workers * tp + cfg.trainer.nnodes * cfg.trainer.workers_per_node
+    if need > gpus:
+        raise ConfigError(f"rollout.workers={cfg.rollout.workers} x rollout.tensor_parallel_size={tp} beside "
+                          f"{need - cfg.rollout.workers * tp} trainer workers needs {need} GPUs; the Ray cluster "
+                          f"has {gpus}")

@@ -6,7 +6,10 @@ checkpoint, validation.
 The driver (this process) holds the data and the loop; the reward pool's workers score the
 responses (rewards/pool.py), and for FAPO a GenRM server judges the correct ones (fapo.py); Ray
 actors (worker.py) hold the FSDP shards and the rollout engines. Each worker generates for its
-own share of the prompts and trains on those samples, so only token ids and scalars cross Ray."""
+own share of the prompts and trains on those samples, so only token ids and scalars cross Ray.
+In split placement (trainer.placement=split, cluster.py) rollout workers of their own sample:
+the driver submits each step's generation ahead (`_generation`), up to trainer.max_staleness
+steps before the update that trains on it, and sends the trainer its samples."""
 
 from __future__ import annotations
 
@@ -14,8 +17,9 @@ import json
 import math
 import os
 import time
+from collections import deque
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -65,12 +69,16 @@ def _step(run: Run, step: int) -> dict:
     t0 = time.perf_counter()
     # 1. rollout: the step's prompts; each worker samples n responses for its share of them and
     #    keeps them (with the sampler's log-probs) for the update
-    items = [run.train_set[i] for i in run.sampler.next(cfg.data.prompts_per_step)]
+    #    (split placement: the rollout workers' generation for this step, submitted up to
+    #    trainer.max_staleness steps ago)
+    pending, async_metrics = _generation(run, step) if run.cluster.split else (None, {})
+    items = (pending[0] if pending else
+             [run.train_set[i] for i in run.sampler.next(cfg.data.prompts_per_step)])
     # 2. reward: each worker's share is scored in the reward pool as soon as it arrives (a sample
     #    that fails or runs out of time scores 0 and is counted) and, for FAPO, its right answers
     #    go to the GenRM while the other workers still generate
     roll = rollout_and_score(run.cluster, run.pool, run.tok, items, n, cfg.rollout.temperature, cfg.rollout.top_p,
-                             step, run.judge, keep=True)
+                             step, run.judge, keep=True, pending=pending[1] if pending else None)
     responses, acc = roll["responses"], roll["acc"]
     flagged, genrm_metrics = None, {}
     if run.judge is not None:  # the GenRM's flags on right answers (FAPO)
@@ -84,7 +92,13 @@ def _step(run: Run, step: int) -> dict:
     adv = advantages(rewards, group_ids, norm_by_std=algo.norm_by_std(cfg))
     # 4. on the workers, each on the samples it kept (they are sent only the advantages):
     #    reference and old log-probs, mini-batch updates, weight sync
+    #    (split placement: sent their samples too; the weights published to the rollout workers)
+    if pending:
+        run.cluster.keep(pending[1])
+        async_metrics["time/rollout_idle_s"] = pending[1].rollout_idle_s  # known once collected
+        async_metrics["time/trainer_idle_s"] = time.perf_counter() - (run.trained_at or t0)
     w = run.cluster.train_step(adv.tolist(), step)
+    run.trained_at = time.perf_counter()
     # 5. the metrics row, a checkpoint, validation
     t_step = time.perf_counter() - t0
     tokens = n * sum(len(p) for p in roll["prompts"]) + int(lengths.sum())
@@ -97,6 +111,7 @@ def _step(run: Run, step: int) -> dict:
         "response_length/mean": float(lengths.float().mean()),
         "response_length/clip_frac": float((lengths >= cfg.rollout.max_new_tokens).float().mean()),
         **w,
+        **async_metrics,
         "time/rollout_s": roll["time/rollout_s"],
         "time/reward_s": roll["time/reward_s"],
         "time/step_s": t_step,
@@ -109,6 +124,29 @@ def _step(run: Run, step: int) -> dict:
         row.update(validate(cfg, run.cluster, run.tok, run.val_set, run.pool, step))
     run.logger.log(row)
     return row
+
+
+def _generation(run: Run, step: int) -> tuple[tuple, dict]:
+    """Split placement: submit the generations of the steps up to `step` + max_staleness (not
+    past the last step) that are not in flight yet, each on the weights published last (the
+    rollout workers run their calls in order, so a generation submitted now samples the version
+    of the update before `step` or later: at most max_staleness versions behind the one `step`
+    trains from), then take `step`'s: its (records, cluster.Pending) and its rollout/staleness_*."""
+    cfg = run.cfg
+    last = min(step + cfg.trainer.max_staleness, cfg.trainer.steps)
+    while run.submitted < last:
+        run.submitted += 1
+        items = [run.train_set[i] for i in run.sampler.next(cfg.data.prompts_per_step)]
+        prompts = [prompt_ids(it, run.tok) for it in items]
+        run.in_flight.append((run.submitted, items, run.cluster.submit(prompts, cfg.rollout.n, cfg.rollout.temperature,
+                                                                    cfg.rollout.top_p, run.submitted)))
+    submitted, items, pending = run.in_flight.popleft()
+    assert submitted == step, (submitted, step)
+    staleness = (step - 1) - pending.version  # the trainer holds version step - 1
+    if staleness > cfg.trainer.max_staleness:  # the submission order above rules it out
+        raise RuntimeError(f"step {step} would train on samples {staleness} versions old")
+    # every sample of a generation shares its version: the mean is the step's staleness too
+    return (items, pending), {"rollout/staleness_mean": float(staleness), "rollout/staleness_max": float(staleness)}
 
 
 @dataclass
@@ -127,6 +165,11 @@ class Run:
     pool: RewardPool
     sampler: Sampler
     logger: MetricsLogger
+    # split placement: the generations submitted ahead, (step, records, cluster.Pending), the
+    # last step submitted, and when the trainer's last update ended
+    in_flight: deque = field(default_factory=deque)
+    submitted: int = 0
+    trained_at: float | None = None
 
 
 @contextmanager
@@ -170,10 +213,10 @@ def _started(cfg, log):
         if resume_from:
             start = state.step
             state.restore(sampler)
-            cluster.call("load", resume_from)
+            cluster.load(resume_from)
             log(f"resumed from {resume_from} (step {start})")
         yield Run(cfg, state.run_id if state else ckpt.new_run_id(), start, tok, train_set, val_set, algo, judge,
-                  cluster, pool, sampler, MetricsLogger(cfg, out_dir, start, cfg.trainer.steps))
+                  cluster, pool, sampler, MetricsLogger(cfg, out_dir, start, cfg.trainer.steps), submitted=start)
 
 
 def _log_layout(cfg, layout: dict, log) -> None:
@@ -189,6 +232,12 @@ def _log_layout(cfg, layout: dict, log) -> None:
            else "one per mini-batch (optim.micro_batch_tokens=0)")
         + ("; activation checkpointing on" if cfg.model.gradient_checkpointing else ""))
     log(notes["sharding"])
+    t = cfg.trainer
+    if t.placement == "split":
+        r = cfg.rollout
+        cpu = " (on CPU the two roles share the node's cores)" if layout.get("device") == "cpu" else ""
+        log(f"placement: split, {t.nnodes * t.workers_per_node} trainer worker(s) and {r.workers} rollout engine(s) "
+            f"of {r.tensor_parallel_size} worker(s){cpu}; samples at most {t.max_staleness} version(s) stale")
 
 
 def _samples(items: list[dict], texts: list[str]) -> list[tuple]:
@@ -199,15 +248,17 @@ def _samples(items: list[dict], texts: list[str]) -> list[tuple]:
 
 
 def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int, temperature: float,
-                      top_p: float, stream: int | str, judge=None, keep: bool = False) -> dict:
+                      top_p: float, stream: int | str, judge=None, keep: bool = False, pending=None) -> dict:
     """Generate `n` responses per item at `temperature` and `top_p` (sample seeds from `stream`:
     the step, or a validation pass) and score each worker's share as soon as it arrives
     (for FAPO, also submit its correct responses to the judge); `keep`: the workers keep their
     samples for the step's update. Returns the prompts' ids, the
     responses (ids and text), scores (non-finite as 0), acc flags, reward/* metrics, and
-    time/rollout_s (until the last share arrived) and time/reward_s (the driver's scoring)."""
+    time/rollout_s (until the last share arrived) and time/reward_s (the driver's scoring).
+    `pending`: a generation of `items` submitted before (split placement, cluster.py `submit`),
+    collected here instead of a new one."""
     t0 = time.perf_counter()
-    prompts = [prompt_ids(it, tok) for it in items]
+    prompts = pending.prompts if pending is not None else [prompt_ids(it, tok) for it in items]
     total = len(items) * n
     responses: list = [None] * total
     texts: list = [None] * total
@@ -215,7 +266,9 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
     latencies: list[float] = []
     counts = {"reward/timeouts": 0, "reward/errors": 0}
     t_rollout = t_reward = 0.0
-    for start, shard in cluster.generate_stream(prompts, n, temperature, top_p, stream, keep=keep):
+    shares = (cluster.collect(pending) if pending is not None
+              else cluster.generate_stream(prompts, n, temperature, top_p, stream, keep=keep))
+    for start, shard in shares:
         t = time.perf_counter()
         t_rollout = t - t0
         idx = range(start, start + len(shard))

@@ -3,7 +3,11 @@ engine with a full copy of the weights, or its rank of a tensor-parallel engine 
 rollout.tensor_parallel_size workers, with 1/TP of them) that also owns a shard of the policy (and
 of the frozen reference) and an optimiser, and updates them. The driver (loop.py) tells it what to
 do; every method that touches sharded weights is called on all workers together. It keeps the
-samples it generated for the step: the driver sends back only their advantages."""
+samples it generated for the step: the driver sends back only their advantages.
+
+In split placement (trainer.placement=split) it holds no engine: the rollout workers sample, the
+driver sends it its share of their samples with the advantages, and after the update its rank 0
+sends the weights to the rollout workers (`publish`, rollout/transport.py)."""
 
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ class Worker(RolloutWorker):
     spec (rollout/registry.py). Its engine writes its own log under trainer.output_dir. As a
     rollout worker's, its constructor only stores its arguments."""
 
+    split = False  # split placement: no engine here; the weights go out by `publish`
+    transport = None
+
     def __init__(self, cfg, rank: int, world: int, model_path: str, spec):
         super().__init__(cfg, rank, world, model_path, spec, log_dir=cfg.trainer.output_dir)
 
@@ -57,7 +64,9 @@ class Worker(RolloutWorker):
         compute = torch_dtype(layout.compute_dtype)
         lm = load_model(self.model_path, torch_dtype(layout.weight_dtype), layout.attention,
                         cfg.model.max_position_embeddings)
-        self.load_engine(layout, lm, self.device)
+        self.split = cfg.trainer.placement == "split"
+        if not self.split:  # split placement: the rollout workers hold the engines
+            self.load_engine(layout, lm, self.device)
         if cfg.model.gradient_checkpointing:  # after the rollout's copy: only the trained model recomputes
             enable_checkpointing(lm)
         self.algo = get_algo(cfg.algo)
@@ -115,19 +124,26 @@ class Worker(RolloutWorker):
 
     # ------------------------------------------------------------------ update
 
-    def train_step(self, adv, step: int) -> dict:
+    def train_step(self, adv, step: int, samples: tuple[list, list, list] | None = None,
+                   proximal: bool = False) -> dict:
         """Step 4 of the loop's step: reference and old log-probs, mini-batch updates, weight sync, on
         the samples this rank kept from the step's rollout (prompt-major groups of rollout.n); `adv` are their group-normalised
         advantages, in the same order. Each mini-batch runs as micro-batches whose gradients add
-        up to the mini-batch's (update.py)."""
+        up to the mini-batch's (update.py). Split placement: `samples` are this rank's share of
+        the rollout workers' (prompts, responses, sampler log-probs), and the weights go out by
+        `publish`, called next; `proximal`: compute the old log-probs before the update even with
+        one mini-batch (samples of older weights: SPEC §11's π_prox is not the sampler's)."""
         cfg = self.cfg
+        if samples is not None:
+            self._samples = samples
         if self._samples is None:
             raise RuntimeError("train_step without a kept rollout (generate(..., keep=True))")
         prompts, responses, rollout_lps = self._samples
         self._samples = None
         if len(adv) != len(responses):
             raise ValueError(f"train_step: {len(adv)} advantages for {len(responses)} kept samples")
-        self.engine.sleep()  # the engine's memory is the update's until the next sync
+        if self.engine is not None:
+            self.engine.sleep()  # the engine's memory is the update's until the next sync
         torch.manual_seed(derive_seed(cfg.trainer.seed, "update", step, self.rank))  # Z-head dropout
         adv = torch.tensor(adv, dtype=torch.float32, device=self.device)
         chunks = mini_batches(cfg, len(responses) // cfg.rollout.n)
@@ -145,7 +161,7 @@ class Worker(RolloutWorker):
             self.ref.reshard()
         # Old log-probs only matter when the policy moves between mini-batches; with one
         # mini-batch the current log-probs (detached) are the old ones.
-        old_lp = update.logprobs(self.actor, batches, temp) if len(plans) > 1 else None
+        old_lp = update.logprobs(self.actor, batches, temp) if len(plans) > 1 or proximal else None
         logprob_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -175,20 +191,70 @@ class Worker(RolloutWorker):
         t0 = time.perf_counter()
         if self.device.type == "cuda":  # what the update freed goes back to the device, for the engine
             torch.cuda.empty_cache()
-        if step % cfg.rollout.sync_every == 0:
+        if self.split:
+            pass  # the driver calls `publish`, with the rollout workers' `receive_weights`
+        elif step % cfg.rollout.sync_every == 0:
             self.sync_weights()
         else:
             self.engine.wake()  # the engine keeps the weights of the last sync
         return update_metrics(stats, sums, norms, skipped, lr, sum(len(m) for m in plans), logprob_s, update_s,
                               time.perf_counter() - t0, self._peak_gb())
 
+    def _full_weights(self):
+        """(Hugging Face name, full tensor) of the LM's parameters in the engine's dtype, a
+        bucket per collective (every rank iterates them together)."""
+        return iter_full([(name[len(LM_PREFIX):], p.detach()) for name, p in self.actor.named_parameters()
+                          if name.startswith(LM_PREFIX)], dtype=torch_dtype(self.layout.rollout_dtype))
+
+    # ------------------------------------------------------------------ split placement
+
+    def transport_address(self) -> tuple[str, int]:
+        """Rank 0: its address and a port for the weight transport's store."""
+        from reasonrl_fast.runtime.distributed import rendezvous_socket
+
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        self._transport_listen = rendezvous_socket(host)
+        return host, self._transport_listen.getsockname()[1]
+
+    def open_transport(self, host: str, port: int, size: int) -> tuple[list, str]:
+        """Rank 0: transport rank 0 (the sender) of `size`; returns what the receivers need:
+        the weights' (name, shape)s in the order they are sent, and the dtype sent."""
+        from reasonrl_fast.rollout.transport import Transport
+
+        self.transport = Transport(host, port, 0, size, self.cfg.trainer.collective_timeout_s,
+                                   getattr(self, "_transport_listen", None))
+        meta = [(name[len(LM_PREFIX):], tuple(p.shape)) for name, p in self.actor.named_parameters()
+                if name.startswith(LM_PREFIX)]
+        return meta, self.layout.rollout_dtype
+
+    def publish(self, meta: list, version: int) -> dict:
+        """Every rank: gather the full weights a bucket at a time; rank 0 broadcasts them as
+        version `version` to the rollout workers (which call `receive_weights` at once)."""
+        from reasonrl_fast.layout import SYNC_BUCKET_BYTES
+
+        t0 = time.perf_counter()
+        named = self._full_weights()
+        if self.rank == 0:
+            self.transport.send(named, meta, version, torch_dtype(self.layout.rollout_dtype), SYNC_BUCKET_BYTES)
+        else:
+            for _ in named:  # the gathers are collectives: every rank runs them
+                pass
+        return {"time/sync_s": time.perf_counter() - t0}
+
+    def weights_checksum(self) -> float:
+        """transport.py `checksum` of the full weights in the engine's dtype (every rank calls it)."""
+        from reasonrl_fast.rollout.transport import checksum
+
+        return checksum([(n, t.clone()) for n, t in self._full_weights()])
+
     def sync_weights(self):
         """Gather the LM's parameters (not the Z-head), a bucket per collective, in the engine's
         dtype (the Layout's rollout dtype), and copy them into the rollout engine (which wakes
         first if it sleeps)."""
-        self.load_weights(iter_full(
-            [(name[len(LM_PREFIX):], p.detach()) for name, p in self.actor.named_parameters()
-             if name.startswith(LM_PREFIX)], dtype=torch_dtype(self.layout.rollout_dtype)))
+        if self.engine is not None:  # split placement: the driver publishes after a load
+            self.load_weights(self._full_weights())
 
     # ------------------------------------------------------------------ checkpoints
 

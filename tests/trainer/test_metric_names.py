@@ -39,7 +39,9 @@ TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=
 # Z-head; FAPO's judge (its client's counters, the step checker's agreement)
 CONFIGS = {"grpo": ["algo=grpo", "grpo.kl_coef=0.1", "grpo.clip_ratio_c=3.0", "rollout.correction=token_tis"],
            "flowrl": ["algo=flowrl"],
-           "fapo": ["algo=fapo", "fapo.genrm.addresses=[127.0.0.1:9]"]}
+           "fapo": ["algo=fapo", "fapo.genrm.addresses=[127.0.0.1:9]"],
+           # split placement's staleness and idle times (its generation submitted ahead)
+           "split": ["algo=grpo", "trainer.placement=split", "trainer.max_staleness=1", "rollout.sync_every=1"]}
 
 
 def test_the_contract_refuses_bare_and_undocumented_names():
@@ -75,12 +77,23 @@ class FakeWorkers:
             w.cfg, w.rank, w.world, w.tok, w.algo, w.device = cfg, rank, 1, tok, algo, torch.device("cpu")
             w.layout = SimpleNamespace(packed=False, one_row=False, sharding="replicate")
             w.engine = SimpleNamespace(sleep=lambda: None, wake=lambda: None)
+            w.split = cfg.trainer.placement == "split"  # as its setup sets it: publish, not sync, after the update
             w.actor = w.train_model = Actor(lm, cfg.flowrl.zhead_layers if algo.zhead else 0)
             w.ref = Actor(tiny_model(cfg.model, len(tok), tok)).eval() if algo.needs_ref(cfg) else None
             w.opt = make_optimizer([{"params": list(w.actor.parameters()), "lr": cfg.optim.lr}], cfg, w.device)
             w.sched = make_scheduler(w.opt, cfg.optim.warmup_steps)
             self.workers.append(w)
         self._kept = None
+        self.split, self.version = cfg.trainer.placement == "split", 0
+
+    def submit(self, prompts, n, temperature, top_p, stream):
+        return SimpleNamespace(prompts=prompts, n=n, version=self.version, rollout_idle_s=0.0)
+
+    def collect(self, pending):
+        yield from self.generate_stream(pending.prompts, pending.n, None, None, None, keep=True)
+
+    def keep(self, pending):
+        pass
 
     def generate_stream(self, prompts, n, temperature, top_p, stream, keep=False):
         texts = [self.tok.decode(p, skip_special_tokens=True) for p in prompts]
@@ -96,6 +109,7 @@ class FakeWorkers:
         from reasonrl_fast.trainer.cluster import merge_updates
 
         half = len(adv) // 2
+        self.version = step
         return merge_updates([w.train_step(a, step) for w, a in zip(self.workers, (adv[:half], adv[half:]))])
 
 
@@ -164,3 +178,5 @@ def test_every_documented_metric_is_logged(names):
     assert {"kl/mean", "grpo/dual_clip_frac", "rollout/is_weight_mean"} <= names["grpo"]
     assert {"log_z/mean", "tb/delta_abs_mean"} <= names["flowrl"] and "grpo/clip_frac" not in names["flowrl"]
     assert {"fapo/sent", "genrm/requests", "genrm/checker_agreement"} <= names["fapo"]
+    split = {"rollout/staleness_mean", "rollout/staleness_max", "time/trainer_idle_s", "time/rollout_idle_s"}
+    assert split <= names["split"] and not split & names["grpo"]

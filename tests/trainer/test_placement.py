@@ -4,6 +4,8 @@ embedded default on one trainer and one rollout worker, synchronous and one step
 
 import pytest
 
+from reasonrl_fast.util import read_metrics
+
 from reasonrl_fast.config import ConfigError, load_config
 
 
@@ -81,3 +83,120 @@ def test_the_transport_delivers_identical_weights_in_buckets_with_their_version(
     [t.join() for t in threads]
     assert all(isinstance(got[r], RuntimeError) and "version 5 with 0 tensors arrived where version 4" in str(got[r])
                for r in (1, 2))
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_generation_runs_at_most_k_steps_ahead_and_each_is_trained_once(k, tmp_path):
+    """The driver's side of bounded staleness (loop.py `_generation`), on in-process stand-ins
+    of the cluster and reward pool: each step's generation is submitted once, at most k steps
+    ahead, tagged with the version published last; each is trained exactly once, by its own step,
+    on samples at most k versions older than the trainer's; the prompts are the sampler's in
+    order, none skipped or repeated."""
+    import torch
+
+    from reasonrl_fast.algos import get_algo
+    from reasonrl_fast.models.tiny import char_tokenizer
+    from reasonrl_fast.runtime.datasets import Sampler
+    from reasonrl_fast.tasks import get_task
+    from reasonrl_fast.trainer import loop
+    from reasonrl_fast.trainer.logger import MetricsLogger
+    from reasonrl_fast.util import read_metrics
+    from tests.trainer.test_metric_names import TINY, FakePool, FakeWorkers
+
+    steps = 5
+    cfg = load_config(None, [*TINY, "algo=grpo", "rollout.sync_every=1", "trainer.placement=split",
+                             f"trainer.max_staleness={k}", f"trainer.steps={steps}", "trainer.val_every=0",
+                             f"trainer.output_dir={tmp_path}"])
+    torch.manual_seed(0)
+    tok = char_tokenizer()
+    train_set = get_task("addition").split(cfg.data, 12, 0)
+
+    class Recording(FakeWorkers):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.submitted, self.trained, self.kept = [], [], None
+
+        def submit(self, prompts, n, temperature, top_p, stream):
+            p = super().submit(prompts, n, temperature, top_p, stream)
+            p.stream, p.in_flight = stream, len(self.submitted) - len(self.trained)
+            self.submitted.append((stream, self.version, [tuple(x) for x in prompts]))
+            return p
+
+        def keep(self, pending):
+            self.kept = pending
+
+        def train_step(self, adv, step):
+            self.trained.append((step, self.kept.stream, self.kept.version))
+            return super().train_step(adv, step)
+
+    cluster = Recording(cfg, tok)
+    logger = MetricsLogger(cfg, str(tmp_path), 0, steps)
+    run = loop.Run(cfg, "run", 0, tok, train_set, [], get_algo(cfg.algo), None, cluster, FakePool(),
+                   Sampler(len(train_set), 0), logger)
+    for step in range(1, steps + 1):
+        loop._step(run, step)
+    logger.close()
+    assert [s for s, _, _ in cluster.submitted] == list(range(1, steps + 1))  # each once, in order
+    assert [(s, g) for s, g, _ in cluster.trained] == [(s, s) for s in range(1, steps + 1)]  # its own, once
+    # generation s was submitted at step max(1, s - k), holding the version of the update before it
+    assert [v for _, v, _ in cluster.submitted] == [max(0, s - k - 1) for s in range(1, steps + 1)]
+    staleness = [s - 1 - v for s, _, v in cluster.trained]
+    assert max(staleness) == min(k, steps - 1) and all(0 <= x <= k for x in staleness)
+    rows = read_metrics(tmp_path)
+    assert [r["rollout/staleness_max"] for r in rows] == staleness
+    # the prompts: the sampler's, step after step, as a colocated run draws them
+    order = Sampler(len(train_set), 0)
+    want = [[tuple(loop.prompt_ids(train_set[i], tok)) for i in order.next(cfg.data.prompts_per_step)]
+            for _ in range(steps)]
+    assert [p for _, _, p in cluster.submitted] == want
+
+
+@pytest.mark.e2e
+def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(ray_local, tmp_path):
+    """One trainer worker and one rollout worker on Ray: the rollout worker's engine holds the
+    trainer's weights bit for bit (equal checksums) after setup's version 0 and after an update's
+    publish, and the update did change them."""
+    from reasonrl_fast.trainer.cluster import Cluster
+    from tests.helpers.model_dirs import model_dir
+
+    path = model_dir(tmp_path / "m", "llama")
+    cfg = load_config(None, [f"model.path={path}", "trainer.placement=split", "trainer.workers_per_node=1",
+                             "rollout.workers=1", "rollout.n=2", "rollout.max_new_tokens=6", "data.prompts_per_step=2",
+                             "optim.mini_batch_prompts=2", "optim.lr=1e-2", f"trainer.output_dir={tmp_path / 'run'}"])
+    cluster = Cluster(cfg, str(path))
+    try:
+        trainer, (rollout,) = cluster.weights_checksums()
+        assert trainer == rollout and cluster.version == 0
+        pending = cluster.submit([[5, 6, 7], [8, 9]], 2, 1.0, 1.0, 1)
+        assert pending.version == 0 and len(list(cluster.collect(pending))) == 1
+        cluster.keep(pending)
+        metrics = cluster.train_step([1.0, -1.0, 0.5, -0.5], 1)
+        assert cluster.version == 1 and metrics["time/sync_s"] > 0
+        trained, (loaded,) = cluster.weights_checksums()
+        assert trained == loaded and trained != trainer
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_split_placement_trains_the_embedded_default(train, tmp_path, k):
+    """The embedded default, a few steps on one trainer and one rollout worker. k=0: the
+    rollout workers sample the weights of the last update, so the sampler's and the trainer's
+    log-probs agree as closely as colocated workers' (tests/trainer/test_stale_rollout.py: below
+    1e-4 on the steps that sample the current policy). k=1: each step after the first trains on
+    samples one version old, the gap shows, and every step trains."""
+    out = tmp_path / "run"
+    p = train(["trainer.placement=split", "trainer.workers_per_node=1", "rollout.workers=1", "trainer.steps=4",
+               "trainer.val_every=0", f"trainer.max_staleness={k}", "rollout.correction=token_tis",
+               f"trainer.output_dir={out}"], tmp_path, timeout=600, tiny=False)
+    assert "placement: split, 1 trainer worker(s) and 1 rollout engine(s)" in p.stdout
+    assert "on CPU the two roles share the node's cores" in p.stdout
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    diff = [r["rollout/logprob_diff_mean"] for r in rows]
+    assert [r["rollout/staleness_max"] for r in rows] == [0] + [k] * 3
+    assert all(r["time/trainer_idle_s"] >= 0 and r["time/rollout_idle_s"] >= 0 for r in rows)
+    if k == 0:
+        assert max(diff) < 1e-4, diff
+    else:
+        assert diff[0] < 1e-4 and min(diff[1:]) > 1e-3, diff
