@@ -50,6 +50,7 @@ def preflight(cfg, model_config=None, *, files: bool = True):
         from reasonrl_fast.runtime.ray_cluster import check_local_nodes
 
         check_local_nodes(cfg)  # a local instance is one node
+        _check_split_devices(cfg)
         _check_files(cfg)
         if not cfg.embedded_model:  # weights the workers could load (the embedded model gets its own)
             from reasonrl_fast.models.loading import check_weights
@@ -74,6 +75,25 @@ def preflight(cfg, model_config=None, *, files: bool = True):
 
         get_rollout(cfg.rollout.backend).preflight(model_config.architectures)
     return model_config
+
+
+def _check_split_devices(cfg) -> None:
+    """Split placement on a local instance with GPUs: the rollout engines' workers beside the
+    trainer's, a GPU each, on this node's GPUs (a cluster's are counted when its workers are
+    placed: trainer/cluster.py `check_rollout_fits`)."""
+    from reasonrl_fast.runtime.ray_cluster import ray_address
+
+    if cfg.trainer.placement != "split" or ray_address(cfg):
+        return
+    import torch
+
+    gpus = torch.cuda.device_count()
+    t, r = cfg.trainer, cfg.rollout
+    rollout, trainer = r.workers * r.tensor_parallel_size, t.nnodes * t.workers_per_node
+    if gpus and rollout + trainer > gpus:
+        raise ConfigError(f"rollout.workers={r.workers} x rollout.tensor_parallel_size={r.tensor_parallel_size} "
+                          f"rollout workers beside {trainer} trainer workers need {rollout + trainer} GPUs with "
+                          f"trainer.placement=split; this node has {gpus}")
 
 
 def _policy_config(cfg):

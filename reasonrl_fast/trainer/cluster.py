@@ -105,12 +105,13 @@ class Cluster:
         self.version = version
         return time.perf_counter() - t0
 
-    def load(self, path: str) -> None:
-        """A checkpoint into the trainer's workers (and so into their engines, or the rollout
-        workers' in split placement)."""
+    def load(self, path: str, step: int) -> None:
+        """The checkpoint of step `step` into the trainer's workers (and so into their engines,
+        or the rollout workers' in split placement, as version `step`: the weights a resumed
+        step `step` + 1 trains from)."""
         self.call("load", path)
         if self.split:
-            self.publish(self.version)
+            self.publish(step)
 
     def call(self, method: str, *args):
         return self.group.call(method, *args)

@@ -119,7 +119,7 @@ def _step(run: Run, step: int) -> dict:
     }
     t = cfg.trainer
     if t.save_every and step % t.save_every == 0 or (t.save_last and step == t.steps):
-        save(cfg, run.cluster, run.tok, step, run.sampler, run.run_id)
+        save(cfg, run.cluster, run.tok, step, _sampler_at(run), run.run_id)
     if run.val_set and t.val_every and (step % t.val_every == 0 or step == t.steps):
         row.update(validate(cfg, run.cluster, run.tok, run.val_set, run.pool, step))
     run.logger.log(row)
@@ -136,17 +136,29 @@ def _generation(run: Run, step: int) -> tuple[tuple, dict]:
     last = min(step + cfg.trainer.max_staleness, cfg.trainer.steps)
     while run.submitted < last:
         run.submitted += 1
+        before = run.sampler.state()  # what a checkpoint of the step before records (`_sampler_at`)
         items = [run.train_set[i] for i in run.sampler.next(cfg.data.prompts_per_step)]
         prompts = [prompt_ids(it, run.tok) for it in items]
         run.in_flight.append((run.submitted, items, run.cluster.submit(prompts, cfg.rollout.n, cfg.rollout.temperature,
-                                                                    cfg.rollout.top_p, run.submitted)))
-    submitted, items, pending = run.in_flight.popleft()
+                                                                    cfg.rollout.top_p, run.submitted), before))
+    submitted, items, pending, _ = run.in_flight.popleft()
     assert submitted == step, (submitted, step)
     staleness = (step - 1) - pending.version  # the trainer holds version step - 1
     if staleness > cfg.trainer.max_staleness:  # the submission order above rules it out
         raise RuntimeError(f"step {step} would train on samples {staleness} versions old")
     # every sample of a generation shares its version: the mean is the step's staleness too
     return (items, pending), {"rollout/staleness_mean": float(staleness), "rollout/staleness_max": float(staleness)}
+
+
+def _sampler_at(run: Run) -> Sampler:
+    """The sampler as of the step just done: the prompts of the generations still in flight
+    (split placement) are drawn again by a run resumed from its checkpoint (sampled then by the
+    checkpoint's weights, not by the older ones that sampled them here)."""
+    if not run.in_flight:
+        return run.sampler
+    at = Sampler(run.sampler.size, run.sampler.seed, run.sampler.shuffle)
+    at.load_state(run.in_flight[0][3])
+    return at
 
 
 @dataclass
@@ -213,7 +225,7 @@ def _started(cfg, log):
         if resume_from:
             start = state.step
             state.restore(sampler)
-            cluster.load(resume_from)
+            cluster.load(resume_from, start)
             log(f"resumed from {resume_from} (step {start})")
         yield Run(cfg, state.run_id if state else ckpt.new_run_id(), start, tok, train_set, val_set, algo, judge,
                   cluster, pool, sampler, MetricsLogger(cfg, out_dir, start, cfg.trainer.steps), submitted=start)

@@ -133,8 +133,12 @@ def test_generation_runs_at_most_k_steps_ahead_and_each_is_trained_once(k, tmp_p
     logger = MetricsLogger(cfg, str(tmp_path), 0, steps)
     run = loop.Run(cfg, "run", 0, tok, train_set, [], get_algo(cfg.algo), None, cluster, FakePool(),
                    Sampler(len(train_set), 0), logger)
+    after = Sampler(len(train_set), 0)
     for step in range(1, steps + 1):
         loop._step(run, step)
+        # a checkpoint of this step records the sampler as of it: the prompts in flight are drawn again
+        after.next(cfg.data.prompts_per_step)
+        assert loop._sampler_at(run).state() == after.state(), step
     logger.close()
     assert [s for s, _, _ in cluster.submitted] == list(range(1, steps + 1))  # each once, in order
     assert [(s, g) for s, g, _ in cluster.trained] == [(s, s) for s in range(1, steps + 1)]  # its own, once
@@ -200,3 +204,40 @@ def test_split_placement_trains_the_embedded_default(train, tmp_path, k):
         assert max(diff) < 1e-4, diff
     else:
         assert diff[0] < 1e-4 and min(diff[1:]) > 1e-3, diff
+
+
+def test_split_placement_resumes_with_generations_in_flight(train, tmp_path):
+    """A run with max_staleness=1 checkpoints step 2 while step 3's generation is in flight: the
+    checkpoint's sampler is as of step 2 (step 3's prompts are drawn again), and the resumed run
+    publishes the checkpoint's weights as version 2, so its step 3 samples the current policy."""
+    import json
+
+    out = tmp_path / "run"
+    args = ["trainer.placement=split", "trainer.workers_per_node=1", "rollout.workers=1", "trainer.val_every=0",
+            "trainer.max_staleness=1", "trainer.save_every=2", f"trainer.output_dir={out}"]
+    train(args + ["trainer.steps=2"], tmp_path)
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["sampler"] == {"epoch": 0, "pos": 2 * 4}  # two steps of data.prompts_per_step=4
+    p = train(args + ["trainer.steps=4"], tmp_path)
+    assert "resumed from" in p.stdout
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["rollout/staleness_max"] for r in rows] == [0, 1, 0, 1]
+
+
+def test_split_placement_on_too_few_local_gpus_is_refused_before_ray_starts(monkeypatch):
+    import torch
+
+    from reasonrl_fast import preflight
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    ok = load_config(None, ["trainer.placement=split", "trainer.workers_per_node=2", "rollout.workers=2"])
+    preflight._check_split_devices(ok)  # 2 + 2 of 4
+    cfg = load_config(None, ["trainer.placement=split", "trainer.workers_per_node=2", "rollout.workers=3"])
+    with pytest.raises(ConfigError, match=r"^rollout.workers=3 x rollout.tensor_parallel_size=1 rollout workers "
+                                          r"beside 2 trainer workers need 5 GPUs .*this node has 4$"):
+        preflight._check_split_devices(cfg)
+    preflight._check_split_devices(load_config(None, ["trainer.workers_per_node=2", "rollout.workers=3"]))  # colocated
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    preflight._check_split_devices(cfg)  # CPU: the roles share the cores
