@@ -70,6 +70,9 @@ def check_placement(cfg: Config) -> None:
             raise ConfigError(f"trainer.max_staleness={t.max_staleness} needs trainer.placement=split: colocated "
                               f"workers sample and train in turn, so no generation can overlap an update")
         return
+    if r.workers > cfg.data.prompts_per_step:
+        raise ConfigError(f"rollout.workers={r.workers} with data.prompts_per_step={cfg.data.prompts_per_step} "
+                          f"leaves a rollout engine without prompts: at most one engine per prompt")
     if r.sync_every > 1:
         raise ConfigError(f"rollout.sync_every={r.sync_every} with trainer.placement=split: the rollout "
                           f"workers load every update, and trainer.max_staleness bounds how old their samples "

@@ -67,8 +67,10 @@ class Cluster:
         try:
             if self.split:  # its own placement group, its engines packed on as few nodes as hold them
                 r = cfg.rollout
+                # an engine's batch: its share of a step's prompts (vLLM sizes its KV cache by it)
+                sequences = -(-cfg.data.prompts_per_step // r.workers) * r.n
                 self.rollout = WorkerGroup(RolloutWorker, cfg, model_path, self.spec,
-                                           r.workers * r.tensor_parallel_size, bundle, nodes=1)
+                                           r.workers * r.tensor_parallel_size, bundle, nodes=1, sequences=sequences)
             self.setup_info = self.group.setup()[0]
             if self.split:
                 self.rollout.setup("rollout setup")

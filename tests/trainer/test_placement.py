@@ -21,6 +21,8 @@ def test_placement_settings_and_their_refusals():
         load_config(None, ["trainer.placement=both"])
     with pytest.raises(ConfigError, match=r"^trainer.max_staleness=-1"):
         load_config(None, ["trainer.placement=split", "trainer.max_staleness=-1"])
+    with pytest.raises(ConfigError, match=r"^rollout.workers=5 with data.prompts_per_step=4 leaves"):
+        load_config(None, ["trainer.placement=split", "rollout.workers=5", "data.prompts_per_step=4"])
     cfg = load_config(None, ["trainer.placement=split", "trainer.max_staleness=2", "rollout.workers=3"])
     assert (cfg.trainer.max_staleness, cfg.rollout.workers) == (2, 3)
     # the engines' TP workers are their own in split placement: the trainer's count need not divide
