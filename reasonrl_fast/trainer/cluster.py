@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 
 from reasonrl_fast.algos.correction import pool_sums, rollout_metrics
+from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.models.loading import load_model_config
 from reasonrl_fast.rollout import get_rollout, sample_seeds
-from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.rollout.group import WorkerGroup, cluster_gpus, worker_bundle
 from reasonrl_fast.rollout.worker import RolloutWorker
 from reasonrl_fast.runtime.ray_cluster import ClusterError, start_ray, stop_ray

@@ -43,7 +43,7 @@ class Worker(RolloutWorker):
     rollout worker's, its constructor only stores its arguments."""
 
     split = False  # split placement: no engine here; the weights go out by `publish`
-    transport = None
+    transport = None  # rank 0 in split placement: the weight transport's sending end
 
     def __init__(self, cfg, rank: int, world: int, model_path: str, spec):
         super().__init__(cfg, rank, world, model_path, spec, log_dir=cfg.trainer.output_dir)
@@ -210,9 +210,9 @@ class Worker(RolloutWorker):
 
     def transport_address(self) -> tuple[str, int]:
         """Rank 0: its address and a port for the weight transport's store."""
-        from reasonrl_fast.runtime.distributed import rendezvous_socket
-
         import ray
+
+        from reasonrl_fast.runtime.distributed import rendezvous_socket
 
         host = ray.util.get_node_ip_address()
         self._transport_listen = rendezvous_socket(host)
