@@ -372,7 +372,7 @@ class TrainerConfig(_Checks):
     """split placement only: how many updates behind the trained policy a sample's weights may
     be. 0: each step samples the weights of the update before it (on-policy); k >= 1 keeps up to
     k steps of generation in flight while the trainer updates (rollout.correction corrects the
-    gap; SPEC §11)."""
+    gap; docs/math.md §Rollout correction)."""
 
     def check(self, at: str = "trainer.") -> None:
         self._one_of(at, "logger", ("tensorboard", "wandb", "none"))

@@ -132,7 +132,7 @@ class Worker(RolloutWorker):
         up to the mini-batch's (update.py). Split placement: `samples` are this rank's share of
         the rollout workers' (prompts, responses, sampler log-probs), and the weights go out by
         `publish`, called next; `proximal`: compute the old log-probs before the update even with
-        one mini-batch (samples of older weights: SPEC §11's π_prox is not the sampler's)."""
+        one mini-batch (samples of older weights: π_prox, docs/math.md §Rollout correction, is not the sampler's)."""
         cfg = self.cfg
         if samples is not None:
             self._samples = samples
