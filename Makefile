@@ -78,7 +78,8 @@ bench: install
 
 # On a machine with one GPU, a CUDA build of torch and nvcc, no network: build the CUDA kernels in
 # place for the card present, check which _C.so loads, raise every op's errors (errpath), run the
-# op tests, two trainer steps on the GPU, then the GPU benchmarks; within one budget (480 s), each
+# op tests, two trainer steps on the GPU, the whole RL step's throughput (benchmarks/gpu_step.py), the
+# memory planner against a run, then the GPU benchmarks; within one budget (480 s), each
 # step limited, every failure named in one results folder (benchmarks/gpu_results/). Build with the
 # compiler pair whose libstdc++ torch loads (CC=/usr/bin/gcc CXX=/usr/bin/g++ where the environment
 # names another). WHEELS=dir installs the wheels there first (liger-kernel, cut-cross-entropy, ...);

@@ -24,14 +24,18 @@ Steps, in this order; a failed step is recorded and the next one still runs:
              failed, crashed or hung test is named in the results even when the step is cut;
   smoke      benchmarks/gpu_smoke.py: two trainer steps on the GPU (FSDP2 over NCCL, fused LM
              head, the embedded model in bf16);
+  rl-step    benchmarks/gpu_step.py: the whole RL step's throughput (a warm-up and two timed steps
+             of a Qwen2.5-0.5B-shaped model with the recipes' settings, 128 sequences of 512
+             tokens): rollout and update tokens/s, step time, peak memory, MFU beside prime-rl's
+             figure (its numbers in gpu_check.md and, whole, in gpu_check.json);
   plan-truth benchmarks/plan_truth.py: two trainer steps of a Qwen2.5-0.5B-shaped model with the
              recipes' settings, each phase's peak allocated memory beside the memory planner's
              terms (plan_truth.json and plan_truth.md; its table also in gpu_check.md);
   bench X    each per-op benchmark with --device DEVICE (and --quick: one size, Triton autotuning
              off, the first tile candidate, and no torch.compile provider; the full sweep
              autotunes, cached by Triton, and compiles).
-Without CUDA (a CPU machine, or a GPU the driver does not show) build, tests, smoke, plan-truth
-and the GPU benchmarks are recorded as "skipped: no CUDA" and the rest runs: the whole check is
+Without CUDA (a CPU machine, or a GPU the driver does not show) build, tests, smoke, rl-step,
+plan-truth and the GPU benchmarks are recorded as "skipped: no CUDA" and the rest runs: the whole check is
 exercised on CPU. With --device cpu the benchmarks run their CPU cases instead, and with
 --plan-truth-cpu the plan-truth step its CPU smoke run.
 
@@ -71,9 +75,10 @@ BENCHMARKS = ["token_logprob", "linear_token_logprob", "group_advantage", "tb_lo
 # (seconds reserved at least, cap) per step: a step never takes the reserve of the steps after it
 # (on an H100, 2026-11-27: build 54 s, import 5 s, errpath 12 s; the op tests did not finish in 93 s
 # with two of them hung; the smoke run's first rollout took over 30 s with CUDA's first use in it;
-# plan-truth's cap is sized for the 0.5B model's build, setup and two steps, not yet timed on a card)
+# rl-step's and plan-truth's caps are sized for the 0.5B model's build, setup and their steps, not yet
+# timed on a card)
 LIMITS = {"wheels": (10, 120), "build": (60, 300), "import": (10, 60), "errpath": (15, 120),
-          "tests": (90, 300), "smoke": (60, 180), "plan-truth": (45, 90), "bench": (30, 150)}
+          "tests": (90, 300), "smoke": (60, 180), "rl-step": (40, 120), "plan-truth": (45, 90), "bench": (30, 150)}
 NO_CUDA = "skipped: no CUDA"
 INTERRUPT_GRACE_S = 10.0  # from a step's SIGINT at its limit to the SIGKILL
 
@@ -481,6 +486,45 @@ def smoke(env: dict) -> dict:
     return step
 
 
+def rl_step(env: dict) -> dict:
+    """benchmarks/gpu_step.py on the GPU: one warm-up step and two timed; its last line is its JSON
+    result (step["results"]), the summary its line before."""
+    cmd = [sys.executable, "-u", os.path.join(HERE, "gpu_step.py"), "--device", "cuda", "--steps", "3"]
+    # the fused LM head's Triton kernels take their first tile candidate: autotuning would spend the cap
+    step = run_step("rl-step", cmd, dict(env, REASONRL_TRITON_AUTOTUNE="0"), step_limit("rl-step"))
+    step["results"] = None
+    for line in reversed(step["tail"]):
+        if line.startswith("{"):
+            try:
+                step["results"] = json.loads(line)
+            except ValueError:
+                pass
+            break
+    step["summary"] = next((x for x in reversed(step["tail"]) if x.startswith("gpu_step: seq")), "")[:300]
+    return step
+
+
+def rl_step_lines(res: dict) -> list[str]:
+    """gpu_check.md's section for the rl-step's result (gpu_step.py's JSON)."""
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f} %"  # noqa: E731
+    mib = res.get("peak_gpu_mib")
+    peer = res.get("peer") or {}
+    return ["", "## The whole RL step (rl-step)", "",
+            f"{res.get('card')}, {res.get('peak')}; {res.get('prompts_per_step')} prompts x "
+            f"{res.get('samples_per_prompt')} samples of {res.get('prompt_len')} + {res.get('response_len')} tokens "
+            f"(sequence length {res.get('seq_len')}, {res.get('tokens_per_step')} tokens a step), attention "
+            f"{(res.get('layout') or {}).get('attention')}, {res.get('extra_forwards')} extra forward(s); medians of "
+            f"{res.get('timed_steps')} step(s)" + (" after a warm-up step" if res.get("warmup_excluded") else
+                                                   " (the warm-up included)") + ".", "",
+            "| rollout tok/s | update tok/s | step s | peak MiB | MFU update | MFU step | MFU update, with attention |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {res.get('rollout_tokens_per_s', 0):.0f} | {res.get('update_tokens_per_s', 0):.0f} | "
+            f"{res.get('step_s', 0):.2f} | {'-' if mib is None else f'{mib:.0f}'} | {pct(res.get('mfu_update'))} | "
+            f"{pct(res.get('mfu_step'))} | {pct(res.get('mfu_update_with_attention'))} |", "",
+            f"Peer: {peer.get('source')} {peer.get('model')} at {peer.get('seq_len')} tokens on {peer.get('card')}, "
+            f"{peer.get('tokens_per_s', 0):.0f} tok/s, {pct(peer.get('mfu'))} MFU; {res.get('comparable')}."]
+
+
 def plan_truth(env: dict, out_dir: str, device: str) -> dict:
     """benchmarks/plan_truth.py on `device` (cuda; cpu: its --smoke run), its JSON and table in
     `out_dir`; the summary is its last line (each phase's measured / planned and PASS or FAIL)."""
@@ -587,6 +631,8 @@ def report(info: dict, facts: dict, rates: dict, steps: list[dict], rows: list[d
         lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {limit} | {detail.replace('|', '/')} |")
     lines += _problems(steps)
     for s in steps:
+        if s["name"] == "rl-step" and isinstance(s.get("results"), dict):
+            lines += rl_step_lines(s["results"])
         if s.get("table"):
             res = s.get("results") or {}
             lines += ["", "## The memory planner against this run (plan-truth)", "",
@@ -642,6 +688,7 @@ def main(argv=None) -> int:
                    "explicitly, they run also without CUDA")
     p.add_argument("--per-test", type=int, default=60, help="seconds before one test counts as hung")
     p.add_argument("--no-smoke", action="store_true", help="skip the trainer's two-step smoke run")
+    p.add_argument("--no-rl-step", action="store_true", help="skip the whole RL step's throughput run")
     p.add_argument("--no-plan-truth", action="store_true", help="skip the memory planner's check against a run")
     p.add_argument("--plan-truth-cpu", action="store_true", help="without CUDA, run the plan-truth step on CPU "
                    "(plan_truth.py --device cpu --smoke) instead of skipping it")
@@ -676,7 +723,8 @@ def main(argv=None) -> int:
     os.makedirs(out_dir, exist_ok=True)
     _LOG = open(os.path.join(out_dir, "gpu_check.log"), "w")
     explicit_tests = a.tests != "tests/ops"
-    _PLAN[:] = ((["wheels"] if a.wheels else []) + ["build", "import", "errpath", "tests", "smoke", "plan-truth"]
+    _PLAN[:] = ((["wheels"] if a.wheels else [])
+                + ["build", "import", "errpath", "tests", "smoke", "rl-step", "plan-truth"]
                 + ["bench"] * len(names))
     log(f"budget {a.budget:.0f} s; results in {out_dir}")
     facts: dict = {"git": git_facts()}
@@ -712,6 +760,11 @@ def main(argv=None) -> int:
         steps.append(skipped("smoke", "skipped: --no-smoke" if a.no_smoke else NO_CUDA))
     else:
         steps.append(smoke(env))
+    if a.no_rl_step or not cuda:
+        _PLAN.remove("rl-step")
+        steps.append(skipped("rl-step", "skipped: --no-rl-step" if a.no_rl_step else NO_CUDA))
+    else:
+        steps.append(rl_step(env))
     if a.no_plan_truth or not (cuda or a.plan_truth_cpu):
         _PLAN.remove("plan-truth")
         steps.append(skipped("plan-truth", "skipped: --no-plan-truth" if a.no_plan_truth else NO_CUDA))

@@ -51,6 +51,7 @@ SMOKE = {
     "hang_reward.py": "tests/trainer/test_rewards_in_loop.py (e2e, through tests/helpers/faulty_rewards.py)",
     "gpu_smoke.py": "test_gpu_smoke_runs_a_trainer_step_on_cpu (e2e)",
     "plan_truth.py": "test_plan_truth_smoke_sets_a_cpu_run_beside_the_planner (e2e)",
+    "gpu_step.py": "test_gpu_step_runs_a_timed_step_on_cpu (e2e)",
     "profile_trainer.py": "test_profile_trainer_smoke_profiles_a_worker_and_the_driver (e2e)",
     "bench_algos.py": "test_algos_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
     "bench_diversity.py": "test_diversity_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
@@ -332,7 +333,8 @@ def test_gpu_check_dry_run_writes_its_results_file(script_runs):
     assert data["rates"]["copy_gbps"] > 0 and data["rates"]["matmul_tflops"] > 0
     steps = {s["name"]: s["status"] for s in data["steps"]}
     assert steps == {"build": "skipped: --no-build", "import": "ok", "errpath": "ok", "tests": "skipped: --skip-tests",
-                     "smoke": "skipped: --no-smoke", "plan-truth": "skipped: no CUDA", "bench tb_loss": "ok"}
+                     "smoke": "skipped: --no-smoke", "rl-step": "skipped: no CUDA", "plan-truth": "skipped: no CUDA",
+                     "bench tb_loss": "ok"}
     assert {r["provider"] for r in data["rows"]} == {"ours", "eager"}
     assert torch.__version__ in md and "| bench tb_loss | ok |" in md and "| tb_loss | forward + backward |" in md
     results = (tmp / "RESULTS.md").read_text()
@@ -349,8 +351,8 @@ def test_gpu_check_without_cuda_runs_every_other_step_and_names_every_failure(sc
     assert sorted(os.listdir(d)) == ["errpath.json", "gpu_check.json", "gpu_check.log", "gpu_check.md", "junit.xml"]
     data = json.loads((d / "gpu_check.json").read_text())
     steps = {s["name"]: s for s in data["steps"]}
-    assert list(steps) == ["build", "import", "errpath", "tests", "smoke", "plan-truth", "bench tb_loss"]
-    for name in ("build", "smoke", "plan-truth", "bench tb_loss"):
+    assert list(steps) == ["build", "import", "errpath", "tests", "smoke", "rl-step", "plan-truth", "bench tb_loss"]
+    for name in ("build", "smoke", "rl-step", "plan-truth", "bench tb_loss"):
         assert steps[name]["status"].startswith("skipped: no CUDA"), steps[name]
     assert steps["import"]["status"] == "ok" and steps["errpath"]["status"] == "ok"
     assert [r["status"] for r in steps["errpath"]["results"]] == ["ok", "skipped"]
@@ -753,6 +755,34 @@ def _tiny(tmp_path) -> list[str]:
 def test_gpu_smoke_runs_a_trainer_step_on_cpu():
     out = _script("gpu_smoke.py", "--device", "cpu", "--steps", "1", timeout=600)
     assert "gpu_smoke: step 1 in" in out and out.rstrip().endswith("gpu_smoke: ok"), out[-2000:]
+
+
+@pytest.mark.e2e
+def test_gpu_step_runs_a_timed_step_on_cpu(tmp_path):
+    out = _script("gpu_step.py", "--device", "cpu", "--steps", "2", "--json", str(tmp_path / "gs.json"), timeout=600)
+    res = json.loads(out.rstrip().splitlines()[-1])  # the last line: what gpu_check reads
+    assert res == json.loads((tmp_path / "gs.json").read_text()) and res["finite"], res
+    assert res["device"] == "cpu" and res["warmup_excluded"] and res["timed_steps"] == 1, res
+    assert res["layout"]["sharding"] == "fsdp" and res["layout"]["fused"] and res["extra_forwards"] == 1, res
+    # every response runs to its length: each step trains the same tokens
+    assert res["tokens_per_step"] == 2 * 2 * res["seq_len"] and res["seq_len"] == 32, res
+    assert res["rollout_tokens_per_s"] > 0 and res["update_tokens_per_s"] > 0 and res["step_s"] > 0, res
+    assert res["mfu_update"] is None and res["peak"].startswith("unknown peak"), res
+
+
+def test_gpu_step_counts_the_model_flops_and_names_the_peak():
+    import gpu_step
+
+    # two sequences of 3 and 5 tokens, one extra forward (the reference): (6 + 2) x params x tokens
+    fl = gpu_step.step_flops(params=10, layers=2, attn_width=4, seq_lens=[3, 5], extra_forwards=1)
+    assert fl == {"dense": 8 * 10 * 8, "attention": 8 * 2 * 4 * (9 + 25)}
+    assert gpu_step.step_flops(10, 2, 4, [3, 5], 0)["dense"] == 6 * 10 * 8
+    assert gpu_step.card_peak("NVIDIA H100 80GB HBM3")[0] == 989e12
+    assert gpu_step.card_peak("NVIDIA H200")[0] == 989e12
+    for name in ("NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", None):
+        peak, how = gpu_step.card_peak(name)
+        assert peak is None and how.startswith("unknown peak"), name
+    assert gpu_step.comparable(512).startswith("not comparable") and "16384" in gpu_step.comparable(512)
 
 
 @pytest.mark.e2e
