@@ -16,8 +16,9 @@ from tests.helpers.childproc import ROOT
 pytestmark = pytest.mark.e2e  # starts Ray
 
 _DRIVER = """
-import os, sys, time, types
+import os, sys, time
 import ray
+from reasonrl_fast.config import load_config
 from reasonrl_fast.runtime.ray_cluster import start_ray, stop_ray
 
 
@@ -35,8 +36,7 @@ class Seen:  # the driver's console as it is written, to wait for the workers' l
 
 sys.stdout, sys.stderr = Seen(sys.stdout), Seen(sys.stderr)
 
-t = types.SimpleNamespace(ray_address="", nnodes=1, workers_per_node=2, cpus_per_worker=1)
-owned = start_ray(types.SimpleNamespace(trainer=t))
+owned = start_ray(load_config(None, ["trainer.workers_per_node=2", "trainer.cpus_per_worker=1"]))
 
 @ray.remote(num_cpus=1)
 class Talker:
