@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import socket
 
 import torch
 import torch.distributed as dist
 
-from reasonrl_fast.runtime.distributed import _is_loopback
+from reasonrl_fast.runtime.distributed import loopback_store
 
 Meta = list[tuple[str, tuple[int, ...]]]  # (name, shape) in the order the sender sends them
 
@@ -53,15 +52,9 @@ class Transport:
     def __init__(self, host: str, port: int, rank: int, size: int, timeout_s: float,
                  listen: socket.socket | None = None):
         timeout = datetime.timedelta(seconds=timeout_s)
-        fd = None
-        if _is_loopback(host):
-            lo = next((name for _, name in socket.if_nameindex() if name == "lo"), None)
-            if lo:
-                os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
-            fd = listen.detach() if rank == 0 and listen is not None else None
-        elif listen is not None:
-            listen.close()
-        self.store = dist.TCPStore(host, port, size, rank == 0, timeout, master_listen_fd=fd)
+        self.store = loopback_store(host, port, rank, size, timeout, listen)
+        if self.store is None:  # multi-node
+            self.store = dist.TCPStore(host, port, size, rank == 0, timeout)
         self.pg = dist.ProcessGroupGloo(self.store, rank, size, timeout)
         self.rank, self.size = rank, size
 

@@ -43,6 +43,25 @@ def rendezvous_address(owner) -> tuple[str, int]:
     return host, owner._listen.getsockname()[1]
 
 
+def loopback_store(host: str, port: int, rank: int, world: int, timeout: datetime.timedelta,
+                   listen: socket.socket | None) -> dist.TCPStore | None:
+    """On a loopback run: the rendezvous store on rank 0's `listen` socket (from
+    `rendezvous_socket`, so no other process can take the port between its choice and its use),
+    with gloo's and NCCL's bootstrap sockets pinned to the loopback interface (by default they bind
+    the address the host name resolves to, often an external one). Elsewhere None: the caller's
+    store binds the port itself, on every interface (multi-node), and `listen` is closed."""
+    if not _is_loopback(host):
+        if listen is not None:
+            listen.close()
+        return None
+    lo = next((name for _, name in socket.if_nameindex() if name == "lo"), None)
+    if lo:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+    fd = listen.detach() if rank == 0 and listen is not None else None  # the store owns it now
+    return dist.TCPStore(host, port, world, rank == 0, timeout, master_listen_fd=fd)
+
+
 def init_process_group(rank: int, world: int, master_addr: str, master_port: int,
                        timeout_s: float = 1800, listen: socket.socket | None = None) -> torch.device:
     """The default process group of `world` Ray actors, nccl on GPU, gloo on CPU; returns this
@@ -55,18 +74,7 @@ def init_process_group(rank: int, world: int, master_addr: str, master_port: int
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = None
-    if _is_loopback(master_addr):
-        # gloo's and NCCL's bootstrap sockets bind the address of the interface named here
-        # (by default the one the host name resolves to, often an external one).
-        lo = next((name for _, name in socket.if_nameindex() if name == "lo"), None)
-        if lo:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
-            os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
-        fd = listen.detach() if rank == 0 and listen is not None else None  # the store owns it now
-        store = dist.TCPStore(master_addr, master_port, world, rank == 0, timeout, master_listen_fd=fd)
-    elif listen is not None:
-        listen.close()  # multi-node: the store binds the port itself, on every interface
+    store = loopback_store(master_addr, master_port, rank, world, timeout, listen)
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world,
                             timeout=timeout)
     return device
