@@ -50,6 +50,22 @@ def use_cuda(choice: str, prog: str) -> bool | None:
     return cuda
 
 
+def run_in_tmp(run, a, cuda: bool, prog: str, log) -> dict | None:
+    """`run(a, cuda, tmp, log)` in a temporary directory named for `prog`, with transformers'
+    progress bars off (the model's save and loads: one line each in the output is enough); None
+    after a bad key=value (a UserError), said in one line as the package's commands say it."""
+    from reasonrl_fast.errors import UserError
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory(prefix=f"{prog}_") as tmp:
+        try:
+            return run(a, cuda, tmp, log)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")

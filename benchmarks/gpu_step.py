@@ -37,11 +37,10 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import checkout  # noqa: F401  (before the package: this checkout's)
-from gpu_smoke import free_port, use_cuda
+from gpu_smoke import free_port, run_in_tmp, use_cuda
 from plan_truth import COMMON, NO_TOKEN, QWEN25_05B, build_model, finite
 
 # bf16 dense peak (no sparsity) by card name; PCIe and NVL parts run lower clocks and power
@@ -213,16 +212,9 @@ def main(argv=None) -> int:
     def log(msg):
         print(f"gpu_step: {msg}", flush=True)
 
-    from reasonrl_fast.errors import UserError
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    with tempfile.TemporaryDirectory(prefix="gpu_step_") as tmp:
-        try:
-            res = run(a, cuda, tmp, log)
-        except UserError as e:  # a bad key=value: one line, as the package's commands say it
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            return 2
+    res = run_in_tmp(run, a, cuda, "gpu_step", log)
+    if res is None:
+        return 2
     res["seconds"] = round(time.perf_counter() - t_start, 1)
     res["finite"] = finite({x: v for x, v in res.items() if isinstance(v, (int, float, list, dict))})
     pct = lambda x: "-" if x is None else f"{100 * x:.1f} %"  # noqa: E731

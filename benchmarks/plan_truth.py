@@ -47,11 +47,10 @@ import math
 import os
 import resource
 import sys
-import tempfile
 import time
 
 import checkout  # noqa: F401  (before the package: this checkout's)
-from gpu_smoke import free_port, use_cuda
+from gpu_smoke import free_port, run_in_tmp, use_cuda
 
 GIB = 2 ** 30
 TOLERANCE = 0.15
@@ -425,16 +424,9 @@ def main(argv=None) -> int:
     def log(msg):
         print(f"plan_truth: {msg}", flush=True)
 
-    from reasonrl_fast.errors import UserError
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # the model's save and loads: one line each in the output is enough
-    with tempfile.TemporaryDirectory(prefix="plan_truth_") as tmp:
-        try:
-            res = run(a, cuda, tmp, log)
-        except UserError as e:  # a bad key=value: one line, as the package's commands say it
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            return 2
+    res = run_in_tmp(run, a, cuda, "plan_truth", log)
+    if res is None:
+        return 2
     res["seconds"] = round(time.perf_counter() - t_start, 1)
     res["finite"] = finite({k: res[k] for k in ("rows", "phases", "metrics", "planned_terms", "steps")})
     md = markdown(res)
