@@ -35,6 +35,8 @@ class Registry(MutableMapping):
         self.version = 0
         """Counts the changes, so that a schema built from the table knows when it is stale."""
         self._paths = dict(entries)
+        self.unloaded: dict[str, str] = {}
+        """name -> why it could not be imported, as the last `sections` found them."""
         self._classes: dict[str, type] = {}
         self._instances: dict[str, object] = {}
 
@@ -91,12 +93,15 @@ class Registry(MutableMapping):
 
     def sections(self) -> list[tuple[str, str, type]]:
         """(name, section, Settings) of every plug-in that declares a settings section. A plug-in
-        that cannot be imported here declares none (its lookup says why when a run names it)."""
+        that cannot be imported here declares none: a run that names it fails at its lookup, and
+        one that sets its settings gets an unknown key, which `unloaded` lets the error explain."""
         out = []
+        self.unloaded = {}
         for name in list(self):
             try:
                 cls = self.load(name)
-            except (ImportError, AttributeError, ValueError):
+            except (ImportError, AttributeError, ValueError) as e:
+                self.unloaded[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 continue
             section, settings = getattr(cls, "section", ""), getattr(cls, "Settings", None)
             if section and settings is not None:

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, get_type_hints
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from reasonrl_fast.config.checks import fail
-from reasonrl_fast.config.schema import schema
+from reasonrl_fast.config.schema import schema, unloaded
 from reasonrl_fast.config.validate import validate
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.redact import SECRET_KEYS, redact_settings, redact_text, redact_value
@@ -46,6 +46,8 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         msg = redact_text(str(e).splitlines()[0])
         if key in SECRET_KEYS:  # OmegaConf's message may quote the value
             msg = "not a valid value (not shown: a secret)"
+        if isinstance(e, ConfigKeyError) and key and (why := unloaded(key)):  # it may be a broken plug-in's
+            msg += f"; its section may be a plug-in's that did not load: {why}"
         raise ConfigError(f"config key {key!r}: {msg}" if key else msg) from None
     except RecursionError:  # what _check_raw lets through nests no deeper than a list: a guard only
         raise ConfigError("the settings nest too deeply") from None

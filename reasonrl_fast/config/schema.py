@@ -51,6 +51,17 @@ def _declared() -> dict[tuple[str, ...], dict[str, tuple[type, str]]]:
     return out
 
 
+def unloaded(key: str) -> str:
+    """The plug-ins that could have declared the unknown setting `key` as their section (their
+    sections hang where it does) but could not be imported, in one clause for its error ("" when
+    none): a typo in a plug-in's module path would otherwise read as a typo in the user's key."""
+    schema()
+    at = key.rpartition(".")[0]
+    out = [f"the {reg.kind} {name!r} ({reg[name]}) could not be imported ({why})"
+           for reg in REGISTRIES if reg.at == at for name, why in reg.unloaded.items() if name in reg]
+    return "; ".join(out)
+
+
 def _extend(cls: type, path: tuple[str, ...], declared: dict, name: str) -> type:
     """`cls` with the sections declared at `path` added and the sections in it that plug-ins
     extend replaced by their extended classes; `cls` itself when nothing changes (but the root)."""
@@ -106,4 +117,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["schema"]
+__all__ = ["schema", "unloaded"]

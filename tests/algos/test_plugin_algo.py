@@ -47,3 +47,18 @@ def test_without_its_line_the_section_is_unknown():
         load_config(None, ["tempered.scale=2"])
     with pytest.raises(ConfigError, match=r"^algo='tempered': must be one of \('flowrl', 'grpo', 'fapo'\)"):
         load_config(None, ["algo=tempered"])
+
+
+def test_a_registered_algorithm_that_does_not_import_is_named_when_its_settings_are_set(monkeypatch):
+    """A typo in the registry line would otherwise read as a typo in the user's key: the unknown-key
+    error says which plug-in did not load, and why."""
+    monkeypatch.setitem(ALGOS, "tempered", "tests.algos.no_such_module:TemperedAlgo")
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["tempered.scale=2"])
+    assert str(e.value).startswith("config key 'tempered'"), e.value
+    assert ("its section may be a plug-in's that did not load: the algorithm 'tempered' "
+            "(tests.algos.no_such_module:TemperedAlgo) could not be imported (ModuleNotFoundError: No module "
+            "named 'tests.algos.no_such_module')") in str(e.value), e.value
+    with pytest.raises(ConfigError) as e:  # a known section's unknown key says nothing of it
+        load_config(None, ["trainer.stepz=2"])
+    assert "plug-in" not in str(e.value), e.value
