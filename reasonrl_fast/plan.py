@@ -6,7 +6,9 @@ forward and backward, optimiser step). It reads the model's config.json only, ne
 `model.path`, else the shipped shape of a model the configs name (layout/shipped_shapes.py). Exit status
 0 when the peak fits the device, 1 when it does not (with the first knob to turn), 2 on bad input;
 either way, where the rollout engine has room for too few full-length sequences at once, the
-rollout.tensor_parallel_size that gives it room. docs/scaling.md explains every row and the knobs.
+rollout.tensor_parallel_size that gives it room. With split placement (trainer.placement=split) the
+trainer workers and the rollout workers hold different things, and each role gets its own table.
+docs/scaling.md explains every row and the knobs.
 
 The estimate is an upper bound of the worst step: every sequence at data.max_prompt_length +
 rollout.max_new_tokens. What the workers hold and how they run it (sharding, dtypes, attention,
@@ -173,6 +175,12 @@ class Estimate:
     engine_sequences: float | None = None
     """Full-length sequences one rollout engine holds in flight (its KV cache over one sequence's);
     None for an engine whose cache is as long as its batch (`EngineMemory.sequences`)."""
+    phases: tuple[str, str] = ("rollout", "update")
+    """The two phases the columns count (split placement: a trainer worker publishes its weights
+    and updates; a rollout worker generates and receives weights)."""
+    rollout_workers: Estimate | None = None
+    """Split placement: one rollout worker's (one engine rank's) estimate; the run fits when both
+    roles fit."""
 
     @property
     def rollout(self) -> float:
@@ -188,11 +196,13 @@ class Estimate:
 
     @property
     def phase(self) -> str:
-        return "update" if self.update >= self.rollout else "rollout"
+        return self.phases[1] if self.update >= self.rollout else self.phases[0]
 
     @property
     def fits(self) -> bool:
-        return not self.problems and self.peak <= self.memory_gib - self.reserve_gib
+        role = self.rollout_workers
+        return (not self.problems and self.peak <= self.memory_gib - self.reserve_gib
+                and (role is None or role.fits))
 
 
 def _gib(n: float) -> float:
@@ -257,17 +267,26 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     add(Term("logits", 0, _gib(logits_bytes(s, f, c, layout.fused, gpu)),
              f"{'fused: one vocabulary chunk' if layout.fused else f'unfused: {f.logit_rows} x {s.vocab}'}", "logits"))
 
-    # the rollout engine: what its spec counts (rollout/registry.py `EngineSpec.memory`)
+    # the rollout engine: what its spec counts (rollout/registry.py `EngineSpec.memory`), on the
+    # trainer's workers or, split, on the rollout workers'
     mem = get_rollout(cfg.rollout.backend).memory(cfg, s, layout, memory_gib * GIB)
-    est.problems += mem.problems
-    est.engine_sequences = mem.sequences
-    for t in mem.terms:
-        add(Term(t.name, _gib(t.rollout), _gib(t.update), t.note, t.knob))
+    engine = [Term(t.name, _gib(t.rollout), _gib(t.update), t.note, t.knob) for t in mem.terms]
     eb, seq = dtype_bytes(layout.rollout_dtype), cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if mode == "fsdp":  # every engine takes its weights from the shards, gathered a bucket at a time
-        add(Term("weight sync buckets", _gib(sync_bytes(s, lm, eb, world)), 0,
+    if cfg.trainer.placement == "split":
+        est.phases = ("publish", "update")
+        est.rollout_workers = _rollout_role(cfg, s, layout, mem, engine, memory_gib)
+        # every trainer rank takes part in gathering each bucket that rank 0 sends
+        add(Term("weight publish buckets", _gib(sync_bytes(s, lm, eb, world)), 0,
                  f"one bucket gathered in {layout.rollout_dtype} + its full tensors, or the largest "
                  f"parameter alone"))
+    else:
+        est.problems += mem.problems
+        est.engine_sequences = mem.sequences
+        est.terms += engine
+        if mode == "fsdp":  # every engine takes its weights from the shards, gathered a bucket at a time
+            add(Term("weight sync buckets", _gib(sync_bytes(s, lm, eb, world)), 0,
+                     f"one bucket gathered in {layout.rollout_dtype} + its full tensors, or the largest "
+                     f"parameter alone"))
     if genrm is not None and gpu:
         g = _gib(genrm.params * 2 + kv_bytes(genrm, DEFAULT_MAX_BATCH, seq + cfg.fapo.genrm.max_tokens, 2))
         add(Term("GenRM (hf, on the first GPU)", g, g, f"bf16 weights + KV of {DEFAULT_MAX_BATCH} verdicts"))
@@ -280,6 +299,25 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     else:
         est.notes.append("CPU: a worker's max RSS; the GenRM and the reward workers live in other processes")
     return est
+
+
+def _rollout_role(cfg: Config, s: Shape, layout: Layout, mem, engine: list[Term], memory_gib: float) -> Estimate:
+    """Split placement: one rollout worker (one rank of an engine over rollout.tensor_parallel_size
+    workers), which holds the engine alone and receives each published version a bucket at a time
+    (rollout/transport.py), generating on while it does."""
+    gpu = layout.device == "cuda"
+    role = Estimate("gpu" if gpu else "cpu", cfg.rollout.workers * layout.engine_tp, memory_gib,
+                    GPU_RESERVE_GIB if gpu else 0.0, layout=layout, engine_sequences=mem.sequences,
+                    problems=list(mem.problems), phases=("generate", "receive"))
+    if not gpu:
+        role.terms.append(Term("process baseline", CPU_BASELINE_GIB, CPU_BASELINE_GIB,
+                               "python, torch, transformers, Ray worker"))
+    role.terms += engine
+    role.terms.append(Term("weight receive buckets", 0, _gib(sync_bytes(s, s.params, dtype_bytes(layout.rollout_dtype),
+                                                                     1)),
+                           f"one bucket received in {layout.rollout_dtype} and loaded, or the largest parameter "
+                           f"alone"))
+    return role
 
 
 def kv_budget_problem(cfg: Config, s: Shape, layout: Layout) -> str | None:
@@ -297,46 +335,55 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
     setting (with the value) that makes the estimate fit, where one does."""
     if est.fits:
         return []
+    out, role = [], est.rollout_workers
+    if role is not None and not role.fits:  # split placement: the rollout workers' own
+        out += role.problems
+        if role.peak > role.memory_gib - role.reserve_gib:
+            big = max(role.terms, key=lambda t: max(t.rollout, t.update))
+            out.append(f"the rollout workers' largest term is {big.name}: lower rollout.kv_cache_memory_bytes or "
+                       f"rollout.gpu_memory_utilization, or raise rollout.tensor_parallel_size")
     limit = est.memory_gib - est.reserve_gib
-    out = [p for p in est.problems]
-    if est.problems and est.peak <= limit:
+    out += est.problems
+    if est.peak <= limit:
         return out
 
-    def fits_with(**changes) -> Estimate:
+    def fits_with(**changes) -> bool:
+        """Whether the workers of `est`'s table fit with `changes` (split: the trainer workers)."""
         c2 = copy.deepcopy(cfg)
         for key, v in changes.items():
             section, name = key.split("__")
             setattr(getattr(c2, section), name, v)
-        return estimate(c2, s, device, est.memory_gib, genrm)
+        e = estimate(c2, s, device, est.memory_gib, genrm)
+        return not e.problems and e.peak <= limit
 
     phase = est.phase
     terms = sorted(est.terms, key=lambda x: -(x.update if phase == "update" else x.rollout))
     seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     for term in terms:
         if term.knob == "activations" and phase == "update":
-            if not cfg.model.gradient_checkpointing and fits_with(model__gradient_checkpointing=True).fits:
+            if not cfg.model.gradient_checkpointing and fits_with(model__gradient_checkpointing=True):
                 return out + ["set model.gradient_checkpointing=true"]
             for ckpt in (cfg.model.gradient_checkpointing, True):
                 best = 0
                 for m in range(seq, 1 << 22, max(1024, seq)):  # the largest budget that fits
-                    if not fits_with(optim__micro_batch_tokens=m, model__gradient_checkpointing=ckpt).fits:
+                    if not fits_with(optim__micro_batch_tokens=m, model__gradient_checkpointing=ckpt):
                         break
                     best = m
                 if best and (not cfg.optim.micro_batch_tokens or best < cfg.optim.micro_batch_tokens):
                     extra = "" if ckpt == cfg.model.gradient_checkpointing else " and model.gradient_checkpointing=true"
                     return out + [f"set optim.micro_batch_tokens={best}{extra}"]
         elif term.knob == "logits" and phase == "update" and cfg.model.fused_lm_head != "true":
-            if fits_with(model__fused_lm_head="true").fits:
+            if fits_with(model__fused_lm_head="true"):
                 return out + ["set model.fused_lm_head=true"]
         elif term.knob == "engine" and phase == "rollout":
             if est.layout.kv_cache_bytes is not None and cfg.rollout.kv_cache_memory_bytes is not None:
                 kv = cfg.rollout.kv_cache_memory_bytes - int((est.rollout - limit) * GIB) - 2 ** 20
-                if kv > 0 and fits_with(rollout__kv_cache_memory_bytes=kv).fits:
+                if kv > 0 and fits_with(rollout__kv_cache_memory_bytes=kv):
                     return out + [f"lower rollout.kv_cache_memory_bytes to {kv}"]
             elif est.layout.engine_share is not None:
                 over = est.rollout - limit
                 util = est.layout.engine_share - over / est.memory_gib
-                if fits_with(rollout__gpu_memory_utilization=round(util - 0.005, 2)).fits:
+                if fits_with(rollout__gpu_memory_utilization=round(util - 0.005, 2)):
                     return out + [f"lower rollout.gpu_memory_utilization to {util - 0.005:.2f}"]
             # an engine too large for one GPU beside the trainer: 1/TP of its weights on each
             choice = tensor_parallel_choice(cfg, s, est, device, genrm)
@@ -344,7 +391,7 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
                 return out + [choice.setting]
         elif term.knob == "states":
             gpus = next((n for n in (8, 16, 32, 64, 128, 256, 512) if n > est.world
-                         and fits_with(trainer__nnodes=max(1, n // 8), trainer__workers_per_node=min(8, n)).fits), None)
+                         and fits_with(trainer__nnodes=max(1, n // 8), trainer__workers_per_node=min(8, n))), None)
             if gpus:
                 return out + [f"more GPUs: --gpus {gpus} fits"]
     return out + [f"no single knob fits it: the largest {phase} term is {terms[0].name}"]
@@ -431,17 +478,33 @@ def rollout_advice(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Sha
 
 
 def render(est: Estimate) -> str:
+    """The table of `est` (split placement: the trainer workers' and the rollout workers')."""
+    lines = _table(est, "trainer workers, each" if est.rollout_workers else "")
+    if est.rollout_workers:
+        role = est.rollout_workers
+        lines += [""] + _table(role, f"rollout workers ({_engines(role)}), each")
+    return "\n".join(lines + est.notes)
+
+
+def _engines(role: Estimate) -> str:
+    tp = role.layout.engine_tp
+    return f"{role.world // tp} engine{'s' if role.world // tp > 1 else ''} of TP {tp}"
+
+
+def _table(est: Estimate, title: str) -> list[str]:
     w = max(len(t.name) for t in est.terms) + 2
-    lines = [f"{'term':<{w}}{'rollout':>9}{'update':>9}  note", "-" * (w + 60)]
+    a, b = est.phases
+    lines = [title + ":"] if title else []
+    lines += [f"{'term':<{w}}{a:>9}{b:>9}  note", "-" * (w + 60)]
     for t in est.terms:
         lines.append(f"{t.name:<{w}}{t.rollout:>9.2f}{t.update:>9.2f}  {t.note}")
     lines.append("-" * (w + 60))
     lines.append(f"{'total (GiB)':<{w}}{est.rollout:>9.2f}{est.update:>9.2f}")
     where = (f"of {est.memory_gib:g} GiB per GPU, less a {est.reserve_gib:g} GiB reserve" if est.device == "gpu"
              else f"of {est.memory_gib:.1f} GiB of host memory per worker")
-    lines.append(f"peak: {est.peak:.2f} GiB in the {est.phase} phase, {where}: "
-                 + ("fits" if est.fits else "does NOT fit"))
-    return "\n".join(lines + est.notes)
+    own = not est.problems and est.peak <= est.memory_gib - est.reserve_gib
+    lines.append(f"peak: {est.peak:.2f} GiB in the {est.phase} phase, {where}: " + ("fits" if own else "does NOT fit"))
+    return lines
 
 
 class _Parser(argparse.ArgumentParser):
@@ -506,14 +569,20 @@ def _main(argv: list[str]) -> Estimate:
             print(note)
         genrm = shape_from_config(d, where)
         problems.append(genrm_context_problem(cfg, d, where))
-    mem = given_mem if given_mem is not None else (80.0 if a.device == "gpu" else
-                                                   host_memory_gib() / cfg.trainer.workers_per_node)
+    # on CPU the host's memory is shared by every worker of the node (split: the rollout workers too)
+    workers = cfg.trainer.workers_per_node + (cfg.rollout.workers * cfg.rollout.tensor_parallel_size
+                                              if cfg.trainer.placement == "split" else 0)
+    mem = given_mem if given_mem is not None else (80.0 if a.device == "gpu" else host_memory_gib() / workers)
     if mem <= 0:  # --device cpu on a machine whose /proc/meminfo cannot be read
         raise ConfigError("the host's memory is unknown (no /proc/meminfo): give --gpu-memory-gb")
     est = estimate(cfg, s, a.device, mem, genrm)
     est.problems += [p for p in problems if p]
-    print(f"{cfg.algo} on {est.world} {'GPU' if a.device == 'gpu' else 'CPU worker'}"
-          f"{'s' if est.world > 1 else ''}, model {cfg.model.path or 'embedded tiny'} ({s.params / 1e9:.3g} B params)")
+    unit = "GPU" if a.device == "gpu" else "CPU worker"
+    on = f"{est.world} {unit}{'s' if est.world > 1 else ''}"
+    if est.rollout_workers:
+        n = est.rollout_workers.world
+        on = f"{on} (trainer) + {n} {unit}{'s' if n > 1 else ''} (rollout), split placement"
+    print(f"{cfg.algo} on {on}, model {cfg.model.path or 'embedded tiny'} ({s.params / 1e9:.3g} B params)")
     print(render(est))
     for line in advise(cfg, s, est, a.device, genrm):
         print(f"to fit: {line}")

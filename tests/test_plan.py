@@ -463,3 +463,58 @@ def test_the_weight_syncs_bytes_by_hand():
     assert plan.sync_bytes(s, s.params, 2, 7) == 2 * big
     tiny = tiny_shape(load_config().model)
     assert plan.sync_bytes(tiny, tiny.params, 4, 2) == 2 * tiny.params * 4
+
+
+# ---------------------------------------------------------------- split placement
+
+
+def test_split_placement_plans_each_role_by_itself():
+    """Split, the trainer workers hold no engine: their estimate is the colocated one less the
+    engine's rows, the sync buckets kept as what they publish; each rollout worker holds the engine
+    (awake through the update: it keeps generating) and one received bucket beside it. The run
+    fits when both roles do."""
+    split = ["trainer.placement=split", "rollout.workers=4"]
+    colocated = plan.estimate(load_config(GRPO32), QWEN32, "gpu", 80.0)
+    est = plan.estimate(load_config(GRPO32, split), QWEN32, "gpu", 80.0)
+    both = {t.name: t for t in colocated.terms}
+    trainer = {t.name: t for t in est.terms}
+    assert set(both) - set(trainer) == {"vLLM engine", "weight sync buckets"}
+    assert set(trainer) - set(both) == {"weight publish buckets"}
+    for name in set(trainer) & set(both):
+        assert (trainer[name].rollout, trainer[name].update) == (both[name].rollout, both[name].update), name
+    assert trainer["weight publish buckets"].rollout == both["weight sync buckets"].rollout
+    assert est.update == pytest.approx(colocated.update) and est.phases == ("publish", "update")
+    assert est.world == 64 and est.engine_sequences is None
+
+    role = est.rollout_workers
+    assert role.world == 4 * 4 and role.phases == ("generate", "receive")  # 4 engines of TP 4
+    engine = {t.name: t for t in role.terms}["vLLM engine"]
+    assert engine.rollout == engine.update == pytest.approx(68.0) and "asleep" not in engine.note
+    assert "asleep in the update" in both["vLLM engine"].note and both["vLLM engine"].update == 0
+    bucket = {t.name: t for t in role.terms}["weight receive buckets"]
+    assert bucket.rollout == 0 and 0 < bucket.update <= 2 * both["weight sync buckets"].rollout
+    assert role.engine_sequences == pytest.approx(colocated.engine_sequences)
+    assert est.fits and role.fits
+
+    # an engine too large for its GPU: the rollout role does not fit, and so the run does not, with
+    # the trainer's table fitting and the advice naming the rollout workers
+    big = load_config(GRPO32, [*split, "rollout.kv_cache_memory_bytes=90000000000"])
+    est = plan.estimate(big, QWEN32, "gpu", 80.0)
+    assert not est.rollout_workers.fits and not est.fits and est.peak <= 76
+    advice = plan.advise(big, QWEN32, est, "gpu", None)
+    assert advice == ["the rollout workers' largest term is vLLM engine: lower rollout.kv_cache_memory_bytes or "
+                      "rollout.gpu_memory_utilization, or raise rollout.tensor_parallel_size"], advice
+
+
+def test_split_placement_on_the_command_line(capsys):
+    """Both tables, each role's worker count, and on CPU the host's memory shared by the trainer
+    and the rollout workers."""
+    assert plan.main([GRPO32, "trainer.placement=split", "rollout.workers=2", "trainer.max_staleness=1"]).fits
+    out = capsys.readouterr().out
+    assert "grpo on 64 GPUs (trainer) + 8 GPUs (rollout), split placement" in out, out
+    assert "trainer workers, each:" in out and "rollout workers (2 engines of TP 4), each:" in out, out
+    assert out.count("peak: ") == 2 and "weight receive buckets" in out
+    est = plan.main(["trainer.placement=split", "--device", "cpu"])
+    role = est.rollout_workers
+    assert role.world == 1 and role.memory_gib == pytest.approx(plan.host_memory_gib() / 3)  # 2 trainer + 1
+    assert {t.name for t in role.terms} >= {"process baseline", "hf rollout copy", "weight receive buckets"}

@@ -71,6 +71,10 @@ class Layout:
     engine_tp: int = 1
     """Workers one rollout engine spans (rollout.tensor_parallel_size): each holds 1/engine_tp of
     its weights and KV cache; `kv_cache_bytes` and `engine_share` are one worker's."""
+    engine_sleeps: bool = False
+    """The engine gives its device memory to the update (its weights to host memory, its KV cache
+    freed): where it shares a GPU with the trainer (colocated placement). A split rollout worker's
+    engine has its device to itself and keeps generating through the update."""
     notes: dict = field(default_factory=dict, compare=False)
     """One log line per decision: sharding, attention, packing, lm_head."""
 
@@ -266,6 +270,7 @@ def resolve(cfg, model_config, device: str, world: int, spec, *, head_blocker: s
                   attention=attn, packed=packed, one_row=one_row, fused=fused, rollout_dtype=rollout_dtype,
                   kv_cache_bytes=spec.kv_cache_bytes(cfg, model_config, rollout_dtype, device, sequences),
                   engine_share=spec.memory_share(cfg, device), engine_tp=tp,
+                  engine_sleeps=device == "cuda" and cfg.trainer.placement != "split",
                   notes={"sharding": f"data parallel: {sharding} (trainer.sharding={cfg.trainer.sharding})",
                          "attention": attn_note, "packing": pack_note, "lm_head": head_note})
 

@@ -363,6 +363,7 @@ class VLLM(EngineSpec):
         weights = s.params * dtype_bytes(layout.rollout_dtype) / tp
         one = token * seq  # one full-length sequence's KV cache on one rank
         kv, util, gpu = layout.kv_cache_bytes, layout.engine_share, layout.device == "cuda"
+        sleeps = layout.engine_sleeps
         problem = self.start_problem(cfg, shape, layout)
         out = EngineMemory(problems=[problem] if problem else [])
         overhead = VLLM_OVERHEAD_GIB * GIB
@@ -373,9 +374,9 @@ class VLLM(EngineSpec):
             tokens = int(room / token) if room > 0 else 0
             out.sequences = tokens / seq
             out.terms.append(MemoryTerm(
-                f"{name} engine", engine, 0, f"{util:g} of {device_bytes / GIB:g} GiB; TP {tp}: {weights / GIB:.1f} GiB "
-                f"weights per GPU, KV room ~{tokens} tokens ({tokens / seq:.1f} sequences of {seq} per engine); "
-                f"asleep in the update"))
+                f"{name} engine", engine, 0 if sleeps else engine, f"{util:g} of {device_bytes / GIB:g} GiB; TP {tp}: "
+                f"{weights / GIB:.1f} GiB weights per GPU, KV room ~{tokens} tokens ({tokens / seq:.1f} sequences of "
+                f"{seq} per engine)" + ("; asleep in the update" if sleeps else "")))
             if engine < need:
                 out.problems.append(
                     f"rollout.gpu_memory_utilization={util:g} gives the {name} engine {engine / GIB:.1f} GiB of each "
@@ -387,10 +388,11 @@ class VLLM(EngineSpec):
         what = ("rollout.kv_cache_memory_bytes" if cfg.rollout.kv_cache_memory_bytes is not None
                 else f"{rollout_sequences(cfg)} sequences x {seq} tokens, in blocks")
         where = f"TP {tp}: weights / {tp}" if tp > 1 else "weights"
-        if gpu:  # asleep through the update
+        if gpu:
             engine = weights + kv + overhead
-            out.terms.append(MemoryTerm(f"{name} engine", engine, 0, f"{where} + {kv / GIB:.2f} GiB KV cache "
-                                        f"({what}) + ~{VLLM_OVERHEAD_GIB:g} GiB; asleep in the update"))
+            out.terms.append(MemoryTerm(f"{name} engine", engine, 0 if sleeps else engine,
+                                        f"{where} + {kv / GIB:.2f} GiB KV cache ({what}) + ~{VLLM_OVERHEAD_GIB:g} GiB"
+                                        + ("; asleep in the update" if sleeps else "")))
         else:  # no sleep mode on CPU: it holds its memory through the update
             engine = weights + kv
             out.terms.append(MemoryTerm(f"{name} engine", engine, engine, f"{where} + {kv / GIB:.3g} GiB KV cache "
