@@ -38,8 +38,48 @@ def pytest_report_header(config):
     return f"reasonrl_fast test seed: {_SEED} (replay with REASONRL_TEST_SEED={_SEED})"
 
 
+# Which tests run one after another when the tiers that take the whole machine run two at a time
+# (`make test-all`, --dist loadgroup): a file's tests stay together (its module fixtures run once),
+# and the tests that share something across files form one group: the vLLM engines (their tests
+# check /dev/shm and the process table for what an engine left, which another engine starting
+# beside them would fill) and the session's trained run (trained once, in the worker that runs the
+# group). xdist's own groups (the xdist_group mark) are lost under pytest 9 (xdist renames the
+# node's `_nodeid`, which pytest 9 no longer reads), so the scheduler below groups by node id: a
+# test is in the shared group when "vllm" is in its node id or it is named in SHARED_RUN, and
+# collection fails where a test that asks for a shared fixture is not.
+SHARED = "shared"
+SHARED_FIXTURES = ("vllm_python", "trained_run")
+SHARED_RUN = ("tests/trainer/test_e2e.py::test_flowrl_smoke", "tests/layout/test_resolve.py::test_a_cpu_run_and",
+              "tests/eval/test_eval_e2e.py::", "tests/test_plot.py::test_plot_a_trained_run",
+              "tests/test_merge.py::test_merge_round_trip", "tests/test_merge.py::test_a_real_checkpoint")
+
+
+def group_of(nodeid: str) -> str:
+    """The group of the test `nodeid` (a file, or SHARED)."""
+    if "vllm" in nodeid.lower() or nodeid.startswith(SHARED_RUN):
+        return SHARED
+    return nodeid.split("::")[0]
+
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return Groups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     run_slow = "slow" in (config.option.markexpr or "") or os.environ.get("REASONRL_SLOW") == "1"
+    stray = [i.nodeid for i in items if set(SHARED_FIXTURES) & set(i.fixturenames) and group_of(i.nodeid) != SHARED]
+    if stray:
+        raise pytest.UsageError(f"{', '.join(stray)}: asks for a fixture of {SHARED_FIXTURES} but is not in the "
+                                f"{SHARED!r} test group: add it to tests/conftest.py SHARED_RUN (or name vllm in it)")
     for item in items:
         tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
         for name in item.fixturenames:
@@ -77,7 +117,7 @@ def ray_local():
     """A local Ray instance (2 CPUs, loopback, no dashboard) for the test's own actors."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
         yield ray
     finally:

@@ -78,7 +78,9 @@ def start_ray(cfg) -> bool:
     _loopback_only()
     global _watchdog
     _watchdog = reaper.start()
-    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env,
+    # address="local": a new instance even where `ray start` left one running on this machine, which
+    # ray.init() without an address would join (its address file, /tmp/ray/ray_current_cluster)
+    ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env,
              num_cpus=max(os.cpu_count() or 1, world * cfg.trainer.cpus_per_worker),
              num_gpus=torch.cuda.device_count(), log_to_driver=True)
     if ray.util.get_node_ip_address() != "127.0.0.1":
@@ -88,11 +90,13 @@ def start_ray(cfg) -> bool:
 
 
 def stop_ray(owned: bool) -> None:
-    """Undo `start_ray`: shut Ray down when `owned` (its return value), and let the local
-    instance's watchdog go without killing anything (a clean stop)."""
+    """Undo `start_ray`: when `owned` (its return value), shut Ray down and let the local
+    instance's watchdog go without killing anything (a clean stop). Not owned, the instance is its
+    starter's (a rehearsal's two runs share one), and so is the watchdog."""
     global _watchdog
-    if owned:
-        ray.shutdown()
+    if not owned:
+        return
+    ray.shutdown()
     if _watchdog is not None:
         _watchdog.stdin.close()
         _watchdog = None

@@ -101,7 +101,8 @@ def test_bad_config_exits_with_key(tmp_path):
 
 @pytest.mark.skipif(os.environ.get("REASONRL_MULTINODE", "1") == "0", reason="REASONRL_MULTINODE=0")
 def test_two_node_ray_cluster(train, tmp_path):
-    """Two Ray nodes on one machine (one CPU each), workers placed one per node."""
+    """Two Ray nodes on one machine (one CPU each), workers placed one per node; beside them a run
+    without an address on a local instance of its own."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
@@ -113,6 +114,12 @@ def test_two_node_ray_cluster(train, tmp_path):
                    "trainer.workers_per_node=1", f"trainer.ray_address={cluster.address}", "trainer.val_every=0"],
                   tmp_path, env_extra={"RAY_ADDRESS": ""})
         assert [r["step"] for r in read_metrics(out)] == [1]
+        # a run given no address starts its own instance, never this one, whose address Ray left
+        # where ray.init() without an address would find it (/tmp/ray/ray_current_cluster)
+        own = tmp_path / "own"
+        train(["trainer.steps=1", f"trainer.output_dir={own}", "trainer.val_every=0"], tmp_path,
+              env_extra={"RAY_ADDRESS": ""})
+        assert [r["step"] for r in read_metrics(own)] == [1]
     finally:
         cluster.shutdown()
 

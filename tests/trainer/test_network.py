@@ -192,7 +192,7 @@ def test_more_nodes_than_the_cluster_has_fails_fast():
         "from reasonrl_fast.runtime.ray_cluster import ClusterError\nfrom reasonrl_fast.trainer.cluster import Cluster\n"
         "from reasonrl_fast.config import load_config\n"
         "import ray\n"
-        "ray.init(num_cpus=1, include_dashboard=False, _node_ip_address='127.0.0.1', log_to_driver=False)\n"
+        "ray.init(address='local', num_cpus=1, include_dashboard=False, _node_ip_address='127.0.0.1', log_to_driver=False)\n"
         "try:\n"
         "    Cluster(load_config(None, ['trainer.nnodes=2', 'trainer.workers_per_node=1']), '/nonexistent')\n"
         "except ClusterError as e:\n"
