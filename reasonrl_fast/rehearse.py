@@ -30,6 +30,8 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
   - GenRM (FAPO): a random stand-in of the GenRM's architecture served by our server's hf
     backend, started by the trainer itself; its verdicts are mostly unparseable, which the
     client counts as failures (no penalty), as it would a real GenRM's;
+  - placement: split placement (trainer.placement=split) with one rollout worker, its engine as
+    below, trainer.max_staleness kept;
   - steps: STEPS steps with a checkpoint each, then a second run that resumes from the last
     checkpoint to step STEPS + 1. A run in which nothing could learn fails the rehearsal with
     exit status 1 (`nothing_learns`: a step whose rewards all timed out or failed, or gradients
@@ -160,6 +162,8 @@ def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[
         out["rollout.backend"], out["rollout.tensor_parallel_size"] = FALLBACK, 1
     else:  # as many engine ranks as the rehearsal has workers, at most
         out["rollout.tensor_parallel_size"] = min(cfg.rollout.tensor_parallel_size, WORKERS)
+    if cfg.trainer.placement == "split":  # one engine beside the two trainer workers (max_staleness kept)
+        out["rollout.workers"] = 1
     if cfg.embedded_model:
         out["sft.steps"] = min(cfg.sft.steps, EMBEDDED_SFT_STEPS)
         out["data.train_size"] = min(cfg.data.train_size, EMBEDDED_TRAIN_SIZE)
@@ -232,18 +236,23 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
                      *notes, *(f"{k}: {get(cfg, k)!r} -> {v!r}" for k, v in scaled.items())]:
             log(f"[rehearse] {line}")
         preflight(small)  # as the train command runs it, on the stand-ins
+        from reasonrl_fast.runtime.ray_cluster import start_ray, stop_ray
         from reasonrl_fast.trainer.loop import run
 
         t_run = time.time()
-        run(small, log)
-        _check_learns(small)  # before the resumed run, which would not change the verdict
         lines: list[str] = []
 
         def keep(line) -> None:
             lines.append(str(line))
             log(line)
 
-        last = run(apply(small, {"trainer.steps": STEPS + 1, "trainer.overwrite": False}), keep)
+        owned = start_ray(small)  # one Ray instance for both runs (each would start its own)
+        try:
+            run(small, log)
+            _check_learns(small)  # before the resumed run, which would not change the verdict
+            last = run(apply(small, {"trainer.steps": STEPS + 1, "trainer.overwrite": False}), keep)
+        finally:
+            stop_ray(owned)
         if not any(line.startswith("resumed from ") for line in lines) or last.get("step") != STEPS + 1:
             raise RehearsalError(f"the second run did not resume from checkpoint-{STEPS} to step {STEPS + 1}")
         _check_learns(small)

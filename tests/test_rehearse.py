@@ -34,7 +34,7 @@ NAME = [os.path.basename(c) for c in CONFIGS]
 RUN_SHAPE = {"data.prompts_per_step", "optim.mini_batch_prompts", "trainer.nnodes", "trainer.workers_per_node",
              "trainer.cpus_per_worker", "trainer.sharding", "model.compute_dtype", "trainer.steps",
              "trainer.save_every", "trainer.resume", "trainer.ray_address", "trainer.progress", "rollout.backend",
-             "rollout.tensor_parallel_size", "sft.steps", "data.train_size", "data.val_size"}
+             "rollout.tensor_parallel_size", "rollout.workers", "sft.steps", "data.train_size", "data.val_size"}
 
 
 def _stand_ins(cfg):
@@ -336,6 +336,29 @@ def test_every_config_rehearses(name, tmp_path):
     if stand_ins.stand_in_genrm(cfg):  # the stand-in GenRM was started by the trainer and asked
         assert "[fapo] GenRM server (hf:" in p.stdout
         assert sum(r.get("fapo/sent", 0) for r in rows) > 0, rows
+
+
+def test_split_placement_is_rehearsed_with_one_rollout_worker_and_its_staleness():
+    cfg = load_config(os.path.join(ROOT, "configs", "grpo_qwen2.5_32b_dapo.yaml"),
+                      ["trainer.placement=split", "rollout.workers=8", "trainer.max_staleness=2"])
+    small = rehearse.apply(cfg, rehearse.scale(cfg, engine_importable=False, prompt_tokens=_stand_ins(cfg)[1]))
+    assert (small.trainer.placement, small.rollout.workers, small.trainer.max_staleness) == ("split", 1, 2)
+    assert small.trainer.workers_per_node == rehearse.WORKERS
+
+
+@pytest.mark.e2e
+def test_split_placement_rehearses_end_to_end(tmp_path):
+    """The embedded default, split with one step of staleness: generations in flight across the
+    checkpoint the second run resumes from."""
+    out = tmp_path / "rehearsal"
+    p = subprocess.run([sys.executable, "-m", "reasonrl_fast.rehearse", os.path.join("configs", "default.yaml"),
+                        "trainer.placement=split", "trainer.max_staleness=1", "--output-dir", str(out)],
+                       cwd=ROOT, env=repo_env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert "[rehearse] passed" in p.stdout and "resumed from " in p.stdout, p.stdout[-3000:]
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r.get("rollout/staleness_max", 0) for r in rows) <= 1
+    assert any("rollout/staleness_mean" in r for r in rows), rows
 
 
 @pytest.mark.e2e
