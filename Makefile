@@ -12,10 +12,13 @@ TRITON_PIN ?= triton==3.7.1
 # The test tiers (tests/conftest.py): `make test` runs unit and proc on both cores and builds no
 # venv; `make test-all` (CI) runs those the same way, then heavy (GPU-target and inductor compiles,
 # several scripts at once), e2e (training, Ray) and xproj (TRL, verl and vLLM in cached venvs under
-# ~/.cache/reasonrl_fast, built on first use) one test at a time: each of those takes the whole
-# machine. `make test-slow` runs the full learning checks. PYTEST_ARGS="-x -k name" passes options
-# through. pytest-xdist hands out whole files (--dist loadfile): a module's fixtures run once, and
-# tests that set process-wide state (TRITON_INTERPRET, torch's thread count) share one process.
+# ~/.cache/reasonrl_fast, built on first use) two at a time: one of those alone leaves a core idle
+# much of the time (imports, Ray and engine start-up, waits on a child; RESULTS.md §12), so two side
+# by side finish sooner. `make test-slow` runs the full learning checks. PYTEST_ARGS="-x -k name"
+# passes options through. pytest-xdist hands out whole files (--dist loadfile; the heavy tiers
+# --dist loadgroup: files, and one group of the tests that share a vLLM engine's checks or the
+# trained run, tests/conftest.py): a module's fixtures run once, and tests that set process-wide
+# state (TRITON_INTERPRET, torch's thread count) share one process.
 PYTEST := $(PYTHON) -m pytest tests $(PYTEST_ARGS)
 TEST_WORKERS ?= 2
 FAST := -m "not (heavy or e2e or xproj or slow)" -n $(TEST_WORKERS) --dist loadfile
@@ -61,7 +64,7 @@ test: install
 test-all: install
 	rc=0; \
 	$(PYTEST) $(FAST) --durations=15 || rc=1; \
-	$(PYTEST) -m "heavy or e2e or xproj" --durations=25 || rc=1; \
+	$(PYTEST) -m "heavy or e2e or xproj" -n $(TEST_WORKERS) --dist loadgroup --durations=25 || rc=1; \
 	exit $$rc
 
 test-slow: install
