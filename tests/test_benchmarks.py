@@ -55,7 +55,7 @@ SMOKE = {
     "profile_trainer.py": "test_profile_trainer_smoke_profiles_a_worker_and_the_driver (e2e)",
     "bench_algos.py": "test_algos_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
     "bench_diversity.py": "test_diversity_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
-    "bench_rollout.py": "test_rollout_bench_on_tiny_settings_runs_both_engines (xproj)",
+    "bench_rollout.py": "test_rollout_bench_on_tiny_settings_runs_hf_and_vllm (xproj)",
     "bench_vs_trl.py": "test_vs_trl_bench_smoke_runs_both_trainers (xproj)",
     "bench_vllm_tp.py": "test_vllm_tp_bench_smoke_runs_every_layout (xproj)",
     "vs_trl_task.py": "bench_vs_trl.py's and profile_trainer.py's runs",
@@ -844,15 +844,15 @@ def test_algos_bench_on_tiny_settings_writes_its_section_and_figure(tmp_path):
 @pytest.mark.e2e
 def test_diversity_bench_on_tiny_settings_writes_its_section_and_figure(tmp_path):
     results, out = tmp_path / "RESULTS.md", tmp_path / "pieces"
-    args = ["--seeds", "0", "--warm", "narrow,flat", "--algos", "flowrl:5", "--n", "4", "--out", str(out),
+    args = ["--seeds", "0", "--warm", "narrow", "--algos", "flowrl:5", "--n", "4", "--out", str(out),
             "--write", str(results), *_tiny(tmp_path), "rollout.max_new_tokens=26", "trainer.steps=2"]  # the task's least
     printed = _script("bench_diversity.py", *args, timeout=900)
     pieces = sorted(json.loads(x)["piece"] for x in printed.splitlines() if x.startswith('{"piece"'))
-    assert pieces == ["first-flat-0", "first-narrow-0", "flat-flowrl5-0", "narrow-flowrl5-0"], printed
+    assert pieces == ["first-narrow-0", "narrow-flowrl5-0"], printed
     md = results.read_text()
     assert md.count("<!-- partition-diversity:begin -->") == 1, md
     assert "| mean@4 | pass@4 | distinct@4 | entropy@4 | tv@4 | kl@4 |" in md, md
-    for row in ("| narrow | warm start | ", "| narrow | flowrl β=5 | ", "| flat | warm start | ", "| flat | flowrl β=5 | "):
+    for row in ("| narrow | warm start | ", "| narrow | flowrl β=5 | "):
         assert row in md, md
     run = json.loads((out / "results" / "narrow-flowrl5-0.json").read_text())
     floor = json.loads((out / "results" / "first-narrow-0.json").read_text())["floor"]
@@ -863,23 +863,23 @@ def test_diversity_bench_on_tiny_settings_writes_its_section_and_figure(tmp_path
     assert (tmp_path / "partition_diversity.png").read_bytes()[:4] == b"\x89PNG"
     # a second call with the same --out reuses every piece: nothing trains again
     again = _script("bench_diversity.py", *args, timeout=120)
-    assert '{"piece"' not in again and "| flat | flowrl β=5 | " in again
+    assert '{"piece"' not in again and "| narrow | flowrl β=5 | " in again
     # a trace: every checkpoint evaluated, in a section and figure of its own (the warm start reused)
-    args[3] = "narrow"
     printed = _script("bench_diversity.py", *args, "--trace", "1", timeout=600)
     assert [json.loads(x)["piece"] for x in printed.splitlines() if x.startswith('{"piece"')] == ["narrow-flowrl5-0-trace1"]
     trace = json.loads((out / "results" / "narrow-flowrl5-0-trace1.json").read_text())["trace"]
     assert [t["step"] for t in trace] == [1, 2] and all("tv@4" in t for t in trace), trace
     md = results.read_text()
     assert md.count("<!-- partition-diversity-trace:begin -->") == 1 and "| narrow | flowrl β=5 | 2 | " in md, md
-    assert "| flat | flowrl β=5 | " in md  # the sweep's section stays
+    sweep = md.split("<!-- partition-diversity:begin -->")[1].split("<!-- partition-diversity:end -->")[0]
+    assert "| narrow | flowrl β=5 | " in sweep  # the sweep's section stays
     assert (tmp_path / "partition_diversity_trace.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # Another project's venv: built once and cached (the fixtures), one script at a time.
 
 @pytest.mark.xproj
-def test_rollout_bench_on_tiny_settings_runs_both_engines(tmp_path, vllm_python):
+def test_rollout_bench_on_tiny_settings_runs_hf_and_vllm(tmp_path, vllm_python):
     results = tmp_path / "RESULTS.md"
     # vLLM's CPU attention refuses TINY's head dimension of 16: 64 / 2 heads
     _script("bench_rollout.py", "--python", str(vllm_python), "--repeats", "1", "--write", str(results),
