@@ -118,6 +118,14 @@ def skipped(name: str, why: str) -> dict:
     return {"name": name, "cmd": [], "rc": None, "seconds": 0.0, "limit": None, "status": why, "tail": []}
 
 
+def _take_interrupts() -> None:
+    """In a step's child before its exec: SIGINT as a terminal gives it. A check started in the
+    background by a shell (`make gpu-check &`, nohup) ignores SIGINT, a child inherits that, and
+    the step's interrupt would then do nothing: it would be killed at the grace's end without its
+    summary."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = ROOT) -> dict:
     """Run cmd, echoing its output as it comes; kill its process group past `timeout` seconds
     (or the check's deadline, whichever comes first): SIGINT first, so that pytest still writes
@@ -135,7 +143,7 @@ def run_step(name: str, cmd: list[str], env: dict, timeout: float, cwd: str = RO
     status = "ok"
     try:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_take_interrupts)
     except OSError as e:
         return {"name": name, "cmd": cmd, "rc": None, "seconds": 0.0, "limit": round(timeout), "status":
                 f"failed to start: {e}", "tail": []}

@@ -16,6 +16,7 @@ Tiers (markers registered in pyproject.toml; `make test` runs the first two on b
 
 import os
 import random
+import signal
 import zlib
 
 import pytest
@@ -32,6 +33,15 @@ FIXTURE_TIERS = {"train": "e2e", "trained_run": "e2e", "ray_local": "e2e",
 # header and REASONRL_TEST_SEED=<seed> replays a failing run. Set in the environment so that
 # pytest-xdist workers and child processes draw from the same seed.
 _SEED = int(os.environ.setdefault("REASONRL_TEST_SEED", str(random.randrange(2**31))))
+
+
+def pytest_configure(config):
+    # A test run started in the background by a shell (`make test-all &`, nohup, CI scripts) ignores
+    # SIGINT, and every process it starts would inherit that: the tests that interrupt a run (Ctrl-C
+    # must stop a trainer, a GenRM server, a benchmark step) would then test nothing and time out.
+    # Take SIGINT as a terminal gives it; an exec'd child gets the default disposition.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_report_header(config):
@@ -62,6 +72,7 @@ def group_of(nodeid: str) -> str:
 
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run with -p no:xdist does not know it
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
