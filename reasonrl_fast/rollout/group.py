@@ -42,11 +42,14 @@ class WorkerGroup:
     model_path, spec, **kwargs)` in bundle i of a placement group of `bundle`s over `nodes` nodes
     (runtime/ray_cluster.py `place_workers`: default trainer.nnodes; 1 packs them on as few
     nodes as hold them). `log_dir`: the run directory the workers' engines write their logs under
-    (`EngineSpec.log_path`), which a failure's note reads; None where they write none."""
+    (`EngineSpec.log_path`), which a failure's note reads; None where they write none. `role`: how
+    a failure names the group's workers."""
+
+    role = "worker"
 
     def __init__(self, cls, cfg, model_path: str, spec, count: int, bundle: dict, *, log_dir: str | None = None,
-                 nodes: int | None = None, tp: int | None = None, **kwargs):
-        self.cfg, self.spec, self.count, self.log_dir = cfg, spec, count, log_dir
+                 nodes: int | None = None, tp: int | None = None, role: str = "worker", **kwargs):
+        self.cfg, self.spec, self.count, self.log_dir, self.role = cfg, spec, count, log_dir, role
         self.tp = tp or cfg.rollout.tensor_parallel_size  # 1: a group of trainer workers without engines
         self.pg = place_workers(cfg.trainer, bundle, local=rt.is_local(), world=count, nodes=nodes)
         remote = ray.remote(cls)
@@ -78,12 +81,12 @@ class WorkerGroup:
     def as_completed(self, refs: list, what: str, ranks: list[int] | None = None):
         """runtime/ray_cluster.py `as_completed`, failures with the engine's note."""
         with self.engine_notes():
-            yield from as_completed(refs, what, ranks)
+            yield from as_completed(refs, what, ranks, self.role)
 
     def gather(self, refs: list, what: str, ranks: list[int] | None = None) -> list:
         """runtime/ray_cluster.py `gather`, failures with the engine's note."""
         with self.engine_notes():
-            return gather(refs, what, ranks)
+            return gather(refs, what, ranks, self.role)
 
     def call(self, method: str, *args) -> list:
         """`method(*args)` on every worker, their results in rank order."""
@@ -97,6 +100,21 @@ class WorkerGroup:
         """Each worker's (its engine's items, its own items) of `count` items (util.py
         `engine_shares`)."""
         return engine_shares(count, self.count, self.tp)
+
+    @staticmethod
+    def gather_all(calls: list[tuple[WorkerGroup, list]], what: str) -> list[list]:
+        """One call per worker of several groups (each group with its refs in rank order), waited
+        on together: a failure in any group ends the wait at once (a rank blocked in a collective
+        with a dead one of the other group would wait out the collective's timeout), named by its
+        group's role and rank, with its engine's note. The results, per group in rank order."""
+        where = {ref: (g, rank) for g, (_, refs) in enumerate(calls) for rank, ref in enumerate(refs)}
+        out = [[None] * len(refs) for _, refs in calls]
+        pending = list(where)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            g, rank = where[ready[0]]
+            out[g][rank] = calls[g][0].gather(ready, what, [rank])[0]
+        return out
 
     def shutdown(self) -> None:
         """Best effort and bounded (SHUTDOWN_TIMEOUT_S): each worker's engine and process group,

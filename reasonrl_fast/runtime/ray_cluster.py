@@ -217,9 +217,11 @@ def user_error(e: BaseException) -> UserError | None:
     return None
 
 
-def as_completed(refs: list, what: str, ranks: list[int] | None = None):
+def as_completed(refs: list, what: str, ranks: list[int] | None = None, role: str = "worker"):
     """(rank, result) of one call per rank, in the order they finish, failing as soon as any
-    rank fails (`ranks`: the rank each call went to, by default its place in `refs`). A plain ray.get on the list would wait for rank 0 first, and rank 0 may be
+    rank fails (`ranks`: the rank each call went to, by default its place in `refs`; `role`: how
+    the message names the workers, "rollout worker" for split placement's engines). A plain
+    ray.get on the list would wait for rank 0 first, and rank 0 may be
     blocked in a collective with the dead rank until the collective timeout runs out. A
     UserError a rank raised is raised as itself; any other failure is a WorkerError naming the
     rank (with the traceback of its cause)."""
@@ -231,19 +233,19 @@ def as_completed(refs: list, what: str, ranks: list[int] | None = None):
         try:
             value = ray.get(ready[0])
         except ray.exceptions.RayActorError as e:
-            raise WorkerError(f"worker rank {r} died during {what}: {str(e).splitlines()[0]}", rank=r) from e
+            raise WorkerError(f"{role} rank {r} died during {what}: {str(e).splitlines()[0]}", rank=r) from e
         except ray.exceptions.RayTaskError as e:
             mine = user_error(e)
             if mine is not None:  # a setting a worker found wrong: the user's one line
                 raise mine.with_traceback(None) from None
-            raise WorkerError(f"worker rank {r} failed during {what}: {getattr(e, 'cause', e)!r}", rank=r) from e
+            raise WorkerError(f"{role} rank {r} failed during {what}: {getattr(e, 'cause', e)!r}", rank=r) from e
         yield r, value
 
 
-def gather(refs: list, what: str, ranks: list[int] | None = None) -> list:
+def gather(refs: list, what: str, ranks: list[int] | None = None, role: str = "worker") -> list:
     """ray.get of one call per rank, in the order of `refs` (see `as_completed`)."""
     place = {r: i for i, r in enumerate(range(len(refs)) if ranks is None else ranks)}
     out: list = [None] * len(refs)
-    for r, value in as_completed(refs, what, ranks):
+    for r, value in as_completed(refs, what, ranks, role):
         out[place[r]] = value
     return out

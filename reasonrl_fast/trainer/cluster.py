@@ -58,8 +58,9 @@ class Cluster:
             bundle = worker_bundle(cfg, gpus)
             if self.split:
                 check_rollout_fits(cfg, gpus)
-            self.group = WorkerGroup(Worker, cfg, model_path, self.spec, world, bundle, log_dir=t.output_dir,
-                                     tp=1 if self.split else None)
+            # split: the trainer workers hold no engine, and the engine logs are the rollout workers'
+            self.group = WorkerGroup(Worker, cfg, model_path, self.spec, world, bundle,
+                                     log_dir=None if self.split else t.output_dir, tp=1 if self.split else None)
         except (ClusterError, ConfigError):
             stop_ray(self.owns_ray)
             raise
@@ -70,7 +71,8 @@ class Cluster:
                 # an engine's batch: its share of a step's prompts (vLLM sizes its KV cache by it)
                 sequences = -(-cfg.data.prompts_per_step // r.workers) * r.n
                 self.rollout = WorkerGroup(RolloutWorker, cfg, model_path, self.spec,
-                                           r.workers * r.tensor_parallel_size, bundle, nodes=1, sequences=sequences)
+                                           r.workers * r.tensor_parallel_size, bundle, nodes=1, sequences=sequences,
+                                           log_dir=t.output_dir, role="rollout worker")
             self.setup_info = self.group.setup()[0]
             if self.split:
                 self.rollout.setup("rollout setup")
@@ -92,18 +94,21 @@ class Cluster:
         rollout = self.rollout.actors
         host, port = self.group.gather([self.workers[0].transport_address.remote()], "transport")[0]
         size = 1 + len(rollout)
-        refs = [self.workers[0].open_transport.remote(host, port, size)]
-        refs += [a.join_transport.remote(host, port, 1 + i, size) for i, a in enumerate(rollout)]
-        (self._meta, self._dtype), *_ = self.group.gather(refs, "transport")
+        opened, _ = WorkerGroup.gather_all(
+            [(self.group, [self.workers[0].open_transport.remote(host, port, size)]),
+             (self.rollout, [a.join_transport.remote(host, port, 1 + i, size) for i, a in enumerate(rollout)])],
+            "transport")
+        self._meta, self._dtype = opened[0]
         self.publish(0)
 
     def publish(self, version: int) -> float:
         """Split placement: the trainer's weights to every rollout worker as `version` (after
         whatever each has queued before it); returns the seconds it took."""
         t0 = time.perf_counter()
-        refs = [w.publish.remote(self._meta, version) for w in self.workers]
-        refs += [a.receive_weights.remote(self._meta, self._dtype, version) for a in self.rollout.actors]
-        self.group.gather(refs, "weight transport")
+        WorkerGroup.gather_all(
+            [(self.group, [w.publish.remote(self._meta, version) for w in self.workers]),
+             (self.rollout, [a.receive_weights.remote(self._meta, self._dtype, version) for a in self.rollout.actors])],
+            "weight transport")
         self.version = version
         return time.perf_counter() - t0
 

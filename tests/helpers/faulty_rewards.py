@@ -46,14 +46,15 @@ def kills_the_driver(response: str, answer: str) -> float:
     return math_reward(response, answer)
 
 
-def _worker_actors() -> list[int]:
+def _worker_actors(kind: bytes = b"ray::Worker") -> list[int]:
+    """The pids of the driver's Ray actors of class `kind` (their process title)."""
     kids, todo, found = children(), [os.getppid()], []
     while todo:
         for pid in kids.get(todo.pop(), []):
             todo.append(pid)
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if f.read().startswith(b"ray::Worker"):
+                    if f.read().startswith(kind):
                         found.append(pid)
             except OSError:
                 pass
@@ -67,6 +68,16 @@ def kills_a_worker(response: str, answer: str) -> float:
     if _call("worker") == 1:
         victims = _worker_actors()
         print(f"killing worker process {victims[-1]} of {victims}", flush=True)
+        os.kill(victims[-1], signal.SIGKILL)
+    return math_reward(response, answer)
+
+
+def kills_a_rollout_worker(response: str, answer: str) -> float:
+    """Split placement: the first call SIGKILLs the driver's rollout worker (its engine), while
+    it may still generate the step ahead or take the weights."""
+    if _call("rollout worker") == 1:
+        victims = _worker_actors(b"ray::RolloutWorker")
+        print(f"killing rollout worker process {victims[-1]} of {victims}", flush=True)
         os.kill(victims[-1], signal.SIGKILL)
     return math_reward(response, answer)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
+import time
 from contextlib import contextmanager
 
 # One home for the tree walk: the benchmarks measure a run's processes with it too.
@@ -61,3 +63,25 @@ def torchrun(script: str, world: int, args: list[str], cwd, timeout: float) -> t
         except ProcessLookupError:
             pass
     return p.returncode, out, err
+
+
+class Watch:
+    """Every process a running command starts, seen by polling its process tree."""
+
+    def __init__(self, p: subprocess.Popen):
+        self.p, self.seen, self._stop = p, set(), threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while not self._stop.is_set() and self.p.poll() is None:
+            self.seen |= descendants(self.p.pid)
+            time.sleep(0.2)
+
+    def left_behind(self, grace_s: float = 15.0) -> list[int]:
+        self._stop.set()
+        self._t.join()
+        deadline = time.monotonic() + grace_s
+        while any(alive(p) for p in self.seen) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return sorted(p for p in self.seen if alive(p))

@@ -38,6 +38,15 @@ def run_train(args, tmp_path, timeout=300, env_extra=None, check=True, python=No
     return p
 
 
+def popen_train(args, tmp_path, python=None, tiny=True, **env) -> subprocess.Popen:
+    """`run_train`'s command started, not waited for (its stdout and stderr piped): for the tests
+    that interrupt or watch a run."""
+    cmd = [str(python or sys.executable), "-m", "reasonrl_fast.train", *(TINY if tiny else []),
+           f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=repo_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
 # The shared run: one trained tiny run for every test that needs *a* trained run rather than a
 # particular one (the smoke checks of a FlowRL run, the merge round trip, eval end to end). FlowRL,
 # so the checkpoint holds a Z-head; FSDP2 shards, so merge reassembles them; a wider model and a

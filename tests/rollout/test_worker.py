@@ -134,3 +134,15 @@ def test_a_group_names_the_rank_a_call_went_to_with_its_engines_note(tmp_path, m
     g.log_dir = None  # workers that write no log of their own: the failure as it is
     with pytest.raises(WorkerError, match=r"^worker rank 4 died during generate: [^;]*$"):
         g.gather([Dead(), "b"], "generate", [4, 5])
+
+    # split placement's publish waits on both groups at once: a dead rollout worker is named as one,
+    # by its rank in its own group, with its engine's note
+    rollout = group_mod.WorkerGroup.__new__(group_mod.WorkerGroup)
+    rollout.spec, rollout.log_dir, rollout.role = spec, str(tmp_path), "rollout worker"
+    assert group_mod.WorkerGroup.gather_all([(g, ["t0", "t1"]), (rollout, ["r0"])], "weight transport") == [
+        ["t0", "t1"], ["r0"]]
+    calls = [(g, ["t0", "t1"]), (rollout, ["r0", "r1", "r2", "r3", "r4", Dead()])]
+    with pytest.raises(WorkerError, match=r"^rollout worker rank 5 died during weight transport: .*"
+                                          r"vLLM engine's last log line .*: KV cache too small$") as e:
+        group_mod.WorkerGroup.gather_all(calls, "weight transport")
+    assert e.value.rank == 5

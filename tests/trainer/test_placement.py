@@ -1,6 +1,10 @@
 """Split placement (trainer.placement=split): the settings it refuses before Ray starts; the
 weight transport between the trainer's rank 0 and the rollout workers; a few steps of the
-embedded default on one trainer and one rollout worker, synchronous and one step stale."""
+embedded default on one trainer and one rollout worker, synchronous and one step stale; a
+killed worker of either role and Ctrl-C ending the run with nothing left running."""
+
+import re
+import time
 
 import pytest
 
@@ -225,6 +229,51 @@ def test_split_placement_resumes_with_generations_in_flight(train, tmp_path):
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["rollout/staleness_max"] for r in rows] == [0, 1, 0, 1]
+
+
+SPLIT_FAILING = ["trainer.placement=split", "trainer.workers_per_node=2", "rollout.workers=1", "trainer.val_every=0",
+                 "trainer.max_staleness=1"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("victim, says", [
+    ("kills_a_rollout_worker", r"rollout worker rank 0 (died|failed) during (generate|weight transport)"),
+    ("kills_a_worker", r"(?<!rollout )worker rank [01] (died|failed) during (train_step|weight transport)")])
+def test_split_placement_a_killed_worker_ends_the_run_naming_it_and_leaves_no_process(tmp_path, victim, says):
+    """A rollout worker or a trainer worker SIGKILLed mid-run (by the first reward call, while the
+    other role may be generating the step ahead, training, or in the weight transport with it):
+    the run ends with the dead worker named by its role and rank, long before a collective's
+    timeout, and nothing it started is left running."""
+    from tests.helpers.procs import Watch
+    from tests.helpers.train import popen_train
+
+    t = time.monotonic()
+    p = popen_train([*SPLIT_FAILING, "trainer.steps=3", f"trainer.output_dir={tmp_path / 'run'}",
+                     f"data.reward_fn=tests.helpers.faulty_rewards:{victim}"], tmp_path)
+    watch = Watch(p)
+    out, err = p.communicate(timeout=300)
+    assert "killing " in out, out[-2000:] + err[-2000:]
+    assert p.returncode != 0 and re.search(says, err), err[-3000:]
+    assert time.monotonic() - t < 200  # not the collective timeout
+    assert watch.left_behind() == []
+
+
+@pytest.mark.e2e
+def test_split_placement_ctrl_c_leaves_no_process(tmp_path):
+    from tests.helpers.procs import Watch, interrupt, reaped
+    from tests.helpers.train import popen_train
+
+    out = tmp_path / "run"
+    p = popen_train([*SPLIT_FAILING, "trainer.steps=100000", f"trainer.output_dir={out}"], tmp_path)
+    watch = Watch(p)
+    with reaped(p):
+        deadline = time.monotonic() + 240
+        while not ((out / "metrics.jsonl").exists() and read_metrics(out)) and time.monotonic() < deadline:
+            assert p.poll() is None, p.communicate()[1][-3000:]
+            time.sleep(0.3)
+        stdout, stderr = interrupt(p, 90)
+    assert p.returncode != 0, f"exit {p.returncode}\n{stdout[-3000:]}\n{stderr[-3000:]}"
+    assert len(watch.seen) > 3 and watch.left_behind() == []
 
 
 def test_split_placement_on_too_few_local_gpus_is_refused_before_ray_starts(monkeypatch):

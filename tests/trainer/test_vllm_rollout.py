@@ -6,8 +6,6 @@ machine cannot give, a dead engine and Ctrl-C end the run cleanly, leaving no pr
 import json
 import os
 import shutil
-import subprocess
-import threading
 import time
 
 import pytest
@@ -15,41 +13,12 @@ import pytest
 from reasonrl_fast.config import load_config
 from reasonrl_fast.trainer.sft import warm_start
 from reasonrl_fast.util import quantile, read_metrics
-from tests.helpers.procs import alive, descendants, interrupt, reaped
-from tests.helpers.train import ROOT, TINY, repo_env, run_train
+from tests.helpers.procs import Watch, interrupt, reaped
+from tests.helpers.train import TINY, popen_train, run_train
 from tests.trainer.test_seeds import check_seeds
 
 # vLLM's CPU attention refuses a head dimension of 16 (TINY's 32 / 2 heads): 64 / 2 heads
 VLLM = ["rollout.backend=vllm", "model.hidden_size=64"]
-
-
-class Watch:
-    """Every process a running command starts, seen by polling its process tree."""
-
-    def __init__(self, p: subprocess.Popen):
-        self.p, self.seen, self._stop = p, set(), threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self):
-        while not self._stop.is_set() and self.p.poll() is None:
-            self.seen |= descendants(self.p.pid)
-            time.sleep(0.2)
-
-    def left_behind(self, grace_s: float = 15.0) -> list[int]:
-        self._stop.set()
-        self._t.join()
-        deadline = time.monotonic() + grace_s
-        while any(alive(p) for p in self.seen) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return sorted(p for p in self.seen if alive(p))
-
-
-def popen_train(python, args, tmp_path, tiny=True, **env):
-    cmd = [str(python), "-m", "reasonrl_fast.train", *(TINY if tiny else []),
-           f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env=repo_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
 
 
 def test_seeds_and_logprobs_on_the_vllm_backend(train, tmp_path, vllm_python):
@@ -75,9 +44,8 @@ def test_embedded_default_learns_through_vllm(tmp_path, vllm_python, tp):
     running or in /dev/shm."""
     out = tmp_path / "run"
     shm = shm_segments()
-    p = popen_train(vllm_python, ["rollout.backend=vllm", f"rollout.tensor_parallel_size={tp}",
-                                  "trainer.workers_per_node=2", f"trainer.output_dir={out}", "trainer.progress=false"],
-                    tmp_path, tiny=False)
+    p = popen_train(["rollout.backend=vllm", f"rollout.tensor_parallel_size={tp}", "trainer.workers_per_node=2",
+                     f"trainer.output_dir={out}", "trainer.progress=false"], tmp_path, python=vllm_python, tiny=False)
     watch = Watch(p)
     stdout, stderr = p.communicate(timeout=900)
     assert p.returncode == 0, stdout[-2000:] + stderr[-4000:]
@@ -124,9 +92,9 @@ def test_an_engine_that_dies_ends_the_run_naming_the_worker_and_its_log(tmp_path
     collectives until the run ends it)."""
     out = tmp_path / "run"
     shm = shm_segments()
-    p = popen_train(vllm_python, [*VLLM, "trainer.steps=3", "trainer.val_every=0", f"trainer.output_dir={out}",
-                                  f"rollout.tensor_parallel_size={tp}",
-                                  "data.reward_fn=tests.helpers.faulty_rewards:kills_a_worker"], tmp_path)
+    p = popen_train([*VLLM, "trainer.steps=3", "trainer.val_every=0", f"trainer.output_dir={out}",
+                     f"rollout.tensor_parallel_size={tp}", "data.reward_fn=tests.helpers.faulty_rewards:kills_a_worker"],
+                    tmp_path, python=vllm_python)
     watch = Watch(p)
     stdout, stderr = p.communicate(timeout=300)
     assert "killing worker process" in stdout, stdout[-2000:] + stderr[-2000:]
@@ -142,8 +110,8 @@ def test_ctrl_c_leaves_no_engine_behind(tmp_path, vllm_python, tp):
     shm = shm_segments()
     # more steps than the run can take before the interrupt's time limit (a tiny CPU step takes
     # about 0.1 s): only the Ctrl-C can end it
-    p = popen_train(vllm_python, [*VLLM, "trainer.steps=100000", "trainer.val_every=0", f"trainer.output_dir={out}",
-                                  f"rollout.tensor_parallel_size={tp}"], tmp_path)
+    p = popen_train([*VLLM, "trainer.steps=100000", "trainer.val_every=0", f"trainer.output_dir={out}",
+                     f"rollout.tensor_parallel_size={tp}"], tmp_path, python=vllm_python)
     watch = Watch(p)
     with reaped(p):
         deadline = time.monotonic() + 240
