@@ -53,7 +53,7 @@ def _cluster(cfg, monkeypatch, world=2):
         cfg, None, world, cfg.rollout.tensor_parallel_size, None, handles)
     c = Cluster.__new__(Cluster)
     c.cfg, c.world, c.workers, c.group, c._kept = cfg, world, handles, group, None
-    monkeypatch.setattr(group_mod, "as_completed", lambda refs, what, ranks=None: enumerate(refs))
+    monkeypatch.setattr(group_mod, "as_completed", lambda refs, what, ranks=None, role="worker": enumerate(refs))
     return c, tok, engines
 
 
