@@ -85,3 +85,17 @@ class Watch:
         while any(alive(p) for p in self.seen) and time.monotonic() < deadline:
             time.sleep(0.2)
         return sorted(p for p in self.seen if alive(p))
+
+
+def interrupt_once_training(p: subprocess.Popen, out, watch: Watch, timeout: float = 240) -> tuple[str, str]:
+    """Wait (up to `timeout` s) for the run `p`, writing to the run directory `out`, to log its
+    first step, check that it started its processes (Ray's and the workers', seen by `watch`),
+    then Ctrl-C it: its output once it has ended."""
+    from reasonrl_fast.util import read_metrics
+
+    deadline = time.monotonic() + timeout
+    while not ((out / "metrics.jsonl").exists() and read_metrics(out)) and time.monotonic() < deadline:
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        time.sleep(0.3)
+    assert len(watch.seen) > 3  # Ray's processes and the workers
+    return interrupt(p, 90)

@@ -6,14 +6,13 @@ machine cannot give, a dead engine and Ctrl-C end the run cleanly, leaving no pr
 import json
 import os
 import shutil
-import time
 
 import pytest
 
 from reasonrl_fast.config import load_config
 from reasonrl_fast.trainer.sft import warm_start
 from reasonrl_fast.util import quantile, read_metrics
-from tests.helpers.procs import Watch, interrupt, reaped
+from tests.helpers.procs import Watch, interrupt_once_training, reaped
 from tests.helpers.train import TINY, popen_train, run_train
 from tests.trainer.test_seeds import check_seeds
 
@@ -114,12 +113,7 @@ def test_ctrl_c_leaves_no_engine_behind(tmp_path, vllm_python, tp):
                      f"rollout.tensor_parallel_size={tp}"], tmp_path, python=vllm_python)
     watch = Watch(p)
     with reaped(p):
-        deadline = time.monotonic() + 240
-        while not ((out / "metrics.jsonl").exists() and read_metrics(out)) and time.monotonic() < deadline:
-            assert p.poll() is None, p.communicate()[1][-3000:]
-            time.sleep(0.3)
-        assert len(watch.seen) > 3  # Ray's processes and the workers holding the engines
-        out, err = interrupt(p, 90)
+        out, err = interrupt_once_training(p, out, watch)
     # the run's own words when it did not end as interrupted (which step it reached, how it ended)
     assert p.returncode != 0, f"exit {p.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert watch.left_behind() == [] and shm_segments() - shm == set()
