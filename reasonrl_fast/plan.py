@@ -199,10 +199,13 @@ class Estimate:
         return self.phases[1] if self.update >= self.rollout else self.phases[0]
 
     @property
+    def fits_alone(self) -> bool:
+        """The workers of this table fit (split placement: one role, whatever the other's)."""
+        return not self.problems and self.peak <= self.memory_gib - self.reserve_gib
+
+    @property
     def fits(self) -> bool:
-        role = self.rollout_workers
-        return (not self.problems and self.peak <= self.memory_gib - self.reserve_gib
-                and (role is None or role.fits))
+        return self.fits_alone and (self.rollout_workers is None or self.rollout_workers.fits)
 
 
 def _gib(n: float) -> float:
@@ -239,7 +242,7 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     add = est.terms.append
 
     if not gpu:
-        add(Term("process baseline", CPU_BASELINE_GIB, CPU_BASELINE_GIB, "python, torch, transformers, Ray worker"))
+        add(_baseline())
     add(Term("policy parameters", _gib(pol * b * share), _gib(pol * b * share),
              f"{pol / 1e9:.3g} B params x {b} B" + (f" / {world} (FSDP2)" if share < 1 else ""), "states"))
     add(Term("gradients", 0, _gib(pol * b * share), "freed after the step (set_to_none)", "states"))
@@ -301,6 +304,11 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     return est
 
 
+def _baseline() -> Term:
+    """A CPU worker's process before any model (CPU_BASELINE_GIB)."""
+    return Term("process baseline", CPU_BASELINE_GIB, CPU_BASELINE_GIB, "python, torch, transformers, Ray worker")
+
+
 def _rollout_role(cfg: Config, s: Shape, layout: Layout, mem, engine: list[Term], memory_gib: float) -> Estimate:
     """Split placement: one rollout worker (one rank of an engine over rollout.tensor_parallel_size
     workers), which holds the engine alone and receives each published version a bucket at a time
@@ -310,8 +318,7 @@ def _rollout_role(cfg: Config, s: Shape, layout: Layout, mem, engine: list[Term]
                     GPU_RESERVE_GIB if gpu else 0.0, layout=layout, engine_sequences=mem.sequences,
                     problems=list(mem.problems), phases=("generate", "receive"))
     if not gpu:
-        role.terms.append(Term("process baseline", CPU_BASELINE_GIB, CPU_BASELINE_GIB,
-                               "python, torch, transformers, Ray worker"))
+        role.terms.append(_baseline())
     role.terms += engine
     role.terms.append(Term("weight receive buckets", 0, _gib(sync_bytes(s, s.params, dtype_bytes(layout.rollout_dtype),
                                                                      1)),
@@ -353,8 +360,7 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
         for key, v in changes.items():
             section, name = key.split("__")
             setattr(getattr(c2, section), name, v)
-        e = estimate(c2, s, device, est.memory_gib, genrm)
-        return not e.problems and e.peak <= limit
+        return estimate(c2, s, device, est.memory_gib, genrm).fits_alone
 
     phase = est.phase
     terms = sorted(est.terms, key=lambda x: -(x.update if phase == "update" else x.rollout))
@@ -502,8 +508,8 @@ def _table(est: Estimate, title: str) -> list[str]:
     lines.append(f"{'total (GiB)':<{w}}{est.rollout:>9.2f}{est.update:>9.2f}")
     where = (f"of {est.memory_gib:g} GiB per GPU, less a {est.reserve_gib:g} GiB reserve" if est.device == "gpu"
              else f"of {est.memory_gib:.1f} GiB of host memory per worker")
-    own = not est.problems and est.peak <= est.memory_gib - est.reserve_gib
-    lines.append(f"peak: {est.peak:.2f} GiB in the {est.phase} phase, {where}: " + ("fits" if own else "does NOT fit"))
+    lines.append(f"peak: {est.peak:.2f} GiB in the {est.phase} phase, {where}: "
+                 + ("fits" if est.fits_alone else "does NOT fit"))
     return lines
 
 
