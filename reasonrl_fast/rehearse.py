@@ -17,8 +17,8 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
     answers only; trainer/stand_ins.py writes the stand-ins); the embedded model is rehearsed
     as it is, its warm start shortened;
   - lengths: every token length (data.max_prompt_length, rollout.max_new_tokens,
-    grpo.overlong_buffer, flowrl.overlong_buffer, optim.micro_batch_tokens, fapo.genrm.max_tokens)
-    divided by one factor, the smallest power of two that brings prompt + response to
+    grpo.overlong_buffer, flowrl.overlong_buffer, optim.micro_batch_tokens, fapo.genrm.max_tokens,
+    the last at most GENRM_TOKENS) divided by one factor, the smallest power of two that brings prompt + response to
     SEQUENCE_TOKENS or fewer, halved while the prompt would not hold the stand-in records' longest
     one;
   - batch: at most SAMPLES_PER_STEP samples a step (data.prompts_per_step x rollout.n, the group
@@ -81,6 +81,11 @@ responses are not all scored alike, or every advantage is 0 and the rehearsal fa
 which nothing learns (`nothing_learns`). At 20 steps every verdict of the genrm task's model
 scored -1; at 60 (its recipe's own) they differ, in a few seconds."""
 EMBEDDED_TRAIN_SIZE = 256
+GENRM_TOKENS = 16
+"""The stand-in GenRM's verdict limit, at most (after the length factor): its random weights
+write no verdict at any length, so each request ends truncated, counted as a failure (no
+penalty) as a real GenRM's cut verdict is; every token samples over the real vocabulary, which
+made the verdicts most of a FAPO rehearsal's step at 64 tokens."""
 LENGTHS = ("data.max_prompt_length", "rollout.max_new_tokens", "grpo.overlong_buffer", "flowrl.overlong_buffer",
            "optim.micro_batch_tokens", "fapo.genrm.max_tokens")
 """Every setting counted in tokens: the ones the length factor divides."""
@@ -152,6 +157,7 @@ def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[
     paths and the run directory are the caller's)."""
     f = length_factor(cfg, prompt_tokens)
     out: dict[str, Any] = {k: -(-get(cfg, k) // f) for k in LENGTHS}  # a 0 ("off") stays 0
+    out["fapo.genrm.max_tokens"] = min(out["fapo.genrm.max_tokens"], GENRM_TOKENS)
     out["data.prompts_per_step"], out["optim.mini_batch_prompts"] = batch(
         cfg.data.prompts_per_step, cfg.optim.mini_batch_prompts, cfg.rollout.n)
     out.update({"trainer.nnodes": 1, "trainer.workers_per_node": WORKERS, "trainer.cpus_per_worker": 1,
