@@ -35,7 +35,10 @@ def shm_segments() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if "cpushm" in n} if os.path.isdir("/dev/shm") else set()
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+# TP 1 is a full learning check of the `slow` tier: the engines it runs (one a worker) are those
+# of test_seeds_and_logprobs_on_the_vllm_backend, whose gap is checked at every step; TP 2, one
+# engine over both workers with the most processes to start, sync and stop, learns in every CI.
+@pytest.mark.parametrize("tp", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_embedded_default_learns_through_vllm(tmp_path, vllm_python, tp):
     """`python -m reasonrl_fast.train rollout.backend=vllm` (with `tp` 2: one engine over both
     workers, `rollout.tensor_parallel_size=2 trainer.workers_per_node=2`), the embedded default
