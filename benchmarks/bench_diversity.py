@@ -177,7 +177,11 @@ class Sweep:
             if self.trace:
                 res["trace"] = [{"step": int(c[11:]), **self.evaluate(os.path.join(out, c), settings, f"{name}-{c}",
                                                                       self.target(warm, seed), seed=1)} for c in ckpts]
-            res["last"] = self.evaluate(os.path.join(out, ckpts[-1]), settings, name, self.target(warm, seed), seed=1)
+                # the last checkpoint's eval is the trace's last point: same weights, settings and seed
+                res["last"] = {k: v for k, v in res["trace"][-1].items() if k != "step"}
+            else:
+                res["last"] = self.evaluate(os.path.join(out, ckpts[-1]), settings, name, self.target(warm, seed),
+                                            seed=1)
             for c in ckpts:  # the metrics stay; the weights are not needed again
                 shutil.rmtree(os.path.join(out, c))
             return res

@@ -29,7 +29,7 @@ sys.path.insert(0, BENCH)
 
 import harness  # noqa: E402
 from harness import Case  # noqa: E402
-from tests.helpers.train import TINY  # noqa: E402
+from tests.helpers.train import TINY, sft_cache  # noqa: E402
 
 pytestmark = pytest.mark.proc  # each benchmark script runs in a child process
 
@@ -748,7 +748,7 @@ def test_rewards_bench_smoke_writes_its_section(tmp_path):
 # Training on tiny settings: the run itself is what the smoke checks, so these are e2e.
 
 def _tiny(tmp_path) -> list[str]:
-    return [*TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}"]
+    return [*TINY, f"sft.cache_dir={sft_cache(tmp_path)}"]
 
 
 @pytest.mark.e2e

@@ -14,7 +14,7 @@ import pytest
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.config import load_config
 from reasonrl_fast.runtime.datasets import load_datasets
-from tests.helpers.train import ROOT, SHARED, SHARED_VAL, SHARED_VAL_N, TINY, read_metrics, repo_env
+from tests.helpers.train import ROOT, SHARED, SHARED_VAL, SHARED_VAL_N, TINY, read_metrics, repo_env, sft_cache
 
 VAL, VAL_N = SHARED_VAL, SHARED_VAL_N
 # the trainer's validation settings (rollout.top_p is 1.0 by default)
@@ -25,7 +25,7 @@ AT_VAL = [f"eval.n={VAL_N}", "eval.k=[1,2,4]", "eval.temperature=1.0", "eval.top
 def run_eval(trained_run, tmp_path):
     def run(args, check=True):
         cmd = [sys.executable, "-m", "reasonrl_fast.eval", *TINY, *SHARED, *AT_VAL,
-               f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
+               f"sft.cache_dir={sft_cache(tmp_path)}", *args]
         p = subprocess.run(cmd, cwd=ROOT, env=repo_env(), capture_output=True, text=True, timeout=600)
         if check and p.returncode != 0:
             raise AssertionError(f"eval failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")

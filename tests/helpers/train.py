@@ -26,12 +26,22 @@ def repo_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **extra}
 
 
+def sft_cache(tmp_path) -> str:
+    """The warm starts' cache every test of this pytest run shares, both xdist workers' alike
+    (`tmp_path`: a test's): one warm start per config, not one per worker. sft.py writes each
+    entry under a temporary name and renames it, so two workers building the same one is safe."""
+    base = tmp_path.parent  # the session's base directory (under xdist, one per worker: popen-gwN)
+    if base.name.startswith("popen-gw"):
+        base = base.parent
+    return str(base / "sft_cache")
+
+
 def run_train(args, tmp_path, timeout=300, env_extra=None, check=True, python=None, tiny=True):
     """`python -m reasonrl_fast.train` with TINY settings (`tiny=False`: the embedded default's;
     `python`: another interpreter, e.g. the vLLM venv's, running this checkout)."""
     env = repo_env(**(env_extra or {}))
     cmd = [str(python or sys.executable), "-m", "reasonrl_fast.train", *(TINY if tiny else ["trainer.progress=false"]),
-           f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
+           f"sft.cache_dir={sft_cache(tmp_path)}", *args]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"train failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
@@ -42,7 +52,7 @@ def popen_train(args, tmp_path, python=None, tiny=True, **env) -> subprocess.Pop
     """`run_train`'s command started, not waited for (its stdout and stderr piped): for the tests
     that interrupt or watch a run."""
     cmd = [str(python or sys.executable), "-m", "reasonrl_fast.train", *(TINY if tiny else []),
-           f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
+           f"sft.cache_dir={sft_cache(tmp_path)}", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=repo_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from tests.helpers.train import ROOT, TINY, read_metrics, repo_env, run_train
+from tests.helpers.train import ROOT, TINY, read_metrics, repo_env, run_train, sft_cache
 
 from reasonrl_fast.genrm.launch import launch
 from tests.helpers.procs import alive, interrupt, reaped
@@ -53,7 +53,7 @@ def test_fapo_starts_and_stops_its_own_rule_server(tmp_path):
 
 def _popen_train(args, tmp_path):
     env = repo_env()
-    cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args]
+    cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={sft_cache(tmp_path)}", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

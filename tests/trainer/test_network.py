@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from reasonrl_fast.util import read_metrics
-from tests.helpers.train import ROOT, TINY
+from tests.helpers.train import ROOT, TINY, sft_cache
 from tests.helpers.procs import alive, children
 
 pytestmark = pytest.mark.e2e  # each test starts Ray, or a run that does
@@ -104,7 +104,7 @@ def killed_local_run(tmp_path_factory):
     env = dict(os.environ, **{TAG: tag})
     env.pop("RAY_ADDRESS", None)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={tmp.parent / 'sft_cache'}",
+    cmd = [sys.executable, "-m", "reasonrl_fast.train", *TINY, f"sft.cache_dir={sft_cache(tmp)}",
            "trainer.steps=1000", "trainer.val_every=0", f"trainer.output_dir={out}"]
     log = open(tmp / "driver.log", "w")
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

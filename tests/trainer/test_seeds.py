@@ -10,7 +10,7 @@ import os
 from reasonrl_fast.config import load_config
 from reasonrl_fast.runtime.datasets import embedded_split
 from reasonrl_fast.trainer.sft import sft_cache_path
-from tests.helpers.train import TINY
+from tests.helpers.train import TINY, sft_cache
 
 
 def responses(train, tmp_path, name: str, *args: str, **kw) -> tuple[collections.Counter, str]:
@@ -30,7 +30,7 @@ def check_seeds(train, tmp_path, *args: str, **kw) -> None:
                                                                         4, 7, "train")))
     args = (f"data.train_files=[{data}]", *args)
     two, out = responses(train, tmp_path, "two", "trainer.seed=1", "trainer.workers_per_node=2", *args, **kw)
-    model = sft_cache_path(load_config(None, [*TINY, f"sft.cache_dir={tmp_path.parent / 'sft_cache'}", *args,
+    model = sft_cache_path(load_config(None, [*TINY, f"sft.cache_dir={sft_cache(tmp_path)}", *args,
                                               "trainer.seed=1"]))
     assert os.path.isfile(os.path.join(model, "config.json")), out[-2000:]
     args = (*args, f"model.path={model}")
