@@ -64,7 +64,7 @@ test: install
 test-all: install
 	rc=0; \
 	$(PYTEST) $(FAST) --durations=15 || rc=1; \
-	$(PYTEST) -m "heavy or e2e or xproj" -n $(TEST_WORKERS) --dist loadgroup --durations=25 || rc=1; \
+	$(PYTEST) -m "heavy or e2e or xproj" -n $(TEST_WORKERS) --dist loadgroup --durations=60 || rc=1; \
 	exit $$rc
 
 test-slow: install
