@@ -17,10 +17,10 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
     answers only; trainer/stand_ins.py writes the stand-ins); the embedded model is rehearsed
     as it is, its warm start shortened;
   - lengths: every token length (data.max_prompt_length, rollout.max_new_tokens,
-    grpo.overlong_buffer, flowrl.overlong_buffer, optim.micro_batch_tokens, fapo.genrm.max_tokens,
-    the last at most GENRM_TOKENS) divided by one factor, the smallest power of two that brings prompt + response to
+    grpo.overlong_buffer, flowrl.overlong_buffer, optim.micro_batch_tokens, fapo.genrm.max_tokens)
+    divided by one factor, the smallest power of two that brings prompt + response to
     SEQUENCE_TOKENS or fewer, halved while the prompt would not hold the stand-in records' longest
-    one;
+    one (the stand-in GenRM's verdicts cut at GENRM_TOKENS at most);
   - batch: at most SAMPLES_PER_STEP samples a step (data.prompts_per_step x rollout.n, the group
     size kept), optimizer steps per RL step kept where each of the two workers still gets a
     prompt in every mini-batch, else as many as they can;
