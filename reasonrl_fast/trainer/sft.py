@@ -61,10 +61,12 @@ def warm_start(cfg, log=print) -> str:
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.exists(path):  # another process finished first
-        shutil.rmtree(tmp)
-    else:
+    try:
         os.rename(tmp, path)
+    except OSError:
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise
+        shutil.rmtree(tmp)  # another process finished the same warm start first: its copy is used
     return path
 
 

@@ -2,6 +2,8 @@
 rehearsal's stand-in warm start both run: its loss is the RL update's `Actor` log-probs, and its
 parameters (rate schedule, the parameters it trains, clipping, threads) do what they say."""
 
+import os
+
 import torch
 
 from reasonrl_fast.config import load_config
@@ -75,3 +77,28 @@ def test_one_thread_restores_the_thread_count():
     except KeyError:
         pass
     assert torch.get_num_threads() == threads
+
+
+
+def test_a_warm_start_another_process_finished_first_is_used(tmp_path, monkeypatch):
+    """Two processes building the same warm start at once (the tests' xdist workers share one
+    cache): the one that renames second finds the first's complete copy, keeps it and removes
+    its own, where its rename onto that full directory fails."""
+    from reasonrl_fast.trainer import sft
+
+    cfg = load_config(None, [*SMALL, "sft.steps=0", f"sft.cache_dir={tmp_path}"])
+    path = sft.sft_cache_path(cfg)
+    rename = os.rename
+
+    def the_other_process_renames_first(src, dst):
+        if dst == path:
+            os.makedirs(path)
+            with open(os.path.join(path, "config.json"), "w") as f:
+                f.write('{"the": "other process\'s"}')
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", the_other_process_renames_first)
+    assert sft.warm_start(cfg, log=lambda _: None) == path
+    with open(os.path.join(path, "config.json")) as f:
+        assert f.read() == '{"the": "other process\'s"}'
+    assert os.listdir(tmp_path) == [os.path.basename(path)]  # its own copy removed
