@@ -43,7 +43,7 @@ def in_session(sid: int) -> list[int]:
 def run_together(cmds: list[list[str]], logs: list) -> list[tuple[int, str]]:
     """(exit status, output) of each command, all started at once in sessions of their own and
     given LIMIT_S in all: any still running then is killed with its children, its status
-    -SIGKILL. Then no process of any of their sessions may be left."""
+    -SIGKILL. Then no process of any of their sessions may be left (after 15 s of grace)."""
     procs = []
     for cmd, path in zip(cmds, logs):
         log = open(path, "w+")  # a file, not a pipe that nobody reads while another process is awaited
@@ -60,6 +60,11 @@ def run_together(cmds: list[list[str]], logs: list) -> list[tuple[int, str]]:
         log.seek(0)
         out.append((p.returncode, log.read()))
         log.close()
+    # the grace of procs.py Watch.left_behind: a child that sees its parent gone and exits on its
+    # own moments later is not left behind
+    grace = time.monotonic() + 15.0
+    while any(in_session(p.pid) for p, _ in procs) and time.monotonic() < grace:
+        time.sleep(0.2)
     left = {p.pid: in_session(p.pid) for p, _ in procs}
     for sid, pids in left.items():  # cleared before the assertion, so a failure leaves nothing behind
         if pids:
