@@ -198,6 +198,11 @@ def unplaceable(world: int, bundle: dict, strategy: str, nodes: list[dict]) -> s
             f"(per node: {per_node}; other jobs may hold some of it)")
 
 
+PEER_DEATH_GRACE_S = 10.0
+"""How long a rank's failure waits for the other ranks' calls of the same step to end, to name a
+rank that died instead (`as_completed`)."""
+
+
 class WorkerError(RuntimeError):
     """A worker actor died or raised; the message names it (its rank) and the call."""
 
@@ -238,8 +243,30 @@ def as_completed(refs: list, what: str, ranks: list[int] | None = None, role: st
             mine = user_error(e)
             if mine is not None:  # a setting a worker found wrong: the user's one line
                 raise mine.with_traceback(None) from None
+            dead = _a_death(pending, rank_of, what, role)
+            if dead is not None:  # the cause, where this rank's failure is its consequence
+                raise dead from e
             raise WorkerError(f"{role} rank {r} failed during {what}: {getattr(e, 'cause', e)!r}", rank=r) from e
         yield r, value
+
+
+def _a_death(pending: list, rank_of: dict, what: str, role: str) -> WorkerError | None:
+    """The WorkerError of the first of the `pending` calls whose worker died, waiting up to
+    PEER_DEATH_GRACE_S for them to end; None when none did. A rank that dies in a collective
+    makes it fail on the live ranks too ("Connection reset by peer"), often before Ray has
+    reported the death: the run is to name the rank that died, not the first that noticed."""
+    if not pending:
+        return None
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            r = rank_of[ref]
+            return WorkerError(f"{role} rank {r} died during {what}: {str(e).splitlines()[0]}", rank=r)
+        except Exception:  # noqa: BLE001 - another rank's own failure: the first one is reported
+            continue
+    return None
 
 
 def gather(refs: list, what: str, ranks: list[int] | None = None, role: str = "worker") -> list:

@@ -65,6 +65,36 @@ def test_dead_worker_is_named_at_once(ray_local):
     assert time.time() - t < 60
 
 
+def test_a_rank_that_died_is_named_where_a_live_rank_failed_first(ray_local, monkeypatch):
+    """A peer's death fails a collective on the live ranks too, often before Ray reports the
+    death: the run names the rank that died. A failure with no death behind it is named as
+    itself once the grace (shortened here) is over."""
+    from reasonrl_fast.runtime import ray_cluster
+    from reasonrl_fast.runtime.ray_cluster import WorkerError, gather
+
+    class Rank:
+        def work(self, fate: str) -> int:
+            if fate == "dies":
+                time.sleep(2)
+                os._exit(1)
+            if fate == "fails":
+                time.sleep(0.5)
+                raise RuntimeError("Read error [127.0.0.1]:34689: Connection reset by peer")
+            time.sleep(120)
+            return 0
+
+    actors = [ray_local.remote(num_cpus=0)(Rank).remote() for _ in range(2)]
+    with pytest.raises(WorkerError, match="worker rank 1 died during train_step") as e:
+        gather([a.work.remote(f) for a, f in zip(actors, ("fails", "dies"))], "train_step")
+    assert "Connection reset by peer" in repr(e.value.__cause__)  # the live rank's failure, chained
+    monkeypatch.setattr(ray_cluster, "PEER_DEATH_GRACE_S", 1.0)
+    actors = [ray_local.remote(num_cpus=0)(Rank).remote() for _ in range(2)]
+    t = time.time()
+    with pytest.raises(WorkerError, match="worker rank 0 failed during train_step: RuntimeError"):
+        gather([a.work.remote(f) for a, f in zip(actors, ("fails", "waits"))], "train_step")
+    assert time.time() - t < 30
+
+
 def test_a_setting_a_worker_refuses_reaches_the_driver_as_the_user_error(ray_local):
     from reasonrl_fast.errors import ConfigError
     from reasonrl_fast.runtime.ray_cluster import gather
