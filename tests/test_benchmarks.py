@@ -54,6 +54,8 @@ SMOKE = {
     "gpu_step.py": "test_gpu_step_runs_a_timed_step_on_cpu (e2e)",
     "profile_trainer.py": "test_profile_trainer_smoke_profiles_a_worker_and_the_driver (e2e)",
     "bench_algos.py": "test_algos_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
+    "bench_async.py": "test_async_bench_on_tiny_settings_writes_its_section (e2e)",
+    "latency_reward.py": "bench_async.py's reward-latency case (test_async_bench_on_tiny_settings_writes_its_section)",
     "bench_diversity.py": "test_diversity_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
     "bench_rollout.py": "test_rollout_bench_on_tiny_settings_runs_hf_and_vllm (xproj)",
     "bench_vs_trl.py": "test_vs_trl_bench_smoke_runs_both_trainers (xproj)",
@@ -839,6 +841,27 @@ def test_algos_bench_on_tiny_settings_writes_its_section_and_figure(tmp_path):
     md = results.read_text()
     assert md.count("<!-- embedded-algos:begin -->") == 1 and "| fapo | " in md
     assert (tmp_path / "embedded_algos.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.e2e
+def test_async_bench_on_tiny_settings_writes_its_section(tmp_path):
+    """One seed, one algorithm, the reward-latency case: the synchronous baseline and split
+    placement at staleness 1, each run for real, and the table with both rows."""
+    results = tmp_path / "RESULTS.md"
+    out = _script("bench_async.py", "--seeds", "0", "--algos", "grpo", "--latency", "0.01", "--staleness", "1",
+                  "--sync-workers", "1", "--write", str(results), *_tiny(tmp_path), "trainer.steps=3",
+                  "trainer.val_every=0", timeout=600)
+    rows = [json.loads(x) for x in out.splitlines() if x.startswith('{"latency"')]
+    assert [r["layout"] for r in rows] == ["sync, 1 worker(s)", "split, staleness 1"], out
+    assert all(r["steps"] == 3 for r in rows), rows
+    sync, split = rows
+    # the latency reward waited: 0.01 s a sample over the pool's 2 workers, 4 prompts x 2 samples a step
+    assert sync["reward_s"] >= 0.01 * 8 / 2, sync
+    # step 1 trains on samples of version 0 however far ahead it was submitted; steps 2-3 on version 1 ones
+    assert 0 < split["staleness"] <= 1 and 0 <= split["trainer_busy"] <= 1 and 0 <= split["rollout_busy"] <= 1, split
+    md = results.read_text()
+    assert md.count("<!-- async-split:begin -->") == 1, md
+    assert "| 0.01 | grpo | sync, 1 worker(s) (baseline) | " in md and "| 0.01 | grpo | split, staleness 1 | " in md, md
 
 
 @pytest.mark.e2e

@@ -1,0 +1,137 @@
+"""Generation beside training: the synchronous colocated step against split placement (one rollout
+worker beside one trainer worker) at trainer.max_staleness 1 and 2, on the embedded default, the
+same seeds and number of samples, one run after another on this machine.
+
+    python benchmarks/bench_async.py [--write benchmarks/RESULTS.md] [--seeds 0,1,2]
+        [--algos grpo,flowrl] [--latency 0,0.01] [--staleness 1,2] [--sync-workers 1,2]
+        [--python PY] [key=value ...]
+
+Each `--latency` is a case: 0 is the embedded default as it is; a latency L > 0 scores every sample
+through benchmarks/latency_reward.py, which sleeps L seconds first (a wait that uses none of the
+trainer's cores, as a remote reward service's), so that a step's reward time is about
+samples x L / reward.num_workers. Synchronous means colocated placement at each
+`--sync-workers` count (workers_per_node); the faster of them (by mean wall time over the seeds)
+is the baseline each split run's ratio is taken against.
+
+The table gives, per case, algorithm and layout, the means over the seeds of: wall time of the
+run (the warm start built before, not counted), its ratio to the synchronous baseline, the last
+validation accuracy and its difference from the baseline's, the staleness of the samples
+trained, each role's busy fraction (split: 1 - its idle time over the steps' time, the idle
+times the trainer logs as time/trainer_idle_s and time/rollout_idle_s), and the synchronous
+steps' rollout and reward seconds (what the split run can overlap). Extra key=value settings
+pass to every run (a smoke run: trainer.steps=2 and small sizes); `--python` runs the trainer
+with another interpreter (the vLLM venv's, with rollout.backend=vllm)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from checkout import HERE, ROOT, child_env
+from results_md import publish
+
+from reasonrl_fast.util import read_metrics
+
+MARKER = "async-split"
+REWARD = os.path.join(HERE, "latency_reward.py") + ":scored_after_a_wait"
+
+
+def layouts(staleness: list[int], sync_workers: list[int]) -> dict[str, list[str]]:
+    """Each layout's settings, by its name in the table."""
+    out = {f"sync, {w} worker(s)": ["trainer.placement=colocated", f"trainer.workers_per_node={w}"]
+           for w in sync_workers}
+    for k in staleness:
+        out[f"split, staleness {k}"] = ["trainer.placement=split", "rollout.workers=1",
+                                       "trainer.workers_per_node=1", f"trainer.max_staleness={k}"]
+    return out
+
+
+def run(python: str, settings: list[str], latency: float, out: str) -> dict:
+    """One training run; its wall time and what the table reads from its metrics."""
+    extra = [f"data.reward_fn={REWARD}"] if latency else []
+    cmd = [python, "-m", "reasonrl_fast.train", *settings, *extra, f"trainer.output_dir={out}",
+           "trainer.progress=false"]
+    t = time.time()
+    p = subprocess.run(cmd, cwd=ROOT, env=child_env(REASONRL_REWARD_LATENCY_S=str(latency)),
+                       capture_output=True, text=True)
+    wall = time.time() - t
+    if p.returncode:
+        sys.exit(f"run failed ({' '.join(settings)}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    rows = read_metrics(out)
+    steps = [r for r in rows if "time/step_s" in r]
+    vals = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
+    total = sum(r["time/step_s"] for r in steps)
+    busy = lambda key: 1 - sum(r.get(key, 0.0) for r in steps) / total if total else float("nan")  # noqa: E731
+    mean = lambda key: statistics.fmean(r[key] for r in steps if key in r) if any(key in r for r in steps) else float("nan")  # noqa: E731
+    return {"wall_s": wall, "val": vals[-1] if vals else float("nan"), "staleness": mean("rollout/staleness_mean"),
+            "trainer_busy": busy("time/trainer_idle_s"), "rollout_busy": busy("time/rollout_idle_s"),
+            "rollout_s": mean("time/rollout_s"), "reward_s": mean("time/reward_s"), "steps": len(steps)}
+
+
+def warm_starts(python: str, extra: list[str], seeds: list[int]) -> None:
+    """Each seed's warm start built (and cached) before anything is timed."""
+    code = ("import sys; from reasonrl_fast.config import load_config; from reasonrl_fast.trainer.sft import warm_start; "
+            "warm_start(load_config(None, sys.argv[1:]), log=lambda _: None)")
+    for seed in seeds:
+        subprocess.run([python, "-c", code, *extra, f"trainer.seed={seed}"], cwd=ROOT, env=child_env(), check=True)
+
+
+def table(results: dict, names: list[str], seeds: list[int], args: str, load: str) -> str:
+    today = datetime.date.today().isoformat()
+    lines = [f"### Split placement against the synchronous step, embedded default ({today}, {os.cpu_count()}-core CPU, "
+             f"load {load}; means over seeds {','.join(map(str, seeds))}; `python benchmarks/bench_async.py{args}`)", "",
+             "| reward latency (s) | algo | layout | wall (s) | vs sync | last val accuracy | vs sync (points) "
+             "| staleness | trainer busy | rollout busy | rollout s/step | reward s/step |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (latency, algo), by_layout in results.items():
+        m = {name: {k: statistics.fmean(r[k] for r in runs) for k in runs[0]} for name, runs in by_layout.items()}
+        sync = min((n for n in names if n.startswith("sync")), key=lambda n: m[n]["wall_s"])
+        for name in names:
+            r, s = m[name], m[sync]
+            split = name.startswith("split")
+            lines.append(f"| {latency:g} | {algo} | {name}{' (baseline)' if name == sync else ''} | {r['wall_s']:.0f} | "
+                         f"{r['wall_s'] / s['wall_s']:.2f}x | {r['val']:.3f} | {100 * (r['val'] - s['val']):+.1f} | "
+                         + (f"{r['staleness']:.2f} | {r['trainer_busy']:.2f} | {r['rollout_busy']:.2f} | - | - |" if split
+                            else f"0 | - | - | {r['rollout_s']:.2f} | {r['reward_s']:.2f} |"))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--write", metavar="RESULTS.md")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--algos", default="grpo,flowrl")
+    p.add_argument("--latency", default="0,0.01", help="seconds each reward call waits, one case each")
+    p.add_argument("--staleness", default="1,2")
+    p.add_argument("--sync-workers", default="1,2")
+    p.add_argument("--python", default=sys.executable)
+    a, extra = p.parse_known_args()
+    seeds = [int(s) for s in a.seeds.split(",")]
+    lay = layouts([int(k) for k in a.staleness.split(",")], [int(w) for w in a.sync_workers.split(",")])
+    load0 = os.getloadavg()[0]
+    warm_starts(a.python, extra, seeds)
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for latency in (float(x) for x in a.latency.split(",")):
+            for algo in a.algos.split(","):
+                for name, settings in lay.items():
+                    for seed in seeds:
+                        out = os.path.join(tmp, f"{latency}-{algo}-{name}-{seed}".replace(" ", "").replace(",", "-"))
+                        # the layout's settings last: they are what is compared
+                        r = run(a.python, [*extra, f"algo={algo}", f"trainer.seed={seed}", *settings], latency, out)
+                        results.setdefault((latency, algo), {}).setdefault(name, []).append(r)
+                        print(json.dumps({"latency": latency, "algo": algo, "layout": name, "seed": seed, **r}), flush=True)
+    shown = "".join(f" {x}" for x in sys.argv[1:] if not x.startswith("--write") and x != a.write)
+    body = table(results, list(lay), seeds, shown, f"{load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end")
+    publish(body, a.write, MARKER)
+
+
+if __name__ == "__main__":
+    main()
