@@ -9,15 +9,18 @@ actors (worker.py) hold the FSDP shards and the rollout engines. Each worker gen
 own share of the prompts and trains on those samples, so only token ids and scalars cross Ray.
 In split placement (trainer.placement=split, cluster.py) rollout workers of their own sample:
 the driver submits each step's generation ahead (`_generation`), up to trainer.max_staleness
-steps before the update that trains on it, and sends the trainer its samples."""
+steps before the update that trains on it, scores the next one beside the update (`_score_ahead`)
+and sends the trainer its samples."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,8 +80,12 @@ def _step(run: Run, step: int) -> dict:
     # 2. reward: each worker's share is scored in the reward pool as soon as it arrives (a sample
     #    that fails or runs out of time scores 0 and is counted) and, for FAPO, its right answers
     #    go to the GenRM while the other workers still generate
-    roll = rollout_and_score(run.cluster, run.pool, run.tok, items, n, cfg.rollout.temperature, cfg.rollout.top_p,
-                             step, run.judge, keep=True, pending=pending[1] if pending else None)
+    #    (split placement with generations in flight: scored beside the last update, `_score_ahead`)
+    if run.scoring is not None and run.scoring[0] == step:
+        roll, run.scoring = run.scoring[1].result(), None
+    else:
+        roll = rollout_and_score(run.cluster, run.pool, run.tok, items, n, cfg.rollout.temperature,
+                                 cfg.rollout.top_p, step, run.judge, keep=True, pending=pending[1] if pending else None)
     responses, acc = roll["responses"], roll["acc"]
     flagged, genrm_metrics = None, {}
     if run.judge is not None:  # the GenRM's flags on right answers (FAPO)
@@ -97,6 +104,7 @@ def _step(run: Run, step: int) -> dict:
         run.cluster.keep(pending[1])
         async_metrics["time/rollout_idle_s"] = pending[1].rollout_idle_s  # known once collected
         async_metrics["time/trainer_idle_s"] = time.perf_counter() - (run.trained_at or t0)
+        _score_ahead(run)
     w = run.cluster.train_step(adv.tolist(), step)
     run.trained_at = time.perf_counter()
     # 5. the metrics row, a checkpoint, validation
@@ -121,6 +129,8 @@ def _step(run: Run, step: int) -> dict:
     if t.save_every and step % t.save_every == 0 or (t.save_last and step == t.steps):
         save(cfg, run.cluster, run.tok, step, _sampler_at(run), run.run_id)
     if run.val_set and t.val_every and (step % t.val_every == 0 or step == t.steps):
+        if run.scoring is not None:  # one user of the reward pool at a time (its error is the next step's)
+            run.scoring[1].exception()
         row.update(validate(cfg, run.cluster, run.tok, run.val_set, run.pool, step))
     run.logger.log(row)
     return row
@@ -148,6 +158,32 @@ def _generation(run: Run, step: int) -> tuple[tuple, dict]:
         raise RuntimeError(f"step {step} would train on samples {staleness} versions old")
     # every sample of a generation shares its version: the mean is the step's staleness too
     return (items, pending), {"rollout/staleness_mean": float(staleness), "rollout/staleness_max": float(staleness)}
+
+
+def _score_ahead(run: Run) -> None:
+    """Split placement, a generation in flight (max_staleness >= 1): collect and score the next
+    step's generation in a thread of the driver while the trainer updates, so that a reward's or
+    the GenRM's wait overlaps the update instead of adding to the step. One scoring at a time,
+    started after this step's judge verdicts were collected: the reward pool and the judge see
+    one step after another, as in the synchronous loop."""
+    if not run.in_flight or run.scoring is not None:
+        return
+    cfg = run.cfg
+    step, items, pending, _ = run.in_flight[0]
+    done: Future = Future()
+
+    def score() -> None:
+        try:
+            done.set_result(rollout_and_score(run.cluster, run.pool, run.tok, items, cfg.rollout.n,
+                                              cfg.rollout.temperature, cfg.rollout.top_p, step, run.judge,
+                                              keep=True, pending=pending))
+        except BaseException as e:  # noqa: BLE001 - raised where the step takes it
+            done.set_exception(e)
+
+    # a daemon: a run that fails or is interrupted mid-update does not wait for it (the cluster's
+    # shutdown ends the calls it waits on)
+    threading.Thread(target=score, name=f"score-step-{step}", daemon=True).start()
+    run.scoring = (step, done)
 
 
 def _sampler_at(run: Run) -> Sampler:
@@ -182,6 +218,7 @@ class Run:
     in_flight: deque = field(default_factory=deque)
     submitted: int = 0
     trained_at: float | None = None
+    scoring: tuple[int, Future] | None = None  # (step, its scored rollout), `_score_ahead`
 
 
 @contextmanager

@@ -90,20 +90,31 @@ class FakeWorkers:
         return SimpleNamespace(prompts=prompts, n=n, version=self.version, rollout_idle_s=0.0)
 
     def collect(self, pending):
-        yield from self.generate_stream(pending.prompts, pending.n, None, None, None, keep=True)
+        """As cluster.py's: the samples stay in `pending` (the loop may collect the next step's
+        generation while this one's update runs) until `keep`."""
+        pending.kept = []
+        for _, start, samples in self._shares(pending.prompts, pending.n):
+            pending.kept.append(samples)
+            yield start, samples[1]
 
     def keep(self, pending):
-        pass
+        for w, samples in zip(self.workers, pending.kept, strict=True):
+            w._samples = samples
 
     def generate_stream(self, prompts, n, temperature, top_p, stream, keep=False):
+        for w, start, samples in self._shares(prompts, n):
+            if keep:
+                w._samples = samples
+            yield start, samples[1]
+
+    def _shares(self, prompts, n):
+        """(worker, index of its share's first sample, (prompts, responses, log-probs)) per worker."""
         texts = [self.tok.decode(p, skip_special_tokens=True) for p in prompts]
         half = len(prompts) // 2
         for w, share in zip(self.workers, (range(0, half), range(half, len(prompts)))):
             ps = [prompts[i] for i in share for _ in range(n)]
             rs = [self.tok(_answer(texts[i], j))["input_ids"] + [self.tok.eos_token_id] for i in share for j in range(n)]
-            if keep:
-                w._samples = (ps, rs, [[-0.5] * len(r) for r in rs])
-            yield share.start * n, rs
+            yield w, share.start * n, (ps, rs, [[-0.5] * len(r) for r in rs])
 
     def train_step(self, adv, step):
         from reasonrl_fast.trainer.cluster import merge_updates

@@ -93,11 +93,14 @@ def test_the_transport_delivers_identical_weights_in_buckets_with_their_version(
 
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_generation_runs_at_most_k_steps_ahead_and_each_is_trained_once(k, tmp_path):
-    """The driver's side of bounded staleness (loop.py `_generation`), on in-process stand-ins
-    of the cluster and reward pool: each step's generation is submitted once, at most k steps
-    ahead, tagged with the version published last; each is trained exactly once, by its own step,
+    """The driver's side of bounded staleness (loop.py `_generation`, `_score_ahead`), on
+    in-process stand-ins of the cluster and reward pool: each step's generation is submitted
+    once, at most k steps ahead, tagged with the version published last, and (k >= 1) collected
+    and scored while the update before it runs; each is trained exactly once, by its own step,
     on samples at most k versions older than the trainer's; the prompts are the sampler's in
     order, none skipped or repeated."""
+    import threading
+
     import torch
 
     from reasonrl_fast.algos import get_algo
@@ -128,13 +131,21 @@ def test_generation_runs_at_most_k_steps_ahead_and_each_is_trained_once(k, tmp_p
             self.submitted.append((stream, self.version, [tuple(x) for x in prompts]))
             return p
 
+        def collect(self, pending):
+            yield from super().collect(pending)
+            scored[pending.stream].set()  # the loop scores a share as it is yielded: all are now
+
         def keep(self, pending):
+            super().keep(pending)
             self.kept = pending
 
         def train_step(self, adv, step):
             self.trained.append((step, self.kept.stream, self.kept.version))
+            if k and step < steps:  # the next generation is collected and scored while this update runs
+                assert scored[step + 1].wait(30), f"step {step + 1}'s generation was not scored during update {step}"
             return super().train_step(adv, step)
 
+    scored = {s: threading.Event() for s in range(1, steps + 1)}
     cluster = Recording(cfg, tok)
     logger = MetricsLogger(cfg, str(tmp_path), 0, steps)
     run = loop.Run(cfg, "run", 0, tok, train_set, [], get_algo(cfg.algo), None, cluster, FakePool(),
