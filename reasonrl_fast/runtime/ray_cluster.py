@@ -238,7 +238,7 @@ def as_completed(refs: list, what: str, ranks: list[int] | None = None, role: st
         try:
             value = ray.get(ready[0])
         except ray.exceptions.RayActorError as e:
-            raise WorkerError(f"{role} rank {r} died during {what}: {str(e).splitlines()[0]}", rank=r) from e
+            raise _died(r, what, role, e) from e
         except ray.exceptions.RayTaskError as e:
             mine = user_error(e)
             if mine is not None:  # a setting a worker found wrong: the user's one line
@@ -248,6 +248,10 @@ def as_completed(refs: list, what: str, ranks: list[int] | None = None, role: st
                 raise dead from e
             raise WorkerError(f"{role} rank {r} failed during {what}: {getattr(e, 'cause', e)!r}", rank=r) from e
         yield r, value
+
+
+def _died(rank: int, what: str, role: str, e: BaseException) -> WorkerError:
+    return WorkerError(f"{role} rank {rank} died during {what}: {str(e).splitlines()[0]}", rank=rank)
 
 
 def _a_death(pending: list, rank_of: dict, what: str, role: str) -> WorkerError | None:
@@ -262,8 +266,7 @@ def _a_death(pending: list, rank_of: dict, what: str, role: str) -> WorkerError 
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            r = rank_of[ref]
-            return WorkerError(f"{role} rank {r} died during {what}: {str(e).splitlines()[0]}", rank=r)
+            return _died(rank_of[ref], what, role, e)
         except Exception:  # noqa: BLE001 - another rank's own failure: the first one is reported
             continue
     return None
