@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.helpers.train import ROOT, repo_env
+from tests.helpers.train import ROOT, repo_env, sft_cache
 
 pytestmark = pytest.mark.e2e  # each script trains
 
@@ -22,7 +22,7 @@ TINY = ("model.hidden_size=32 model.intermediate_size=64 model.num_heads=2 sft.s
 
 def test_pipeline(tmp_path):
     out = tmp_path / "pipeline"
-    env = repo_env(OUT=str(out), STEPS="1", EXTRA=f"{TINY} sft.cache_dir={tmp_path / 'sft'}", PYTHON=sys.executable)
+    env = repo_env(OUT=str(out), STEPS="1", EXTRA=f"{TINY} sft.cache_dir={sft_cache(tmp_path)}", PYTHON=sys.executable)
     p = subprocess.run(["bash", os.path.join(ROOT, "examples", "pipeline.sh")], env=env, capture_output=True,
                        text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -43,7 +43,7 @@ def test_fapo_end_to_end(tmp_path):
     response counts as right, so that the untrained policy still sends each of them to the
     learned judge."""
     out = tmp_path / "fapo"
-    sft = f"sft.cache_dir={tmp_path / 'sft'}"
+    sft = f"sft.cache_dir={sft_cache(tmp_path)}"  # the warm starts this pytest run shares
     env = repo_env(OUT=str(out), STEPS="1", GENRM_STEPS="1", EXTRA=f"{sft} data.val_size=8", PYTHON=sys.executable,
                GENRM_EXTRA="sft.steps=40 data.prompts_per_step=4 optim.mini_batch_prompts=4 rollout.n=2",
                POLICY_EXTRA=f"{TINY} data.reward_fn=tests.helpers.faulty_rewards:always_right")
