@@ -2,7 +2,9 @@
 loopback port) or uses one it is given, lowers the flagged right answers, fails open when the
 server dies, and stops the server it started however the run ends."""
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -76,7 +78,13 @@ def test_server_killed_and_restarted_mid_run(tmp_path):
             if n >= 2 and servers[0].alive():
                 servers[0].kill()
             if n >= 5 and len(servers) == 1:  # same port: the run's address comes back
-                servers.append(launch("rule:addition", port=port))
+                # the run waits for it (a loaded machine starts a server slower than the run's
+                # last steps go by), so that the steps after it have a server
+                os.kill(p.pid, signal.SIGSTOP)
+                try:
+                    servers.append(launch("rule:addition", port=port))
+                finally:
+                    os.kill(p.pid, signal.SIGCONT)
             time.sleep(0.05)
         stdout, _ = p.communicate(timeout=60)
         assert p.returncode == 0, stdout[-3000:]
