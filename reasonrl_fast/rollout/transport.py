@@ -5,6 +5,8 @@ rollout worker (ranks 1..R). The trainer's workers gather the full tensors one b
 one flat buffer and broadcasts it, the rollout workers unpack it into their engines. Each publish
 starts with a header (its version, the tensor count) that a receiver checks against what it
 expects, so a sender and a receiver out of step fail at once instead of loading wrong weights.
+The header is an all-reduce, which ends only once every rank is in the publish: the sender times
+the transfer from there, without its wait for a rollout worker still generating.
 
 Both sides cut the same buckets from the same metadata (`buckets`): the names, shapes and the one
 dtype sent, which the trainer's rank 0 gives the driver once at setup. The buffers travel on the
@@ -16,6 +18,7 @@ from __future__ import annotations
 import datetime
 import math
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -63,10 +66,20 @@ class Transport:
         opts.rootRank = 0
         self.pg.broadcast([t], opts).wait()
 
-    def send(self, named, meta: Meta, version: int, dtype: torch.dtype, bucket_bytes: int) -> int:
+    def _header(self, version: int, count: int) -> tuple[int, int]:
+        """(version, tensor count) as the sender gives them (0s from a receiver): summed over
+        every rank, so it returns on each only once all have joined."""
+        head = torch.tensor([version, count], dtype=torch.int64)
+        self.pg.allreduce([head]).wait()
+        got, n = head.tolist()
+        return got, n
+
+    def send(self, named, meta: Meta, version: int, dtype: torch.dtype, bucket_bytes: int) -> tuple[int, float]:
         """Rank 0: broadcast the (name, full tensor)s of `named` (in `meta`'s order, each cast to
-        `dtype`) as version `version`, a bucket at a time; returns the bytes sent."""
-        self._broadcast(torch.tensor([version, len(meta)], dtype=torch.int64))
+        `dtype`) as version `version`, a bucket at a time; returns (the bytes sent, the seconds
+        from the moment every receiver had joined: the gathers, casts and broadcasts)."""
+        self._header(version, len(meta))
+        t0 = time.perf_counter()
         it = iter(named)
         sent = 0
         for idx in buckets(meta, dtype.itemsize, bucket_bytes):
@@ -82,14 +95,12 @@ class Transport:
                 del t
             self._broadcast(flat)
             sent += flat.numel() * flat.element_size()
-        return sent
+        return sent, time.perf_counter() - t0
 
     def receive(self, meta: Meta, version: int, dtype: torch.dtype, bucket_bytes: int):
         """Ranks 1..: the (name, tensor)s of version `version`, a bucket at a time (each tensor
         a view of its bucket's buffer: a consumer copies it before the next arrives)."""
-        head = torch.zeros(2, dtype=torch.int64)
-        self._broadcast(head)
-        got, count = head.tolist()
+        got, count = self._header(0, 0)
         if (got, count) != (version, len(meta)):
             raise RuntimeError(f"weight transport: version {got} with {count} tensors arrived where version "
                                f"{version} with {len(meta)} was expected")

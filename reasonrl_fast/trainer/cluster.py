@@ -101,16 +101,16 @@ class Cluster:
         self._meta, self._dtype = opened[0]
         self.publish(0)
 
-    def publish(self, version: int) -> float:
+    def publish(self, version: int) -> dict:
         """Split placement: the trainer's weights to every rollout worker as `version` (after
-        whatever each has queued before it); returns the seconds it took."""
+        whatever each has queued before it); returns its metrics (`publish_metrics`)."""
         t0 = time.perf_counter()
-        WorkerGroup.gather_all(
+        sent, _ = WorkerGroup.gather_all(
             [(self.group, [w.publish.remote(self._meta, version) for w in self.workers]),
              (self.rollout, [a.receive_weights.remote(self._meta, self._dtype, version) for a in self.rollout.actors])],
             "weight transport")
         self.version = version
-        return time.perf_counter() - t0
+        return publish_metrics(sent, time.perf_counter() - t0)
 
     def load(self, path: str, step: int) -> None:
         """The checkpoint of step `step` into the trainer's workers (and so into their engines,
@@ -204,7 +204,7 @@ class Cluster:
                        pending.logprobs[a:b])
             refs.append(w.train_step.remote(adv[a:b], step, samples, proximal))
         merged = merge_updates(self.group.gather(refs, "train_step"))
-        merged["time/sync_s"] = self.publish(step)
+        merged.update(self.publish(step))
         return merged
 
     def weights_checksums(self) -> tuple[float, list[float]]:
@@ -220,6 +220,13 @@ class Cluster:
             self.rollout.shutdown()
         self.group.shutdown()
         stop_ray(self.owns_ray)
+
+
+def publish_metrics(outs: list[dict], wall_s: float) -> dict:
+    """A publish's metrics from the trainer workers' `publish` results (rank 0's holds the
+    transfer) and its wall time on the driver (`time/sync_s`, the rollout workers' wait for an
+    in-flight generation included)."""
+    return {"time/sync_s": wall_s, **outs[0]}
 
 
 def merge_updates(outs: list[dict]) -> dict:

@@ -286,7 +286,9 @@ def _log_layout(cfg, layout: dict, log) -> None:
         r = cfg.rollout
         cpu = " (on CPU the two roles share the node's cores)" if layout.get("device") == "cpu" else ""
         log(f"placement: split, {t.nnodes * t.workers_per_node} trainer worker(s) and {r.workers} rollout engine(s) "
-            f"of {r.tensor_parallel_size} worker(s){cpu}; samples at most {t.max_staleness} version(s) stale")
+            f"of {r.tensor_parallel_size} worker(s){cpu}; samples at most {t.max_staleness} version(s) stale"
+            + ("; rollout.correction=none: the update does not weigh their gap to the trainer's weights "
+               "(token_tis does: docs/trainer.md §Placement)" if t.max_staleness and r.correction == "none" else ""))
 
 
 def _samples(items: list[dict], texts: list[str]) -> list[tuple]:

@@ -231,17 +231,18 @@ class Worker(RolloutWorker):
 
     def publish(self, meta: list, version: int) -> dict:
         """Every rank: gather the full weights a bucket at a time; rank 0 broadcasts them as
-        version `version` to the rollout workers (which call `receive_weights` at once)."""
+        version `version` to the rollout workers (which call `receive_weights` at once) and
+        returns the transfer's seconds and bytes (cluster.py `publish_metrics`)."""
         from reasonrl_fast.layout import SYNC_BUCKET_BYTES
 
-        t0 = time.perf_counter()
         named = self._full_weights()
         if self.rank == 0:
-            self.transport.send(named, meta, version, torch_dtype(self.layout.rollout_dtype), SYNC_BUCKET_BYTES)
-        else:
-            for _ in named:  # the gathers are collectives: every rank runs them
-                pass
-        return {"time/sync_s": time.perf_counter() - t0}
+            sent, transfer_s = self.transport.send(named, meta, version, torch_dtype(self.layout.rollout_dtype),
+                                                   SYNC_BUCKET_BYTES)
+            return {"time/transport_s": transfer_s, "perf/sync_gb": sent / 2**30}
+        for _ in named:  # the gathers are collectives: every rank runs them
+            pass
+        return {}
 
     def weights_checksum(self) -> float:
         """transport.py `checksum` of the full weights in the engine's dtype (every rank calls it)."""

@@ -75,7 +75,7 @@ class FakeWorkers:
             w = Worker.__new__(Worker)
             lm = tiny_model(cfg.model, len(tok), tok)
             w.cfg, w.rank, w.world, w.tok, w.algo, w.device = cfg, rank, 1, tok, algo, torch.device("cpu")
-            w.layout = SimpleNamespace(packed=False, one_row=False, sharding="replicate")
+            w.layout = SimpleNamespace(packed=False, one_row=False, sharding="replicate", rollout_dtype="float32")
             w.engine = SimpleNamespace(sleep=lambda: None, wake=lambda: None)
             w.split = cfg.trainer.placement == "split"  # as its setup sets it: publish, not sync, after the update
             w.actor = w.train_model = Actor(lm, cfg.flowrl.zhead_layers if algo.zhead else 0)
@@ -85,6 +85,14 @@ class FakeWorkers:
             self.workers.append(w)
         self._kept = None
         self.split, self.version = cfg.trainer.placement == "split", 0
+        if self.split:  # the real publish, through a transport with no receiver (rank 0 of 1)
+            from reasonrl_fast.rollout.transport import Transport
+            from reasonrl_fast.runtime.distributed import rendezvous_socket
+
+            listen = rendezvous_socket("127.0.0.1")
+            w = self.workers[0]
+            w.transport = Transport("127.0.0.1", listen.getsockname()[1], 0, 1, 60, listen)
+            self._meta = [(n, tuple(p.shape)) for n, p in w._full_weights()]
 
     def submit(self, prompts, n, temperature, top_p, stream):
         return SimpleNamespace(prompts=prompts, n=n, version=self.version, rollout_idle_s=0.0)
@@ -117,11 +125,14 @@ class FakeWorkers:
             yield w, share.start * n, (ps, rs, [[-0.5] * len(r) for r in rs])
 
     def train_step(self, adv, step):
-        from reasonrl_fast.trainer.cluster import merge_updates
+        from reasonrl_fast.trainer.cluster import merge_updates, publish_metrics
 
         half = len(adv) // 2
         self.version = step
-        return merge_updates([w.train_step(a, step) for w, a in zip(self.workers, (adv[:half], adv[half:]))])
+        merged = merge_updates([w.train_step(a, step) for w, a in zip(self.workers, (adv[:half], adv[half:]))])
+        if self.split:  # as cluster.py's: the update's weights published
+            merged.update(publish_metrics([self.workers[0].publish(self._meta, step)], 0.0))
+        return merged
 
 
 class FakePool:
@@ -189,5 +200,6 @@ def test_every_documented_metric_is_logged(names):
     assert {"kl/mean", "grpo/dual_clip_frac", "rollout/is_weight_mean"} <= names["grpo"]
     assert {"log_z/mean", "tb/delta_abs_mean"} <= names["flowrl"] and "grpo/clip_frac" not in names["flowrl"]
     assert {"fapo/sent", "genrm/requests", "genrm/checker_agreement"} <= names["fapo"]
-    split = {"rollout/staleness_mean", "rollout/staleness_max", "time/trainer_idle_s", "time/rollout_idle_s"}
+    split = {"rollout/staleness_mean", "rollout/staleness_max", "time/trainer_idle_s", "time/rollout_idle_s",
+             "time/transport_s", "perf/sync_gb"}
     assert split <= names["split"] and not split & names["grpo"]

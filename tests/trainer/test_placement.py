@@ -39,7 +39,8 @@ def test_placement_settings_and_their_refusals():
 def test_the_transport_delivers_identical_weights_in_buckets_with_their_version():
     """Two ends of the transport (threads of one process here; Ray actors in a run): what the
     sender broadcasts bucket by bucket arrives bit for bit (equal checksums), cast to the sent
-    dtype; a receiver expecting another version fails instead of loading it."""
+    dtype, and the sender's transfer time leaves out its wait for receivers that join late; a
+    receiver expecting another version fails instead of loading it."""
     import threading
 
     import torch
@@ -68,11 +69,17 @@ def test_the_transport_delivers_identical_weights_in_buckets_with_their_version(
         except RuntimeError as e:
             got[rank] = e
 
-    threads = [threading.Thread(target=receive, args=(r, 3)) for r in (1, 2)]
+    # the receivers join late, as a rollout worker still generating does: the sender's transfer
+    # time starts once they have joined
+    late = 1.0
+    threads = [threading.Thread(target=lambda r: (time.sleep(late), receive(r, 3)), args=(r,)) for r in (1, 2)]
     [t.start() for t in threads]
-    sent = ends[0].send(iter(weights), meta, 3, torch.bfloat16, 200)
+    t0 = time.perf_counter()
+    sent, transfer_s = ends[0].send(iter(weights), meta, 3, torch.bfloat16, 200)
+    wall = time.perf_counter() - t0
     [t.join() for t in threads]
     assert sent == sum(t.numel() for _, t in weights) * 2
+    assert wall >= late and 0 < transfer_s < late / 2, (wall, transfer_s)
     want = checksum([(n, t.to(torch.bfloat16)) for n, t in weights])
     assert checksum(got[1]) == checksum(got[2]) == want
     assert all(t.dtype == torch.bfloat16 for _, t in got[1])
@@ -217,6 +224,10 @@ def test_split_placement_trains_the_embedded_default(train, tmp_path, k):
     diff = [r["rollout/logprob_diff_mean"] for r in rows]
     assert [r["rollout/staleness_max"] for r in rows] == [0] + [k] * 3
     assert all(r["time/trainer_idle_s"] >= 0 and r["time/rollout_idle_s"] >= 0 for r in rows)
+    # every publish sends the whole model (float32 here) and its transfer is part of the publish
+    assert len({r["perf/sync_gb"] for r in rows}) == 1 and rows[0]["perf/sync_gb"] > 0
+    assert all(0 < r["time/transport_s"] <= r["time/sync_s"] for r in rows)
+    assert "rollout.correction=none" not in p.stdout
     if k == 0:
         assert max(diff) < 1e-4, diff
     else:
@@ -232,7 +243,8 @@ def test_split_placement_resumes_with_generations_in_flight(train, tmp_path):
     out = tmp_path / "run"
     args = ["trainer.placement=split", "trainer.workers_per_node=1", "rollout.workers=1", "trainer.val_every=0",
             "trainer.max_staleness=1", "trainer.save_every=2", f"trainer.output_dir={out}"]
-    train(args + ["trainer.steps=2"], tmp_path)
+    p = train(args + ["trainer.steps=2"], tmp_path)
+    assert "rollout.correction=none: the update does not weigh their gap" in p.stdout
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["sampler"] == {"epoch": 0, "pos": 2 * 4}  # two steps of data.prompts_per_step=4
     p = train(args + ["trainer.steps=4"], tmp_path)
