@@ -26,7 +26,8 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
     prompt in every mini-batch, else as many as they can;
   - data: stand-in records (data/stand_in.py: one example per scorer kind) with the data_source
     each file's records carry (where the file is on this machine), else the one
-    data.train_sources / data.val_sources names for it, VAL_PROMPTS validation prompts;
+    data.train_sources / data.val_sources names for it, VAL_PROMPTS validation prompts, each
+    sampled rollout.val_n times, at most VAL_N;
   - GenRM (FAPO): a random stand-in of the GenRM's architecture served by our server's hf
     backend, started by the trainer itself; its verdicts are mostly unparseable, which the
     client counts as failures (no penalty), as it would a real GenRM's;
@@ -73,6 +74,10 @@ SAMPLES_PER_STEP = 32
 WORKERS = 2
 VAL_PROMPTS = 2
 """Validation prompts: one per worker, each sampled rollout.val_n times."""
+VAL_N = 4
+"""Samples per validation prompt, at most: a recipe's 16 or 32 made the three validations (before the
+first step, after the last, after the resumed one) about a quarter of a rehearsal, each sampling
+over the real vocabulary; 4 keeps what k > 1 logs (pass@k, the diversity metrics)."""
 TRAIN_PROMPTS = 16
 STEPS = 2
 EMBEDDED_SFT_STEPS = 60
@@ -158,6 +163,7 @@ def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[
     f = length_factor(cfg, prompt_tokens)
     out: dict[str, Any] = {k: -(-get(cfg, k) // f) for k in LENGTHS}  # a 0 ("off") stays 0
     out["fapo.genrm.max_tokens"] = min(out["fapo.genrm.max_tokens"], GENRM_TOKENS)
+    out["rollout.val_n"] = min(cfg.rollout.val_n, VAL_N)
     out["data.prompts_per_step"], out["optim.mini_batch_prompts"] = batch(
         cfg.data.prompts_per_step, cfg.optim.mini_batch_prompts, cfg.rollout.n)
     out.update({"trainer.nnodes": 1, "trainer.workers_per_node": WORKERS, "trainer.cpus_per_worker": 1,

@@ -34,7 +34,8 @@ NAME = [os.path.basename(c) for c in CONFIGS]
 RUN_SHAPE = {"data.prompts_per_step", "optim.mini_batch_prompts", "trainer.nnodes", "trainer.workers_per_node",
              "trainer.cpus_per_worker", "trainer.sharding", "model.compute_dtype", "trainer.steps",
              "trainer.save_every", "trainer.resume", "trainer.ray_address", "trainer.progress", "rollout.backend",
-             "rollout.tensor_parallel_size", "rollout.workers", "sft.steps", "data.train_size", "data.val_size"}
+             "rollout.tensor_parallel_size", "rollout.workers", "sft.steps", "data.train_size", "data.val_size",
+             "rollout.val_n"}
 
 
 def _stand_ins(cfg):
@@ -82,6 +83,7 @@ def test_every_length_is_divided_by_the_one_factor_and_the_records_fit(name):
     assert (small.trainer.sharding, small.model.compute_dtype, small.trainer.workers_per_node) == (
         "fsdp", "bfloat16", rehearse.WORKERS)
     assert small.model.dtype == cfg.model.dtype and small.rollout.n == cfg.rollout.n
+    assert small.rollout.val_n == min(cfg.rollout.val_n, rehearse.VAL_N)
     assert small.rollout.tensor_parallel_size == 1  # the hf rollout holds the whole model
     if cfg.rollout.backend == "vllm":
         assert small.rollout.backend == "hf"
