@@ -1,4 +1,5 @@
-"""GRPO with DAPO's clip-higher and loss aggregations (docs/math.md §GRPO and DAPO policy loss)."""
+"""GRPO with DAPO's clip-higher and loss aggregations, and the policy losses GSPO and CISPO
+(docs/math.md §GRPO and DAPO policy loss, §GSPO and CISPO)."""
 
 from __future__ import annotations
 
@@ -41,17 +42,59 @@ def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
 LOG_RATIO_BOUND = 20.0
 
 
+# GSPO's bound of the token-form log sequence ratio before exp (verl's compute_policy_loss_gspo
+# clamps it at 10 from above; a sequence's ratio is a mean over its tokens, so it stays far below).
+LOG_SEQ_RATIO_BOUND = 10.0
+
+POLICY_LOSSES = ("clip", "gspo", "cispo")
+
+
+def gspo_terms(logprob, old_logprob, a, mask, clip_low, clip_high):
+    """GSPO (Zheng et al. 2025, arXiv:2507.18071): the sequence ratio s = exp(mean_t (lp - lp_old))
+    in the token form s_t = sg[s] * pi(y_t) / sg[pi(y_t)], clipped as PPO clips a token's.
+    Returns (the per-token loss before weights, the tokens whose clipped branch is the larger)."""
+    import torch
+
+    m = mask.to(logprob.dtype)
+    seq = ((logprob - old_logprob) * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    s = torch.exp((logprob - logprob.detach() + seq.detach().unsqueeze(-1)).clamp(max=LOG_SEQ_RATIO_BOUND))
+    unclipped, clipped = -a * s, -a * torch.clamp(s, 1 - clip_low, 1 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def cispo_terms(logprob, old_logprob, a, clip_low, clip_high):
+    """CISPO (MiniMax-M1, arXiv:2506.13585): every token keeps its gradient, weighted by its
+    importance ratio clipped and detached: -sg[clip(r, 1 - eps_low, 1 + eps_high)] * A * lp.
+    Returns (the per-token loss before weights, the tokens whose ratio the clip changed)."""
+    import torch
+
+    ratio = torch.exp((logprob - old_logprob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    w = torch.clamp(ratio, 1 - clip_low, 1 + clip_high).detach()
+    return -w * a * logprob, ratio != w
+
+
 def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg="token-mean",
-              ref_logprob=None, kl_coef=0.0, rollout_weight=None, clip_ratio_c=None):
+              ref_logprob=None, kl_coef=0.0, rollout_weight=None, clip_ratio_c=None, policy_loss="clip"):
     """Clipped surrogate with clip-higher. logprob/old/mask [B, T], adv [B]; `rollout_weight`
     ([B, T] or [B], detached): the rollout correction, multiplied into the policy-gradient term
     (not the KL term); `clip_ratio_c` (> 1, or None: off): the dual clip, which bounds a token's
     loss at -A * clip_ratio_c where A < 0 (verl's compute_policy_loss_vanilla, after Ye et al.
-    2020, arXiv:1912.09729). Returns (loss, stats)."""
+    2020, arXiv:1912.09729); `policy_loss`: clip (the above), gspo or cispo (`gspo_terms`,
+    `cispo_terms`; no dual clip). Returns (loss, stats)."""
     import torch
 
-    ratio = torch.exp((logprob - old_logprob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     a = adv.unsqueeze(-1).to(logprob.dtype)
+    if policy_loss != "clip":
+        if clip_ratio_c is not None:
+            raise ValueError(f"the dual clip (clip_ratio_c) belongs to policy_loss='clip', not {policy_loss!r}")
+        if policy_loss == "gspo":
+            pg, clipped = gspo_terms(logprob, old_logprob, a, mask, clip_low, clip_high)
+        elif policy_loss == "cispo":
+            pg, clipped = cispo_terms(logprob, old_logprob, a, clip_low, clip_high)
+        else:
+            raise ValueError(f"unknown policy loss {policy_loss!r}: one of {POLICY_LOSSES}")
+        return _finish(pg, clipped, None, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight)
+    ratio = torch.exp((logprob - old_logprob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     clipped_obj = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
     surr = torch.minimum(ratio * a, clipped_obj)
     dual = None
@@ -63,17 +106,26 @@ def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg
         floor = a * clip_ratio_c
         dual = (a < 0) & (surr < floor)
         surr = torch.where(dual, floor, surr)
+    # tokens where the clip is active (no gradient)
+    return _finish(-surr, clipped_obj < ratio * a, dual, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight)
+
+
+def _finish(pg, clipped, dual, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight):
+    """Every policy loss's tail: the per-token loss `pg` times the rollout weight, plus the KL
+    term, aggregated; the statistics (`clipped`: the tokens each loss counts as clipped; `dual`:
+    the dual clip's, or None)."""
+    import torch
+
     if rollout_weight is not None:
         w = rollout_weight if rollout_weight.dim() == 2 else rollout_weight.unsqueeze(-1)
-        surr = surr * w.to(surr.dtype)
-    loss_tok = -surr
+        pg = pg * w.to(pg.dtype)
+    loss_tok = pg
     if kl_coef and ref_logprob is not None:
         loss_tok = loss_tok + kl_coef * kl_k3(logprob, ref_logprob)
     loss = aggregate(loss_tok, mask, agg)
     with torch.no_grad():
         m = mask.float()
-        clipped = (clipped_obj < ratio * a).float()  # tokens where the clip is active (no gradient)
-        stats = {"grpo/clip_frac": float((clipped * m).sum() / m.sum().clamp(min=1))}
+        stats = {"grpo/clip_frac": float((clipped.float() * m).sum() / m.sum().clamp(min=1))}
         if dual is not None:  # verl's pg_clipfrac_lower: the tokens where the dual clip binds
             stats["grpo/dual_clip_frac"] = float((dual.float() * m).sum() / m.sum().clamp(min=1))
         if ref_logprob is not None:
@@ -106,11 +158,24 @@ class GRPOConfig(Checks):
     negative advantage loses at most -A * clip_ratio_c, so a stale token whose ratio has grown
     past it stops pushing (docs/math.md §GRPO and DAPO policy loss; logged as
     grpo/dual_clip_frac). Unset: off. Must be > 1."""
+    policy_loss: str = "clip"
+    """The policy loss (docs/math.md §GSPO and CISPO): clip (PPO's clipped token ratio, with
+    clip-higher and the dual clip), gspo (the clipped sequence ratio; with
+    loss_agg=seq-mean-token-mean, as its paper and verl aggregate it; its paper's clip_low and
+    clip_high are 3e-4 and 4e-4) or cispo (every token's gradient kept, weighted by its clipped,
+    detached ratio; clip_low=1 bounds only the upper side, as its paper does)."""
 
     def check(self, at: str = "grpo.") -> None:
         self._one_of(at, "loss_agg", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
+        self._one_of(at, "policy_loss", POLICY_LOSSES)
         if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
             fail(f"{at}clip_ratio_c", self.clip_ratio_c, "must be > 1 (it bounds ratios above 1)")
+        if self.clip_ratio_c is not None and self.policy_loss != "clip":
+            fail(f"{at}clip_ratio_c", self.clip_ratio_c, f"is the dual clip of policy_loss=clip, not of "
+                 f"{self.policy_loss} (unset it)")
+        if self.policy_loss == "gspo" and self.loss_agg != "seq-mean-token-mean":
+            fail(f"{at}loss_agg", self.loss_agg, "with policy_loss=gspo must be seq-mean-token-mean (GSPO's "
+                 "ratio and loss are per sequence, as its paper and verl aggregate them)")
         # the clip interval [1 - clip_low, 1 + clip_high] holds ratio 1 whenever both are > 0, and
         # clip_low = 1 already opens it down to 0: positive epsilons cannot invert it, so the two
         # need no order (clip-higher has clip_high > clip_low, the symmetric PPO clip equal ones)
@@ -138,4 +203,4 @@ class GRPO(Algo):
     def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None):
         g = cfg.grpo
         return grpo_loss(lp, old_lp, adv, mask, g.clip_low, g.clip_high, g.loss_agg, ref_lp, g.kl_coef, rollout_w,
-                         g.clip_ratio_c)
+                         g.clip_ratio_c, g.policy_loss)

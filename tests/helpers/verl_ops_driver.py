@@ -198,5 +198,44 @@ try:
 except NotImplementedError as e:
     check("linear_cross_entropy refuses reduction='sum'", "reduction" in str(e), e)
 handle.undo()
+
+# GSPO and CISPO (grpo.policy_loss) against verl's own registered functions, float64, random
+# sizes, a response with no tokens, with and without a rollout weight; each aggregation both
+# projects offer (GSPO: the one its paper and verl use). verl's denominators given as ours count
+# them (every response, empty or not: `global_batch_size`).
+from verl.workers.config import ActorConfig  # noqa: E402
+
+from reasonrl_fast.algos.grpo import grpo_loss  # noqa: E402
+
+gen = torch.Generator().manual_seed(int(time.time()))
+for policy, modes in (("gspo", ["seq-mean-token-mean"]),
+                      ("cispo", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])):
+    for agg in modes:
+        for weighted in (False, True):
+            B, T = int(torch.randint(3, 9, (1,), generator=gen)), int(torch.randint(5, 23, (1,), generator=gen))
+            lo, hi = (3e-4, 4e-4) if policy == "gspo" else (0.2, 0.28)
+            old = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
+            lp0 = old + torch.randn(B, T, generator=gen, dtype=torch.float64) * (1e-3 if policy == "gspo" else 0.3)
+            mask = (torch.rand(B, T, generator=gen) < 0.8).double()
+            mask[0] = 0  # a response with no tokens
+            mask[1, 0] = 1
+            adv = torch.randn(B, generator=gen, dtype=torch.float64)
+            w = torch.rand(B, T, generator=gen, dtype=torch.float64) * 2 if weighted else None
+            config = ActorConfig(strategy="fsdp", clip_ratio_low=lo, clip_ratio_high=hi, rollout_n=1,
+                                 ppo_micro_batch_size_per_gpu=1)
+            config.global_batch_info.update(dp_size=1, global_batch_size=B, batch_num_tokens=mask.sum())
+            lp_ref = lp0.clone().requires_grad_(True)
+            ref, ref_metrics = core_algos.get_policy_loss_fn(policy)(
+                old, lp_ref, adv.unsqueeze(-1).expand(B, T), mask, agg, config, w)
+            ref.backward()
+            lp_ours = lp0.clone().requires_grad_(True)
+            ours, stats = grpo_loss(lp_ours, old, adv, mask, lo, hi, agg, rollout_weight=w, policy_loss=policy)
+            ours.backward()
+            name = f"{policy} {agg}{' weighted' if weighted else ''}"
+            close(f"{name}: loss", ours.detach().reshape(1), ref.detach().reshape(1), atol=1e-6, rtol=0)
+            close(f"{name}: gradient", lp_ours.grad, lp_ref.grad, atol=1e-6, rtol=0)
+            # our statistics are float32 means
+            check(f"{name}: clip fraction", abs(stats["grpo/clip_frac"] - ref_metrics["actor/pg_clipfrac"]) < 1e-6,
+                  (stats["grpo/clip_frac"], ref_metrics["actor/pg_clipfrac"]))
 seconds["total"] = time.monotonic() - t0
 print("\n@@result@@\n" + json.dumps({"checks": checks, "seconds": seconds}))

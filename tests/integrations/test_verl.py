@@ -75,6 +75,11 @@ def _assert_checks(result: dict, must_have: list[str]) -> None:
     assert not failed, "\n".join(failed)
 
 
+# grpo.policy_loss against verl's `gspo` and `cispo` (verl_ops_driver.py): GSPO under the
+# aggregation its paper and verl use, CISPO under each one both projects offer
+POLICY_LOSSES = (("gspo", ["seq-mean-token-mean"]), ("cispo", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]))
+
+
 def test_entry_point_is_setup_pys():
     assert _verl_plugin_entries() == ["reasonrl_fast = reasonrl_fast.integrations.verl_plugin:register"]
 
@@ -87,7 +92,9 @@ def test_plugin_registers_and_matches_verl(verl_python, plugin_site):
                             "verl compute_advantage(adv_estimator=reasonrl_fast_grpo) norm_by_std=False",
                             "flowrl without log_z refuses", "flowrl loss = mean_b w delta^2",
                             "no patch without the env var", "undo restores the originals exactly",
-                            "linear_cross_entropy grads tau=0.6"])
+                            "linear_cross_entropy grads tau=0.6",
+                            *(f"{p} {agg}{w}: {what}" for p, aggs in POLICY_LOSSES for agg in aggs
+                              for w in ("", " weighted") for what in ("loss", "gradient", "clip fraction"))])
     print(f"verl plain: {result['seconds']}")
 
 
