@@ -49,6 +49,36 @@ LOG_SEQ_RATIO_BOUND = 10.0
 POLICY_LOSSES = ("clip", "gspo", "cispo")
 
 
+def _ratio(logprob, old_logprob):
+    """exp of the log-ratio, bounded (LOG_RATIO_BOUND)."""
+    import torch
+
+    return torch.exp((logprob - old_logprob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+
+
+def clip_terms(logprob, old_logprob, a, clip_low, clip_high, clip_ratio_c=None):
+    """PPO's clipped token ratio with clip-higher, and the dual clip (`clip_ratio_c` > 1, or None:
+    off), which bounds a token's loss at -A * clip_ratio_c where A < 0 (verl's
+    compute_policy_loss_vanilla, after Ye et al. 2020, arXiv:1912.09729). Returns (the per-token
+    loss before weights, the tokens where the clip stops the gradient, those where the dual clip
+    binds or None)."""
+    import torch
+
+    ratio = _ratio(logprob, old_logprob)
+    clipped_obj = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
+    surr = torch.minimum(ratio * a, clipped_obj)
+    dual = None
+    if clip_ratio_c is not None:
+        # For A < 0 the clipped surrogate still grows with the ratio without bound (the clip
+        # only stops ratios below 1 - eps_low), so one token the policy has already made much
+        # likelier can dominate the mini-batch; its loss -surr is capped at -A * c, a constant
+        # there (no gradient). Applied before the rollout weight, as verl does.
+        floor = a * clip_ratio_c
+        dual = (a < 0) & (surr < floor)
+        surr = torch.where(dual, floor, surr)
+    return -surr, clipped_obj < ratio * a, dual
+
+
 def gspo_terms(logprob, old_logprob, a, mask, clip_low, clip_high):
     """GSPO (Zheng et al. 2025, arXiv:2507.18071): the sequence ratio s = exp(mean_t (lp - lp_old))
     in the token form s_t = sg[s] * pi(y_t) / sg[pi(y_t)], clipped as PPO clips a token's.
@@ -68,46 +98,30 @@ def cispo_terms(logprob, old_logprob, a, clip_low, clip_high):
     Returns (the per-token loss before weights, the tokens whose ratio the clip changed)."""
     import torch
 
-    ratio = torch.exp((logprob - old_logprob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    ratio = _ratio(logprob, old_logprob)
     w = torch.clamp(ratio, 1 - clip_low, 1 + clip_high).detach()
     return -w * a * logprob, ratio != w
 
 
 def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg="token-mean",
               ref_logprob=None, kl_coef=0.0, rollout_weight=None, clip_ratio_c=None, policy_loss="clip"):
-    """Clipped surrogate with clip-higher. logprob/old/mask [B, T], adv [B]; `rollout_weight`
+    """GRPO's loss. logprob/old/mask [B, T], adv [B]; `policy_loss`: clip (`clip_terms`, with the
+    dual clip `clip_ratio_c`), gspo (`gspo_terms`) or cispo (`cispo_terms`); `rollout_weight`
     ([B, T] or [B], detached): the rollout correction, multiplied into the policy-gradient term
-    (not the KL term); `clip_ratio_c` (> 1, or None: off): the dual clip, which bounds a token's
-    loss at -A * clip_ratio_c where A < 0 (verl's compute_policy_loss_vanilla, after Ye et al.
-    2020, arXiv:1912.09729); `policy_loss`: clip (the above), gspo or cispo (`gspo_terms`,
-    `cispo_terms`; no dual clip). Returns (loss, stats)."""
-    import torch
-
+    (not the KL term). Returns (loss, stats)."""
     a = adv.unsqueeze(-1).to(logprob.dtype)
-    if policy_loss != "clip":
-        if clip_ratio_c is not None:
-            raise ValueError(f"the dual clip (clip_ratio_c) belongs to policy_loss='clip', not {policy_loss!r}")
-        if policy_loss == "gspo":
-            pg, clipped = gspo_terms(logprob, old_logprob, a, mask, clip_low, clip_high)
-        elif policy_loss == "cispo":
-            pg, clipped = cispo_terms(logprob, old_logprob, a, clip_low, clip_high)
-        else:
-            raise ValueError(f"unknown policy loss {policy_loss!r}: one of {POLICY_LOSSES}")
-        return _finish(pg, clipped, None, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight)
-    ratio = torch.exp((logprob - old_logprob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
-    clipped_obj = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
-    surr = torch.minimum(ratio * a, clipped_obj)
     dual = None
-    if clip_ratio_c is not None:
-        # For A < 0 the clipped surrogate still grows with the ratio without bound (the clip
-        # only stops ratios below 1 - eps_low), so one token the policy has already made much
-        # likelier can dominate the mini-batch; its loss -surr is capped at -A * c, a constant
-        # there (no gradient). Applied before the rollout weight, as verl does.
-        floor = a * clip_ratio_c
-        dual = (a < 0) & (surr < floor)
-        surr = torch.where(dual, floor, surr)
-    # tokens where the clip is active (no gradient)
-    return _finish(-surr, clipped_obj < ratio * a, dual, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight)
+    if policy_loss == "clip":
+        pg, clipped, dual = clip_terms(logprob, old_logprob, a, clip_low, clip_high, clip_ratio_c)
+    elif clip_ratio_c is not None:
+        raise ValueError(f"the dual clip (clip_ratio_c) belongs to policy_loss='clip', not {policy_loss!r}")
+    elif policy_loss == "gspo":
+        pg, clipped = gspo_terms(logprob, old_logprob, a, mask, clip_low, clip_high)
+    elif policy_loss == "cispo":
+        pg, clipped = cispo_terms(logprob, old_logprob, a, clip_low, clip_high)
+    else:
+        raise ValueError(f"unknown policy loss {policy_loss!r}: one of {POLICY_LOSSES}")
+    return _finish(pg, clipped, dual, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight)
 
 
 def _finish(pg, clipped, dual, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight):
