@@ -142,6 +142,8 @@ def test_sft_cache_is_keyed_by_config():
         assert sft_cache_path(load_config(None, [o])) != base, o
     # RL-only settings do not invalidate the warm start
     assert sft_cache_path(load_config(None, ["optim.lr=0.5", "algo=grpo"])) == base
+    # nor the dtypes the workers hold and compute it in (the warm start is float32 either way)
+    assert sft_cache_path(load_config(None, ["model.dtype=bfloat16", "model.compute_dtype=float32"])) == base
 
 
 def test_metrics_logger_progress_tensorboard_and_truncation(tmp_path):

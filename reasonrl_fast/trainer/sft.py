@@ -32,9 +32,10 @@ SFT_VERSION = 5  # bump when the supervised recipe or the saved tokenizer change
 def sft_cache_path(cfg) -> str:
     # The head's log-prob path, the RL update's checkpointing and compute dtype do not shape the
     # warm start: leaving them out keeps one cache for every setting (and the hash of configs
-    # written before the keys existed).
+    # written before the keys existed). Nor does the master dtype: the warm start trains and saves
+    # float32 weights whatever model.dtype says, and the workers cast them as they load them.
     model = {k: v for k, v in dataclasses.asdict(cfg.model).items()
-             if k not in ("fused_lm_head", "gradient_checkpointing", "compute_dtype")}
+             if k not in ("fused_lm_head", "gradient_checkpointing", "compute_dtype", "dtype")}
     # the context the model is built with: an unset model.max_position_embeddings keys the cache
     # as its old default 256 did
     model["max_position_embeddings"] = tiny_context(cfg.model)
