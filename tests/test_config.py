@@ -286,6 +286,7 @@ BAD_VALUES = {
     "grpo.norm_by_std": ["0", "off"],
     "grpo.clip_ratio_c": ["1"],
     "grpo.policy_loss": ["ppo", "GSPO"],
+    "grpo.entropy_coef": ["-0.01"],
     "flowrl.beta": ["0", "-15"],
     "flowrl.max_is_weight": ["0"],
     "flowrl.is_clip_eps": ["0", "1.5"],

@@ -88,7 +88,9 @@ class Algo:
         over every micro-batch and worker, so the gradient is the one of the mean over all."""
         return "sequences"
 
-    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None) -> tuple[torch.Tensor, dict]:
+    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None,
+             entropy=None) -> tuple[torch.Tensor, dict]:
         """(loss, stats) of one mini-batch: log-probs [B, T], advantages [B], mask [B, T];
-        `rollout_w`: the rollout correction's weights ([B, T] or [B], detached) or None."""
+        `rollout_w`: the rollout correction's weights ([B, T] or [B], detached) or None;
+        `entropy`: the policy's entropy per token [B, T], with its gradient (an entropy bonus)."""
         raise NotImplementedError

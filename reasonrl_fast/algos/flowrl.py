@@ -95,6 +95,6 @@ class FlowRL(Algo):
                               f"algo=flowrl does not read: set flowrl.overlong_buffer (and "
                               f"flowrl.overlong_factor) for FlowRL's, and grpo.overlong_buffer=0")
 
-    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None):
+    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None, entropy=None):
         f = cfg.flowrl
         return flowrl_loss(log_z, lp, ref_lp, old_lp, adv, mask, f.beta, f.max_is_weight, f.is_clip_eps, rollout_w)

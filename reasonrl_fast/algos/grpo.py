@@ -104,11 +104,13 @@ def cispo_terms(logprob, old_logprob, a, clip_low, clip_high):
 
 
 def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg="token-mean",
-              ref_logprob=None, kl_coef=0.0, rollout_weight=None, clip_ratio_c=None, policy_loss="clip"):
+              ref_logprob=None, kl_coef=0.0, rollout_weight=None, clip_ratio_c=None, policy_loss="clip",
+              entropy=None, entropy_coef=0.0):
     """GRPO's loss. logprob/old/mask [B, T], adv [B]; `policy_loss`: clip (`clip_terms`, with the
     dual clip `clip_ratio_c`), gspo (`gspo_terms`) or cispo (`cispo_terms`); `rollout_weight`
     ([B, T] or [B], detached): the rollout correction, multiplied into the policy-gradient term
-    (not the KL term). Returns (loss, stats)."""
+    (not the KL term, nor the entropy bonus); `entropy` [B, T] (with its gradient): the policy's
+    entropy per token, whose aggregate times `entropy_coef` is subtracted. Returns (loss, stats)."""
     a = adv.unsqueeze(-1).to(logprob.dtype)
     dual = None
     if policy_loss == "clip":
@@ -121,13 +123,18 @@ def grpo_loss(logprob, old_logprob, adv, mask, clip_low=0.2, clip_high=0.28, agg
         pg, clipped = cispo_terms(logprob, old_logprob, a, clip_low, clip_high)
     else:
         raise ValueError(f"unknown policy loss {policy_loss!r}: one of {POLICY_LOSSES}")
-    return _finish(pg, clipped, dual, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight)
+    if entropy_coef and entropy is None:
+        raise ValueError("entropy_coef > 0 needs the policy's per-token entropy (entropy=...)")
+    bonus = entropy_coef * entropy if entropy_coef else None
+    return _finish(pg, clipped, dual, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight, bonus)
 
 
-def _finish(pg, clipped, dual, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight):
+def _finish(pg, clipped, dual, logprob, mask, agg, ref_logprob, kl_coef, rollout_weight, bonus=None):
     """Every policy loss's tail: the per-token loss `pg` times the rollout weight, plus the KL
-    term, aggregated; the statistics (`clipped`: the tokens each loss counts as clipped; `dual`:
-    the dual clip's, or None)."""
+    term, minus the entropy bonus (`bonus`: coef x entropy per token, or None), aggregated alike
+    (verl aggregates the three apart in the same mode; the aggregation is linear, so the sum is
+    the same); the statistics (`clipped`: the tokens each loss counts as clipped; `dual`: the dual
+    clip's, or None)."""
     import torch
 
     if rollout_weight is not None:
@@ -136,6 +143,8 @@ def _finish(pg, clipped, dual, logprob, mask, agg, ref_logprob, kl_coef, rollout
     loss_tok = pg
     if kl_coef and ref_logprob is not None:
         loss_tok = loss_tok + kl_coef * kl_k3(logprob, ref_logprob)
+    if bonus is not None:
+        loss_tok = loss_tok - bonus.to(loss_tok.dtype)
     loss = aggregate(loss_tok, mask, agg)
     with torch.no_grad():
         m = mask.float()
@@ -178,6 +187,11 @@ class GRPOConfig(Checks):
     loss_agg=seq-mean-token-mean, as its paper and verl aggregate it; its paper's clip_low and
     clip_high are 3e-4 and 4e-4) or cispo (every token's gradient kept, weighted by its clipped,
     detached ratio; clip_low=1 bounds only the upper side, as its paper does)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus (verl's actor.entropy_coeff): the loss subtracts this times the policy's
+    per-token entropy, aggregated as the loss is (loss_agg), so a positive value keeps the policy
+    from collapsing onto one answer early (docs/math.md §Entropy bonus). 0: off, as in every
+    shipped recipe."""
 
     def check(self, at: str = "grpo.") -> None:
         self._one_of(at, "loss_agg", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
@@ -195,7 +209,7 @@ class GRPOConfig(Checks):
         # need no order (clip-higher has clip_high > clip_low, the symmetric PPO clip equal ones)
         self._between(at, "clip_low", 0, 1, lo_open=True)
         self._positive(at, "clip_high")
-        self._not_negative(at, "kl_coef", "overlong_buffer", "overlong_factor")
+        self._not_negative(at, "kl_coef", "overlong_buffer", "overlong_factor", "entropy_coef")
 
 
 class GRPO(Algo):
@@ -214,7 +228,7 @@ class GRPO(Algo):
     def loss_units(self, cfg) -> str:
         return "tokens" if cfg.grpo.loss_agg == "token-mean" else "sequences"
 
-    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None):
+    def loss(self, cfg, lp, old_lp, ref_lp, adv, mask, log_z, rollout_w=None, entropy=None):
         g = cfg.grpo
         return grpo_loss(lp, old_lp, adv, mask, g.clip_low, g.clip_high, g.loss_agg, ref_lp, g.kl_coef, rollout_w,
-                         g.clip_ratio_c, g.policy_loss)
+                         g.clip_ratio_c, g.policy_loss, entropy, g.entropy_coef)

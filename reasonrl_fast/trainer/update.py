@@ -85,7 +85,7 @@ def accumulate(model, algo, cfg, responses, idxs, batches, adv, total: float, wo
             ref = ref_lps[j] if ref_lps is not None else None
             weight, wsums = rollout_weights(old, rollout_lp, mask, cfg.rollout.correction, cfg.rollout.is_cap,
                                             per_sequence=algo.per_sequence)
-            loss, st = algo.loss(cfg, lp, old, ref, adv[idx or [0]], mask, log_z, weight)
+            loss, st = algo.loss(cfg, lp, old, ref, adv[idx or [0]], mask, log_z, weight, ent)
             (loss * share).backward()
         if idx:
             sums.append({**gap_sums(old, rollout_lp, mask), **{"w_" + k: v for k, v in wsums.items()}})

@@ -237,5 +237,38 @@ for policy, modes in (("gspo", ["seq-mean-token-mean"]),
             # our statistics are float32 means
             check(f"{name}: clip fraction", abs(stats["grpo/clip_frac"] - ref_metrics["actor/pg_clipfrac"]) < 1e-6,
                   (stats["grpo/clip_frac"], ref_metrics["actor/pg_clipfrac"]))
+
+# The entropy bonus (grpo.entropy_coef) as verl's actor adds it (workers/utils/losses.py: the
+# policy loss minus entropy_coeff x agg_loss(entropy) in the loss's mode), over each policy loss:
+# the loss and its gradients in the log-probs and in the entropy.
+for policy, agg in (("vanilla", "token-mean"), ("vanilla", "seq-mean-token-sum"), ("gspo", "seq-mean-token-mean"),
+                    ("cispo", "token-mean"), ("cispo", "seq-mean-token-mean")):
+    B, T = int(torch.randint(3, 9, (1,), generator=gen)), int(torch.randint(5, 23, (1,), generator=gen))
+    lo, hi = (3e-4, 4e-4) if policy == "gspo" else (0.2, 0.28)
+    old = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
+    lp0 = old + torch.randn(B, T, generator=gen, dtype=torch.float64) * (1e-3 if policy == "gspo" else 0.3)
+    ent0 = torch.rand(B, T, generator=gen, dtype=torch.float64) * 4
+    mask = (torch.rand(B, T, generator=gen) < 0.8).double()
+    mask[0] = 0
+    mask[1, 0] = 1
+    adv = torch.randn(B, generator=gen, dtype=torch.float64)
+    config = ActorConfig(strategy="fsdp", clip_ratio_low=lo, clip_ratio_high=hi, rollout_n=1,
+                         ppo_micro_batch_size_per_gpu=1, entropy_coeff=0.01)
+    config.global_batch_info.update(dp_size=1, global_batch_size=B, batch_num_tokens=mask.sum())
+    lp_ref, ent_ref = lp0.clone().requires_grad_(True), ent0.clone().requires_grad_(True)
+    pg, _ = core_algos.get_policy_loss_fn(policy)(old, lp_ref, adv.unsqueeze(-1).expand(B, T), mask, agg, config)
+    ref = pg - config.entropy_coeff * core_algos.agg_loss(ent_ref, mask, agg, **config.global_batch_info)
+    ref.backward()
+    lp_ours, ent_ours = lp0.clone().requires_grad_(True), ent0.clone().requires_grad_(True)
+    # verl's vanilla loss always applies its dual clip (clip_ratio_c, 3 by default)
+    dual = config.clip_ratio_c if policy == "vanilla" else None
+    ours, _ = grpo_loss(lp_ours, old, adv, mask, lo, hi, agg, clip_ratio_c=dual,
+                        policy_loss="clip" if policy == "vanilla" else policy, entropy=ent_ours,
+                        entropy_coef=config.entropy_coeff)
+    ours.backward()
+    name = f"entropy bonus {policy} {agg}"
+    close(f"{name}: loss", ours.detach().reshape(1), ref.detach().reshape(1), atol=1e-6, rtol=0)
+    close(f"{name}: gradient", lp_ours.grad, lp_ref.grad, atol=1e-6, rtol=0)
+    close(f"{name}: entropy gradient", ent_ours.grad, ent_ref.grad, atol=1e-9, rtol=0)
 seconds["total"] = time.monotonic() - t0
 print("\n@@result@@\n" + json.dumps({"checks": checks, "seconds": seconds}))

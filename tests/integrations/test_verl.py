@@ -78,6 +78,8 @@ def _assert_checks(result: dict, must_have: list[str]) -> None:
 # grpo.policy_loss against verl's `gspo` and `cispo` (verl_ops_driver.py): GSPO under the
 # aggregation its paper and verl use, CISPO under each one both projects offer
 POLICY_LOSSES = (("gspo", ["seq-mean-token-mean"]), ("cispo", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]))
+ENTROPY_BONUS = (("vanilla", "token-mean"), ("vanilla", "seq-mean-token-sum"), ("gspo", "seq-mean-token-mean"),
+                 ("cispo", "token-mean"), ("cispo", "seq-mean-token-mean"))
 
 
 def test_entry_point_is_setup_pys():
@@ -94,7 +96,9 @@ def test_plugin_registers_and_matches_verl(verl_python, plugin_site):
                             "no patch without the env var", "undo restores the originals exactly",
                             "linear_cross_entropy grads tau=0.6",
                             *(f"{p} {agg}{w}: {what}" for p, aggs in POLICY_LOSSES for agg in aggs
-                              for w in ("", " weighted") for what in ("loss", "gradient", "clip fraction"))])
+                              for w in ("", " weighted") for what in ("loss", "gradient", "clip fraction")),
+                            *(f"entropy bonus {p} {agg}: {what}" for p, agg in ENTROPY_BONUS
+                              for what in ("loss", "gradient", "entropy gradient"))])
     print(f"verl plain: {result['seconds']}")
 
 

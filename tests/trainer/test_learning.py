@@ -54,3 +54,25 @@ def test_each_policy_loss_learns(policy, tmp_path):
     vals = [r["val/accuracy"] for r in read_metrics(out) if "val/accuracy" in r]
     print(f"{policy}: warm start {vals[0]:.3f} -> final {vals[-1]:.3f}")
     assert vals[-1] - vals[0] >= 0.20, vals
+
+
+def test_the_entropy_bonus_keeps_the_entropy_up_and_still_learns(tmp_path):
+    """GRPO with grpo.entropy_coef=0.05 beside the same run without it (same seed, so step 1 is
+    the same): the policy's entropy stays above the coef-0 run's at most steps and on average,
+    and validation still rises 20 points. Measured (RESULTS §6): 137 of 150 steps above; at 0.2
+    the entropy grew until the policy fell apart."""
+    def run(coef: float) -> list[dict]:
+        out = tmp_path / f"coef{coef}"
+        subprocess.run([sys.executable, "-m", "reasonrl_fast.train", "algo=grpo", f"grpo.entropy_coef={coef}",
+                        f"trainer.output_dir={out}", f"sft.cache_dir={sft_cache(tmp_path)}", "trainer.progress=false"],
+                       cwd=ROOT, env=repo_env(), check=True, timeout=900)
+        return read_metrics(out)
+
+    off, on = run(0.0), run(0.05)
+    h_off, h_on = ([r["entropy/mean"] for r in rows if "entropy/mean" in r] for rows in (off, on))
+    above = sum(a > b for a, b in zip(h_on[1:], h_off[1:])) / (len(h_on) - 1)
+    vals = [r["val/accuracy"] for r in on if "val/accuracy" in r]
+    print(f"entropy_coef 0.05: mean entropy {sum(h_on) / len(h_on):.4f} against {sum(h_off) / len(h_off):.4f}, "
+          f"above at {above:.0%} of steps; validation {vals[0]:.3f} -> {vals[-1]:.3f}")
+    assert above >= 0.75 and sum(h_on) > sum(h_off), (h_on, h_off)
+    assert vals[-1] - vals[0] >= 0.20, vals
