@@ -150,6 +150,17 @@ def sync_bytes(s: Shape, params: int, c: int, world: int) -> int:
     return max(small, largest * (1 if rows % world == 0 else 2))
 
 
+def publish_bytes(s: Shape, params: int, c: int) -> int:
+    """The most a trainer rank holds at once, beyond its shard, while it publishes the weights to
+    the rollout workers (split placement, rollout/transport.py): one bucket in `c`-byte elements,
+    its shards gathered in place into one rank-major buffer that rank 0 sends as it is and the
+    receivers cut (runtime/shards.py), so no second copy: a bucket of parameters each under
+    SYNC_BUCKET_BYTES (below twice that), or the largest parameter alone (the padding of uneven
+    shards, under a row per rank and tensor, aside). Never more than the model's `params`."""
+    largest = max(s.vocab, s.intermediate) * s.hidden * c
+    return max(min(params * c, 2 * SYNC_BUCKET_BYTES), largest)
+
+
 # ---------------------------------------------------------------- the estimate
 
 
@@ -279,9 +290,9 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
         est.phases = ("publish", "update")
         est.rollout_workers = _rollout_role(cfg, s, layout, mem, engine, memory_gib)
         # every trainer rank takes part in gathering each bucket that rank 0 sends
-        add(Term("weight publish buckets", _gib(sync_bytes(s, lm, eb, world)), 0,
-                 f"one bucket gathered in {layout.rollout_dtype} + its full tensors, or the largest "
-                 f"parameter alone"))
+        add(Term("weight publish buckets", _gib(publish_bytes(s, lm, eb)), 0,
+                 f"one bucket gathered in {layout.rollout_dtype} and sent as it is, or the largest parameter "
+                 f"alone"))
     else:
         est.problems += mem.problems
         est.engine_sequences = mem.sequences

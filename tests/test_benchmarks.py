@@ -47,6 +47,7 @@ SMOKE = {
     "bench_sandbox.py": "test_sandbox_bench_smoke (proc)",
     "bench_genrm_server.py": "test_genrm_server_bench_smoke_writes_its_section_and_figure (proc)",
     "bench_checkpoint.py": "test_checkpoint_bench_smoke (proc)",
+    "bench_transport.py": "test_transport_bench_smoke (proc)",
     "bench_rewards.py": "test_rewards_bench_smoke_writes_its_section (proc)",
     "hang_reward.py": "tests/trainer/test_rewards_in_loop.py (e2e, through tests/helpers/faulty_rewards.py)",
     "gpu_smoke.py": "test_gpu_smoke_runs_a_trainer_step_on_cpu (e2e)",
@@ -737,6 +738,13 @@ def test_genrm_server_bench_smoke_writes_its_section_and_figure(tmp_path):
 def test_checkpoint_bench_smoke():
     out = _script("bench_checkpoint.py", "--smoke")
     assert "| default run (tiny Qwen2 + Z-head + AdamW) | " in out and "| synthetic, 2 shards | 10." in out, out
+
+
+def test_transport_bench_smoke():
+    out = _script("bench_transport.py", "--world", "2", "--mib", "2", "--repeats", "2")
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 2 | ")]
+    assert [r[1] for r in rows] == ["all_gather", "broadcast rows"], out
+    assert all(float(r[2]) > 0 and float(r[3].rstrip(" |")) >= 0 for r in rows), out
 
 
 def test_rewards_bench_smoke_writes_its_section(tmp_path):

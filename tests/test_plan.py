@@ -463,6 +463,9 @@ def test_the_weight_syncs_bytes_by_hand():
     assert plan.sync_bytes(s, s.params, 2, 7) == 2 * big
     tiny = tiny_shape(load_config().model)
     assert plan.sync_bytes(tiny, tiny.params, 4, 2) == 2 * tiny.params * 4
+    # publishing (split placement) sends the gathered buffer as it is: never the second copy
+    assert plan.publish_bytes(s, s.params, 2) == big
+    assert plan.publish_bytes(tiny, tiny.params, 4) == tiny.params * 4
 
 
 # ---------------------------------------------------------------- split placement
@@ -482,6 +485,7 @@ def test_split_placement_plans_each_role_by_itself():
     assert set(trainer) - set(both) == {"weight publish buckets"}
     for name in set(trainer) & set(both):
         assert (trainer[name].rollout, trainer[name].update) == (both[name].rollout, both[name].update), name
+    # the embeddings alone, their rows even over 64 ranks: the sync needs no second copy either
     assert trainer["weight publish buckets"].rollout == both["weight sync buckets"].rollout
     assert est.update == pytest.approx(colocated.update) and est.phases == ("publish", "update")
     assert est.world == 64 and est.engine_sequences is None

@@ -1,15 +1,18 @@
 """The weight transport of split placement: a gloo group of its own (its own TCPStore, no
 default group involved) over the trainer's rank 0 (transport rank 0, the sender) and every
-rollout worker (ranks 1..R). The trainer's workers gather the full tensors one bucket at a time
-(trainer/fsdp.py `iter_full`, a collective over their own group); rank 0 packs each bucket into
-one flat buffer and broadcasts it, the rollout workers unpack it into their engines. Each publish
-starts with a header (its version, the tensor count) that a receiver checks against what it
-expects, so a sender and a receiver out of step fail at once instead of loading wrong weights.
+rollout worker (ranks 1..R). The trainer's workers all-gather their shards one bucket at a time
+(trainer/fsdp.py `gather_rank_major`, a collective over their own group) into one buffer in the
+rank-major layout (runtime/shards.py); rank 0 broadcasts that buffer as it is, and the rollout
+workers cut the full tensors out of it into their engines. So a trainer rank holds its shard and
+one bucket, never a second copy of the bucket (the layout's shard count goes to the receivers once,
+with the metadata). Each publish starts with a header (its version, the tensor count) that a
+receiver checks against what it expects, so a sender and a receiver out of step fail at once
+instead of loading wrong weights.
 The header is an all-reduce, which ends only once every rank is in the publish: the sender times
 the transfer from there, without its wait for a rollout worker still generating.
 
-Both sides cut the same buckets from the same metadata (`buckets`): the names, shapes and the one
-dtype sent, which the trainer's rank 0 gives the driver once at setup. The buffers travel on the
+Both sides cut the same buckets from the same metadata (`buckets`): the names, shapes, the one
+dtype sent and the layout's shard count, which the trainer's rank 0 gives the driver once at setup. The buffers travel on the
 CPU (gloo): on GPU nodes NCCL would be faster (verl and vLLM build a stateless NCCL communicator
 for this); the protocol would not change."""
 
@@ -23,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from reasonrl_fast.runtime import shards
 from reasonrl_fast.runtime.distributed import loopback_store
 
 Meta = list[tuple[str, tuple[int, ...]]]  # (name, shape) in the order the sender sends them
@@ -45,6 +49,24 @@ def buckets(meta: Meta, itemsize: int, bucket_bytes: int) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
+
+
+def pack(named, meta: Meta, dtype: torch.dtype, bucket_bytes: int):
+    """The buffers `Transport.send` takes, from (name, full tensor)s in `meta`'s order: each
+    bucket's tensors cast to `dtype` and copied back to back (the layout of one shard)."""
+    it = iter(named)
+    for idx in buckets(meta, dtype.itemsize, bucket_bytes):
+        flat = torch.empty(sum(math.prod(meta[i][1]) for i in idx), dtype=dtype)
+        off = 0
+        for i in idx:
+            name, t = next(it)
+            if name != meta[i][0] or tuple(t.shape) != tuple(meta[i][1]):
+                raise RuntimeError(f"weight transport: sending {name} {tuple(t.shape)} where the receivers "
+                                   f"expect {meta[i][0]} {tuple(meta[i][1])}")
+            flat[off:off + t.numel()] = t.reshape(-1)  # cast and moved to the CPU as copied
+            off += t.numel()
+            del t
+        yield flat
 
 
 class Transport:
@@ -74,45 +96,43 @@ class Transport:
         got, n = head.tolist()
         return got, n
 
-    def send(self, named, meta: Meta, version: int, dtype: torch.dtype, bucket_bytes: int) -> tuple[int, float]:
-        """Rank 0: broadcast the (name, full tensor)s of `named` (in `meta`'s order, each cast to
-        `dtype`) as version `version`, a bucket at a time; returns (the bytes sent, the seconds
-        from the moment every receiver had joined: the gathers, casts and broadcasts)."""
+    def send(self, bufs, meta: Meta, version: int, dtype: torch.dtype, bucket_bytes: int,
+             world: int = 1) -> tuple[int, float]:
+        """Rank 0: broadcast version `version`, a bucket at a time: `bufs` yields each bucket of
+        `buckets(meta, ...)` as one flat buffer of `dtype` in the rank-major layout of `world`
+        shards (runtime/shards.py: the trainer's all-gather output as it is; `pack` makes them
+        from full tensors). Returns (the bytes sent, the seconds from the moment every receiver
+        had joined: the gathers, casts and broadcasts)."""
         self._header(version, len(meta))
         t0 = time.perf_counter()
-        it = iter(named)
+        it = iter(bufs)
         sent = 0
         for idx in buckets(meta, dtype.itemsize, bucket_bytes):
-            flat = torch.empty(sum(math.prod(meta[i][1]) for i in idx), dtype=dtype)
-            off = 0
-            for i in idx:
-                name, t = next(it)
-                if name != meta[i][0] or tuple(t.shape) != tuple(meta[i][1]):
-                    raise RuntimeError(f"weight transport: sending {name} {tuple(t.shape)} where the receivers "
-                                       f"expect {meta[i][0]} {tuple(meta[i][1])}")
-                flat[off:off + t.numel()] = t.reshape(-1)  # cast and moved to the CPU as copied
-                off += t.numel()
-                del t
+            flat = next(it)
+            want = world * sum(shards.slots([meta[i][1] for i in idx], world))
+            if flat.dtype != dtype or flat.numel() != want:
+                raise RuntimeError(f"weight transport: a bucket of {flat.numel()} {flat.dtype} elements where the "
+                                   f"receivers expect {want} {dtype} ({meta[idx[0]][0]}...: {len(idx)} tensors in "
+                                   f"{world} shards)")
+            flat = flat.cpu()
             self._broadcast(flat)
             sent += flat.numel() * flat.element_size()
+            del flat
         return sent, time.perf_counter() - t0
 
-    def receive(self, meta: Meta, version: int, dtype: torch.dtype, bucket_bytes: int):
-        """Ranks 1..: the (name, tensor)s of version `version`, a bucket at a time (each tensor
-        a view of its bucket's buffer: a consumer copies it before the next arrives)."""
+    def receive(self, meta: Meta, version: int, dtype: torch.dtype, bucket_bytes: int, world: int = 1):
+        """Ranks 1..: the (name, tensor)s of version `version`, a bucket at a time, cut out of the
+        rank-major buffer of `world` shards the sender broadcasts (each tensor a view of its
+        bucket's buffer or a copy: a consumer copies it before the next arrives)."""
         got, count = self._header(0, 0)
         if (got, count) != (version, len(meta)):
             raise RuntimeError(f"weight transport: version {got} with {count} tensors arrived where version "
                                f"{version} with {len(meta)} was expected")
         for idx in buckets(meta, dtype.itemsize, bucket_bytes):
-            flat = torch.empty(sum(math.prod(meta[i][1]) for i in idx), dtype=dtype)
+            shapes = [meta[i][1] for i in idx]
+            flat = torch.empty(world * sum(shards.slots(shapes, world)), dtype=dtype)
             self._broadcast(flat)
-            off = 0
-            for i in idx:
-                name, shape = meta[i]
-                n = math.prod(shape)
-                yield name, flat[off:off + n].view(shape)
-                off += n
+            yield from zip([meta[i][0] for i in idx], shards.unpack(flat, shapes, world))
 
     def close(self) -> None:
         self.pg = None

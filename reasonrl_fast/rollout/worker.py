@@ -118,13 +118,13 @@ class RolloutWorker:
 
         self.transport = Transport(host, port, rank, size, self.cfg.trainer.collective_timeout_s)
 
-    def receive_weights(self, meta: list, dtype: str, version: int) -> int:
+    def receive_weights(self, meta: list, dtype: str, version: int, shards: int) -> int:
         """Load version `version` of the weights from the transport (the trainer publishes it
-        at once); returns the version now loaded."""
+        at once, in the rank-major layout of `shards` shards); returns the version now loaded."""
         from reasonrl_fast.layout import SYNC_BUCKET_BYTES
 
         self._note_idle()
-        self.load_weights(self.transport.receive(meta, version, torch_dtype(dtype), SYNC_BUCKET_BYTES))
+        self.load_weights(self.transport.receive(meta, version, torch_dtype(dtype), SYNC_BUCKET_BYTES, shards))
         self.version = version
         self._busy_until = time.perf_counter()
         return version

@@ -98,16 +98,16 @@ class Cluster:
             [(self.group, [self.workers[0].open_transport.remote(host, port, size)]),
              (self.rollout, [a.join_transport.remote(host, port, 1 + i, size) for i, a in enumerate(rollout)])],
             "transport")
-        self._meta, self._dtype = opened[0]
+        self._meta, self._dtype, self._shards = opened[0]
         self.publish(0)
 
     def publish(self, version: int) -> dict:
         """Split placement: the trainer's weights to every rollout worker as `version` (after
         whatever each has queued before it); returns its metrics (`publish_metrics`)."""
         t0 = time.perf_counter()
+        receive = [a.receive_weights.remote(self._meta, self._dtype, version, self._shards) for a in self.rollout.actors]
         sent, _ = WorkerGroup.gather_all(
-            [(self.group, [w.publish.remote(self._meta, version) for w in self.workers]),
-             (self.rollout, [a.receive_weights.remote(self._meta, self._dtype, version) for a in self.rollout.actors])],
+            [(self.group, [w.publish.remote(self._meta, version) for w in self.workers]), (self.rollout, receive)],
             "weight transport")
         self.version = version
         return publish_metrics(sent, time.perf_counter() - t0)

@@ -4,7 +4,6 @@ then the root (so the root holds embeddings, final norm, LM head and the Z-head)
 
 from __future__ import annotations
 
-import math
 import socket
 
 import torch
@@ -14,6 +13,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from reasonrl_fast.layout import SYNC_BUCKET_BYTES
 from reasonrl_fast.models.loading import decoder_layers
+from reasonrl_fast.runtime import shards
 from reasonrl_fast.runtime.distributed import init_process_group
 
 
@@ -52,52 +52,79 @@ def replicate(module: torch.nn.Module, mesh, device: torch.device) -> torch.nn.M
                                    device_ids=[device.index] if device.type == "cuda" else None)
 
 
+def _flat(p: torch.Tensor) -> bool:
+    """Whether `p` is a dim-0 shard of a one-dimensional mesh, as `fully_shard` makes them."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return isinstance(p, DTensor) and p.dim() > 0 and p.device_mesh.ndim == 1 and tuple(p.placements) == (Shard(0),)
+
+
+def rank_major_world(params: list[torch.Tensor]) -> int:
+    """The shards of the rank-major layout `gather_rank_major` gives `params` in (runtime/shards.py):
+    its mesh's size where every one is a dim-0 shard of one mesh (FSDP2), else 1 (full tensors: a
+    replica's, DDP's)."""
+    if params and all(_flat(p) for p in params) and len({id(p.device_mesh) for p in params}) == 1:
+        return params[0].device_mesh.size()
+    return 1
+
+
+def gather_rank_major(params: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """One buffer of `dtype` that holds the full tensors of `params` in the rank-major layout of
+    `rank_major_world(params)` shards (a collective where that is above 1: every rank calls it with
+    the same parameters in the same order). Each rank packs its shards into its own row of the
+    output and the rows are gathered in place, so the bucket is held once. With one shard the full tensors
+    are copied in back to back, cast as they are copied."""
+    world = rank_major_world(params)
+    shapes = [tuple(p.shape) for p in params]
+    sizes = shards.slots(shapes, world)  # (a DTensor's shape is its full shape: no collective)
+    device = params[0].to_local().device if world > 1 else (params[0].device if params else None)
+    out = torch.zeros(world * sum(sizes), dtype=dtype, device=device)
+    if world == 1:
+        off = 0
+        for p, size in zip(params, sizes):
+            out[off:off + size] = full_tensor(p).reshape(-1)
+            off += size
+        return out
+    mesh = params[0].device_mesh
+    group, rows = mesh.get_group(), out.view(world, -1)
+    mine = rows[mesh.get_local_rank()]
+    off = 0
+    for p, size in zip(params, sizes):
+        shard = p.to_local().reshape(-1)
+        mine[off:off + shard.numel()] = shard  # cast to the buffer's dtype as it is copied
+        off += size
+    if dist.get_backend(group) == "gloo":
+        # gloo's all-gather stages its output in a buffer of its own: rank 0 held 2 to 2.5
+        # buckets through it, against 1 for a broadcast of each rank's row in place, which was
+        # no slower (benchmarks/RESULTS.md §21)
+        for k in range(world):
+            dist.broadcast(rows[k], src=dist.get_global_rank(group, k), group=group)
+    else:  # nccl gathers in place
+        dist.all_gather_into_tensor(out, mine, group=group)
+    return out
+
+
 def gather_full(params: list[torch.Tensor], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
     """The full tensors of FSDP2-sharded parameters (dim-0 shards, as `fully_shard` makes them)
     with one all-gather per dtype instead of one per parameter (a collective: every rank calls it
-    with the same parameters in the same order). Each rank packs its shards into one buffer, each
-    parameter in a slot of its largest shard's size; rank r's shard of a parameter with d rows is
-    torch.chunk's r-th piece (ceil(d / world) rows, fewer or none at the end). `dtype`: the
-    floating-point shards are cast to it before the gather (the rollout engine's dtype: float32
-    masters reach a bf16 engine in half the bytes, rounded as its loader would round them).
-    Anything else (a plain tensor, another placement) goes through `full_tensor`, uncast."""
-    from torch.distributed.tensor import DTensor, Shard
-
+    with the same parameters in the same order), cut out of the rank-major buffer of
+    `gather_rank_major` (runtime/shards.py: a lone parameter in even shards is a view of it, no
+    second copy). `dtype`: the floating-point shards are cast to it before the gather (the rollout
+    engine's dtype: float32 masters reach a bf16 engine in half the bytes, rounded as its loader
+    would round them). Anything else (a plain tensor, another placement) goes through
+    `full_tensor`, uncast."""
     out: list[torch.Tensor | None] = [None] * len(params)
     groups: dict[torch.dtype, list[int]] = {}
     for i, p in enumerate(params):
-        flat = (isinstance(p, DTensor) and p.dim() > 0 and p.device_mesh.ndim == 1
-                and tuple(p.placements) == (Shard(0),))
-        if flat:
+        if _flat(p):
             groups.setdefault(_sent_as(p.dtype, dtype), []).append(i)
         else:
             out[i] = full_tensor(p)
     for sent, idx in groups.items():
-        mesh = params[idx[0]].device_mesh
-        world, group = mesh.size(), mesh.get_group()
-        rows = [-(-params[i].shape[0] // world) for i in idx]  # the largest shard's rows
-        per_row = [math.prod(params[i].shape[1:]) for i in idx]  # (indexing a DTensor is a collective)
-        slots = [r * w for r, w in zip(rows, per_row)]
-        local = params[idx[0]].to_local()
-        buf = torch.zeros(sum(slots), dtype=sent, device=local.device)
-        off = 0
-        for i, slot in zip(idx, slots):
-            shard = params[i].to_local().reshape(-1)
-            buf[off:off + shard.numel()] = shard  # cast to the buffer's dtype as it is copied
-            off += slot
-        gathered = torch.empty(world * buf.numel(), dtype=sent, device=buf.device)
-        dist.all_gather_into_tensor(gathered, buf, group=group)
-        gathered = gathered.view(world, -1)
-        if len(idx) == 1 and rows[0] * world == params[idx[0]].shape[0]:
-            # one parameter in even shards: the gathered rows are the full tensor, no second copy
-            out[idx[0]] = gathered.view(params[idx[0]].shape)
-            continue
-        off = 0
-        for i, r, w, slot in zip(idx, rows, per_row, slots):
-            shape, d = params[i].shape, params[i].shape[0]
-            pieces = [gathered[k, off:off + max(0, min(r, d - k * r)) * w] for k in range(world)]
-            out[i] = torch.cat(pieces).view(shape)
-            off += slot
+        group = [params[i] for i in idx]
+        buf = gather_rank_major(group, sent)
+        for i, t in zip(idx, shards.unpack(buf, [tuple(p.shape) for p in group], rank_major_world(group))):
+            out[i] = t
     return out
 
 

@@ -30,7 +30,8 @@ from reasonrl_fast.models.loading import (enable_checkpointing, load_model, load
 from reasonrl_fast.rollout.worker import RolloutWorker
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer import update
-from reasonrl_fast.trainer.fsdp import full_tensor, init_distributed, iter_full, replicate, shard
+from reasonrl_fast.trainer.fsdp import (full_tensor, gather_rank_major, init_distributed, iter_full, rank_major_world,
+                                        replicate, shard)
 from reasonrl_fast.trainer.policy import Actor
 from reasonrl_fast.util import derive_seed
 from reasonrl_fast.trainer.optim import make_optimizer
@@ -218,29 +219,38 @@ class Worker(RolloutWorker):
         self._transport_listen = rendezvous_socket(host)
         return host, self._transport_listen.getsockname()[1]
 
-    def open_transport(self, host: str, port: int, size: int) -> tuple[list, str]:
+    def open_transport(self, host: str, port: int, size: int) -> tuple[list, str, int]:
         """Rank 0: transport rank 0 (the sender) of `size`; returns what the receivers need:
-        the weights' (name, shape)s in the order they are sent, and the dtype sent."""
+        the weights' (name, shape)s in the order they are sent, the dtype sent and the shards of
+        the rank-major layout they arrive in (runtime/shards.py)."""
         from reasonrl_fast.rollout.transport import Transport
 
         self.transport = Transport(host, port, 0, size, self.cfg.trainer.collective_timeout_s,
                                    getattr(self, "_transport_listen", None))
         meta = [(name[len(LM_PREFIX):], tuple(p.shape)) for name, p in self.actor.named_parameters()
                 if name.startswith(LM_PREFIX)]
-        return meta, self.layout.rollout_dtype
+        return meta, self.layout.rollout_dtype, rank_major_world(self._lm_params())
+
+    def _lm_params(self) -> list[torch.Tensor]:
+        return [p.detach() for name, p in self.actor.named_parameters() if name.startswith(LM_PREFIX)]
 
     def publish(self, meta: list, version: int) -> dict:
-        """Every rank: gather the full weights a bucket at a time; rank 0 broadcasts them as
-        version `version` to the rollout workers (which call `receive_weights` at once) and
-        returns the transfer's seconds and bytes (cluster.py `publish_metrics`)."""
+        """Every rank: all-gather the weights a bucket at a time into one rank-major buffer
+        (fsdp.py `gather_rank_major`); rank 0 broadcasts each as it is, as version `version`, to
+        the rollout workers (which call `receive_weights` at once and unpack it), so no rank holds
+        a bucket twice, and returns the transfer's seconds and bytes (cluster.py
+        `publish_metrics`)."""
         from reasonrl_fast.layout import SYNC_BUCKET_BYTES
+        from reasonrl_fast.rollout.transport import buckets
 
-        named = self._full_weights()
+        params, dtype = self._lm_params(), torch_dtype(self.layout.rollout_dtype)
+        bufs = (gather_rank_major([params[i] for i in idx], dtype)
+                for idx in buckets(meta, dtype.itemsize, SYNC_BUCKET_BYTES))
         if self.rank == 0:
-            sent, transfer_s = self.transport.send(named, meta, version, torch_dtype(self.layout.rollout_dtype),
-                                                   SYNC_BUCKET_BYTES)
+            sent, transfer_s = self.transport.send(bufs, meta, version, dtype, SYNC_BUCKET_BYTES,
+                                                   rank_major_world(params))
             return {"time/transport_s": transfer_s, "perf/sync_gb": sent / 2**30}
-        for _ in named:  # the gathers are collectives: every rank runs them
+        for _ in bufs:  # the gathers are collectives: every rank runs them
             pass
         return {}
 

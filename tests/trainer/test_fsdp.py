@@ -22,3 +22,20 @@ def test_actor_with_a_zhead_shards_and_trains_in_its_master_dtype(dtype, tmp_pat
     rc, out, err = torchrun("zhead_shard_child.py", 2, [dtype], tmp_path, timeout=120)
     assert rc == 0, out[-2000:] + err[-3000:]
     assert f"OK 33 parameters in {dtype} on 2 ranks" in out, out
+
+
+def test_publishing_holds_one_bucket_beyond_the_shard(tmp_path, monkeypatch):
+    """Trainer rank 0's peak while it publishes an FSDP2 model to a rollout worker
+    (transport_memory_child.py): its shard plus one bucket, the all-gathered buffer sent as it is;
+    cutting the full tensors out on the sender and packing them again holds a second bucket, which
+    the same measurement sees. glibc returns every freed block of 64 KiB or more at once
+    (MALLOC_MMAP_THRESHOLD_), so the peak resident set is the peak of live memory."""
+    import json
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    rc, out, err = torchrun("transport_memory_child.py", 2, [], tmp_path, timeout=180)
+    assert rc == 0, out[-2000:] + err[-3000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    print(got)
+    assert got["rank_major_mib"] <= 1.1 * got["bucket_mib"] + 2, got
+    assert got["unpacked_mib"] >= 1.8 * got["bucket_mib"], got

@@ -45,7 +45,7 @@ def test_the_transport_delivers_identical_weights_in_buckets_with_their_version(
 
     import torch
 
-    from reasonrl_fast.rollout.transport import Transport, buckets, checksum
+    from reasonrl_fast.rollout.transport import Transport, buckets, checksum, pack
     from reasonrl_fast.runtime.distributed import rendezvous_socket
 
     torch.manual_seed(0)
@@ -75,7 +75,7 @@ def test_the_transport_delivers_identical_weights_in_buckets_with_their_version(
     threads = [threading.Thread(target=lambda r: (time.sleep(late), receive(r, 3)), args=(r,)) for r in (1, 2)]
     [t.start() for t in threads]
     t0 = time.perf_counter()
-    sent, transfer_s = ends[0].send(iter(weights), meta, 3, torch.bfloat16, 200)
+    sent, transfer_s = ends[0].send(pack(iter(weights), meta, torch.bfloat16, 200), meta, 3, torch.bfloat16, 200)
     wall = time.perf_counter() - t0
     [t.join() for t in threads]
     assert sent == sum(t.numel() for _, t in weights) * 2
@@ -96,6 +96,27 @@ def test_the_transport_delivers_identical_weights_in_buckets_with_their_version(
     [t.join() for t in threads]
     assert all(isinstance(got[r], RuntimeError) and "version 5 with 0 tensors arrived where version 4" in str(got[r])
                for r in (1, 2))
+
+    # the trainer's all-gather output as it is: 3 shards' rank-major buffers (runtime/shards.py),
+    # each rank's torch.chunk pieces in slots of the largest, cut back into full tensors
+    from reasonrl_fast.runtime.shards import slots
+
+    def rank_major(idx, world=3):
+        parts = []
+        for k in range(world):
+            for i, size in zip(idx, slots([meta[i][1] for i in idx], world)):
+                t = weights[i][1].to(torch.bfloat16)
+                piece = t.chunk(world)[k].reshape(-1) if k < len(t.chunk(world)) else t[:0].reshape(-1)
+                parts += [piece, torch.zeros(size - piece.numel(), dtype=torch.bfloat16)]
+        return torch.cat(parts)
+
+    threads = [threading.Thread(target=lambda r: got.__setitem__(r, [(n, t.clone()) for n, t in ends[r].receive(
+        meta, 6, torch.bfloat16, 200, 3)]), args=(r,)) for r in (1, 2)]
+    [t.start() for t in threads]
+    sent3, _ = ends[0].send((rank_major(idx) for idx in buckets(meta, 2, 200)), meta, 6, torch.bfloat16, 200, 3)
+    [t.join() for t in threads]
+    assert checksum(got[1]) == checksum(got[2]) == want
+    assert sent3 > sent  # the shards' padding travels too (w0's 3 rows in 3 shards: none; w1's 4: 2 rows)
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])
@@ -180,19 +201,30 @@ def test_generation_runs_at_most_k_steps_ahead_and_each_is_trained_once(k, tmp_p
 
 
 @pytest.mark.e2e
-def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(ray_local, tmp_path):
-    """One trainer worker and one rollout worker on Ray: the rollout worker's engine holds the
+@pytest.mark.e2e
+@pytest.mark.parametrize("workers,sharding", [(1, "auto"), (2, "fsdp")])
+def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(tmp_path, workers, sharding):
+    """Trainer workers (one; two FSDP2 ranks, whose shards of uneven rows arrive in the
+    rank-major layout) and one rollout worker on Ray: the rollout worker's engine holds the
     trainer's weights bit for bit (equal checksums) after setup's version 0 and after an update's
     publish, and the update did change them."""
     from reasonrl_fast.trainer.cluster import Cluster
     from tests.helpers.model_dirs import model_dir
 
     path = model_dir(tmp_path / "m", "llama")
-    cfg = load_config(None, [f"model.path={path}", "trainer.placement=split", "trainer.workers_per_node=1",
-                             "rollout.workers=1", "rollout.n=2", "rollout.max_new_tokens=6", "data.prompts_per_step=2",
-                             "optim.mini_batch_prompts=2", "optim.lr=1e-2", f"trainer.output_dir={tmp_path / 'run'}"])
-    cluster = Cluster(cfg, str(path))
+    cfg = load_config(None, [f"model.path={path}", "trainer.placement=split", f"trainer.workers_per_node={workers}",
+                             f"trainer.sharding={sharding}", "rollout.workers=1", "rollout.n=2",
+                             "rollout.max_new_tokens=6", "data.prompts_per_step=2", "optim.mini_batch_prompts=2",
+                             "optim.lr=1e-2", f"trainer.output_dir={tmp_path / 'run'}"])
+    import ray
+
+    # a CPU for each trainer worker and the rollout worker
+    ray.init(address="local", num_cpus=workers + 1, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    cluster = None
     try:
+        cluster = Cluster(cfg, str(path))
+        assert cluster._shards == workers  # the layout the receivers cut: the trainer's shard count
         trainer, (rollout,) = cluster.weights_checksums()
         assert trainer == rollout and cluster.version == 0
         pending = cluster.submit([[5, 6, 7], [8, 9]], 2, 1.0, 1.0, 1)
@@ -203,7 +235,9 @@ def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(ray_loc
         trained, (loaded,) = cluster.weights_checksums()
         assert trained == loaded and trained != trainer
     finally:
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        ray.shutdown()
 
 
 @pytest.mark.parametrize("k", [0, 1])
