@@ -12,7 +12,8 @@ The header is an all-reduce, which ends only once every rank is in the publish: 
 the transfer from there, without its wait for a rollout worker still generating.
 
 Both sides cut the same buckets from the same metadata (`buckets`): the names, shapes, the one
-dtype sent and the layout's shard count, which the trainer's rank 0 gives the driver once at setup. The buffers travel on the
+dtype sent and the layout's shard count, which the trainer's rank 0 gives the driver once at
+setup. The buffers travel on the
 CPU (gloo): on GPU nodes NCCL would be faster (verl and vLLM build a stateless NCCL communicator
 for this); the protocol would not change."""
 

@@ -105,7 +105,8 @@ class Cluster:
         """Split placement: the trainer's weights to every rollout worker as `version` (after
         whatever each has queued before it); returns its metrics (`publish_metrics`)."""
         t0 = time.perf_counter()
-        receive = [a.receive_weights.remote(self._meta, self._dtype, version, self._shards) for a in self.rollout.actors]
+        receive = [a.receive_weights.remote(self._meta, self._dtype, version, self._shards)
+                   for a in self.rollout.actors]
         sent, _ = WorkerGroup.gather_all(
             [(self.group, [w.publish.remote(self._meta, version) for w in self.workers]), (self.rollout, receive)],
             "weight transport")

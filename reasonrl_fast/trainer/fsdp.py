@@ -72,8 +72,8 @@ def gather_rank_major(params: list[torch.Tensor], dtype: torch.dtype) -> torch.T
     """One buffer of `dtype` that holds the full tensors of `params` in the rank-major layout of
     `rank_major_world(params)` shards (a collective where that is above 1: every rank calls it with
     the same parameters in the same order). Each rank packs its shards into its own row of the
-    output and the rows are gathered in place, so the bucket is held once. With one shard the full tensors
-    are copied in back to back, cast as they are copied."""
+    output and the rows are gathered in place, so the bucket is held once. With one shard the
+    full tensors are copied in back to back, cast as they are copied."""
     world = rank_major_world(params)
     shapes = [tuple(p.shape) for p in params]
     sizes = shards.slots(shapes, world)  # (a DTensor's shape is its full shape: no collective)
@@ -106,7 +106,7 @@ def gather_rank_major(params: list[torch.Tensor], dtype: torch.dtype) -> torch.T
 
 def gather_full(params: list[torch.Tensor], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
     """The full tensors of FSDP2-sharded parameters (dim-0 shards, as `fully_shard` makes them)
-    with one all-gather per dtype instead of one per parameter (a collective: every rank calls it
+    with one gather per dtype instead of one per parameter (a collective: every rank calls it
     with the same parameters in the same order), cut out of the rank-major buffer of
     `gather_rank_major` (runtime/shards.py: a lone parameter in even shards is a view of it, no
     second copy). `dtype`: the floating-point shards are cast to it before the gather (the rollout

@@ -235,7 +235,7 @@ class Worker(RolloutWorker):
         return [p.detach() for name, p in self.actor.named_parameters() if name.startswith(LM_PREFIX)]
 
     def publish(self, meta: list, version: int) -> dict:
-        """Every rank: all-gather the weights a bucket at a time into one rank-major buffer
+        """Every rank: gather the weights a bucket at a time into one rank-major buffer
         (fsdp.py `gather_rank_major`); rank 0 broadcasts each as it is, as version `version`, to
         the rollout workers (which call `receive_weights` at once and unpack it), so no rank holds
         a bucket twice, and returns the transfer's seconds and bytes (cluster.py
