@@ -14,7 +14,7 @@ CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 VERL = {"optim.betas": [0.9, 0.999], "optim.lr": 1e-6, "optim.grad_clip": 1.0, "model.dtype": "float32",
         "grpo.loss_agg": "token-mean", "grpo.kl_coef": 0.0}
 
-# verl recipe/fapo/run_fapo_7b.sh, run_baseline.sh, run_fapo_32b.sh
+# verl recipe/fapo/run_fapo_7b.sh, run_baseline_7b.sh, run_fapo_32b.sh
 FAPO = {**VERL, "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "grpo.clip_low": 0.2,
         "grpo.clip_high": 0.28, "grpo.clip_ratio_c": 10.0, "rollout.n": 8, "data.prompts_per_step": 512,
         "optim.mini_batch_prompts": 32, "data.max_prompt_length": 2048, "grpo.overlong_buffer": 4096,
