@@ -2,9 +2,11 @@
 freed buffer leaves the resident set at once): what trainer rank 0 holds beyond its shard while
 it publishes an FSDP2-sharded model to a rollout worker (a subprocess, transport rank 1), a
 bucket at a time, measured as the rise of its peak resident set (VmHWM, reset before each
-publish) over its resident set before. Two ways: the publish's (fsdp.py `gather_rank_major`, the
-all-gather output broadcast as it is) and the full tensors cut out on the sender and packed again
-(`iter_full` + transport.py `pack`). Prints one line of numbers on rank 0."""
+publish) over its resident set before. Three ways: the publish's (fsdp.py `gather_rank_major`,
+the gathered buffer broadcast as it is); the same holding a copy of each bucket (the control: a
+second bucket the measurement must see); the full tensors cut out on the sender and packed again
+(`iter_full` + transport.py `pack`, reported only: its peak depends on when the cut tensors
+are freed). Prints one line of numbers on rank 0."""
 
 import json
 import math
@@ -30,7 +32,7 @@ import sys, torch
 from reasonrl_fast.rollout.transport import Transport
 meta, world, bucket = eval(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 t = Transport("127.0.0.1", int(sys.argv[1]), 1, 2, 120)
-for version, shards in ((1, world), (2, 1)):
+for version, shards in ((1, world), (2, world), (3, 1)):
     for _ in t.receive(meta, version, torch.bfloat16, bucket, shards):
         pass
 print("received", flush=True)
@@ -86,15 +88,29 @@ def publish(bufs, layout: int) -> int:
     return rss("VmHWM") - before
 
 
+def holding_a_copy():
+    """The publish's buffers, each with a copy of it held until the next: a second bucket that the
+    measurement must see (the control)."""
+    held = None
+    for idx in idx_of:
+        buf = gather_rank_major([params[i] for i in idx], DTYPE)
+        held = buf.clone()
+        yield buf
+    del held
+
+
 version = 1
 rank_major = publish((gather_rank_major([params[i] for i in idx], DTYPE) for idx in idx_of), shards)
 version = 2
+control = publish(holding_a_copy(), shards)
+version = 3
 unpacked = publish(pack(iter_full(named, BUCKET, DTYPE), meta, DTYPE, BUCKET), 1)
 dist.barrier()
 if rank == 0:
     assert receiver.wait(timeout=120) == 0
     largest = max(sum(math.prod(meta[i][1]) for i in idx) * DTYPE.itemsize for idx in idx_of)
-    print(json.dumps({"bucket_mib": largest / MIB, "rank_major_mib": rank_major / MIB, "unpacked_mib": unpacked / MIB,
+    print(json.dumps({"bucket_mib": largest / MIB, "rank_major_mib": rank_major / MIB, "control_mib": control / MIB,
+                      "unpacked_mib": unpacked / MIB,
                       "shard_mib": sum(p.to_local().numel() * p.element_size() for p in params) / MIB}), flush=True)
 dist.destroy_process_group()
 os._exit(0)  # as fsdp_gather_child.py: no interpreter teardown under a gloo thread

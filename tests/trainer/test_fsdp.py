@@ -26,10 +26,11 @@ def test_actor_with_a_zhead_shards_and_trains_in_its_master_dtype(dtype, tmp_pat
 
 def test_publishing_holds_one_bucket_beyond_the_shard(tmp_path, monkeypatch):
     """Trainer rank 0's peak while it publishes an FSDP2 model to a rollout worker
-    (transport_memory_child.py): its shard plus one bucket, the all-gathered buffer sent as it is;
-    cutting the full tensors out on the sender and packing them again holds a second bucket, which
-    the same measurement sees. glibc returns every freed block of 64 KiB or more at once
-    (MALLOC_MMAP_THRESHOLD_), so the peak resident set is the peak of live memory."""
+    (transport_memory_child.py): its shard plus one bucket, the gathered buffer sent as it is; the
+    same publish holding a copy of each bucket shows a second one, so the measurement sees it.
+    glibc returns every freed block of 64 KiB or more at once (MALLOC_MMAP_THRESHOLD_), so the
+    peak resident set is the peak of live memory (alone: 40.1 MiB for a 40 MiB bucket; 44.6 on a
+    loaded machine)."""
     import json
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
@@ -37,5 +38,5 @@ def test_publishing_holds_one_bucket_beyond_the_shard(tmp_path, monkeypatch):
     assert rc == 0, out[-2000:] + err[-3000:]
     got = json.loads(out.strip().splitlines()[-1])
     print(got)
-    assert got["rank_major_mib"] <= 1.1 * got["bucket_mib"] + 2, got
-    assert got["unpacked_mib"] >= 1.8 * got["bucket_mib"], got
+    assert got["rank_major_mib"] <= 1.25 * got["bucket_mib"] + 2, got
+    assert got["control_mib"] >= 1.8 * got["bucket_mib"], got
