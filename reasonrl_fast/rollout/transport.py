@@ -1,21 +1,19 @@
 """The weight transport of split placement: a gloo group of its own (its own TCPStore, no
 default group involved) over the trainer's rank 0 (transport rank 0, the sender) and every
-rollout worker (ranks 1..R). The trainer's workers all-gather their shards one bucket at a time
+rollout worker (ranks 1..R). The trainer's workers gather their shards one bucket at a time
 (trainer/fsdp.py `gather_rank_major`, a collective over their own group) into one buffer in the
 rank-major layout (runtime/shards.py); rank 0 broadcasts that buffer as it is, and the rollout
 workers cut the full tensors out of it into their engines. So a trainer rank holds its shard and
-one bucket, never a second copy of the bucket (the layout's shard count goes to the receivers once,
-with the metadata). Each publish starts with a header (its version, the tensor count) that a
-receiver checks against what it expects, so a sender and a receiver out of step fail at once
-instead of loading wrong weights.
-The header is an all-reduce, which ends only once every rank is in the publish: the sender times
-the transfer from there, without its wait for a rollout worker still generating.
+one bucket, never a second copy of the bucket. Each publish starts with a header (its version,
+the tensor count) that a receiver checks against what it expects, so a sender and a receiver out
+of step fail at once instead of loading wrong weights. The header is an all-reduce, which ends
+only once every rank is in the publish: the sender times the transfer from there, without its
+wait for a rollout worker still generating.
 
 Both sides cut the same buckets from the same metadata (`buckets`): the names, shapes, the one
 dtype sent and the layout's shard count, which the trainer's rank 0 gives the driver once at
-setup. The buffers travel on the
-CPU (gloo): on GPU nodes NCCL would be faster (verl and vLLM build a stateless NCCL communicator
-for this); the protocol would not change."""
+setup. The buffers travel on the CPU (gloo): on GPU nodes NCCL would be faster (verl and vLLM
+build a stateless NCCL communicator for this); the protocol would not change."""
 
 from __future__ import annotations
 
@@ -101,7 +99,7 @@ class Transport:
              world: int = 1) -> tuple[int, float]:
         """Rank 0: broadcast version `version`, a bucket at a time: `bufs` yields each bucket of
         `buckets(meta, ...)` as one flat buffer of `dtype` in the rank-major layout of `world`
-        shards (runtime/shards.py: the trainer's all-gather output as it is; `pack` makes them
+        shards (runtime/shards.py: the trainer's gathered buffer as it is; `pack` makes them
         from full tensors). Returns (the bytes sent, the seconds from the moment every receiver
         had joined: the gathers, casts and broadcasts)."""
         self._header(version, len(meta))
