@@ -104,7 +104,7 @@ class RolloutWorker:
         self._busy_until = time.perf_counter()
         return out.tokens, out.logprobs, idle
 
-    _busy_until: float | None = None  # when this worker's last call ended
+    _busy_until: float | None = None  # when this worker's last call ended (None: no generation yet)
     _idle_s = 0.0  # the gaps between its calls since its last generation
 
     def _note_idle(self) -> None:
@@ -126,7 +126,8 @@ class RolloutWorker:
         self._note_idle()
         self.load_weights(self.transport.receive(meta, version, torch_dtype(dtype), SYNC_BUCKET_BYTES, shards))
         self.version = version
-        self._busy_until = time.perf_counter()
+        if self._busy_until is not None:  # idle from the first generation on: the run's setup is not a wait
+            self._busy_until = time.perf_counter()
         return version
 
     def weights_checksum(self, names: list[str]) -> float:

@@ -345,3 +345,26 @@ def test_split_placement_on_too_few_local_gpus_is_refused_before_ray_starts(monk
     preflight._check_split_devices(load_config(None, ["trainer.workers_per_node=2", "rollout.workers=3"]))  # colocated
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     preflight._check_split_devices(cfg)  # CPU: the roles share the cores
+
+
+def test_a_rollout_workers_idle_time_counts_from_its_first_generation():
+    """`sample_timed` reports the gaps between a rollout worker's calls since its last
+    generation: the run's setup (version 0 received, the first generation not yet asked for) is
+    not a wait, a wait for the next weights is (it made split placement's rollout busy fraction
+    negative on a loaded machine, the setup longer than the short run's steps)."""
+    from types import SimpleNamespace
+
+    from reasonrl_fast.rollout.worker import RolloutWorker
+
+    w = object.__new__(RolloutWorker)
+    w.transport = SimpleNamespace(receive=lambda *a: iter(()))
+    w.engine = SimpleNamespace(load_weights=lambda named: list(named))
+    w.sample = lambda *a: SimpleNamespace(tokens=[[1]], logprobs=[[0.0]])
+    w.receive_weights([], "float32", 0, 1)  # setup's version 0
+    time.sleep(0.3)  # the rest of the setup
+    assert w.sample_timed([[5]], 1, 1.0, 1.0, [0])[2] == 0.0
+    time.sleep(0.2)  # waits for the update's weights
+    w.receive_weights([], "float32", 1, 1)
+    time.sleep(0.1)
+    idle = w.sample_timed([[5]], 1, 1.0, 1.0, [0])[2]
+    assert 0.3 <= idle < 0.5, idle
