@@ -204,8 +204,12 @@ class Worker(RolloutWorker):
     def _full_weights(self):
         """(Hugging Face name, full tensor) of the LM's parameters in the engine's dtype, a
         bucket per collective (every rank iterates them together)."""
-        return iter_full([(name[len(LM_PREFIX):], p.detach()) for name, p in self.actor.named_parameters()
-                          if name.startswith(LM_PREFIX)], dtype=torch_dtype(self.layout.rollout_dtype))
+        return iter_full(self._lm_named(), dtype=torch_dtype(self.layout.rollout_dtype))
+
+    def _lm_named(self) -> list[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, detached parameter) of the LM, not the Z-head: what the engines load."""
+        return [(name[len(LM_PREFIX):], p.detach()) for name, p in self.actor.named_parameters()
+                if name.startswith(LM_PREFIX)]
 
     # ------------------------------------------------------------------ split placement
 
@@ -227,12 +231,9 @@ class Worker(RolloutWorker):
 
         self.transport = Transport(host, port, 0, size, self.cfg.trainer.collective_timeout_s,
                                    getattr(self, "_transport_listen", None))
-        meta = [(name[len(LM_PREFIX):], tuple(p.shape)) for name, p in self.actor.named_parameters()
-                if name.startswith(LM_PREFIX)]
-        return meta, self.layout.rollout_dtype, rank_major_world(self._lm_params())
-
-    def _lm_params(self) -> list[torch.Tensor]:
-        return [p.detach() for name, p in self.actor.named_parameters() if name.startswith(LM_PREFIX)]
+        named = self._lm_named()
+        meta = [(n, tuple(p.shape)) for n, p in named]
+        return meta, self.layout.rollout_dtype, rank_major_world([p for _, p in named])
 
     def publish(self, meta: list, version: int) -> dict:
         """Every rank: gather the weights a bucket at a time into one rank-major buffer
@@ -243,7 +244,7 @@ class Worker(RolloutWorker):
         from reasonrl_fast.layout import SYNC_BUCKET_BYTES
         from reasonrl_fast.rollout.transport import buckets
 
-        params, dtype = self._lm_params(), torch_dtype(self.layout.rollout_dtype)
+        params, dtype = [p for _, p in self._lm_named()], torch_dtype(self.layout.rollout_dtype)
         bufs = (gather_rank_major([params[i] for i in idx], dtype)
                 for idx in buckets(meta, dtype.itemsize, SYNC_BUCKET_BYTES))
         if self.rank == 0:
