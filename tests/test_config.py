@@ -243,6 +243,9 @@ BAD_VALUES = {
     "data.train_sources": ["['']"],
     "data.val_sources": ["[math, ' ']"],
     "data.prompts_per_step": ["0"],
+    "data.filter_groups": ["reward", "seq_reward", "accuracy", "true"],
+    "data.gen_prompts_per_step": ["0", "32"],  # (the second: without data.filter_groups)
+    "data.max_gen_rounds": ["-1"],
     "data.max_prompt_length": ["0"],
     "data.val_size": ["0"],
     "data.train_size": ["0"],

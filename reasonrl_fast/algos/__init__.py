@@ -9,7 +9,7 @@ declares them (`section`, `Settings`: algos/flowrl.py)."""
 
 from __future__ import annotations
 
-from reasonrl_fast.algos.base import Algo, advantages, overlong_penalty
+from reasonrl_fast.algos.base import Algo, advantages, groups_with_spread, overlong_penalty
 from reasonrl_fast.registry import ALGOS
 
 
@@ -19,4 +19,4 @@ def get_algo(name: str) -> Algo:
     return ALGOS.lookup(name)
 
 
-__all__ = ["ALGOS", "Algo", "advantages", "get_algo", "overlong_penalty"]
+__all__ = ["ALGOS", "Algo", "advantages", "get_algo", "groups_with_spread", "overlong_penalty"]

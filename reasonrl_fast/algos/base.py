@@ -33,6 +33,16 @@ def advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool
     return group_advantage(rewards.float(), group_ids, eps=1e-6, norm_by_std=norm_by_std)
 
 
+def groups_with_spread(values, n: int) -> list[bool]:
+    """DAPO's dynamic-sampling filter (SPEC §13): for each group of `n` consecutive samples,
+    whether its values (acc flags or raw scores) are not all equal. A group whose samples all
+    score alike has a zero advantage for every sample, so nothing to learn from."""
+    values = list(values)
+    if n < 1 or len(values) % n:
+        raise ValueError(f"{len(values)} values do not make groups of {n}")
+    return [len(set(values[g:g + n])) > 1 for g in range(0, len(values), n)]
+
+
 class Algo:
     """One RL algorithm: how a step's rewards are formed, how advantages are normalised, which
     loss the update minimises and which extra parts the policy carries. A new one subclasses

@@ -13,6 +13,11 @@ from reasonrl_fast.config.checks import MAX_WAIT_S, SEED_MAX, _Checks, _fail, tr
 from reasonrl_fast.errors import ConfigError
 from reasonrl_fast.registry import ALGOS, ROLLOUTS, TASKS
 
+FILTER_METRICS = ("acc", "score")
+"""data.filter_groups: the scorer's values a group's spread is measured on (trainer/dynamic.py)."""
+SHAPED_FILTERS = ("reward", "seq_reward", "seq_final_reward")
+"""What verl also offers and data.filter_groups refuses with its reason (the shaped reward)."""
+
 SANDBOX_SHARE = 3
 """reward.sandbox_timeout_s, when unset, is reward.timeout_s / SANDBOX_SHARE: the old fixed
 defaults (30 s, 10 s)."""
@@ -111,7 +116,23 @@ class DataConfig(_Checks):
     val_sources: list[str] = field(default_factory=list)
     """The same as `train_sources`, for `val_files`."""
     prompts_per_step: int = 16
-    """Prompts per RL step (each sampled `rollout.n` times)."""
+    """Prompts per RL step (each sampled `rollout.n` times): with `filter_groups`, the groups
+    each step trains on."""
+    filter_groups: Optional[str] = None
+    """DAPO's dynamic sampling (docs/trainer.md §Dynamic sampling): unset (off), or the
+    per-sample value whose spread keeps a group: acc (the scorer's right/wrong, DAPO's), or score
+    (the scorer's raw score). A group whose samples all have the same value (all right, all
+    wrong) has no advantage to learn from and is dropped; further rounds of
+    `gen_prompts_per_step` prompts are generated until `prompts_per_step` groups are kept. The
+    algorithm's shaped reward is not offered: overlong shaping makes an all-wrong group of
+    different lengths look mixed."""
+    gen_prompts_per_step: Optional[int] = None
+    """Dynamic sampling: prompts per generation round (verl's gen_batch_size), at least
+    prompts_per_step. Unset: prompts_per_step."""
+    max_gen_rounds: int = 10
+    """Dynamic sampling: generation rounds a step may take (DAPO's script: 10) before the run
+    stops with an error naming what it kept, as verl does; 0: no limit (a policy that gets every
+    prompt right, or none, then never ends its step)."""
     max_prompt_length: int = 16
     """Prompts longer than this (in tokens) are dropped at load time, with a warning."""
     val_size: int = 256
@@ -156,6 +177,7 @@ own settings are its section under data. (data.partition.styles)."""
         self._tristate(at, "packing")
         self._positive(at, "prompts_per_step", "max_prompt_length", "val_size", "train_size", "digits")
         self._probability(at, "flaw_prob", "carry_slip_prob", "carry_frac")
+        self._check_filter(at)
         self._file_list(at, "train_files")
         self._file_list(at, "val_files")
         for name in ("train_sources", "val_sources"):
@@ -163,6 +185,31 @@ own settings are its section under data. (data.partition.styles)."""
                 _fail(f"{at}{name}", getattr(self, name), "an empty data_source")
         if self.reward_fn and ":" not in self.reward_fn:
             _fail(f"{at}reward_fn", self.reward_fn, "expected `module:function` or `path/to/file.py:function`")
+
+    def _check_filter(self, at: str) -> None:
+        """Dynamic sampling's three settings; the generation batch's only without the filter
+        refused (every generated group would train: prompts_per_step says that)."""
+        self._not_negative(at, "max_gen_rounds")
+        f = self.filter_groups
+        if f in SHAPED_FILTERS:
+            _fail(f"{at}filter_groups", f, "the shaped reward is not a filter metric: overlong shaping gives an "
+                  "all-wrong group of different lengths different rewards, so it would be kept with nothing to "
+                  "learn from; use acc (DAPO's) or score")
+        if f is not None:
+            self._one_of(at, "filter_groups", FILTER_METRICS)
+        g = self.gen_prompts_per_step
+        if g is None:
+            return
+        if f is None:
+            _fail(f"{at}gen_prompts_per_step", g, "needs data.filter_groups: without the filter every generated "
+                  "group trains, so set data.prompts_per_step instead")
+        if g < self.prompts_per_step:
+            _fail(f"{at}gen_prompts_per_step", g, f"below data.prompts_per_step={self.prompts_per_step}: a round "
+                  "generates at least the groups a step trains on")
+
+    def gen_prompts(self) -> int:
+        """Prompts per generation round: the one place gen_prompts_per_step falls back."""
+        return self.gen_prompts_per_step or self.prompts_per_step
 
 
 @dataclass

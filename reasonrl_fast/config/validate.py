@@ -34,6 +34,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.prompts_per_step={p} over {world} workers in {n_mb} mini-batches "
                           f"(optim.mini_batch_prompts={cfg.optim.mini_batch_prompts}) leaves a worker a "
                           f"mini-batch without prompts: each needs at least one prompt per mini-batch")
+    if cfg.data.filter_groups and cfg.rollout.n < 2:
+        raise ConfigError(f"data.filter_groups={cfg.data.filter_groups} with rollout.n={cfg.rollout.n}: a group of one "
+                          f"sample never has a spread, so every group would be dropped; set rollout.n >= 2")
     check_bf16_lr(cfg)
     check_tensor_parallel(cfg)
     check_placement(cfg)

@@ -41,6 +41,12 @@ class Pending:
     logprobs: list = field(default_factory=list)
     rollout_idle_s: float = 0.0
 
+    @classmethod
+    def batch(cls, prompts: list, responses: list, logprobs: list, n: int, version: int) -> Pending:
+        """Collected samples put together by the driver (dynamic sampling's kept groups): what
+        `keep` takes; `version` the oldest weights among them."""
+        return cls([], [], n, version, prompts, responses, logprobs)
+
 
 class Cluster:
     split = False  # trainer.placement=split: the rollout workers are a group of their own
@@ -151,23 +157,31 @@ class Cluster:
         for rank, responses in self.group.as_completed(refs, "generate"):
             yield split[rank][1].start * n, responses
 
+    def _samplers(self) -> WorkerGroup:
+        """The workers whose engines sample the policy: the rollout workers in split
+        placement, the trainer's own workers colocated."""
+        return self.rollout if self.split else self.group
+
     def submit(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, stream: int | str) -> Pending:
-        """Split placement: submit a generation to the rollout workers (as `generate_stream`
-        shares it out and seeds it); it samples the weights of version `self.version`, the last
-        one published before it (a worker runs its calls in order)."""
-        split = self.rollout.shares(len(prompts))
+        """Submit a generation (as `generate_stream` shares it out and seeds it) whose responses
+        and sampler log-probs come back to the driver, which can send them to `train_step`
+        (`keep`): split placement's, and dynamic sampling's rounds (loop.py). In split placement
+        it samples the weights of version `self.version`, the last one published before it (a
+        worker runs its calls in order); colocated, the engines' current ones."""
+        samplers = self._samplers()
+        split = samplers.shares(len(prompts))
         seed = self.cfg.trainer.seed
         refs = [a.sample_timed.remote([prompts[i] for i in g], n, temperature, top_p,
                                       sample_seeds(seed, stream, g.start * n, len(g) * n),
                                       own=(r.start - g.start, r.stop - g.start))
-                for a, (g, r) in zip(self.rollout.actors, split)]
+                for a, (g, r) in zip(samplers.actors, split)]
         total = len(prompts) * n
         return Pending(refs, split, n, self.version, prompts, [None] * total, [None] * total)
 
     def collect(self, pending: Pending):
         """Yield (index of the share's first sample, its responses) of a submitted generation as
-        each rollout worker finishes; the log-probs stay in `pending`."""
-        for rank, (tokens, logprobs, idle) in self.rollout.as_completed(pending.refs, "generate"):
+        each worker finishes; the log-probs stay in `pending`."""
+        for rank, (tokens, logprobs, idle) in self._samplers().as_completed(pending.refs, "generate"):
             start = pending.split[rank][1].start * pending.n
             pending.responses[start:start + len(tokens)] = tokens
             pending.logprobs[start:start + len(tokens)] = logprobs
@@ -175,16 +189,18 @@ class Cluster:
             yield start, tokens
 
     def keep(self, pending: Pending) -> None:
-        """The generation the next `train_step` trains on (collected)."""
+        """The samples the next `train_step` trains on, sent to the workers with their
+        advantages: a collected generation, or a batch of them (`Pending.batch`)."""
         self._pending = pending
 
     def train_step(self, adv: list[float], step: int) -> dict:
         """Step 4 of the loop's step: each worker trains on the samples it kept from the last
         `generate_stream(keep=True)`; it is sent only their advantages (`adv`: one per sample of
-        the step, in order). Split placement: each trainer worker is sent its share of the kept
-        generation's samples too, and the new weights are published as version `step`."""
-        if self.split:
-            return self._train_split(adv, step)
+        the step, in order). Split placement, or samples the driver holds (`keep`): each
+        trainer worker is sent its share of them too; in split placement the new weights are
+        then published as version `step`."""
+        if self.split or self._pending is not None:
+            return self._train_sent(adv, step)
         kept, self._kept = self._kept, None
         if kept is None or kept[-1].stop != len(adv):
             raise ValueError(f"train_step: {len(adv)} advantages do not match the kept rollout")
@@ -192,12 +208,13 @@ class Cluster:
                                  "train_step")
         return merge_updates(outs)
 
-    def _train_split(self, adv: list[float], step: int) -> dict:
+    def _train_sent(self, adv: list[float], step: int) -> dict:
         pending, self._pending = self._pending, None
         if pending is None or len(pending.responses) != len(adv):
             raise ValueError(f"train_step: {len(adv)} advantages do not match the kept rollout")
         n = pending.n
-        proximal = self.cfg.trainer.max_staleness > 0  # samples may be of older weights than the trainer's
+        # split: samples may be of older weights than the trainer's
+        proximal = self.split and self.cfg.trainer.max_staleness > 0
         refs = []
         for w, (_, r) in zip(self.workers, self.group.shares(len(pending.prompts))):
             a, b = r.start * n, r.stop * n
@@ -205,7 +222,8 @@ class Cluster:
                        pending.logprobs[a:b])
             refs.append(w.train_step.remote(adv[a:b], step, samples, proximal))
         merged = merge_updates(self.group.gather(refs, "train_step"))
-        merged.update(self.publish(step))
+        if self.split:
+            merged.update(self.publish(step))
         return merged
 
     def weights_checksums(self) -> tuple[float, list[float]]:

@@ -15,7 +15,6 @@ and sends the trainer its samples."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -39,9 +38,10 @@ from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime import resume
 from reasonrl_fast.runtime.datasets import Sampler, load_datasets
 from reasonrl_fast.tasks import all_tasks
+from reasonrl_fast.trainer import dynamic
 from reasonrl_fast.trainer.logger import MetricsLogger
+from reasonrl_fast.trainer.scoring import finite_rewards, rollout_and_score  # noqa: F401 - loop's API
 from reasonrl_fast.trainer.sft import warm_start
-from reasonrl_fast.util import quantile
 
 
 def run(cfg, log=print) -> dict:
@@ -74,23 +74,34 @@ def _step(run: Run, step: int) -> dict:
     #    keeps them (with the sampler's log-probs) for the update
     #    (split placement: the rollout workers' generation for this step, submitted up to
     #    trainer.max_staleness steps ago)
+    #    (dynamic sampling, data.filter_groups: in rounds, until the step's groups are kept)
     pending, async_metrics = _generation(run, step) if run.cluster.split else (None, {})
-    items = (pending[0] if pending else
-             [run.train_set[i] for i in run.sampler.next(cfg.data.prompts_per_step)])
+    filtering = cfg.data.filter_groups is not None
+    if pending:
+        items = pending[0]
+    elif not filtering:
+        items = [run.train_set[i] for i in run.sampler.next(cfg.data.prompts_per_step)]
     # 2. reward: each worker's share is scored in the reward pool as soon as it arrives (a sample
     #    that fails or runs out of time scores 0 and is counted) and, for FAPO, its right answers
     #    go to the GenRM while the other workers still generate
     #    (split placement with generations in flight: scored beside the last update, `_score_ahead`)
     if run.scoring is not None and run.scoring[0] == step:
         roll, run.scoring = run.scoring[1].result(), None
-    else:
+    elif pending or not filtering:  # (dynamic sampling's rounds generate and score their own)
         roll = rollout_and_score(run.cluster, run.pool, run.tok, items, n, cfg.rollout.temperature,
-                                 cfg.rollout.top_p, step, run.judge, keep=True, pending=pending[1] if pending else None)
+                                 cfg.rollout.top_p, step, run.judge, keep=True,
+                                 pending=pending[1] if pending else None, spread=cfg.data.filter_groups)
+    batch = judged = None
+    if filtering:  # the kept groups of as many rounds as it takes (trainer/dynamic.py)
+        first = dynamic.Round(items, roll, pending[1], 0) if pending else None
+        items, roll, batch, filtered = dynamic.fill_batch(run, step, first)
+        async_metrics.update(filtered)
+        judged = roll["judge_index"]
     responses, acc = roll["responses"], roll["acc"]
     flagged, genrm_metrics = None, {}
     if run.judge is not None:  # the GenRM's flags on right answers (FAPO)
         verdicts, genrm_metrics = run.judge.collect()
-        flagged = [i in verdicts and verdicts[i].flawed for i in range(len(acc))]
+        flagged = [i in verdicts and verdicts[i].flawed for i in (judged or range(len(acc)))]
     # 3. the algorithm's rewards (its own shaping included) and the group advantage (the group is
     #    the prompt)
     lengths = torch.tensor([len(r) for r in responses])
@@ -100,9 +111,10 @@ def _step(run: Run, step: int) -> dict:
     # 4. on the workers, each on the samples it kept (they are sent only the advantages):
     #    reference and old log-probs, mini-batch updates, weight sync
     #    (split placement: sent their samples too; the weights published to the rollout workers)
+    if batch is not None or pending:
+        run.cluster.keep(batch or pending[1])
     if pending:
-        run.cluster.keep(pending[1])
-        async_metrics["time/rollout_idle_s"] = pending[1].rollout_idle_s  # known once collected
+        async_metrics["time/rollout_idle_s"] = (batch or pending[1]).rollout_idle_s  # known once collected
         async_metrics["time/trainer_idle_s"] = time.perf_counter() - (run.trained_at or t0)
         _score_ahead(run)
     w = run.cluster.train_step(adv.tolist(), step)
@@ -147,7 +159,7 @@ def _generation(run: Run, step: int) -> tuple[tuple, dict]:
     while run.submitted < last:
         run.submitted += 1
         before = run.sampler.state()  # what a checkpoint of the step before records (`_sampler_at`)
-        items = [run.train_set[i] for i in run.sampler.next(cfg.data.prompts_per_step)]
+        items = [run.train_set[i] for i in run.sampler.next(cfg.data.gen_prompts())]
         prompts = [prompt_ids(it, run.tok) for it in items]
         run.in_flight.append((run.submitted, items, run.cluster.submit(prompts, cfg.rollout.n, cfg.rollout.temperature,
                                                                     cfg.rollout.top_p, run.submitted), before))
@@ -176,7 +188,7 @@ def _score_ahead(run: Run) -> None:
         try:
             done.set_result(rollout_and_score(run.cluster, run.pool, run.tok, items, cfg.rollout.n,
                                               cfg.rollout.temperature, cfg.rollout.top_p, step, run.judge,
-                                              keep=True, pending=pending))
+                                              keep=True, pending=pending, spread=cfg.data.filter_groups))
         except BaseException as e:  # noqa: BLE001 - raised where the step takes it
             done.set_exception(e)
 
@@ -291,55 +303,6 @@ def _log_layout(cfg, layout: dict, log) -> None:
                "(token_tis does: docs/trainer.md §Placement)" if t.max_staleness and r.correction == "none" else ""))
 
 
-def _samples(items: list[dict], texts: list[str]) -> list[tuple]:
-    """The reward pool's (data_source, response, ground truth, extra_info) per response; `items`
-    holds each response's record."""
-    return [(it.get("data_source", "math"), text, it["answer"], it.get("extra_info"))
-            for it, text in zip(items, texts, strict=True)]
-
-
-def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int, temperature: float,
-                      top_p: float, stream: int | str, judge=None, keep: bool = False, pending=None) -> dict:
-    """Generate `n` responses per item at `temperature` and `top_p` (sample seeds from `stream`:
-    the step, or a validation pass) and score each worker's share as soon as it arrives
-    (for FAPO, also submit its correct responses to the judge); `keep`: the workers keep their
-    samples for the step's update. Returns the prompts' ids, the
-    responses (ids and text), scores (non-finite as 0), acc flags, reward/* metrics, and
-    time/rollout_s (until the last share arrived) and time/reward_s (the driver's scoring).
-    `pending`: a generation of `items` submitted before (split placement, cluster.py `submit`),
-    collected here instead of a new one."""
-    t0 = time.perf_counter()
-    prompts = pending.prompts if pending is not None else [prompt_ids(it, tok) for it in items]
-    total = len(items) * n
-    responses: list = [None] * total
-    texts: list = [None] * total
-    scores, acc = [0.0] * total, [False] * total
-    latencies: list[float] = []
-    counts = {"reward/timeouts": 0, "reward/errors": 0}
-    t_rollout = t_reward = 0.0
-    shares = (cluster.collect(pending) if pending is not None
-              else cluster.generate_stream(prompts, n, temperature, top_p, stream, keep=keep))
-    for start, shard in shares:
-        t = time.perf_counter()
-        t_rollout = t - t0
-        idx = range(start, start + len(shard))
-        shard_texts = tok.batch_decode(shard, skip_special_tokens=True)
-        results, m = pool.score(_samples([items[i // n] for i in idx], shard_texts))
-        latencies += pool.last_latencies
-        for k in counts:
-            counts[k] += m[k]
-        for i, ids, text, r in zip(idx, shard, shard_texts, results):
-            responses[i], texts[i], scores[i], acc[i] = ids, text, r["score"], r["acc"]
-            if judge is not None and r["acc"]:
-                judge.submit(i, items[i // n], text)
-        t_reward += time.perf_counter() - t
-    scores, nonfinite = finite_rewards(scores)
-    metrics = {**counts, "reward/latency_p50_s": quantile(latencies, 0.5),
-               "reward/latency_p99_s": quantile(latencies, 0.99), "reward/nonfinite": nonfinite}
-    return {"prompts": prompts, "responses": responses, "texts": texts, "scores": scores, "acc": acc,
-            "metrics": metrics, "time/rollout_s": t_rollout, "time/reward_s": t_reward}
-
-
 def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
     """mean@val_n accuracy (from each scorer's `acc`) on the validation prompts sampled at
     rollout.val_temperature and rollout.val_top_p (not training's top-p), and each task's own
@@ -373,13 +336,6 @@ def diversity(records: list[dict], texts: list[str], acc: list[bool], k: int) ->
     m = summarize(results, k, [k])["overall_micro"]
     return {f"val/pass@{k}": m[f"pass@{k}"], f"val/distinct@{k}": m[f"distinct@{k}"],
             f"val/entropy@{k}": m[f"entropy@{k}"] or 0.0}
-
-
-def finite_rewards(rewards: list[float]) -> tuple[list[float], int]:
-    """Non-finite rewards become 0 and are counted (`reward/nonfinite`): one NaN would make the
-    group's advantages, hence every update of the step, non-finite, and the step would be lost."""
-    out = [r if math.isfinite(r) else 0.0 for r in rewards]
-    return out, sum(not math.isfinite(r) for r in rewards)
 
 
 def save(cfg, cluster, tok, step: int, sampler, run_id: str) -> str:

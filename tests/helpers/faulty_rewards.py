@@ -96,3 +96,13 @@ def records_responses(response: str, answer: str) -> float:
     with open(os.environ["REASONRL_RESPONSES"], "a") as f:
         f.write(json.dumps(response) + "\n")
     return math_reward(response, answer)
+
+
+def right_by_checksum(response: str, answer: str) -> dict:
+    """Right when the response's CRC-32 is odd: a fixed coin per response, so that a random
+    policy's groups come out mixed or all alike by chance (dynamic sampling's filter keeps the
+    first and drops the second) in a run that can be repeated."""
+    import zlib
+
+    right = bool(zlib.crc32(response.encode()) & 1)
+    return {"score": 1.0 if right else -1.0, "acc": right}

@@ -24,9 +24,9 @@ def test_scorer_for(source, kind):
 
 
 def score_responses(pool: RewardPool, items: list[dict], texts: list[str]):
-    """The scoring half of the trainer's reward stage (loop.rollout_and_score) on given responses,
+    """The scoring half of the trainer's reward stage (scoring.rollout_and_score) on given responses,
     one per item: (rewards with non-finite ones as 0, acc flags, the reward/* counters)."""
-    from reasonrl_fast.trainer.loop import _samples, finite_rewards
+    from reasonrl_fast.trainer.scoring import _samples, finite_rewards
 
     results, metrics = pool.score(_samples(items, texts))
     scores, nonfinite = finite_rewards([r["score"] for r in results])

@@ -41,7 +41,9 @@ CONFIGS = {"grpo": ["algo=grpo", "grpo.kl_coef=0.1", "grpo.clip_ratio_c=3.0", "r
            "flowrl": ["algo=flowrl"],
            "fapo": ["algo=fapo", "fapo.genrm.addresses=[127.0.0.1:9]"],
            # split placement's staleness and idle times (its generation submitted ahead)
-           "split": ["algo=grpo", "trainer.placement=split", "trainer.max_staleness=1", "rollout.sync_every=1"]}
+           "split": ["algo=grpo", "trainer.placement=split", "trainer.max_staleness=1", "rollout.sync_every=1"],
+           # dynamic sampling's rounds (every group of `_answer` is mixed: one round)
+           "dynamic": ["algo=grpo", "data.filter_groups=acc", "data.gen_prompts_per_step=6"]}
 
 
 def test_the_contract_refuses_bare_and_undocumented_names():
@@ -100,13 +102,23 @@ class FakeWorkers:
     def collect(self, pending):
         """As cluster.py's: the samples stay in `pending` (the loop may collect the next step's
         generation while this one's update runs) until `keep`."""
-        pending.kept = []
+        pending.kept, pending.responses, pending.logprobs = [], [], []
         for _, start, samples in self._shares(pending.prompts, pending.n):
             pending.kept.append(samples)
+            pending.responses += samples[1]
+            pending.logprobs += samples[2]
             yield start, samples[1]
 
     def keep(self, pending):
-        for w, samples in zip(self.workers, pending.kept, strict=True):
+        """A collected generation's samples, or a batch the driver put together (cluster.py
+        `Pending.batch`), shared out by halves."""
+        kept = getattr(pending, "kept", None)
+        if kept is None:
+            n, half = pending.n, len(pending.prompts) // 2
+            ps = [p for p in pending.prompts for _ in range(n)]
+            kept = [(ps[a:b], pending.responses[a:b], pending.logprobs[a:b])
+                    for a, b in ((0, half * n), (half * n, len(ps)))]
+        for w, samples in zip(self.workers, kept, strict=True):
             w._samples = samples
 
     def generate_stream(self, prompts, n, temperature, top_p, stream, keep=False):
