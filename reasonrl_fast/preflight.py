@@ -153,6 +153,8 @@ def _check_files(cfg) -> None:
 
     check_files(cfg.data.train_files, "data.train_files")
     check_files(cfg.data.val_files, "data.val_files")
+    for i, v in enumerate(cfg.data.val_sets):
+        check_files(v.files, f"data.val_sets[{i}].files")
     load_reward_fn(cfg.data.reward_fn)
     make_run_dir(cfg.trainer.output_dir)
 

@@ -217,6 +217,9 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
 
     t0 = time.time()
     cfg = load_config(config, overrides)
+    if any(v.files for v in cfg.data.val_sets):
+        raise RehearsalError("data.val_sets with files: the rehearsal has no stand-in records for them yet; rehearse "
+                             "the recipe with data.val_sets=[] (its training and the one-set validation)")
     real, where = real_model_config(cfg)
     preflight(cfg, real, files=False)  # what stops the real run before Ray stops this one
     records = records_for(cfg, TRAIN_PROMPTS, VAL_PROMPTS)

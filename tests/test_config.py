@@ -246,6 +246,10 @@ BAD_VALUES = {
     "data.filter_groups": ["reward", "seq_reward", "accuracy", "true"],
     "data.gen_prompts_per_step": ["0", "32"],  # (the second: without data.filter_groups)
     "data.max_gen_rounds": ["-1"],
+    # an entry's own settings (data.val_sets[i].KEY) and the list's rules
+    "data.val_sets": ["[{n: 2}]", "[{name: AIME}]", "[{name: a}, {name: a}]", "[{name: a, n: 0}]",
+                      "[{name: a, n: 2, k: [3]}]", "[{name: a, top_p: 0}]", "[{name: a, temperature: -1}]",
+                      "[{name: a, bogus: 1}]", "[5]", "[{name: a, n: two}]", "[{name: a, files: ['']}]"],
     "data.max_prompt_length": ["0"],
     "data.val_size": ["0"],
     "data.train_size": ["0"],
@@ -373,7 +377,7 @@ def test_every_setting_is_range_checked(key):
         with pytest.raises(ConfigError) as e:
             load_config(None, [f"{key}={value}"])
         msg = str(e.value)
-        assert re.match(rf"{re.escape(key)}[=:]", msg) and "\n" not in msg, (value, msg)
+        assert re.match(rf"{re.escape(key)}[=:[]", msg) and "\n" not in msg, (value, msg)  # [: a list's entry
 
 
 def test_range_edges_are_accepted():
@@ -658,3 +662,15 @@ def test_tensor_parallel_rollout_needs_an_engine_that_shards_and_whole_groups_of
         load_config(None, ["rollout.tensor_parallel_size=0"])
     cfg = load_config(None, ["rollout.backend=vllm", "rollout.tensor_parallel_size=2", "trainer.nnodes=3"])
     assert cfg.rollout.tensor_parallel_size == 2
+
+
+def test_validation_sets_and_the_one_set_shorthand_do_not_mix():
+    with pytest.raises(ConfigError, match=r"^data.val_files=\['a.jsonl'\]: and data.val_sets both set: val_files is "
+                                          r"the one-set shorthand"):
+        load_config(None, ["data.val_files=[a.jsonl]", "data.val_sets=[{name: a, files: [b.jsonl]}]"])
+    with pytest.raises(ConfigError, match=r"^data.val_sets\[1\].files=\[\]: empty: only the embedded task"):
+        load_config(None, ["data.train_files=[t.jsonl]",
+                           "data.val_sets=[{name: a, files: [b.jsonl]}, {name: b}]"])
+    v = load_config(None, ["data.val_sets=[{name: aime24, n: 32, k: [1, 32], maj: true}, {name: gpqa, n: 4}]"])
+    assert [(s.name, s.n, s.ks(), s.maj) for s in v.data.val_sets] == [("aime24", 32, [1, 32], True),
+                                                                        ("gpqa", 4, [4], False)]

@@ -203,8 +203,17 @@ def _check_raw(raw, cls, at: str = "") -> None:
                 fail(name, value, f"a list setting is given whole, such as {name}=[...]")
             if not isinstance(value, list) and not (isinstance(value, str) and value.startswith("${")):
                 fail(name, value, f"must be a list, such as {name}=[...]")
-            for v in value if isinstance(value, list) else []:
-                _check_scalar(name, v, kind)
+            for i, v in enumerate(value if isinstance(value, list) else []):
+                if dataclasses.is_dataclass(kind):  # a list of sections (data.val_sets): each a mapping
+                    if not isinstance(v, dict):
+                        fail(f"{name}[{i}]", v, f"an entry is a mapping of its settings, such as {name}=[{{name: x}}]")
+                    known = [f.name for f in dataclasses.fields(kind)]
+                    for key_ in v:  # OmegaConf's merge would name the entry's class, not the setting
+                        if key_ not in known:
+                            fail(f"{name}[{i}].{key_}", v[key_], f"not a setting of an entry; they are {', '.join(known)}")
+                    _check_raw(v, kind, f"{name}[{i}].")
+                else:
+                    _check_scalar(name, v, kind)
         else:
             _check_scalar(name, value, kind)
 

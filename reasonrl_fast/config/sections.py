@@ -6,6 +6,7 @@ code (registry.py), and schema.py joins them to these."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -102,6 +103,56 @@ class SFTConfig(_Checks):
         self._named(at, "cache_dir")
 
 
+VAL_SET_NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+"""A validation set's name: its metrics are val/<name>/<metric>."""
+
+
+@dataclass
+class ValSetConfig(_Checks):
+    """One validation set of data.val_sets: the benchmark a paper reports on its own, with its
+    own samples per prompt, sampling and metrics (docs/trainer.md §Validation)."""
+
+    name: str = ""
+    """Its name in the metrics, `val/<name>/mean@<n>`: lower-case letters, digits and _."""
+    files: list[str] = field(default_factory=list)
+    """Its jsonl/parquet files (the training records' format). Empty: the embedded task's
+    held-out split (data.val_size prompts; the embedded task only)."""
+    sources: list[str] = field(default_factory=list)
+    """As data.val_sources, for `files`: the data_source each file's records carry (the CPU
+    rehearsal gives its stand-in records these)."""
+    n: int = 1
+    """Samples per prompt: mean@n, the paper's avg@n."""
+    k: list[int] = field(default_factory=list)
+    """pass@k for each k (each at most n). Empty: n, when n > 1."""
+    maj: bool = False
+    """maj@n as well: the share of prompts whose most frequent answer is right (answer scorers
+    only: math, dapo, boxed)."""
+    temperature: Optional[float] = None
+    """Its sampling temperature. Unset: rollout.val_temperature."""
+    top_p: Optional[float] = None
+    """Its nucleus threshold. Unset: rollout.val_top_p (or top_p)."""
+
+    def check(self, at: str) -> None:
+        if not VAL_SET_NAME.match(self.name or ""):
+            _fail(f"{at}name", self.name, "a validation set needs a name of lower-case letters, digits and _ "
+                  "(its metrics are val/<name>/...)")
+        self._positive(at, "n")
+        self._file_list(at, "files")
+        if any(not s.strip() for s in self.sources):
+            _fail(f"{at}sources", self.sources, "an empty data_source")
+        for k in self.k:
+            if not 1 <= k <= self.n:
+                _fail(f"{at}k", self.k, f"each k must be in [1, n={self.n}]")
+        if self.temperature is not None and self.temperature < 0:
+            _fail(f"{at}temperature", self.temperature, "must be >= 0")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            _fail(f"{at}top_p", self.top_p, "must be in (0, 1]")
+
+    def ks(self) -> list[int]:
+        """The k of its pass@k: the one place `k` falls back."""
+        return sorted(set(self.k)) if self.k else ([self.n] if self.n > 1 else [])
+
+
 @dataclass
 class DataConfig(_Checks):
     train_files: list[str] = field(default_factory=list)
@@ -115,6 +166,11 @@ class DataConfig(_Checks):
     is not on its machine, and checks them against one that is."""
     val_sources: list[str] = field(default_factory=list)
     """The same as `train_sources`, for `val_files`."""
+    val_sets: list[ValSetConfig] = field(default_factory=list)
+    """Validation as the papers report it: one entry per benchmark, each with its own `name`,
+    `files`, `n`, pass@`k`, `maj` and sampling (`ValSetConfig`), logged as val/<name>/mean@<n>
+    (...) and val/accuracy, their macro average. Empty: the one set of `val_files` (or the
+    embedded task's held-out split) at rollout.val_n, its metrics val/accuracy, val/pass@<k>."""
     prompts_per_step: int = 16
     """Prompts per RL step (each sampled `rollout.n` times): with `filter_groups`, the groups
     each step trains on."""
@@ -178,6 +234,7 @@ own settings are its section under data. (data.partition.styles)."""
         self._positive(at, "prompts_per_step", "max_prompt_length", "val_size", "train_size", "digits")
         self._probability(at, "flaw_prob", "carry_slip_prob", "carry_frac")
         self._check_filter(at)
+        self._check_val_sets(at)
         self._file_list(at, "train_files")
         self._file_list(at, "val_files")
         for name in ("train_sources", "val_sources"):
@@ -206,6 +263,20 @@ own settings are its section under data. (data.partition.styles)."""
         if g < self.prompts_per_step:
             _fail(f"{at}gen_prompts_per_step", g, f"below data.prompts_per_step={self.prompts_per_step}: a round "
                   "generates at least the groups a step trains on")
+
+    def _check_val_sets(self, at: str) -> None:
+        if self.val_sets and (self.val_files or self.val_sources):
+            _fail(f"{at}val_files", self.val_files, "and data.val_sets both set: val_files is the one-set "
+                  "shorthand; list its files as an entry of data.val_sets")
+        names = []
+        for i, entry in enumerate(self.val_sets):
+            entry.check(f"{at}val_sets[{i}].")
+            if not entry.files and self.train_files:
+                _fail(f"{at}val_sets[{i}].files", entry.files, "empty: only the embedded task (data.train_files "
+                      "empty) has a held-out split to validate on")
+            if entry.name in names:
+                _fail(f"{at}val_sets[{i}].name", entry.name, "a second set of that name (their metrics would mix)")
+            names.append(entry.name)
 
     def gen_prompts(self) -> int:
         """Prompts per generation round: the one place gen_prompts_per_step falls back."""
@@ -523,5 +594,5 @@ def check_sections(section, at: str = "") -> None:
             check_sections(value, f"{at}{f.name}.")
 
 
-__all__ = ["DataConfig", "EvalConfig", "ModelConfig", "OptimConfig", "RewardConfig", "RolloutConfig", "SANDBOX_SHARE",
+__all__ = ["DataConfig", "EvalConfig", "ValSetConfig", "ModelConfig", "OptimConfig", "RewardConfig", "RolloutConfig", "SANDBOX_SHARE",
            "Root", "SFTConfig", "Sections", "TrainerConfig", "check_sections"]

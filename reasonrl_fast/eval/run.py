@@ -97,9 +97,9 @@ def load_eval_set(cfg, tokenizer) -> list[dict]:
             raise ConfigError("eval.files is empty: give jsonl/parquet files (the embedded task's "
                               "validation split is only for the embedded model)")
         small = copy.deepcopy(cfg)
-        small.data.train_files, small.data.val_files, small.data.train_size = [], [], 1
+        small.data.train_files, small.data.val_files, small.data.val_sets, small.data.train_size = [], [], [], 1
         try:
-            return load_datasets(small, tokenizer)[1]
+            return load_datasets(small, tokenizer)[1][0].records
         except ValueError as e:
             raise EvalError(str(e)) from None
     records = []

@@ -16,42 +16,80 @@ from reasonrl_fast.util import derive_seed
 # ---------------------------------------------------------------- datasets
 
 
-def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
+@dataclass
+class ValSet:
+    """A validation set as the loop validates it: `name` ("" for the one set of data.val_files
+    or the embedded split, whose metrics are val/accuracy and val/pass@<k>; else an entry of
+    data.val_sets, val/<name>/...), its rendered records, samples per prompt, pass@k's k,
+    whether maj@n is reported, and its sampling."""
+
+    name: str
+    records: list[dict]
+    n: int
+    ks: list[int]
+    maj: bool
+    temperature: float
+    top_p: float
+
+
+def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[ValSet]]:
+    """The training records and the validation sets (none when training files come without
+    validation files)."""
     d = cfg.data
     if d.train_files:
-        train = _read_files(d, "train")
+        train = _read_files(d.train_files, d.train_sources, "data.train_")
     else:
         train = embedded_split(d, d.train_size, derive_seed(cfg.trainer.seed, "data", "train"), "train")
-    if d.val_files:
-        val = _read_files(d, "val")
-    elif d.train_files:
-        val = []
+    if d.val_sets:
+        sets = [val_set(cfg, _val_records(cfg, v.files, v.sources, f"data.val_sets[{i}]."), v)
+                for i, v in enumerate(d.val_sets)]
+    elif d.val_files or not d.train_files:
+        sets = [val_set(cfg, _val_records(cfg, d.val_files, d.val_sources, "data.val_"))]
     else:
-        val = embedded_split(d, d.val_size, derive_seed(cfg.trainer.seed, "data", "val"), "val")
+        sets = []
     # the embedded code task was checked with the config; files once their sources are known
     # (a caller that scores nothing may pass a config without a reward section)
-    if (d.train_files or d.val_files) and hasattr(cfg, "reward"):
-        check_sandbox(cfg, {r["data_source"] for r in train + val})
+    if (d.train_files or d.val_files or any(v.files for v in d.val_sets)) and hasattr(cfg, "reward"):
+        check_sandbox(cfg, {r["data_source"] for r in train + [x for s in sets for x in s.records]})
     # Rendered once here (the chat template when the tokenizer has one): everything downstream
     # encodes `prompt` as text; the messages stay under `messages`.
-    train, val = _rendered(train, tokenizer), _rendered(val, tokenizer)
-    train = filter_long(train, tokenizer, d.max_prompt_length, "data.train_files")
-    if val:
-        val = filter_long(val, tokenizer, d.max_prompt_length, "data.val_files")
-    return train, val
+    train = filter_long(_rendered(train, tokenizer), tokenizer, d.max_prompt_length, "data.train_files")
+    for s in sets:
+        where = f"data.val_sets ({s.name})" if s.name else "data.val_files"
+        s.records = filter_long(_rendered(s.records, tokenizer), tokenizer, d.max_prompt_length, where)
+    return train, sets
 
 
-def _read_files(d, split: str) -> list[dict]:
-    """The records of every file of `data.<split>_files`, in order. Where `data.<split>_sources`
-    names a file's data_source (the recipe's claim, which the CPU rehearsal stands in for), its
-    records must carry it: a recipe that names the wrong set fails here, not after a run."""
+def val_set(cfg, records: list[dict], entry=None) -> ValSet:
+    """`records` as entry `entry` of data.val_sets, or (None) as the one set at rollout.val_n;
+    the sampling a set leaves unset is rollout.val_sampling()'s."""
+    r = cfg.rollout
+    temperature, top_p = r.val_sampling()
+    if entry is None:
+        return ValSet("", records, r.val_n, [r.val_n] if r.val_n > 1 else [], False, temperature, top_p)
+    return ValSet(entry.name, records, entry.n, entry.ks(), entry.maj,
+                  temperature if entry.temperature is None else entry.temperature,
+                  top_p if entry.top_p is None else entry.top_p)
+
+
+def _val_records(cfg, files: list[str], sources: list[str], key: str) -> list[dict]:
+    """A validation set's records: its files', or the embedded task's held-out split."""
+    if files:
+        return _read_files(files, sources, key)
+    return embedded_split(cfg.data, cfg.data.val_size, derive_seed(cfg.trainer.seed, "data", "val"), "val")
+
+
+def _read_files(paths: list[str], declared: list[str], key: str) -> list[dict]:
+    """The records of every file of `paths` (`key`files), in order. Where `declared`
+    (`key`sources) names a file's data_source (the recipe's claim, which the CPU rehearsal
+    stands in for), its records must carry it: a recipe that names the wrong set fails here,
+    not after a run."""
     out = []
-    for i, path in enumerate(getattr(d, f"{split}_files")):
+    for i, path in enumerate(paths):
         records = load_records(path)
-        declared = getattr(d, f"{split}_sources")
         if i < len(declared) and records and declared[i] not in {r["data_source"] for r in records}:
             carried = sorted({r["data_source"] for r in records})
-            raise ConfigError(f"data.{split}_sources[{i}]={declared[i]!r}, but the records of {path} carry "
+            raise ConfigError(f"{key}sources[{i}]={declared[i]!r}, but the records of {path} carry "
                               f"{', '.join(map(repr, carried))}")
         out += records
     return out

@@ -29,14 +29,16 @@ import torch
 from reasonrl_fast.algos import advantages, get_algo
 from reasonrl_fast.config import to_yaml
 from reasonrl_fast.data.records import prompt_ids
-from reasonrl_fast.eval.metrics import PromptResult, answer_key, summarize
+from reasonrl_fast.eval.metrics import PromptResult, answer_key, pass_at_k, summarize
+from reasonrl_fast.eval.run import majority
 from reasonrl_fast.models.loading import load_tokenizer
+from reasonrl_fast.rewards.math import extract_boxed
 from reasonrl_fast.rewards.pool import RewardPool
 from reasonrl_fast.rewards.score import scorer_for
 from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime import resume
-from reasonrl_fast.runtime.datasets import Sampler, load_datasets
+from reasonrl_fast.runtime.datasets import Sampler, ValSet, load_datasets
 from reasonrl_fast.tasks import all_tasks
 from reasonrl_fast.trainer import dynamic
 from reasonrl_fast.trainer.logger import MetricsLogger
@@ -56,8 +58,8 @@ def _run(cfg, log) -> dict:
     last: dict = {}
     with _started(cfg, log) as run:
         every = cfg.trainer.val_every
-        if run.val_set and every and run.start == 0:
-            run.logger.log({"step": 0, **validate(cfg, run.cluster, run.tok, run.val_set, run.pool, step=0)})
+        if run.val_sets and every and run.start == 0:
+            run.logger.log({"step": 0, **validate(cfg, run.cluster, run.tok, run.val_sets, run.pool, step=0)})
         for step in range(run.start + 1, cfg.trainer.steps + 1):
             last = _step(run, step)
         run.logger.close()
@@ -140,10 +142,10 @@ def _step(run: Run, step: int) -> dict:
     t = cfg.trainer
     if t.save_every and step % t.save_every == 0 or (t.save_last and step == t.steps):
         save(cfg, run.cluster, run.tok, step, _sampler_at(run), run.run_id)
-    if run.val_set and t.val_every and (step % t.val_every == 0 or step == t.steps):
+    if run.val_sets and t.val_every and (step % t.val_every == 0 or step == t.steps):
         if run.scoring is not None:  # one user of the reward pool at a time (its error is the next step's)
             run.scoring[1].exception()
-        row.update(validate(cfg, run.cluster, run.tok, run.val_set, run.pool, step))
+        row.update(validate(cfg, run.cluster, run.tok, run.val_sets, run.pool, step))
     run.logger.log(row)
     return row
 
@@ -218,7 +220,7 @@ class Run:
     start: int  # the last step done (the checkpoint's, or 0)
     tok: Any
     train_set: list
-    val_set: list
+    val_sets: list[ValSet]
     algo: Any
     judge: Any  # FAPO's GenRM judge (trainer/fapo.py), or None
     cluster: Any
@@ -247,7 +249,7 @@ def _started(cfg, log):
     # the model: a local HF directory, or the embedded tiny model after its (cached) warm start
     model_path = warm_start(cfg, log) if cfg.embedded_model else cfg.model.path
     tok = load_tokenizer(model_path)
-    train_set, val_set = load_datasets(cfg, tok)
+    train_set, val_sets = load_datasets(cfg, tok)
     spec = get_rollout(cfg.rollout.backend)
     engine_line = spec.describe(cfg, out_dir, spec.preflight())  # checked by the preflight: its log line
     if engine_line:
@@ -276,7 +278,7 @@ def _started(cfg, log):
             state.restore(sampler)
             cluster.load(resume_from, start)
             log(f"resumed from {resume_from} (step {start})")
-        yield Run(cfg, state.run_id if state else ckpt.new_run_id(), start, tok, train_set, val_set, algo, judge,
+        yield Run(cfg, state.run_id if state else ckpt.new_run_id(), start, tok, train_set, val_sets, algo, judge,
                   cluster, pool, sampler, MetricsLogger(cfg, out_dir, start, cfg.trainer.steps), submitted=start)
 
 
@@ -303,23 +305,52 @@ def _log_layout(cfg, layout: dict, log) -> None:
                "(token_tis does: docs/trainer.md §Placement)" if t.max_staleness and r.correction == "none" else ""))
 
 
-def validate(cfg, cluster, tok, val_set, pool, step: int) -> dict:
-    """mean@val_n accuracy (from each scorer's `acc`) on the validation prompts sampled at
-    rollout.val_temperature and rollout.val_top_p (not training's top-p), and each task's own
-    metrics on its records (the addition task's val/flawed_positive_ratio, the GenRM task's
-    accuracy on flawless and flawed solutions)."""
+def validate(cfg, cluster, tok, val_sets: list[ValSet], pool, step: int) -> dict:
+    """Each validation set's prompts, `n` samples each at its temperature and top-p (not
+    training's), scored by each record's scorer (`acc`): docs/trainer.md §Validation. The one set
+    of data.val_files (or the embedded split) logs val/accuracy (mean@n) and, with n > 1,
+    val/pass@n, distinct@n and entropy@n; the sets of data.val_sets log val/<name>/mean@<n>,
+    pass@<k> and maj@<n>, and val/accuracy as their macro average, as the papers quote it. Each
+    embedded task's own metrics are on all sets' records (the addition task's
+    val/flawed_positive_ratio, the GenRM task's accuracy on flawless and flawed solutions)."""
     t = time.perf_counter()
-    k = cfg.rollout.val_n
-    temperature, top_p = cfg.rollout.val_sampling()
-    roll = rollout_and_score(cluster, pool, tok, val_set, k, temperature, top_p, f"val/{step}")
-    acc = roll["acc"]
-    row = {"val/accuracy": sum(acc) / len(acc)}
-    items = [val_set[i // k] for i in range(len(acc))]
-    if k > 1:
-        row.update(diversity(val_set, roll["texts"], acc, k))
+    row: dict = {}
+    items, texts, acc, means = [], [], [], []
+    for vs in val_sets:
+        n = vs.n
+        roll = rollout_and_score(cluster, pool, tok, vs.records, n, vs.temperature, vs.top_p,
+                                 f"val/{step}/{vs.name}" if vs.name else f"val/{step}")
+        mean = sum(roll["acc"]) / len(roll["acc"])
+        if vs.name:
+            means.append(mean)
+            row.update(set_metrics(vs, roll["texts"], roll["acc"]))
+        else:
+            row["val/accuracy"] = mean
+            if n > 1:
+                row.update(diversity(vs.records, roll["texts"], roll["acc"], n))
+        items += [vs.records[i // n] for i in range(len(roll["acc"]))]
+        texts += roll["texts"]
+        acc += roll["acc"]
+    if means:
+        row["val/accuracy"] = sum(means) / len(means)
     for task in all_tasks():  # each embedded task's metrics on its own records
-        row.update(task.val_metrics(items, roll["texts"], acc))
+        row.update(task.val_metrics(items, texts, acc))
     row["time/val_s"] = time.perf_counter() - t
+    return row
+
+
+def set_metrics(vs: ValSet, texts: list[str], acc: list[bool]) -> dict:
+    """val/<name>/mean@<n>, pass@<k> for its ks (the unbiased estimator, eval's) and maj@<n> where
+    asked, over one named set's prompts (`texts`, `acc`: their samples, prompt-major)."""
+    n, at = vs.n, f"val/{vs.name}"
+    groups = [range(i * n, (i + 1) * n) for i in range(len(vs.records))]
+    row = {f"{at}/mean@{n}": sum(acc) / len(acc)}
+    for k in vs.ks:
+        row[f"{at}/pass@{k}"] = sum(pass_at_k(n, sum(acc[j] for j in g), k) for g in groups) / len(groups)
+    if vs.maj:
+        votes = [majority(rec, [extract_boxed(texts[j]) for j in g]) for rec, g in zip(vs.records, groups)]
+        votes = [v for v in votes if v is not None]
+        row[f"{at}/maj@{n}"] = sum(votes) / len(votes) if votes else float("nan")
     return row
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trainer.md"
 ROW_KEYS = {"step"}
-NAME = re.compile(r"^[a-z][a-z0-9_]*/[a-z0-9_@<>]+$")
+NAME = re.compile(r"^[a-z][a-z0-9_]*/([a-z0-9_]+/)?[a-z0-9_@<>]+$")  # val/<set>/<name>: a set's own
 
 
 def documented() -> set[str]:
@@ -20,8 +20,9 @@ def documented() -> set[str]:
 
 
 def as_documented(name: str) -> str:
-    """`val/pass@4` -> `val/pass@<k>`: the table names the k-dependent metrics once."""
-    return re.sub(r"@\d+$", "@<k>", name)
+    """`val/pass@4` -> `val/pass@<k>`, `val/aime24/mean@32` -> `val/<set>/mean@<k>`: the table
+    names the k-dependent metrics, and those of a validation set, once."""
+    return re.sub(r"^val/[a-z0-9_]+/", "val/<set>/", re.sub(r"@\d+$", "@<k>", name))
 
 
 def problems(names: set[str], listed: set[str]) -> list[str]:

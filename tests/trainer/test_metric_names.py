@@ -22,6 +22,7 @@ from reasonrl_fast.config import load_config
 from reasonrl_fast.genrm.client import Verdict
 from reasonrl_fast.models.tiny import char_tokenizer, tiny_model
 from reasonrl_fast.runtime.datasets import Sampler
+from reasonrl_fast.runtime.datasets import val_set as val_set_of
 from reasonrl_fast.tasks import get_task
 from reasonrl_fast.trainer import loop
 from reasonrl_fast.trainer.logger import MetricsLogger
@@ -43,7 +44,9 @@ CONFIGS = {"grpo": ["algo=grpo", "grpo.kl_coef=0.1", "grpo.clip_ratio_c=3.0", "r
            # split placement's staleness and idle times (its generation submitted ahead)
            "split": ["algo=grpo", "trainer.placement=split", "trainer.max_staleness=1", "rollout.sync_every=1"],
            # dynamic sampling's rounds (every group of `_answer` is mixed: one round)
-           "dynamic": ["algo=grpo", "data.filter_groups=acc", "data.gen_prompts_per_step=6"]}
+           "dynamic": ["algo=grpo", "data.filter_groups=acc", "data.gen_prompts_per_step=6"],
+           # validation by sets, each with its own metrics
+           "val_sets": ["algo=grpo", "data.val_sets=[{name: a, n: 2}, {name: b, n: 3, k: [1, 3], maj: true}]"]}
 
 
 def test_the_contract_refuses_bare_and_undocumented_names():
@@ -173,7 +176,8 @@ def logged_names(overrides: list[str], tmp_path: Path) -> set[str]:
     torch.manual_seed(0)
     tok = char_tokenizer()
     train_set = get_task("addition").split(cfg.data, 4, 0)
-    val_set = train_set[:2] + get_task("genrm").split(cfg.data, 4, 1)
+    records = train_set[:2] + get_task("genrm").split(cfg.data, 4, 1)
+    val_set = [val_set_of(cfg, records, v) for v in cfg.data.val_sets] or [val_set_of(cfg, records)]
     algo = get_algo(cfg.algo)
     judge = None
     if algo.uses_genrm:  # the real judge and client; the server's answers: "no wrong step"
