@@ -218,6 +218,12 @@ class Estimate:
     def fits(self) -> bool:
         return self.fits_alone and (self.rollout_workers is None or self.rollout_workers.fits)
 
+    @property
+    def margin(self) -> float:
+        """GiB between the peak and what the workers may use (the device less its reserve):
+        what a planner error may eat before the run stops fitting (negative: over)."""
+        return self.memory_gib - self.reserve_gib - self.peak
+
 
 def _gib(n: float) -> float:
     return n / GIB
@@ -519,8 +525,9 @@ def _table(est: Estimate, title: str) -> list[str]:
     lines.append(f"{'total (GiB)':<{w}}{est.rollout:>9.2f}{est.update:>9.2f}")
     where = (f"of {est.memory_gib:g} GiB per GPU, less a {est.reserve_gib:g} GiB reserve" if est.device == "gpu"
              else f"of {est.memory_gib:.1f} GiB of host memory per worker")
+    margin = (f", {est.margin:.2f} GiB to spare" if est.margin >= 0 else f", {-est.margin:.2f} GiB over")
     lines.append(f"peak: {est.peak:.2f} GiB in the {est.phase} phase, {where}: "
-                 + ("fits" if est.fits_alone else "does NOT fit"))
+                 + ("fits" if est.fits_alone else "does NOT fit") + margin)
     return lines
 
 
