@@ -347,6 +347,8 @@ BAD_VALUES = {
     "eval.top_p": ["0", "1.5"],
     "eval.output_dir": ["''"],
     "eval.seed": ["-1", str(2**32)],
+    "eval.val_sets": ["maybe", "2"],
+    "eval.val_step": ["3", "-1"],  # (without eval.val_sets: the trainer's seeds are a set's)
     "eval.prompts_per_batch": ["0"],
 }
 
@@ -674,3 +676,14 @@ def test_validation_sets_and_the_one_set_shorthand_do_not_mix():
     v = load_config(None, ["data.val_sets=[{name: aime24, n: 32, k: [1, 32], maj: true}, {name: gpqa, n: 4}]"])
     assert [(s.name, s.n, s.ks(), s.maj) for s in v.data.val_sets] == [("aime24", 32, [1, 32], True),
                                                                         ("gpqa", 4, [4], False)]
+
+
+def test_the_eval_of_validation_sets_refuses_what_it_cannot_reproduce():
+    from reasonrl_fast.eval.run import run
+
+    with pytest.raises(ConfigError, match=r"^eval.val_step=2: needs eval.val_sets=true"):
+        load_config(None, ["eval.val_step=2"])
+    with pytest.raises(ConfigError, match=r"^eval.target='t': with eval.val_sets"):
+        load_config(None, ["eval.val_sets=true", "eval.target=t"])
+    with pytest.raises(ConfigError, match=r"^eval.val_sets=true needs data.val_sets: give the run's config.yaml"):
+        run(load_config(None, ["eval.val_sets=true", "model.path=/nowhere"]))

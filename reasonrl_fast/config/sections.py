@@ -530,8 +530,22 @@ class EvalConfig(_Checks):
     """Another eval's output directory (or its samples.jsonl) on the same prompts, such as the
     reference model's: each prompt's distribution over right answers is compared with the one
     there (tv@n, kl@n; docs/eval.md §Distance to a target). Empty: not reported."""
+    val_sets: bool = False
+    """Evaluate the validation sets of data.val_sets (a run's config.yaml's), each as the trainer
+    validates it: its files, n, k, maj and sampling, in place of eval.files, eval.n, eval.k and
+    eval.temperature / top_p (docs/eval.md §Validation sets)."""
+    val_step: Optional[int] = None
+    """With val_sets: sample with the seeds of the trainer's validation at this step (trainer.seed
+    and the stream val/<step>/<name>): the checkpoint of that step then gets the numbers its
+    run logged. Unset: eval.seed."""
 
     def check(self, at: str = "eval.") -> None:
+        if self.val_step is not None:
+            if not self.val_sets:
+                _fail(f"{at}val_step", self.val_step, "needs eval.val_sets=true (the trainer's seeds are a set's)")
+            self._not_negative(at, "val_step")
+        if self.val_sets and self.target:
+            _fail(f"{at}target", self.target, "with eval.val_sets: a target is compared on eval.files' prompts")
         self._positive(at, "n", "temperature", "prompts_per_batch")
         self._seed(at, "seed")
         self._named(at, "output_dir")

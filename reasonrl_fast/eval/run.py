@@ -23,7 +23,7 @@ from reasonrl_fast.rewards.pool import RewardPool
 from reasonrl_fast.rewards.score import ANSWER_SCORERS, check_sandbox, load_reward_fn, scorer_for
 from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
-from reasonrl_fast.runtime.datasets import load_datasets  # the embedded task's splits
+from reasonrl_fast.runtime.datasets import load_datasets, load_val_sets  # the embedded task's splits
 from reasonrl_fast.runtime.merge import check_checkpoint, merge
 from reasonrl_fast.util import loads_json, same_file
 
@@ -187,13 +187,41 @@ def load_target(path: str, records: list[dict], seed: int) -> list[dict[str, int
 
 # ------------------------------------------------------------------------------------ score
 
-def score_all(cfg, records: list[dict], texts: list[str]) -> tuple[list[dict], dict]:
-    """The reward pool's {"score", "acc"} per response (`eval.n` per record, in order)."""
-    n, r = cfg.eval.n, cfg.reward
+def score_all(cfg, records: list[dict], texts: list[str], n: int | None = None) -> tuple[list[dict], dict]:
+    """The reward pool's {"score", "acc"} per response (`n` per record, in order; unset: eval.n)."""
+    n, r = n or cfg.eval.n, cfg.reward
     samples = [(rec["data_source"], text, rec["answer"], rec.get("extra_info"))
                for i, rec in enumerate(records) for text in texts[i * n:(i + 1) * n]]
     with RewardPool(cfg.data.reward_fn, r.num_workers, r.timeout_s, r.backend, r.sandbox_timeout_s) as pool:
         return pool.score(samples)
+
+
+def _results(records: list[dict], texts: list[str], responses: list, scored: list[dict], n: int,
+             targets: list) -> tuple[list[PromptResult], list[dict]]:
+    """Each prompt's PromptResult (for `summarize`) and each sample's samples.jsonl row."""
+    results, rows = [], []
+    for i, rec in enumerate(records):
+        sl = slice(i * n, (i + 1) * n)
+        code = scorer_for(rec["data_source"]) == "code"
+        answers = [None if code else extract_boxed(t) for t in texts[sl]]
+        keys = [answer_key(t, whole=code) for t in texts[sl]]
+        acc = [bool(s["acc"]) for s in scored[sl]]
+        results.append(PromptResult(rec["data_source"], acc, [len(x) for x in responses[sl]],
+                                    None if code else majority(rec, answers), keys, targets[i]))
+        for j, (text, ans, key, s) in enumerate(zip(texts[sl], answers, keys, scored[sl])):
+            rows.append({"data_source": rec["data_source"], "prompt_index": i, "sample": j,
+                         "prompt": rec["prompt"], "response": text, "answer": ans, "key": key,
+                         "score": s["score"], "acc": bool(s["acc"])})
+    return results, rows
+
+
+def _write(output_dir: str, summary: dict, rows: list[dict]) -> None:
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    with open(os.path.join(output_dir, "samples.jsonl"), "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
 
 
 def majority(record: dict, answers: list) -> bool | None:
@@ -210,8 +238,11 @@ def majority(record: dict, answers: list) -> bool | None:
 # -------------------------------------------------------------------------------------- run
 
 def run(cfg, log=print) -> dict:
-    """Evaluate `model.path` on `eval.files`; returns the summary (also written to
-    `eval.output_dir`/summary.json, with every sample in samples.jsonl)."""
+    """Evaluate `model.path` on `eval.files` (or, with eval.val_sets, on each validation set:
+    `run_sets`); returns the summary (also written to `eval.output_dir`/summary.json, with every
+    sample in samples.jsonl)."""
+    if cfg.eval.val_sets:
+        return run_sets(cfg, log)
     t0 = time.time()
     e = cfg.eval
     if e.target:
@@ -240,19 +271,7 @@ def run(cfg, log=print) -> dict:
         f"(timeouts {counts['reward/timeouts']}, errors {counts['reward/errors']})")
 
     n, ks = e.n, ks_of(cfg)
-    results, rows = [], []
-    for i, rec in enumerate(records):
-        sl = slice(i * n, (i + 1) * n)
-        code = scorer_for(rec["data_source"]) == "code"
-        answers = [None if code else extract_boxed(t) for t in texts[sl]]
-        keys = [answer_key(t, whole=code) for t in texts[sl]]
-        acc = [bool(s["acc"]) for s in scored[sl]]
-        results.append(PromptResult(rec["data_source"], acc, [len(x) for x in responses[sl]],
-                                    None if code else majority(rec, answers), keys, targets[i]))
-        for j, (text, ans, key, s) in enumerate(zip(texts[sl], answers, keys, scored[sl])):
-            rows.append({"data_source": rec["data_source"], "prompt_index": i, "sample": j,
-                         "prompt": rec["prompt"], "response": text, "answer": ans, "key": key,
-                         "score": s["score"], "acc": bool(s["acc"])})
+    results, rows = _results(records, texts, responses, scored, n, targets)
     summary = {
         "model": cfg.model.path, "files": list(e.files) or ["<embedded validation split>"],
         "n": n, "k": ks, "temperature": e.temperature, "top_p": e.top_p,
@@ -261,13 +280,64 @@ def run(cfg, log=print) -> dict:
         "reward/timeouts": counts["reward/timeouts"], "reward/errors": counts["reward/errors"],
         **summarize(results, n, ks), "time_s": round(time.time() - t0, 2),
     }
-    os.makedirs(e.output_dir, exist_ok=True)
-    with open(os.path.join(e.output_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    with open(os.path.join(e.output_dir, "samples.jsonl"), "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    _write(e.output_dir, summary, rows)
     log(table(summary))
+    log(f"[eval] wrote {e.output_dir}/summary.json and samples.jsonl")
+    return summary
+
+
+def run_sets(cfg, log=print) -> dict:
+    """Evaluate `model.path` on each set of data.val_sets as the trainer validates it (its n, k,
+    maj and sampling; eval.val_step: the trainer's seeds of that step): summary.json holds each
+    set's summary under "sets" (its overall_micro is what the trainer logs as val/<name>/...)
+    and "val/accuracy", the macro average of their mean@n; samples.jsonl each sample with its
+    set's name."""
+    t0 = time.time()
+    e, d = cfg.eval, cfg.data
+    if not d.val_sets:
+        raise ConfigError("eval.val_sets=true needs data.val_sets: give the run's config.yaml first (or the sets as "
+                          "data.val_sets=[...])")
+    load_reward_fn(d.reward_fn)
+    with resolved_model(cfg, log) as model_dir:
+        tok = load_tokenizer(model_dir)
+        config = load_model_config(model_dir, cfg.model.max_position_embeddings)
+        check_context(cfg, config, f"config.json of model.path={cfg.model.path!r}")
+        try:
+            sets = load_val_sets(cfg, tok)
+        except DataError as e_:
+            raise EvalError(str(e_)) from None
+        from reasonrl_fast.eval.generate import Job, generate_jobs  # imports ray
+
+        step = e.val_step
+        jobs = [Job([prompt_ids(rec, tok) for rec in vs.records], vs.n, vs.temperature, vs.top_p,
+                    e.seed if step is None else cfg.trainer.seed, 0 if step is None else f"val/{step}/{vs.name}")
+                for vs in sets]
+        spec = get_rollout(cfg.rollout.backend)
+        version = spec.preflight(config.architectures)
+        if version:
+            log(f"[eval] rollout: {version}")
+        check_weights(model_dir, f"model.path={cfg.model.path!r}")
+        outputs = generate_jobs(cfg, model_dir, jobs, spec, log)
+    out: dict = {}
+    rows = []
+    for vs, responses in zip(sets, outputs, strict=True):
+        texts = tok.batch_decode(responses, skip_special_tokens=True)
+        scored, counts = score_all(cfg, vs.records, texts, vs.n)
+        results, set_rows = _results(vs.records, texts, responses, scored, vs.n, [None] * len(vs.records))
+        rows += [{"set": vs.name, **r} for r in set_rows]
+        out[vs.name] = {"files": [f for v in d.val_sets if v.name == vs.name for f in v.files]
+                        or ["<embedded validation split>"], "n": vs.n, "k": vs.ks, "maj": vs.maj,
+                        "temperature": vs.temperature, "top_p": vs.top_p, **counts,
+                        **summarize(results, vs.n, vs.ks)}
+    summary = {"model": cfg.model.path, "sets": out, "seed": e.seed if step is None else cfg.trainer.seed,
+               "val_step": step, "max_new_tokens": cfg.rollout.max_new_tokens, "backend": cfg.rollout.backend,
+               "val/accuracy": sum(v["overall_micro"][f"mean@{v['n']}"] for v in out.values()) / len(out),
+               "time_s": round(time.time() - t0, 2)}
+    _write(e.output_dir, summary, rows)
+    for name, v in out.items():
+        log(f"[eval] set {name}: {v['overall_micro']['prompts']} prompts x {v['n']}")
+        log(table({**v, "target": None}))
+    log(f"[eval] val/accuracy (the sets' macro average of mean@n): {summary['val/accuracy']:.4f}")
     log(f"[eval] wrote {e.output_dir}/summary.json and samples.jsonl")
     return summary
 

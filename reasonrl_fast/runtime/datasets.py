@@ -33,13 +33,28 @@ class ValSet:
 
 
 def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[ValSet]]:
-    """The training records and the validation sets (none when training files come without
-    validation files)."""
+    """The training records and the validation sets (`load_val_sets`)."""
     d = cfg.data
     if d.train_files:
         train = _read_files(d.train_files, d.train_sources, "data.train_")
     else:
         train = embedded_split(d, d.train_size, derive_seed(cfg.trainer.seed, "data", "train"), "train")
+    # the embedded code task was checked with the config; files once their sources are known
+    # (a caller that scores nothing may pass a config without a reward section)
+    if d.train_files and hasattr(cfg, "reward"):
+        check_sandbox(cfg, {r["data_source"] for r in train})
+    # Rendered once here (the chat template when the tokenizer has one): everything downstream
+    # encodes `prompt` as text; the messages stay under `messages`.
+    train = filter_long(_rendered(train, tokenizer), tokenizer, d.max_prompt_length, "data.train_files")
+    return train, load_val_sets(cfg, tokenizer)
+
+
+def load_val_sets(cfg, tokenizer) -> list[ValSet]:
+    """The validation sets: data.val_sets' entries, else the one set of data.val_files or of the
+    embedded task's held-out split; none when training files come without validation files.
+    Their records rendered and checked as the training records are. The eval command reads them
+    alone (eval.val_sets: the training files need not be on its machine)."""
+    d = cfg.data
     if d.val_sets:
         sets = [val_set(cfg, _val_records(cfg, v.files, v.sources, f"data.val_sets[{i}]."), v)
                 for i, v in enumerate(d.val_sets)]
@@ -47,17 +62,12 @@ def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[ValSet]]:
         sets = [val_set(cfg, _val_records(cfg, d.val_files, d.val_sources, "data.val_"))]
     else:
         sets = []
-    # the embedded code task was checked with the config; files once their sources are known
-    # (a caller that scores nothing may pass a config without a reward section)
-    if (d.train_files or d.val_files or any(v.files for v in d.val_sets)) and hasattr(cfg, "reward"):
-        check_sandbox(cfg, {r["data_source"] for r in train + [x for s in sets for x in s.records]})
-    # Rendered once here (the chat template when the tokenizer has one): everything downstream
-    # encodes `prompt` as text; the messages stay under `messages`.
-    train = filter_long(_rendered(train, tokenizer), tokenizer, d.max_prompt_length, "data.train_files")
+    if (d.val_files or any(v.files for v in d.val_sets)) and hasattr(cfg, "reward"):
+        check_sandbox(cfg, {r["data_source"] for s in sets for r in s.records})
     for s in sets:
         where = f"data.val_sets ({s.name})" if s.name else "data.val_files"
         s.records = filter_long(_rendered(s.records, tokenizer), tokenizer, d.max_prompt_length, where)
-    return train, sets
+    return sets
 
 
 def val_set(cfg, records: list[dict], entry=None) -> ValSet:

@@ -29,7 +29,7 @@ import torch
 from reasonrl_fast.algos import advantages, get_algo
 from reasonrl_fast.config import to_yaml
 from reasonrl_fast.data.records import prompt_ids
-from reasonrl_fast.eval.metrics import PromptResult, answer_key, pass_at_k, summarize
+from reasonrl_fast.eval.metrics import PromptResult, answer_key, summarize
 from reasonrl_fast.eval.run import majority
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.rewards.math import extract_boxed
@@ -340,18 +340,18 @@ def validate(cfg, cluster, tok, val_sets: list[ValSet], pool, step: int) -> dict
 
 
 def set_metrics(vs: ValSet, texts: list[str], acc: list[bool]) -> dict:
-    """val/<name>/mean@<n>, pass@<k> for its ks (the unbiased estimator, eval's) and maj@<n> where
-    asked, over one named set's prompts (`texts`, `acc`: their samples, prompt-major)."""
-    n, at = vs.n, f"val/{vs.name}"
-    groups = [range(i * n, (i + 1) * n) for i in range(len(vs.records))]
-    row = {f"{at}/mean@{n}": sum(acc) / len(acc)}
-    for k in vs.ks:
-        row[f"{at}/pass@{k}"] = sum(pass_at_k(n, sum(acc[j] for j in g), k) for g in groups) / len(groups)
-    if vs.maj:
-        votes = [majority(rec, [extract_boxed(texts[j]) for j in g]) for rec, g in zip(vs.records, groups)]
-        votes = [v for v in votes if v is not None]
-        row[f"{at}/maj@{n}"] = sum(votes) / len(votes) if votes else float("nan")
-    return row
+    """val/<name>/mean@<n>, pass@<k> for its ks and maj@<n> where asked, over one named set's
+    prompts (`texts`, `acc`: their samples, prompt-major): eval's summary over all its prompts
+    (`summarize`'s overall_micro), so that the eval command reports the same numbers."""
+    n = vs.n
+    results = []
+    for i, rec in enumerate(vs.records):
+        sl = slice(i * n, (i + 1) * n)
+        maj = majority(rec, [extract_boxed(t) for t in texts[sl]]) if vs.maj else None
+        results.append(PromptResult(rec.get("data_source", ""), acc[sl], [], maj))
+    m = summarize(results, n, vs.ks)["overall_micro"]
+    keys = [f"mean@{n}", *(f"pass@{k}" for k in vs.ks), *([f"maj@{n}"] if vs.maj else [])]
+    return {f"val/{vs.name}/{k}": float("nan") if m[k] is None else m[k] for k in keys}
 
 
 def diversity(records: list[dict], texts: list[str], acc: list[bool], k: int) -> dict:

@@ -69,7 +69,7 @@ def test_eval_checkpoint_and_merged_agree_with_training(trained_run, run_eval, t
     subprocess.run([sys.executable, "-m", "reasonrl_fast.merge", str(ckpt), str(merged)], cwd=ROOT,
                    check=True, capture_output=True, timeout=300)
     cfg = load_config(None, [*TINY, *SHARED])
-    val = load_datasets(cfg, char_tokenizer())[1]
+    val = load_datasets(cfg, char_tokenizer())[1][0].records  # the one set: the embedded split
     data = tmp_path / "val.jsonl"
     data.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"],
                                         "data_source": r["data_source"]}) + "\n" for r in val))
