@@ -530,13 +530,15 @@ def test_split_placement_on_the_command_line(capsys):
     assert {t.name for t in role.terms} >= {"process baseline", "hf rollout copy", "weight receive buckets"}
 
 
-def test_the_fapo_32b_recipe_plans_with_at_least_2_gib_to_spare_and_says_so(capsys):
-    """The planner's error must not stop a 32-GPU run: the recipe leaves 2 GiB (0.76, where 0.78
-    left 0.7), and the peak line prints the margin, or how far over a plan is."""
-    est = plan.main([FAPO32])
+@pytest.mark.parametrize("path", [FAPO32, os.path.join(CONFIGS, "fapo_baseline_qwen2.5_32b.yaml")],
+                         ids=["fapo", "baseline"])
+def test_the_fapo_32b_recipes_plan_with_at_least_2_gib_to_spare_and_say_so(path, capsys):
+    """The planner's error must not stop a 32-GPU run: FAPO-32B and its GRPO baseline leave 2 GiB
+    (0.76, where 0.78 left 0.7), and the peak line prints the margin, or how far over a plan is."""
+    est = plan.main([path])
     out = capsys.readouterr().out
     assert est.fits and est.margin >= 2.0
     assert f"less a 4 GiB reserve: fits, {est.margin:.2f} GiB to spare\n" in out, out
-    over = plan.main([FAPO32, "rollout.gpu_memory_utilization=0.85"])
+    over = plan.main([path, "rollout.gpu_memory_utilization=0.85"])
     out = capsys.readouterr().out
     assert not over.fits and over.margin < 0 and f"does NOT fit, {-over.margin:.2f} GiB over\n" in out, out

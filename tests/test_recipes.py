@@ -39,6 +39,9 @@ PUBLISHED = {
     "fapo_qwen2.5_32b.yaml": {
         **FAPO, **GENRM_CLIENT, "algo": "fapo", "rollout.max_new_tokens": 20480, "trainer.steps": 600,
         "trainer.val_every": 10},
+    # verl recipe/fapo/run_baseline_32b.sh: run_fapo_32b.sh without the GenRM
+    "fapo_baseline_qwen2.5_32b.yaml": {
+        **FAPO, "algo": "grpo", "rollout.max_new_tokens": 20480, "trainer.steps": 600, "trainer.val_every": 10},
     # Megatron-LM examples/rl: README, model_configs/qwen_2p5_32b.sh, common.sh
     "grpo_qwen2.5_32b_dapo.yaml": {
         "algo": "grpo", "model.dtype": "float32", "optim.lr": 1e-6, "optim.warmup_steps": 0,
