@@ -249,7 +249,8 @@ BAD_VALUES = {
     # an entry's own settings (data.val_sets[i].KEY) and the list's rules
     "data.val_sets": ["[{n: 2}]", "[{name: AIME}]", "[{name: a}, {name: a}]", "[{name: a, n: 0}]",
                       "[{name: a, n: 2, k: [3]}]", "[{name: a, top_p: 0}]", "[{name: a, temperature: -1}]",
-                      "[{name: a, bogus: 1}]", "[5]", "[{name: a, n: two}]", "[{name: a, files: ['']}]"],
+                      "[{name: a, bogus: 1}]", "[5]", "[{name: a, n: two}]", "[{name: a, files: ['']}]",
+                      "[{name: a, scorer: code}]"],
     "data.max_prompt_length": ["0"],
     "data.val_size": ["0"],
     "data.train_size": ["0"],
@@ -673,6 +674,14 @@ def test_validation_sets_and_the_one_set_shorthand_do_not_mix():
     with pytest.raises(ConfigError, match=r"^data.val_sets\[1\].files=\[\]: empty: only the embedded task"):
         load_config(None, ["data.train_files=[t.jsonl]",
                            "data.val_sets=[{name: a, files: [b.jsonl]}, {name: b}]"])
+    with pytest.raises(ConfigError, match=r"^data.val_sets\[0\].scorer='boxed': picks one of the default routing"):
+        load_config(None, ["data.reward_fn=m:f", "data.val_sets=[{name: a, scorer: boxed}]"])
+    from reasonrl_fast.rewards.score import ANSWER_SCORERS, SCORER_SOURCES, scorer_for
+
+    # a set's scorer is one of the answer scorers, each reached through the source that routes to it
+    assert {k: scorer_for(v) for k, v in SCORER_SOURCES.items()} == {k: k for k in ANSWER_SCORERS}
+    with pytest.raises(ConfigError, match=r"must be one of \('math', 'dapo', 'boxed'\)"):
+        load_config(None, ["data.val_sets=[{name: a, scorer: genrm}]"])
     v = load_config(None, ["data.val_sets=[{name: aime24, n: 32, k: [1, 32], maj: true}, {name: gpqa, n: 4}]"])
     assert [(s.name, s.n, s.ks(), s.maj) for s in v.data.val_sets] == [("aime24", 32, [1, 32], True),
                                                                         ("gpqa", 4, [4], False)]

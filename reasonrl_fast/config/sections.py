@@ -131,8 +131,14 @@ class ValSetConfig(_Checks):
     """Its sampling temperature. Unset: rollout.val_temperature."""
     top_p: Optional[float] = None
     """Its nucleus threshold. Unset: rollout.val_top_p (or top_p)."""
+    scorer: Optional[str] = None
+    """The scorer of its records, whatever their data_source: math, dapo (DAPO's "Answer:" rule,
+    what aime* routes to) or boxed (the box verifier FAPO's runs validate with). Unset: each
+    record's data_source routes it. Needs the default routing (data.reward_fn empty)."""
 
     def check(self, at: str) -> None:
+        if self.scorer is not None:
+            self._one_of(at, "scorer", ("math", "dapo", "boxed"))
         if not VAL_SET_NAME.match(self.name or ""):
             _fail(f"{at}name", self.name, "a validation set needs a name of lower-case letters, digits and _ "
                   "(its metrics are val/<name>/...)")
@@ -271,6 +277,9 @@ own settings are its section under data. (data.partition.styles)."""
         names = []
         for i, entry in enumerate(self.val_sets):
             entry.check(f"{at}val_sets[{i}].")
+            if entry.scorer and self.reward_fn:
+                _fail(f"{at}val_sets[{i}].scorer", entry.scorer, f"picks one of the default routing's scorers; "
+                      f"data.reward_fn={self.reward_fn!r} scores every record itself")
             if not entry.files and self.train_files:
                 _fail(f"{at}val_sets[{i}].files", entry.files, "empty: only the embedded task (data.train_files "
                       "empty) has a held-out split to validate on")

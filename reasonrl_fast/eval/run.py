@@ -187,10 +187,12 @@ def load_target(path: str, records: list[dict], seed: int) -> list[dict[str, int
 
 # ------------------------------------------------------------------------------------ score
 
-def score_all(cfg, records: list[dict], texts: list[str], n: int | None = None) -> tuple[list[dict], dict]:
-    """The reward pool's {"score", "acc"} per response (`n` per record, in order; unset: eval.n)."""
+def score_all(cfg, records: list[dict], texts: list[str], n: int | None = None,
+              score_as: str | None = None) -> tuple[list[dict], dict]:
+    """The reward pool's {"score", "acc"} per response (`n` per record, in order; unset: eval.n),
+    each scored as its record's data_source, or as `score_as` (a validation set's scorer)."""
     n, r = n or cfg.eval.n, cfg.reward
-    samples = [(rec["data_source"], text, rec["answer"], rec.get("extra_info"))
+    samples = [(score_as or rec["data_source"], text, rec["answer"], rec.get("extra_info"))
                for i, rec in enumerate(records) for text in texts[i * n:(i + 1) * n]]
     with RewardPool(cfg.data.reward_fn, r.num_workers, r.timeout_s, r.backend, r.sandbox_timeout_s) as pool:
         return pool.score(samples)
@@ -322,11 +324,12 @@ def run_sets(cfg, log=print) -> dict:
     rows = []
     for vs, responses in zip(sets, outputs, strict=True):
         texts = tok.batch_decode(responses, skip_special_tokens=True)
-        scored, counts = score_all(cfg, vs.records, texts, vs.n)
+        scored, counts = score_all(cfg, vs.records, texts, vs.n, vs.score_as)
         results, set_rows = _results(vs.records, texts, responses, scored, vs.n, [None] * len(vs.records))
         rows += [{"set": vs.name, **r} for r in set_rows]
         out[vs.name] = {"files": [f for v in d.val_sets if v.name == vs.name for f in v.files]
                         or ["<embedded validation split>"], "n": vs.n, "k": vs.ks, "maj": vs.maj,
+                        "scored_as": vs.score_as,
                         "temperature": vs.temperature, "top_p": vs.top_p, **counts,
                         **summarize(results, vs.n, vs.ks)}
     summary = {"model": cfg.model.path, "sets": out, "seed": e.seed if step is None else cfg.trainer.seed,

@@ -37,6 +37,9 @@ BOXED_SOURCES = ("math_dapo_boxed", "math-dapo")
 # Scorers that compare one final answer with the ground truth, so that samples can vote on it
 # (maj@n); the others judge programs, partitions or verdicts.
 ANSWER_SCORERS = ("math", "dapo", "boxed")
+# The data_source that routes to each answer scorer: what a validation set's `scorer`
+# (data.val_sets) scores its records as, whatever their own data_source.
+SCORER_SOURCES = {"math": "math", "dapo": DAPO_SOURCES[0], "boxed": BOXED_SOURCES[0]}
 GENRM_PREFIX = "genrm"  # GenRM training records (docs/math.md §Data records): "genrm", "genrm_<task>"
 
 

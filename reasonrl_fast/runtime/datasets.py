@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from reasonrl_fast.data.records import filter_long, load_records, render_prompt
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.rewards.score import check_sandbox
+from reasonrl_fast.rewards.score import SCORER_SOURCES, check_sandbox
 from reasonrl_fast.tasks import get_task
 from reasonrl_fast.util import derive_seed
 
@@ -21,7 +21,7 @@ class ValSet:
     """A validation set as the loop validates it: `name` ("" for the one set of data.val_files
     or the embedded split, whose metrics are val/accuracy and val/pass@<k>; else an entry of
     data.val_sets, val/<name>/...), its rendered records, samples per prompt, pass@k's k,
-    whether maj@n is reported, and its sampling."""
+    whether maj@n is reported, its sampling and its scorer."""
 
     name: str
     records: list[dict]
@@ -30,6 +30,8 @@ class ValSet:
     maj: bool
     temperature: float
     top_p: float
+    score_as: str | None = None
+    """The data_source its records are scored as (the set's `scorer`); None: their own."""
 
 
 def load_datasets(cfg, tokenizer) -> tuple[list[dict], list[ValSet]]:
@@ -79,7 +81,8 @@ def val_set(cfg, records: list[dict], entry=None) -> ValSet:
         return ValSet("", records, r.val_n, [r.val_n] if r.val_n > 1 else [], False, temperature, top_p)
     return ValSet(entry.name, records, entry.n, entry.ks(), entry.maj,
                   temperature if entry.temperature is None else entry.temperature,
-                  top_p if entry.top_p is None else entry.top_p)
+                  top_p if entry.top_p is None else entry.top_p,
+                  SCORER_SOURCES[entry.scorer] if entry.scorer else None)
 
 
 def _val_records(cfg, files: list[str], sources: list[str], key: str) -> list[dict]:

@@ -319,7 +319,7 @@ def validate(cfg, cluster, tok, val_sets: list[ValSet], pool, step: int) -> dict
     for vs in val_sets:
         n = vs.n
         roll = rollout_and_score(cluster, pool, tok, vs.records, n, vs.temperature, vs.top_p,
-                                 f"val/{step}/{vs.name}" if vs.name else f"val/{step}")
+                                 f"val/{step}/{vs.name}" if vs.name else f"val/{step}", score_as=vs.score_as)
         mean = sum(roll["acc"]) / len(roll["acc"])
         if vs.name:
             means.append(mean)

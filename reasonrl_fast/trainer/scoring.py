@@ -17,7 +17,7 @@ REWARD_COUNTS = ("reward/timeouts", "reward/errors")
 
 def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int, temperature: float,
                       top_p: float, stream: int | str, judge=None, keep: bool = False, pending=None,
-                      spread: str | None = None, index_base: int = 0) -> dict:
+                      spread: str | None = None, index_base: int = 0, score_as: str | None = None) -> dict:
     """Generate `n` responses per item at `temperature` and `top_p` (sample seeds from `stream`:
     the step, or a validation pass) and score each worker's share as soon as it arrives
     (for FAPO, also submit its correct responses to the judge, as sample `index_base` + i);
@@ -28,7 +28,8 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
     `pending`: a generation of `items` submitted before (cluster.py `submit`), collected here
     instead of a new one. `spread`: dynamic sampling's filter (data.filter_groups, acc or score):
     `kept` holds each group's verdict (`groups_with_spread`), and only a kept group's right
-    answers go to the judge (a dropped group's would be judged for nothing)."""
+    answers go to the judge (a dropped group's would be judged for nothing). `score_as`: the
+    data_source every response is scored as (a validation set's scorer), else its record's."""
     t0 = time.perf_counter()
     prompts = pending.prompts if pending is not None else [prompt_ids(it, tok) for it in items]
     total = len(items) * n
@@ -46,7 +47,7 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
         t_rollout = t - t0
         idx = range(start, start + len(shard))
         shard_texts = tok.batch_decode(shard, skip_special_tokens=True)
-        results, m = pool.score(_samples([items[i // n] for i in idx], shard_texts))
+        results, m = pool.score(_samples([items[i // n] for i in idx], shard_texts, score_as))
         latencies += pool.last_latencies
         for k in counts:
             counts[k] += m[k]
@@ -73,10 +74,10 @@ def reward_metrics(counts: dict, latencies: list[float], nonfinite: int) -> dict
             "reward/latency_p99_s": quantile(latencies, 0.99), "reward/nonfinite": nonfinite}
 
 
-def _samples(items: list[dict], texts: list[str]) -> list[tuple]:
+def _samples(items: list[dict], texts: list[str], score_as: str | None = None) -> list[tuple]:
     """The reward pool's (data_source, response, ground truth, extra_info) per response; `items`
-    holds each response's record."""
-    return [(it.get("data_source", "math"), text, it["answer"], it.get("extra_info"))
+    holds each response's record; `score_as` replaces every data_source."""
+    return [(score_as or it.get("data_source", "math"), text, it["answer"], it.get("extra_info"))
             for it, text in zip(items, texts, strict=True)]
 
 

@@ -17,12 +17,14 @@ from reasonrl_fast.trainer.worker import Worker
 
 
 class RecordingEngine(Engine):
+    answer = r"so \boxed{2}"
+
     def __init__(self, tok):
         self.tok, self.calls = tok, []
 
     def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds):
         self.calls.append({"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens})
-        ids = self.tok(r"so \boxed{2}", add_special_tokens=False)["input_ids"]
+        ids = self.tok(self.answer, add_special_tokens=False)["input_ids"]
         return Samples([list(ids) for _ in range(len(prompts) * n)], [[0.0] * len(ids)] * (len(prompts) * n))
 
 
@@ -117,3 +119,16 @@ def test_a_sets_pass_at_k_and_maj_are_evals_estimators():
     assert set_metrics(vs, texts, acc) == {"val/s/mean@4": 0.5, "val/s/pass@1": 0.5,
                                            "val/s/pass@2": (0.5 + 1.0) / 2,  # 1 - C(3,2)/C(4,2); 1 - 0
                                            "val/s/pass@4": 1.0, "val/s/maj@4": 0.5}
+
+
+def test_a_sets_scorer_scores_its_records_whatever_their_data_source(monkeypatch):
+    """An AIME answer boxed 150 characters before the end: the DAPO rule that aime* routes to
+    reads the last 100 characters and misses it; the box verifier (FAPO's validation scorer)
+    reads 300 and finds it. The same records and samples, two sets, two scorers."""
+    monkeypatch.setattr(RecordingEngine, "answer", r"so \boxed{2}" + "." * 150)
+    cfg = load_config(None, ["rollout.max_new_tokens=200",
+                             "data.val_sets=[{name: routed, n: 2}, {name: boxed, n: 2, scorer: boxed}]"])
+    cluster, tok, _ = _cluster(cfg, monkeypatch)
+    aime = [{"prompt": f"{i}+{2 - i}=", "answer": "2", "data_source": "aime24"} for i in range(3)]
+    row = validate(cfg, cluster, tok, [val_set(cfg, aime, v) for v in cfg.data.val_sets], Pool(), step=0)
+    assert row["val/routed/mean@2"] == 0.0 and row["val/boxed/mean@2"] == 1.0
