@@ -50,6 +50,7 @@ stand-in model, the records, the run).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -165,6 +166,8 @@ def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[
     out: dict[str, Any] = {k: -(-get(cfg, k) // f) for k in LENGTHS}  # a 0 ("off") stays 0
     out["fapo.genrm.max_tokens"] = min(out["fapo.genrm.max_tokens"], GENRM_TOKENS)
     out["rollout.val_n"] = min(cfg.rollout.val_n, VAL_N)
+    out["data.val_sets"] = [dataclasses.replace(v, n=min(v.n, VAL_N), k=[k for k in v.k if k <= VAL_N])
+                            for v in cfg.data.val_sets]  # each set's samples, as rollout.val_n
     out["data.prompts_per_step"], out["optim.mini_batch_prompts"] = batch(
         cfg.data.prompts_per_step, cfg.optim.mini_batch_prompts, cfg.rollout.n)
     out.update({"trainer.nnodes": 1, "trainer.workers_per_node": WORKERS, "trainer.cpus_per_worker": 1,
@@ -217,9 +220,6 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
 
     t0 = time.time()
     cfg = load_config(config, overrides)
-    if any(v.files for v in cfg.data.val_sets):
-        raise RehearsalError("data.val_sets with files: the rehearsal has no stand-in records for them yet; rehearse "
-                             "the recipe with data.val_sets=[] (its training and the one-set validation)")
     real, where = real_model_config(cfg)
     preflight(cfg, real, files=False)  # what stops the real run before Ray stops this one
     records = records_for(cfg, TRAIN_PROMPTS, VAL_PROMPTS)
@@ -243,7 +243,7 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
         paths, notes = stand_ins.stage(cfg, work, records, tok, log,
                                        scaled.get("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size),
                                        stand_ins.stand_in_head_dim(spec))
-        settings = {**scaled, **paths, "trainer.output_dir": os.path.join(work, "run")}
+        settings = {**scaled, **_set_files(cfg, scaled, paths), "trainer.output_dir": os.path.join(work, "run")}
         if cfg.embedded_model:
             settings["sft.cache_dir"] = os.path.join(work, "sft")
         small = apply(cfg, {**settings, "trainer.overwrite": True})  # a rehearsal starts afresh
@@ -282,6 +282,17 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
     if not output_dir:
         shutil.rmtree(work, ignore_errors=True)
     return last
+
+
+def _set_files(cfg: Config, scaled: dict, paths: dict) -> dict:
+    """`paths` (stand_ins.stage's settings) with the validation sets' stand-in files
+    ("data.val_sets[s].files") put into the sets themselves: one data.val_sets setting."""
+    paths = dict(paths)
+    sets = scaled.get("data.val_sets", cfg.data.val_sets)
+    files = {s: paths.pop(f"data.val_sets[{s}].files") for s in range(len(sets)) if f"data.val_sets[{s}].files" in paths}
+    if files:
+        paths["data.val_sets"] = [dataclasses.replace(v, files=files.get(s, v.files)) for s, v in enumerate(sets)]
+    return paths
 
 
 def _check_learns(small: Config) -> None:

@@ -39,7 +39,7 @@ RUN_SHAPE = {"data.prompts_per_step", "optim.mini_batch_prompts", "trainer.nnode
              "trainer.cpus_per_worker", "trainer.sharding", "model.compute_dtype", "trainer.steps",
              "trainer.save_every", "trainer.resume", "trainer.ray_address", "trainer.progress", "rollout.backend",
              "rollout.tensor_parallel_size", "rollout.workers", "sft.steps", "data.train_size", "data.val_size",
-             "rollout.val_n"}
+             "rollout.val_n", "data.val_sets"}
 
 
 def _stand_ins(cfg):
@@ -88,6 +88,10 @@ def test_every_length_is_divided_by_the_one_factor_and_the_records_fit(name):
         "fsdp", "bfloat16", rehearse.WORKERS)
     assert small.model.dtype == cfg.model.dtype and small.rollout.n == cfg.rollout.n
     assert small.rollout.val_n == min(cfg.rollout.val_n, rehearse.VAL_N)
+    # each validation set as rollout.val_n: fewer samples, its k cut to them, the rest kept
+    assert [(v.name, v.n, v.k, v.scorer, v.files) for v in small.data.val_sets] == [
+        (v.name, min(v.n, rehearse.VAL_N), [k for k in v.k if k <= rehearse.VAL_N], v.scorer, v.files)
+        for v in cfg.data.val_sets]
     assert small.rollout.tensor_parallel_size == 1  # the hf rollout holds the whole model
     if cfg.rollout.backend == "vllm":
         assert small.rollout.backend == "hf"
@@ -389,3 +393,22 @@ def test_a_recipe_whose_rewards_all_fail_does_not_pass(tmp_path):
     assert p.returncode == 1 and "[rehearse] passed" not in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
     assert len(errors) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert errors[0].startswith("error: step 1: every reward timed out or failed (reward/timeouts=0, reward/errors="), errors
+
+
+def test_a_recipes_validation_sets_get_stand_in_files_of_their_declared_sources(tmp_path):
+    """Each set's file not on this machine gets stand-in records of the data_source its `sources`
+    names, written beside the others; the rehearsal's data.val_sets points each set at its own."""
+    cfg = load_config(os.path.join(ROOT, "configs", "fapo_qwen2.5_32b.yaml"))
+    records, _ = _stand_ins(cfg)
+    assert [[r["data_source"] for _, pairs in records[f"data.val_sets[{s}].files"] for r, _ in pairs]
+            for s in (0, 1)] == [["aime24"] * rehearse.VAL_PROMPTS, ["aime25"] * rehearse.VAL_PROMPTS]
+    paths = {"data.val_sets[0].files": [str(tmp_path / "a.jsonl")], "data.val_sets[1].files": [str(tmp_path / "b.jsonl")],
+             "data.train_files": ["t.jsonl"]}
+    scaled = rehearse.scale(cfg, engine_importable=False)
+    out = rehearse._set_files(cfg, scaled, paths)
+    assert out["data.train_files"] == ["t.jsonl"] and not any(k.startswith("data.val_sets[") for k in out)
+    assert [(v.name, v.files, v.n) for v in out["data.val_sets"]] == [
+        ("aime24", [str(tmp_path / "a.jsonl")], rehearse.VAL_N), ("aime25", [str(tmp_path / "b.jsonl")], rehearse.VAL_N)]
+    with pytest.raises(ConfigError, match=r"^data.val_sets\[1\].sources\[0\]: /data/x.parquet is not on this "
+                                          r"machine, and data.val_sets\[1\].sources does not say"):
+        records_for(load_config(None, ["data.val_sets=[{name: a}, {name: b, files: [/data/x.parquet]}]"]), 2, 2)

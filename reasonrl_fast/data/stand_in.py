@@ -67,10 +67,15 @@ def file_sources(data, split: str, i: int) -> list[str]:
     is on this machine; else the one its `data.<split>_sources` entry names. A ConfigError naming
     that key where neither says, where the entry contradicts the file, or where a source's scorer
     has no example here."""
+    return _sources(getattr(data, f"{split}_files"), getattr(data, f"{split}_sources"), i,
+                    f"data.{split}_sources", f"data.{split}_files")
+
+
+def _sources(files: list[str], declared: list[str], i: int, key: str, files_key: str) -> list[str]:
+    """`file_sources` of file i of `files` (`files_key`), whose sources `declared` (`key`) names."""
     from reasonrl_fast.rewards.score import scorer_for
 
-    path, key = getattr(data, f"{split}_files")[i], f"data.{split}_sources"
-    declared = getattr(data, f"{split}_sources")
+    path = files[i]
     said = declared[i] if i < len(declared) else None
     if os.path.exists(path):
         from reasonrl_fast.data.records import load_records
@@ -81,7 +86,7 @@ def file_sources(data, split: str, i: int) -> list[str]:
                               f"{', '.join(map(repr, sources))}")
     elif said is None:
         raise ConfigError(f"{key}[{i}]: {path} is not on this machine, and {key} does not say which "
-                          f"data_source its records carry: give one per file of data.{split}_files, as "
+                          f"data_source its records carry: give one per file of {files_key}, as "
                           f"data.prepare writes them (such as {key}=[math_dapo])")
     else:
         sources = [said]
@@ -112,11 +117,18 @@ def stand_in_records(sources: list[str], count: int) -> list[tuple[dict, str]]:
 
 def records_for(cfg, train: int, val: int) -> dict[str, list[tuple[str, list[tuple[dict, str]]]]]:
     """The stand-in records of each data file setting, `train` per training file and `val` per
-    validation file: {"data.train_files": [(recipe's file, pairs), ...], "data.val_files": ...}."""
+    validation file: {"data.train_files": [(recipe's file, pairs), ...], "data.val_files": ...,
+    "data.val_sets[0].files": ...}."""
     d = cfg.data
-    return {f"data.{split}_files": [(path, stand_in_records(file_sources(d, split, i), count))
-                                    for i, path in enumerate(getattr(d, f"{split}_files"))]
-            for split, count in (("train", train), ("val", val))}
+    out = {f"data.{split}_files": [(path, stand_in_records(file_sources(d, split, i), count))
+                                   for i, path in enumerate(getattr(d, f"{split}_files"))]
+           for split, count in (("train", train), ("val", val))}
+    for s, v in enumerate(d.val_sets):  # a validation set's files: "data.val_sets[s].files"
+        at = f"data.val_sets[{s}]."
+        out[f"{at}files"] = [(path, stand_in_records(_sources(v.files, v.sources, i, f"{at}sources", f"{at}files"),
+                                                     val))
+                             for i, path in enumerate(v.files)]
+    return out
 
 
 def longest_prompt(records: dict, tok) -> int:

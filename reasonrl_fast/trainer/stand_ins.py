@@ -60,7 +60,8 @@ def stage(cfg, work: str, records: dict, tok, log, tensor_parallel: int = 1,
     pairs: list[tuple[dict, str]] = []
     for key, files in records.items():
         for i, (path, recs) in enumerate(files):
-            out = os.path.join(work, "data", f"{key.split('.')[1]}-{i}.jsonl")
+            name = key.split(".")[1].replace("[", "-").replace("]", "")  # train_files, val_sets-0, ...
+            out = os.path.join(work, "data", f"{name}-{i}.jsonl")
             write_records([r for r, _ in recs], out)
             settings.setdefault(key, []).append(out)
             pairs += recs
