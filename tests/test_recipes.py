@@ -28,7 +28,7 @@ PUBLISHED = {
         **VERL, "algo": "flowrl", "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "rollout.n": 8,
         "data.prompts_per_step": 512, "optim.mini_batch_prompts": 32, "data.max_prompt_length": 2048,
         "rollout.max_new_tokens": 8192, "flowrl.overlong_buffer": 4096, "flowrl.overlong_factor": 1.0,
-        "rollout.temperature": 1.0, "rollout.top_p": 1.0, "flowrl.beta": 15.0, "rollout.val_n": 16,
+        "rollout.temperature": 1.0, "rollout.top_p": 1.0, "flowrl.beta": 15.0,
         "rollout.val_temperature": 0.6, "rollout.val_top_p": 0.95, "trainer.val_every": 10},
     "fapo_qwen2.5_math_7b.yaml": {
         **FAPO, **GENRM_CLIENT, "algo": "fapo", "rollout.max_new_tokens": 8192, "trainer.steps": 200,
@@ -86,3 +86,21 @@ def test_fapo_genrm_is_sampled_with_room_for_its_verdicts(name):
     assert g.temperature > 0 and len(g.addresses) >= 2  # sampled, as the published client leaves it to the server
     assert g.timeout_s >= g.max_tokens / 60  # 16384 tokens at ~60 tokens/s
     assert "vllm serve" in open(os.path.join(CONFIGS, name)).read()  # how to start the replicas
+
+
+# The papers' validation, per benchmark: (name, samples per prompt, scorer) of each set
+VAL_SETS = {
+    # FlowRL: Avg@16 on each of six benchmarks, three of which data.prepare converts
+    "flowrl_qwen2.5_7b_math.yaml": [("aime24", 16, None), ("aime25", 16, None), ("math500", 16, None)],
+    # FAPO's test file: 32 copies of each AIME24 and AIME25 prompt, box verifier (GPQA-Diamond not yet)
+    **{name: [("aime24", 32, "boxed"), ("aime25", 32, "boxed")]
+       for name in ("fapo_qwen2.5_math_7b.yaml", "grpo_baseline_qwen2.5_math_7b.yaml", "fapo_qwen2.5_32b.yaml",
+                    "fapo_baseline_qwen2.5_32b.yaml")},
+}
+
+
+@pytest.mark.parametrize("name", sorted(VAL_SETS))
+def test_recipe_validates_per_benchmark_as_its_paper_reports(name):
+    sets = load_config(os.path.join(CONFIGS, name)).data.val_sets
+    assert [(v.name, v.n, v.scorer) for v in sets] == VAL_SETS[name]
+    assert all(v.temperature is None and v.top_p is None for v in sets)  # the recipe's val_temperature / val_top_p
