@@ -8,20 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.helpers.in_place import in_place_cluster
 
 from reasonrl_fast.algos import advantages, get_algo, groups_with_spread
 from reasonrl_fast.config import load_config
 from reasonrl_fast.errors import ConfigError, UserError
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.score import default_compute_score
-from reasonrl_fast.rollout import group as group_mod
 from reasonrl_fast.rollout import sample_seeds
 from reasonrl_fast.rollout.base import Engine, Samples
-from reasonrl_fast.rollout.group import WorkerGroup
 from reasonrl_fast.runtime.datasets import Sampler
 from reasonrl_fast.trainer import dynamic
-from reasonrl_fast.trainer.cluster import Cluster
-from reasonrl_fast.trainer.worker import Worker
 
 # ---------------------------------------------------------------- the filter
 
@@ -93,16 +90,6 @@ class AnsweringEngine(Engine):
         return Samples(ids, [[float(seeds[i])] * len(x) for i, x in enumerate(ids)])
 
 
-class InPlace:
-    """A Ray actor handle whose `.method.remote(...)` runs the worker's method at once."""
-
-    def __init__(self, worker):
-        self._w = worker
-
-    def __getattr__(self, name):
-        return type("Method", (), {"remote": staticmethod(getattr(self._w, name))})()
-
-
 class Pool:
     last_latencies = [0.01]
 
@@ -123,19 +110,7 @@ def _run(overrides, monkeypatch, world=2, records=40, judge=None):
     cfg = load_config(None, ["rollout.n=4", "data.prompts_per_step=4", "optim.mini_batch_prompts=4",
                              "data.filter_groups=acc", "trainer.seed=7", *overrides])
     tok = char_tokenizer()
-    engines, handles = [], []
-    for rank in range(world):
-        w = Worker.__new__(Worker)
-        w.cfg, w.rank, w.world, w._samples = cfg, rank, world, None
-        w.engine = AnsweringEngine(tok)
-        engines.append(w.engine)
-        handles.append(InPlace(w))
-    group = WorkerGroup.__new__(WorkerGroup)
-    group.cfg, group.spec, group.count, group.tp, group.log_dir, group.actors = (
-        cfg, None, world, cfg.rollout.tensor_parallel_size, None, handles)
-    c = Cluster.__new__(Cluster)
-    c.cfg, c.world, c.workers, c.group, c._kept, c._pending, c.version = cfg, world, handles, group, None, None, 0
-    monkeypatch.setattr(group_mod, "as_completed", lambda refs, what, ranks=None, role="worker": enumerate(refs))
+    c, engines = in_place_cluster(cfg, lambda: AnsweringEngine(tok), monkeypatch, world)
     train_set = [{"prompt": f"{i}+{i + 1}=", "answer": str(2 * i + 1), "data_source": "math"}
                  for i in range(records)]
     run = SimpleNamespace(cfg=cfg, cluster=c, pool=Pool(), tok=tok, train_set=train_set,

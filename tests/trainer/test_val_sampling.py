@@ -3,17 +3,14 @@ loop's `validate` through the cluster's fan-out and the worker's `generate` down
 with Ray's remote calls run in place and an engine that records what it was asked."""
 
 import pytest
+from tests.helpers.in_place import in_place_cluster
 
 from reasonrl_fast.config import load_config
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.score import default_compute_score
 from reasonrl_fast.rollout.base import Engine, Samples
-from reasonrl_fast.rollout import group as group_mod
-from reasonrl_fast.rollout.group import WorkerGroup
 from reasonrl_fast.runtime.datasets import val_set
-from reasonrl_fast.trainer.cluster import Cluster
 from reasonrl_fast.trainer.loop import rollout_and_score, validate
-from reasonrl_fast.trainer.worker import Worker
 
 
 class RecordingEngine(Engine):
@@ -28,13 +25,6 @@ class RecordingEngine(Engine):
         return Samples([list(ids) for _ in range(len(prompts) * n)], [[0.0] * len(ids)] * (len(prompts) * n))
 
 
-class InPlace:
-    """A Ray actor handle whose `.generate.remote(...)` runs the worker's method at once."""
-
-    def __init__(self, worker):
-        self.generate = type("Method", (), {"remote": staticmethod(worker.generate)})()
-
-
 class Pool:
     last_latencies: list = []
 
@@ -44,20 +34,8 @@ class Pool:
 
 def _cluster(cfg, monkeypatch, world=2):
     tok = char_tokenizer()
-    engines, handles = [], []
-    for rank in range(world):
-        w = Worker.__new__(Worker)
-        w.cfg, w.rank, w.world, w._samples = cfg, rank, world, None
-        w.engine = RecordingEngine(tok)
-        engines.append(w.engine)
-        handles.append(InPlace(w))
-    group = WorkerGroup.__new__(WorkerGroup)
-    group.cfg, group.spec, group.count, group.tp, group.log_dir, group.actors = (
-        cfg, None, world, cfg.rollout.tensor_parallel_size, None, handles)
-    c = Cluster.__new__(Cluster)
-    c.cfg, c.world, c.workers, c.group, c._kept = cfg, world, handles, group, None
-    monkeypatch.setattr(group_mod, "as_completed", lambda refs, what, ranks=None, role="worker": enumerate(refs))
-    return c, tok, engines
+    cluster, engines = in_place_cluster(cfg, lambda: RecordingEngine(tok), monkeypatch, world)
+    return cluster, tok, engines
 
 
 VAL = [{"prompt": f"{i}+{2 - i}=", "answer": "2", "data_source": "math"} for i in range(3)]
