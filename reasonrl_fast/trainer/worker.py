@@ -130,9 +130,9 @@ class Worker(RolloutWorker):
         """Step 4 of the loop's step: reference and old log-probs, mini-batch updates, weight sync, on
         the samples this rank kept from the step's rollout (prompt-major groups of rollout.n); `adv` are their group-normalised
         advantages, in the same order. Each mini-batch runs as micro-batches whose gradients add
-        up to the mini-batch's (update.py). Split placement: `samples` are this rank's share of
-        the rollout workers' (prompts, responses, sampler log-probs), and the weights go out by
-        `publish`, called next; `proximal`: compute the old log-probs before the update even with
+        up to the mini-batch's (update.py). `samples`: this rank's share of (prompts, responses,
+        sampler log-probs) the driver holds (split placement's, from the rollout workers, whose
+        weights go out by `publish`, called next; dynamic sampling's kept groups); `proximal`: compute the old log-probs before the update even with
         one mini-batch (samples of older weights: π_prox, docs/math.md §Rollout correction, is not the sampler's)."""
         cfg = self.cfg
         if samples is not None:
