@@ -300,6 +300,7 @@ BAD_VALUES = {
     "flowrl.is_clip_eps": ["0", "1.5"],
     "flowrl.zhead_layers": ["0"],
     "flowrl.zhead_lr_mult": ["-1"],
+    "flowrl.zhead_pooling": ["last", "mean"],
     "flowrl.overlong_buffer": ["-1"],
     "flowrl.overlong_factor": ["-0.5"],
     "fapo.penalty": ["-1", "3"],

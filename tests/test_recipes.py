@@ -29,7 +29,8 @@ PUBLISHED = {
         "data.prompts_per_step": 512, "optim.mini_batch_prompts": 32, "data.max_prompt_length": 2048,
         "rollout.max_new_tokens": 8192, "flowrl.overlong_buffer": 4096, "flowrl.overlong_factor": 1.0,
         "rollout.temperature": 1.0, "rollout.top_p": 1.0, "flowrl.beta": 15.0,
-        "rollout.val_temperature": 0.6, "rollout.val_top_p": 0.95, "trainer.val_every": 10},
+        "rollout.val_temperature": 0.6, "rollout.val_top_p": 0.95, "trainer.val_every": 10,
+        "flowrl.zhead_pooling": "published"},  # vFa / F1a: full_last_hidden[:, :-response_length - 1]
     "fapo_qwen2.5_math_7b.yaml": {
         **FAPO, **GENRM_CLIENT, "algo": "fapo", "rollout.max_new_tokens": 8192, "trainer.steps": 200,
         "model.max_position_embeddings": 32768, "trainer.val_every": 10},

@@ -61,6 +61,10 @@ class FlowRLConfig(Checks):
     """Layers of the Z-head MLP."""
     zhead_lr_mult: float = 1.0
     """Learning-rate multiplier for the Z-head parameters."""
+    zhead_pooling: str = "all"
+    """The prompt positions log Z pools: all (SPEC §5, the default: every prompt token, the last
+    one too, which has read the whole prompt) or published (all but the last, as verl's FlowRL
+    actors, whose `proj_z` checkpoints were trained so)."""
     overlong_buffer: int = 0
     """DAPO overlong shaping of FlowRL's rewards: buffer L_buf in tokens (0: off; the published
     FlowRL runs shape with 4096, as DAPO)."""
@@ -73,6 +77,7 @@ class FlowRLConfig(Checks):
         self._positive(at, "beta", "max_is_weight", "zhead_layers")
         self._between(at, "is_clip_eps", 0, 1, lo_open=True)  # the weight's clip [1 - eps, 1 + eps]
         self._not_negative(at, "zhead_lr_mult", "overlong_buffer", "overlong_factor")  # 0: a frozen Z-head
+        self._one_of(at, "zhead_pooling", ("all", "published"))
 
 
 class FlowRL(Algo):

@@ -8,6 +8,20 @@ from torch import nn
 from reasonrl_fast.ops.masked_mean import masked_mean
 
 
+POOLINGS = ("all", "published")
+"""The prompt positions log Z pools: all of them (SPEC §5), or all but the last (published:
+verl's FlowRL actors average positions 0..P-2, `full_last_hidden[:, :-response_length - 1]`)."""
+
+
+def without_last_token(prompt_mask: torch.Tensor) -> torch.Tensor:
+    """`prompt_mask` [B, T] without each row's last marked position, where the row marks more than
+    one: a one-token prompt keeps its token (verl's mean over no position would be 0 / 0)."""
+    m = prompt_mask.bool()
+    count = m.sum(-1, keepdim=True)
+    last = m & (m.cumsum(-1) == count)
+    return (m & ~(last & (count > 1))).to(prompt_mask.dtype)
+
+
 class ZHead(nn.Module):
     """log Z = MLP(mean of the last-layer hidden states over the prompt tokens).
 
@@ -17,10 +31,13 @@ class ZHead(nn.Module):
     detached: the TB loss trains the backbone through log Z too.
     """
 
-    def __init__(self, hidden_size: int, num_layers: int = 3, dropout: float = 0.1):
+    def __init__(self, hidden_size: int, num_layers: int = 3, dropout: float = 0.1, pooling: str = "all"):
         super().__init__()
         if hidden_size < 1 or num_layers < 1:
             raise ValueError(f"ZHead: hidden_size and num_layers must be >= 1, got {hidden_size}, {num_layers}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"ZHead: pooling={pooling!r}, expected one of {POOLINGS}")
+        self.pooling = pooling
         layers: list[nn.Module] = []
         for _ in range(num_layers - 1):
             layers += [nn.Linear(hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size), nn.Dropout(dropout)]
@@ -29,5 +46,7 @@ class ZHead(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
         """hidden_states [B, T, H], prompt_mask [B, T] -> log Z [B] (in the head's dtype)."""
+        if self.pooling == "published":
+            prompt_mask = without_last_token(prompt_mask)
         pooled = masked_mean(hidden_states, prompt_mask)
         return self.net(pooled.to(self.net[0].weight.dtype)).squeeze(-1)

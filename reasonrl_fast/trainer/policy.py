@@ -20,7 +20,7 @@ class Actor(nn.Module):
     (docs/math.md §Z-head). `fused`: log-probs from the hidden states and the head weight,
     without logits (only for a plain linear head, see models/lm_head.py)."""
 
-    def __init__(self, lm: nn.Module, zhead_layers: int = 0, fused: bool = False):
+    def __init__(self, lm: nn.Module, zhead_layers: int = 0, fused: bool = False, zhead_pooling: str = "all"):
         super().__init__()
         check_trainable(lm)
         self.lm = lm
@@ -28,7 +28,8 @@ class Actor(nn.Module):
         # group holds the Z-head with the embeddings and the head (verl casts the actor after
         # adding it, likewise). Built in float32 and then cast, as verl's is.
         dtype = next(lm.parameters()).dtype
-        self.proj_z = ZHead(lm.config.hidden_size, num_layers=zhead_layers).to(dtype) if zhead_layers else None
+        self.proj_z = (ZHead(lm.config.hidden_size, num_layers=zhead_layers, pooling=zhead_pooling).to(dtype)
+                       if zhead_layers else None)
         blocker = head_blocker(lm)
         if fused and blocker is not None:
             raise ValueError(f"Actor(fused=True): {blocker}")

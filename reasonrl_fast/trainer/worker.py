@@ -74,7 +74,8 @@ class Worker(RolloutWorker):
         self._samples: tuple[list, list, list] | None = None  # the step's (prompts, responses, log-probs)
         # One decision for the run: the update, old and reference log-probs all take the same
         # path (layout.fused), so the ratio at the first update is exactly 1.
-        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.algo.zhead else 0, fused=layout.fused)
+        self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.algo.zhead else 0, fused=layout.fused,
+                           zhead_pooling=cfg.flowrl.zhead_pooling)
         self._hold(self.actor, lm, mesh, compute)
         # what the update's forward runs through: DDP averages the gradients when replicated
         self.train_model = (replicate(self.actor, mesh, self.device) if layout.sharding == "replicate"

@@ -249,3 +249,39 @@ def test_direct_kernel_calls_reject_bad_input_cuda():
         torch.cuda.synchronize()
     """)
     check_typed_outcomes(lines, 11)
+
+
+def test_without_last_token_drops_each_rows_last_prompt_position():
+    """Left- and right-padded rows, a one-token prompt (kept: verl's mean over no position is
+    0 / 0) and an empty row (stays empty)."""
+    from reasonrl_fast.ops.zhead import without_last_token
+
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 1, 1, 0]])
+    assert without_last_token(mask).tolist() == [[0, 0, 1, 1, 0], [1, 1, 0, 0, 0], [0, 0, 0, 1, 0],
+                                                 [0, 0, 0, 0, 0], [1, 0, 1, 0, 0]]
+    assert without_last_token(mask.float()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_zhead_published_pooling_is_verls_mean_over_the_prompt_but_its_last_token(seed):
+    """float64, awkward sizes: log Z of `pooling="published"` is the MLP of the plain mean over
+    each row's prompt positions but the last (verl's FlowRL actors), and differs from "all"."""
+    g = torch.Generator().manual_seed(seed)
+    B, T, H = 5, 11, 7
+    h = torch.randn(B, T, H, dtype=torch.float64, generator=g, requires_grad=True)
+    lengths = torch.randint(2, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    head = ZHead(H, num_layers=2, pooling="published").double().eval()
+    ref_mask = mask.clone()
+    ref_mask[torch.arange(B), lengths - 1] = 0
+    ref = head.net((h * ref_mask[..., None]).sum(1) / ref_mask.sum(1, keepdim=True)).squeeze(-1)
+    got = head(h, mask)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    (gh,) = torch.autograd.grad(got.sum(), h)
+    (rh,) = torch.autograd.grad(ref.sum(), h)
+    torch.testing.assert_close(gh, rh, rtol=1e-12, atol=1e-12)
+    assert gh[torch.arange(B), lengths - 1].abs().max() == 0  # the last prompt token gets no gradient
+    head.pooling = "all"
+    assert (head(h, mask) - got).abs().max() > 1e-6
+    with pytest.raises(ValueError, match="pooling='last'"):
+        ZHead(H, pooling="last")

@@ -65,6 +65,14 @@ def test_packed_rows_equal_padded_rows(family, fused, one_row):
 
 
 @pytest.mark.parametrize("one_row", [True, False])
+def test_packed_rows_equal_padded_rows_with_the_published_zhead_pooling(one_row):
+    """The Z-head pooling all prompt positions but the last (flowrl.zhead_pooling=published) in
+    both layouts: the same log Z and gradients."""
+    actor = Actor(tiny("qwen2"), 2, zhead_pooling="published").double().eval()
+    check_same(actor, *random_samples(), one_row)
+
+
+@pytest.mark.parametrize("one_row", [True, False])
 def test_packed_rows_through_the_models_own_head(one_row):
     """A head the model's forward transforms (here a biased LM head) runs the full forward on the
     packed rows; the response positions are gathered from its logits."""
