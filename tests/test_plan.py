@@ -99,7 +99,8 @@ def test_terms_by_hand():
     t = {x.name: x for x in est.terms}
     assert t["policy parameters"].update == pytest.approx(s.params * 4 / 8 / 2**30)
     assert t["AdamW states (2)"].rollout == pytest.approx(2 * t["policy parameters"].rollout)
-    assert t["vLLM engine"].rollout == pytest.approx(0.7 * 80) and t["vLLM engine"].update == 0
+    assert t["vLLM engine"].rollout == pytest.approx(cfg.rollout.gpu_memory_utilization * 80)
+    assert t["vLLM engine"].update == 0
     assert "reference model" not in t  # GRPO without KL
     ref = plan.estimate(load_config(os.path.join(CONFIGS, "flowrl_qwen2.5_7b_math.yaml"), []), s, "gpu", 80.0)
     assert "reference model" in {x.name for x in ref.terms}

@@ -23,14 +23,24 @@ FAPO = {**VERL, "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "grpo.clip_
 GENRM_CLIENT = {"fapo.penalty": 1.0, "fapo.genrm.template": "published", "fapo.genrm.max_tokens": 16384}
 
 PUBLISHED = {
-    # verl recipe/flowrl/run_flowrl_qwen2.5_7b.sh; validation: the paper's Avg@16 at T 0.6 / top-p 0.95
+    # the paper's: Xuekai-Zhu/FlowRL verl@FlowRL/command/training/math/flowrl_7B_math.sh (F1);
+    # validation: the paper's Avg@16 at T 0.6 / top-p 0.95
     "flowrl_qwen2.5_7b_math.yaml": {
         **VERL, "algo": "flowrl", "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "rollout.n": 8,
         "data.prompts_per_step": 512, "optim.mini_batch_prompts": 32, "data.max_prompt_length": 2048,
+        "rollout.max_new_tokens": 8192, "flowrl.overlong_buffer": 0, "flowrl.max_is_weight": 1e30,
+        "rollout.temperature": 1.0, "rollout.top_p": 1.0, "flowrl.beta": 15.0, "flowrl.zhead_layers": 3,
+        "rollout.gpu_memory_utilization": 0.6, "rollout.val_temperature": 0.6, "rollout.val_top_p": 0.95,
+        "trainer.save_every": 50,
+        "flowrl.zhead_pooling": "published"},  # F1a: full_last_hidden[:, :-response_length - 1]
+    # verl-recipe flowrl/run_flowrl_qwen2.5_7b.sh (vF): gen_batch_size 1536 trained whole, overlong, cap 10
+    "flowrl_qwen2.5_7b_math_verl.yaml": {
+        **VERL, "algo": "flowrl", "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "rollout.n": 8,
+        "data.prompts_per_step": 1536, "optim.mini_batch_prompts": 32, "data.max_prompt_length": 2048,
         "rollout.max_new_tokens": 8192, "flowrl.overlong_buffer": 4096, "flowrl.overlong_factor": 1.0,
-        "rollout.temperature": 1.0, "rollout.top_p": 1.0, "flowrl.beta": 15.0,
-        "rollout.val_temperature": 0.6, "rollout.val_top_p": 0.95, "trainer.val_every": 10,
-        "flowrl.zhead_pooling": "published"},  # vFa / F1a: full_last_hidden[:, :-response_length - 1]
+        "flowrl.max_is_weight": 10.0, "rollout.temperature": 1.0, "rollout.top_p": 1.0, "flowrl.beta": 15.0,
+        "rollout.val_temperature": 1.0, "rollout.val_top_p": 0.7, "rollout.val_n": 1, "trainer.val_every": 10,
+        "flowrl.zhead_pooling": "published"},  # vFa: full_last_hidden[:, :-response_length - 1]
     "fapo_qwen2.5_math_7b.yaml": {
         **FAPO, **GENRM_CLIENT, "algo": "fapo", "rollout.max_new_tokens": 8192, "trainer.steps": 200,
         "model.max_position_embeddings": 32768, "trainer.val_every": 10},

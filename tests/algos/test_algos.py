@@ -193,20 +193,25 @@ def test_a_flowrl_config_with_grpos_overlong_buffer_is_refused():
     load_config(None, ["algo=grpo", "grpo.overlong_buffer=4096"])
 
 
-def test_the_flowrl_recipe_keeps_its_overlong_shaping():
-    """configs/flowrl_qwen2.5_7b_math.yaml shapes FlowRL's rewards with DAPO's 4096-token buffer,
-    as the published run does, now from its own section."""
+def test_the_verl_flowrl_recipe_keeps_its_overlong_shaping_and_the_papers_has_none():
+    """configs/flowrl_qwen2.5_7b_math_verl.yaml shapes FlowRL's rewards with DAPO's 4096-token
+    buffer, as verl's recipe does, from its own section; the paper's script (and so
+    configs/flowrl_qwen2.5_7b_math.yaml) shapes nothing."""
     import os
 
     from reasonrl_fast.algos import get_algo
     from reasonrl_fast.config import load_config
 
-    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "flowrl_qwen2.5_7b_math.yaml"))
+    configs = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
     lengths = torch.tensor([100, 4096, 6000, 8192])
     scores = [1.0, 1.0, 0.0, 1.0]
+    cfg = load_config(os.path.join(configs, "flowrl_qwen2.5_7b_math_verl.yaml"))
     got = get_algo(cfg.algo).rewards(cfg, scores, [s > 0 for s in scores], None, lengths)
     torch.testing.assert_close(got, torch.tensor(scores) + overlong_penalty(lengths, 8192, 4096, 1.0))
     assert got[3] == 0.0 and got[0] == 1.0
+    cfg = load_config(os.path.join(configs, "flowrl_qwen2.5_7b_math.yaml"))
+    got = get_algo(cfg.algo).rewards(cfg, scores, [s > 0 for s in scores], None, lengths)
+    torch.testing.assert_close(got, torch.tensor(scores))
 
 
 @pytest.mark.parametrize("count,world,tp", [(7, 4, 2), (64, 8, 4), (5, 4, 4), (3, 4, 2), (16, 2, 1), (9, 8, 8)])
