@@ -250,8 +250,8 @@ own settings are its section under data. (data.partition.styles)."""
             _fail(f"{at}reward_fn", self.reward_fn, "expected `module:function` or `path/to/file.py:function`")
 
     def _check_filter(self, at: str) -> None:
-        """Dynamic sampling's three settings; the generation batch's only without the filter
-        refused (every generated group would train: prompts_per_step says that)."""
+        """Dynamic sampling's three settings. A generation batch without the filter is refused:
+        every generated group would train, which prompts_per_step already says."""
         self._not_negative(at, "max_gen_rounds")
         f = self.filter_groups
         if f in SHAPED_FILTERS:

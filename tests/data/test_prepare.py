@@ -131,7 +131,8 @@ def test_round_trip_through_verl_and_our_trainer(tmp_path, verl_python):
     for part in ("s", "h"):
         theirs += verl_dataset_rows(verl_python, str(tmp_path / f"{part}.parquet"), str(tmp_path / "tok"), max_prompt_length=4096)
     cfg = SimpleNamespace(data=SimpleNamespace(train_files=[str(tmp_path / "s.parquet"), str(tmp_path / "h.parquet")],
-                                               val_files=[], train_sources=[], val_sources=[], task="addition",
+                                               val_files=[], val_sets=[], train_sources=[], val_sources=[],
+                                               task="addition",
                                                max_prompt_length=4096),
                           trainer=SimpleNamespace(seed=1))
     ours, _ = load_datasets(cfg, tok)
