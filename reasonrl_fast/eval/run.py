@@ -12,15 +12,16 @@ import shutil
 import tempfile
 import time
 
-from reasonrl_fast.data.records import DataError, filter_long, jsonl_rows, load_records, prompt_ids
+from reasonrl_fast.data.records import DataError, filter_long, jsonl_rows, encode_prompts, load_records
 from reasonrl_fast.errors import ConfigError, UserError
-from reasonrl_fast.eval.metrics import PromptResult, answer_key, maj_at_n, summarize
+from reasonrl_fast.eval.metrics import PromptResult, answer_key, summarize
+from reasonrl_fast.eval.vote import majority
 from reasonrl_fast.models.loading import check_weights, load_model_config, load_tokenizer
 from reasonrl_fast.layout.shape import check_context
 from reasonrl_fast.models.tiny import char_tokenizer
-from reasonrl_fast.rewards.math import extract_boxed, math_equal
+from reasonrl_fast.rewards.math import extract_boxed
 from reasonrl_fast.rewards.pool import RewardPool
-from reasonrl_fast.rewards.score import ANSWER_SCORERS, check_sandbox, load_reward_fn, scorer_for
+from reasonrl_fast.rewards.score import check_sandbox, load_reward_fn, scorer_for
 from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime.datasets import load_datasets, load_val_sets  # the embedded task's splits
@@ -226,17 +227,6 @@ def _write(output_dir: str, summary: dict, rows: list[dict]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def majority(record: dict, answers: list) -> bool | None:
-    """maj@n of one prompt: None where the source's scorer is not one answer's equality (code,
-    partition, GenRM: no answer to vote on)."""
-    if scorer_for(record["data_source"]) not in ANSWER_SCORERS:
-        return None
-    truth = record["answer"]
-    truths = [str(t) for t in truth] if isinstance(truth, (list, tuple)) else [str(truth)]
-    # The winning group does not depend on the truth: right if it equals any acceptable answer.
-    return any(maj_at_n(answers, t, math_equal) for t in truths)
-
-
 # -------------------------------------------------------------------------------------- run
 
 def run(cfg, log=print) -> dict:
@@ -257,7 +247,7 @@ def run(cfg, log=print) -> dict:
         check_context(cfg, config, f"config.json of model.path={cfg.model.path!r}")
         records = load_eval_set(cfg, tok)
         targets = load_target(e.target, records, e.seed) if e.target else [None] * len(records)
-        prompts = [prompt_ids(rec, tok) for rec in records]  # the chat template, as in training
+        prompts = encode_prompts(records, tok)  # the chat template, as in training
         spec = get_rollout(cfg.rollout.backend)
         version = spec.preflight(config.architectures)  # not installed, or cannot load this model: now
         if version:
@@ -311,7 +301,7 @@ def run_sets(cfg, log=print) -> dict:
         from reasonrl_fast.eval.generate import Job, generate_jobs  # imports ray
 
         step = e.val_step
-        jobs = [Job([prompt_ids(rec, tok) for rec in vs.records], vs.n, vs.temperature, vs.top_p,
+        jobs = [Job(encode_prompts(vs.records, tok), vs.n, vs.temperature, vs.top_p,
                     e.seed if step is None else cfg.trainer.seed, 0 if step is None else f"val/{step}/{vs.name}")
                 for vs in sets]
         spec = get_rollout(cfg.rollout.backend)

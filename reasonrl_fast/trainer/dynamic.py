@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from reasonrl_fast.data.records import prompt_ids
+from reasonrl_fast.data.records import encode_prompts
 from reasonrl_fast.errors import UserError
 from reasonrl_fast.trainer.scoring import reward_metrics, rollout_and_score
 
@@ -73,7 +73,7 @@ def generate_round(run, step: int, k: int, base: int) -> Round:
     cfg = run.cfg
     items = [run.train_set[i] for i in run.sampler.next(cfg.data.gen_prompts())]
     r = cfg.rollout
-    pending = run.cluster.submit([prompt_ids(it, run.tok) for it in items], r.n, r.temperature, r.top_p,
+    pending = run.cluster.submit(encode_prompts(items, run.tok), r.n, r.temperature, r.top_p,
                                  step if k == 0 else f"{step}/round{k}")
     return Round(items, score_round(run, items, pending, base), pending, base)
 

@@ -28,9 +28,9 @@ import torch
 
 from reasonrl_fast.algos import advantages, get_algo
 from reasonrl_fast.config import to_yaml
-from reasonrl_fast.data.records import prompt_ids
+from reasonrl_fast.data.records import encode_prompts
 from reasonrl_fast.eval.metrics import PromptResult, answer_key, summarize
-from reasonrl_fast.eval.run import majority
+from reasonrl_fast.eval.vote import majority
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.rewards.math import extract_boxed
 from reasonrl_fast.rewards.pool import RewardPool
@@ -162,7 +162,7 @@ def _generation(run: Run, step: int) -> tuple[tuple, dict]:
         run.submitted += 1
         before = run.sampler.state()  # what a checkpoint of the step before records (`_sampler_at`)
         items = [run.train_set[i] for i in run.sampler.next(cfg.data.gen_prompts())]
-        prompts = [prompt_ids(it, run.tok) for it in items]
+        prompts = encode_prompts(items, run.tok)
         run.in_flight.append((run.submitted, items, run.cluster.submit(prompts, cfg.rollout.n, cfg.rollout.temperature,
                                                                     cfg.rollout.top_p, run.submitted), before))
     submitted, items, pending, _ = run.in_flight.popleft()

@@ -8,7 +8,7 @@ import math
 import time
 
 from reasonrl_fast.algos import groups_with_spread
-from reasonrl_fast.data.records import prompt_ids
+from reasonrl_fast.data.records import encode_prompts
 from reasonrl_fast.rewards.pool import RewardPool
 from reasonrl_fast.util import quantile
 
@@ -31,7 +31,7 @@ def rollout_and_score(cluster, pool: RewardPool, tok, items: list[dict], n: int,
     answers go to the judge (a dropped group's would be judged for nothing). `score_as`: the
     data_source every response is scored as (a validation set's scorer), else its record's."""
     t0 = time.perf_counter()
-    prompts = pending.prompts if pending is not None else [prompt_ids(it, tok) for it in items]
+    prompts = pending.prompts if pending is not None else encode_prompts(items, tok)
     total = len(items) * n
     responses: list = [None] * total
     texts: list = [None] * total

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from reasonrl_fast.data.records import filter_long, load_records, problem_text, prompt_ids, render_prompt
+from reasonrl_fast.data.records import encode_prompts, filter_long, load_records, problem_text, prompt_ids, render_prompt
 from reasonrl_fast.models.tiny import char_tokenizer
 
 from tests.helpers.chat_tokenizer import templated_tokenizer
@@ -65,6 +65,25 @@ def test_render_with_and_without_chat_template():
     assert filter_long(short, plain, 20, "t") == short
     with pytest.warns(UserWarning, match="dropped 1"), pytest.raises(ValueError, match="empty"):
         filter_long(short, chat, 20, "t")
+
+
+def test_prompts_encoded_together_are_each_prompt_encoded_alone():
+    """One tokenizer call for many records gives each record's ids in its place: chat messages
+    (the template's special tokens, none added), rendered records, and plain strings (the
+    tokenizer's own special tokens), mixed in one list, with and without a chat template, and
+    through transformers' call where the Rust tokenizer has settings of its own."""
+    rendered = {"prompt": render_prompt(MESSAGES, templated_tokenizer()), "messages": MESSAGES}
+    records = [{"prompt": "12+34="}, {"prompt": MESSAGES}, rendered, {"prompt": ""}, {"prompt": MESSAGES[1:]}]
+    truncating = char_tokenizer()  # a tokenizer file's own truncation: transformers' call overrides it
+    truncating.backend_tokenizer.enable_truncation(3)
+    for tok in (char_tokenizer(), templated_tokenizer(), truncating):
+        templated = bool(tok.chat_template)
+        together = encode_prompts(records, tok)  # first: transformers' own call clears the truncation
+        alone = [tok(render_prompt(r, tok), add_special_tokens=not (templated and "messages" in r or
+                                                                     isinstance(r["prompt"], list) and templated))
+                 ["input_ids"] for r in records]
+        assert together == alone == [prompt_ids(r, tok) for r in records]
+        assert encode_prompts([], tok) == []
 
 
 @pytest.mark.parametrize("row,key,message", [

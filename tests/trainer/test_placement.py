@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from reasonrl_fast.data.records import prompt_ids
 from reasonrl_fast.util import read_metrics
 
 from reasonrl_fast.config import ConfigError, load_config
@@ -195,7 +196,7 @@ def test_generation_runs_at_most_k_steps_ahead_and_each_is_trained_once(k, tmp_p
     assert [r["rollout/staleness_max"] for r in rows] == staleness
     # the prompts: the sampler's, step after step, as a colocated run draws them
     order = Sampler(len(train_set), 0)
-    want = [[tuple(loop.prompt_ids(train_set[i], tok)) for i in order.next(cfg.data.prompts_per_step)]
+    want = [[tuple(prompt_ids(train_set[i], tok)) for i in order.next(cfg.data.prompts_per_step)]
             for _ in range(steps)]
     assert [p for _, _, p in cluster.submitted] == want
 
