@@ -3,7 +3,7 @@
 docs/math.md §Fused LM head. Two custom ops, `reasonrl_fast::linear_token_logprob` and
 `reasonrl_fast::linear_token_logprob_backward`, declared from Python with
 torch.library.triton_op (so torch.compile sees the Triton kernels through wrap_triton) when
-triton is installed, else with torch.library.custom_op.
+triton is installed and its kernels can run (`_triton_wanted`), else with torch.library.custom_op.
 
 Implementations:
 - CUDA tensors: the Triton kernels of reasonrl_fast/ops/triton/linear_logprob.py.
@@ -38,15 +38,28 @@ from reasonrl_fast.ops._checks import (acc_dtype, check_linear_backward_inputs, 
 
 _op = torch.ops.reasonrl_fast
 
-try:  # triton is optional: the CPU path does not need it
-    import triton  # noqa: F401
 
-    from reasonrl_fast.ops.triton import linear_logprob as _tk
+def _triton_wanted() -> bool:
+    """Whether this process can run the Triton kernels: a CUDA device, or the kernels routed to
+    CPU tensors (REASONRL_TRITON_CPU=1, or Triton's interpreter), set before this module is
+    imported. Elsewhere the ops are plain custom ops even where triton is installed (a CPU
+    machine): torch.library.triton_op reads the kernels' source through inductor, about half a
+    second of the start of every process that imports the ops, for kernels that would never run."""
+    return (os.environ.get("REASONRL_TRITON_CPU", "0") == "1" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+            or torch.cuda.is_available())
 
-    _HAS_TRITON = True
-except ImportError:  # pragma: no cover - depends on the environment
-    _tk = None
-    _HAS_TRITON = False
+
+_tk = None
+_HAS_TRITON = False
+if _triton_wanted():
+    try:  # triton is optional: the CPU path does not need it
+        import triton  # noqa: F401
+
+        from reasonrl_fast.ops.triton import linear_logprob as _tk
+
+        _HAS_TRITON = True
+    except ImportError:  # pragma: no cover - depends on the environment
+        pass
 
 
 def _define(name):
@@ -62,7 +75,8 @@ def _use_triton(t: torch.Tensor) -> bool:
         return True
     if os.environ.get("REASONRL_TRITON_CPU", "0") == "1":
         if not _HAS_TRITON:
-            raise RuntimeError("linear_token_logprob: REASONRL_TRITON_CPU=1 needs triton")
+            raise RuntimeError("linear_token_logprob: REASONRL_TRITON_CPU=1 needs triton installed and the variable "
+                               "set before reasonrl_fast is imported")
         return True
     return False
 

@@ -80,9 +80,13 @@ def start_ray(cfg) -> bool:
     _watchdog = reaper.start()
     # address="local": a new instance even where `ray start` left one running on this machine, which
     # ray.init() without an address would join (its address file, /tmp/ray/ray_current_cluster)
+    # No prestarted workers: Ray starts one default worker per CPU ahead of any task, but every
+    # actor here runs in the job's runtime_env (above), which those cannot serve, so each would be
+    # a process started (a Python interpreter importing Ray) for nothing.
     ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env,
              num_cpus=max(os.cpu_count() or 1, world * cfg.trainer.cpus_per_worker),
-             num_gpus=torch.cuda.device_count(), log_to_driver=True)
+             num_gpus=torch.cuda.device_count(), log_to_driver=True,
+             _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False})
     if ray.util.get_node_ip_address() != "127.0.0.1":
         warnings.warn(f"the local Ray instance runs on {ray.util.get_node_ip_address()}, not 127.0.0.1: "
                       f"its services may listen on other interfaces", stacklevel=2)
