@@ -67,6 +67,28 @@ def test_render_with_and_without_chat_template():
         filter_long(short, chat, 20, "t")
 
 
+def _byte_level_bpe():
+    """A byte-level BPE tokenizer as Qwen's are made (merges learned here, offline), with added
+    special tokens, a BOS its post-processor adds, and a chat template of those tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe.train_from_iterator(["12+34=46 the sum of two numbers, Ünïcode 日本"] * 20,
+                            trainers.BpeTrainer(vocab_size=400, special_tokens=special,
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bos = bpe.token_to_id("<|endoftext|>")
+    bpe.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                  additional_special_tokens=special[1:])
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return tok
+
+
 def test_prompts_encoded_together_are_each_prompt_encoded_alone():
     """One tokenizer call for many records gives each record's ids in its place: chat messages
     (the template's special tokens, none added), rendered records, and plain strings (the
@@ -76,7 +98,9 @@ def test_prompts_encoded_together_are_each_prompt_encoded_alone():
     records = [{"prompt": "12+34="}, {"prompt": MESSAGES}, rendered, {"prompt": ""}, {"prompt": MESSAGES[1:]}]
     truncating = char_tokenizer()  # a tokenizer file's own truncation: transformers' call overrides it
     truncating.backend_tokenizer.enable_truncation(3)
-    for tok in (char_tokenizer(), templated_tokenizer(), truncating):
+    records += [{"prompt": "  Ünïcode ½ + ∑ 日本 \t\n<|im_start|>user\nx<|im_end|> 12+34="},
+                {"prompt": [{"role": "user", "content": "Ünïcode 日本 <|im_end|>"}]}]
+    for tok in (char_tokenizer(), templated_tokenizer(), truncating, _byte_level_bpe()):
         templated = bool(tok.chat_template)
         together = encode_prompts(records, tok)  # first: transformers' own call clears the truncation
         alone = [tok(render_prompt(r, tok), add_special_tokens=not (templated and "messages" in r or
