@@ -23,7 +23,8 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
     one (the stand-in GenRM's verdicts cut at GENRM_TOKENS at most);
   - batch: at most SAMPLES_PER_STEP samples a step (data.prompts_per_step x rollout.n, the group
     size kept), optimizer steps per RL step kept where each of the two workers still gets a
-    prompt in every mini-batch, else as many as they can;
+    prompt in every mini-batch, else as many as they can; dynamic sampling's generation batch
+    (data.gen_prompts_per_step) in the recipe's proportion to it;
   - data: stand-in records (data/stand_in.py: one example per scorer kind) with the data_source
     each file's records carry (where the file is on this machine), else the one
     data.train_sources / data.val_sources names for it, VAL_PROMPTS validation prompts, each
@@ -170,6 +171,9 @@ def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[
                             for v in cfg.data.val_sets]  # each set's samples, as rollout.val_n
     out["data.prompts_per_step"], out["optim.mini_batch_prompts"] = batch(
         cfg.data.prompts_per_step, cfg.optim.mini_batch_prompts, cfg.rollout.n)
+    if cfg.data.gen_prompts_per_step:  # dynamic sampling's generation batch, in the recipe's proportion
+        out["data.gen_prompts_per_step"] = -(-out["data.prompts_per_step"] * cfg.data.gen_prompts_per_step
+                                             // cfg.data.prompts_per_step)
     out.update({"trainer.nnodes": 1, "trainer.workers_per_node": WORKERS, "trainer.cpus_per_worker": 1,
                 "trainer.sharding": "fsdp", "model.compute_dtype": "bfloat16", "trainer.steps": STEPS,
                 "trainer.save_every": 1, "trainer.resume": "auto", "trainer.ray_address": "",

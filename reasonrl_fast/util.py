@@ -109,10 +109,11 @@ def engine_shares(count: int, world: int, tp: int) -> list[tuple[range, range]]:
 
 def rollout_sequences(cfg) -> int:
     """Sequences one rollout engine samples at once: the largest engine's prompts (a worker's
-    share, or with rollout.tensor_parallel_size TP the shares of TP workers) of
-    data.prompts_per_step, rollout.n samples each (its batch; the planner's too)."""
+    share, or with rollout.tensor_parallel_size TP the shares of TP workers) of a generation
+    round (data.gen_prompts(): dynamic sampling's generation batch, else data.prompts_per_step),
+    rollout.n samples each (its batch; the planner's too)."""
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
-    group, _ = engine_shares(cfg.data.prompts_per_step, world, cfg.rollout.tensor_parallel_size)[0]
+    group, _ = engine_shares(cfg.data.gen_prompts(), world, cfg.rollout.tensor_parallel_size)[0]
     return len(group) * cfg.rollout.n
 
 

@@ -35,7 +35,7 @@ VLLM_REHEARSED = "grpo_qwen2.5_32b_dapo.yaml"
 here: the other vLLM recipes take that path."""
 
 # What a rehearsal may change besides the token lengths: sizes, and where and how the run is held.
-RUN_SHAPE = {"data.prompts_per_step", "optim.mini_batch_prompts", "trainer.nnodes", "trainer.workers_per_node",
+RUN_SHAPE = {"data.prompts_per_step", "data.gen_prompts_per_step", "optim.mini_batch_prompts", "trainer.nnodes", "trainer.workers_per_node",
              "trainer.cpus_per_worker", "trainer.sharding", "model.compute_dtype", "trainer.steps",
              "trainer.save_every", "trainer.resume", "trainer.ray_address", "trainer.progress", "rollout.backend",
              "rollout.tensor_parallel_size", "rollout.workers", "sft.steps", "data.train_size", "data.val_size",
@@ -117,6 +117,18 @@ def test_batch_rule(trial):
     # the trainer's own rule takes it: every worker a prompt in every mini-batch
     rehearse.apply(load_config(), {"data.prompts_per_step": p, "optim.mini_batch_prompts": m,
                                    "trainer.nnodes": 1, "trainer.workers_per_node": w})
+
+
+@pytest.mark.parametrize("gen", [None, 512, 1536, 600])
+def test_the_generation_batch_keeps_the_recipes_proportion_to_the_step(gen):
+    """DAPO's 1536 prompts generated for 512 trained: the rehearsal generates three times its
+    step too (rounded up); a recipe without dynamic sampling gets no generation batch."""
+    extra = ["data.filter_groups=acc", f"data.gen_prompts_per_step={gen}"] if gen else []
+    cfg = load_config(None, ["data.prompts_per_step=512", "optim.mini_batch_prompts=32", "rollout.n=16", *extra])
+    small = rehearse.apply(cfg, rehearse.scale(cfg, engine_importable=False))
+    p = small.data.prompts_per_step
+    assert small.data.gen_prompts_per_step == (None if gen is None else -(-p * gen // 512))
+    assert small.data.gen_prompts() >= p and small.data.gen_prompts() * 512 >= p * (gen or 512)
 
 
 # ---------------------------------------------------------------- stand-ins

@@ -44,6 +44,19 @@ def test_the_settings_are_off_by_default_and_round_limit_is_daposs():
     assert d.gen_prompts() == 48
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_an_engine_is_sized_for_a_generation_round_not_the_training_batch(tp):
+    """The engine samples a round of gen_prompts_per_step prompts at once: the batch the KV cache
+    (vLLM on CPU) and the planner count is its share of those, not of prompts_per_step."""
+    from reasonrl_fast.util import rollout_sequences
+
+    base = ["data.prompts_per_step=8", "rollout.n=4", "trainer.workers_per_node=4",
+            f"rollout.tensor_parallel_size={tp}", "rollout.backend=vllm"]
+    assert rollout_sequences(load_config(None, base)) == 8 // 4 * tp * 4
+    cfg = load_config(None, [*base, "data.filter_groups=acc", "data.gen_prompts_per_step=24"])
+    assert rollout_sequences(cfg) == 24 // 4 * tp * 4
+
+
 @pytest.mark.parametrize("args, match", [
     (["data.filter_groups=reward"], "data.filter_groups='reward': the shaped reward is not a filter metric: "
                                     "overlong shaping"),
