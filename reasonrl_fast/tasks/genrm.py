@@ -14,7 +14,7 @@ import random
 
 from reasonrl_fast.data.records import problem_text
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.protocol import render
+from reasonrl_fast.protocol import render, step_verdict
 from reasonrl_fast.tasks.addition import flawed_step, make_prompt, response_steps, sample_operands, sft_example
 from reasonrl_fast.tasks.base import Task
 
@@ -85,15 +85,27 @@ def verdict_budget(digits: int) -> int:
 
 
 def class_accuracy(items: list[dict], texts: list[str], acc: list[bool]) -> dict:
-    """Step-index accuracy of GenRM judgments by class: val/accuracy_no_error on solutions whose
-    truth is -1, val/accuracy_flawed on the others ({} when no item is a GenRM record)."""
+    """The GenRM judgments' accuracy ({} when no item is a GenRM record): step-index accuracy by
+    class, val/accuracy_no_error on solutions whose truth is -1 and val/accuracy_flawed on the
+    others; and val/class_accuracy, the share whose verdict says flawed or clean as the truth does
+    (an unreadable verdict counts wrong), which is the `acc` FAPO's GenRM training reports (its
+    val/accuracy is the exact step index)."""
     out = {}
     for name, flawed in (("val/accuracy_no_error", False), ("val/accuracy_flawed", True)):
         hits = [a for it, a in zip(items, acc)
                 if it.get("ability") == "genrm" and (str(it["answer"]) != "-1") == flawed]
         if hits:
             out[name] = sum(hits) / len(hits)
+    kinds = [_same_class(it, text) for it, text in zip(items, texts) if it.get("ability") == "genrm"]
+    if kinds:
+        out["val/class_accuracy"] = sum(kinds) / len(kinds)
     return out
+
+
+def _same_class(record: dict, text: str) -> bool:
+    steps = (record.get("extra_info") or {}).get("steps") or []
+    verdict = step_verdict(text, len(steps))
+    return verdict is not None and (verdict == -1) == (str(record["answer"]) == "-1")
 
 
 def check_config(cfg) -> None:

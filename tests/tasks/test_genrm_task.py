@@ -9,7 +9,7 @@ import pytest
 from reasonrl_fast.tasks.addition import flawed_step
 from reasonrl_fast.config import DataConfig
 from reasonrl_fast.tasks import genrm_request
-from reasonrl_fast.tasks.genrm import (SOURCE, demonstration, genrm_split, judgment, prompt_budget, verdict_budget,
+from reasonrl_fast.tasks.genrm import (SOURCE, class_accuracy, demonstration, genrm_split, judgment, prompt_budget, verdict_budget,
                                        verdict_demo)
 from reasonrl_fast.data.records import check_ground_truth, load_records
 from reasonrl_fast.protocol import render
@@ -90,3 +90,17 @@ def test_verl_parquet_with_genrm_rows(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), path)
     with pytest.raises(ValueError, match=r"genrm\.parquet:2: `extra_info` of a genrm record lacks \['steps'\]"):
         load_records(path)
+
+
+def test_class_accuracy_is_faposs_flawed_or_clean_agreement_beside_the_exact_index():
+    """val/class_accuracy counts a verdict right when it says flawed or clean as the truth does
+    (the published `acc`); the step index need not match, and an unreadable or out-of-range
+    verdict counts wrong. Records that are not GenRM's are left out."""
+    steps = {"problem": "p", "answer": "4", "steps": ["a", "b", "c"]}
+    rec = lambda truth: {"ability": "genrm", "answer": str(truth), "extra_info": steps}  # noqa: E731
+    items = [rec(-1), rec(-1), rec(1), rec(1), rec(2), rec(0), {"ability": "math", "answer": "4"}]
+    texts = [r"\boxed{-1}", r"\boxed{0}", r"\boxed{2}", r"\boxed{1}", "no verdict", r"\boxed{7}", r"\boxed{-1}"]
+    acc = [True, False, False, True, False, False, True]
+    out = class_accuracy(items, texts, acc)
+    assert out == {"val/accuracy_no_error": 0.5, "val/accuracy_flawed": 0.25, "val/class_accuracy": 3 / 6}
+    assert class_accuracy(items[-1:], texts[-1:], acc[-1:]) == {}

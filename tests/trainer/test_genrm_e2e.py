@@ -16,6 +16,7 @@ def test_genrm_task_trains_and_validates_by_class(train, tmp_path):
     assert [r["step"] for r in validated] == [0, 2]  # trainer.val_every=2
     for r in validated:
         assert 0 <= r["val/accuracy_no_error"] <= 1 and 0 <= r["val/accuracy_flawed"] <= 1
+        assert r["val/accuracy"] <= r["val/class_accuracy"] <= 1  # the exact index is of the right class
         assert "val/flawed_positive_ratio" not in r  # an addition metric, not a GenRM one
     steps = rows[1:]
     assert all(r["reward/errors"] == 0 and r["reward/timeouts"] == 0 for r in steps)
