@@ -44,10 +44,17 @@ from reasonrl_fast.rollout.registry import ROLLOUTS, get_rollout
 def tree(d):
     return types.SimpleNamespace(**{k: tree(v) if isinstance(v, dict) else v for k, v in d.items()})
 
+def config(settings):  # the values, with the one derived value engines read: the data section's own
+    from reasonrl_fast.config.sections import DataConfig
+
+    ns = tree(settings)
+    ns.data.gen_prompts = types.MethodType(DataConfig.gen_prompts, ns.data)
+    return ns
+
 settings, run_dir, model = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-cfg = tree(settings)
-sized = tree({**settings, "rollout": {**settings["rollout"], "kv_cache_memory_bytes": 12345}})
-share = tree({**settings, "rollout": {**settings["rollout"], "gpu_memory_utilization": 0.7}})
+cfg = config(settings)
+sized = config({**settings, "rollout": {**settings["rollout"], "kv_cache_memory_bytes": 12345}})
+share = config({**settings, "rollout": {**settings["rollout"], "gpu_memory_utilization": 0.7}})
 facts = {}
 for name in ROLLOUTS:
     r = get_rollout(name)
