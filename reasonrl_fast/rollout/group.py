@@ -76,7 +76,7 @@ class WorkerGroup:
             note = (self.spec.error_note(self.log_dir, e.rank) if self.log_dir and e.rank is not None else None)
             if not note:
                 raise
-            raise WorkerError(f"{e}; {note}", rank=e.rank) from e
+            raise WorkerError(f"{e}; {note}", rank=e.rank, died=e.died) from e
 
     def as_completed(self, refs: list, what: str, ranks: list[int] | None = None):
         """runtime/ray_cluster.py `as_completed`, failures with the engine's note."""
@@ -113,7 +113,16 @@ class WorkerGroup:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             g, rank = where[ready[0]]
-            out[g][rank] = calls[g][0].gather(ready, what, [rank])[0]
+            try:
+                out[g][rank] = calls[g][0].gather(ready, what, [rank])[0]
+            except WorkerError as e:
+                # a live rank's collective failed: a worker of either group that died is the cause
+                dead = None if e.died else rt.dead_call(pending)
+                if dead is None:
+                    raise
+                h, dead_rank = where[dead[0]]
+                with calls[h][0].engine_notes():
+                    raise rt.died(dead_rank, what, calls[h][0].role, dead[1]) from e
         return out
 
     def shutdown(self) -> None:

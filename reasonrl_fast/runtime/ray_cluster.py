@@ -210,9 +210,9 @@ rank that died instead (`as_completed`)."""
 class WorkerError(RuntimeError):
     """A worker actor died or raised; the message names it (its rank) and the call."""
 
-    def __init__(self, message: str, rank: int | None = None):
+    def __init__(self, message: str, rank: int | None = None, died: bool = False):
         super().__init__(message)
-        self.rank = rank
+        self.rank, self.died = rank, died
 
 
 def user_error(e: BaseException) -> UserError | None:
@@ -242,27 +242,28 @@ def as_completed(refs: list, what: str, ranks: list[int] | None = None, role: st
         try:
             value = ray.get(ready[0])
         except ray.exceptions.RayActorError as e:
-            raise _died(r, what, role, e) from e
+            raise died(r, what, role, e) from e
         except ray.exceptions.RayTaskError as e:
             mine = user_error(e)
             if mine is not None:  # a setting a worker found wrong: the user's one line
                 raise mine.with_traceback(None) from None
-            dead = _a_death(pending, rank_of, what, role)
+            dead = dead_call(pending)
             if dead is not None:  # the cause, where this rank's failure is its consequence
-                raise dead from e
+                raise died(rank_of[dead[0]], what, role, dead[1]) from e
             raise WorkerError(f"{role} rank {r} failed during {what}: {getattr(e, 'cause', e)!r}", rank=r) from e
         yield r, value
 
 
-def _died(rank: int, what: str, role: str, e: BaseException) -> WorkerError:
-    return WorkerError(f"{role} rank {rank} died during {what}: {str(e).splitlines()[0]}", rank=rank)
+def died(rank: int, what: str, role: str, e: BaseException) -> WorkerError:
+    return WorkerError(f"{role} rank {rank} died during {what}: {str(e).splitlines()[0]}", rank=rank, died=True)
 
 
-def _a_death(pending: list, rank_of: dict, what: str, role: str) -> WorkerError | None:
-    """The WorkerError of the first of the `pending` calls whose worker died, waiting up to
-    PEER_DEATH_GRACE_S for them to end; None when none did. A rank that dies in a collective
-    makes it fail on the live ranks too ("Connection reset by peer"), often before Ray has
-    reported the death: the run is to name the rank that died, not the first that noticed."""
+def dead_call(pending: list) -> tuple | None:
+    """(ref, its RayActorError) of the first of the `pending` calls whose worker died, waiting
+    up to PEER_DEATH_GRACE_S for them to end; None when none did. A rank that dies in a
+    collective makes it fail on the live ranks too ("Connection reset by peer"), often before
+    Ray has reported the death: the run is to name the rank that died, not the first that
+    noticed."""
     if not pending:
         return None
     done, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S)
@@ -270,7 +271,7 @@ def _a_death(pending: list, rank_of: dict, what: str, role: str) -> WorkerError 
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            return _died(rank_of[ref], what, role, e)
+            return ref, e
         except Exception:  # noqa: BLE001 - another rank's own failure: the first one is reported
             continue
     return None

@@ -165,3 +165,34 @@ def test_a_model_a_worker_refuses_ends_the_run_in_one_line(ray_local, tmp_path, 
         assert "\n" not in err and re.match("error: " + want, err), err
     groups = ray_local.util.placement_group_table().values()
     assert groups and all(g["state"] == "REMOVED" for g in groups)
+
+
+def test_a_death_in_the_other_group_is_named_where_a_live_rank_failed_first(ray_local):
+    """Split placement's weight transport spans the trainer workers and the rollout workers: a
+    rollout worker that dies fails the trainer rank's collective first, and the run names the
+    rollout worker that died, not the trainer rank that noticed."""
+    from reasonrl_fast.rollout.group import WorkerGroup
+    from reasonrl_fast.runtime.ray_cluster import WorkerError
+
+    class Rank:
+        def work(self, fate: str) -> int:
+            if fate == "dies":
+                time.sleep(2)
+                os._exit(1)
+            if fate == "fails":
+                time.sleep(0.5)
+                raise RuntimeError("Read error [127.0.0.1]:12944: Connection reset by peer")
+            return 0
+
+    groups = []
+    for role in ("worker", "rollout worker"):
+        g = object.__new__(WorkerGroup)  # the group's waiting and naming, without its placement
+        g.role, g.spec, g.log_dir = role, None, None
+        groups.append(g)
+    trainers = [ray_local.remote(num_cpus=0)(Rank).remote() for _ in range(2)]
+    rollout = ray_local.remote(num_cpus=0)(Rank).remote()
+    calls = [(groups[0], [trainers[0].work.remote("fails"), trainers[1].work.remote("ok")]),
+             (groups[1], [rollout.work.remote("dies")])]
+    with pytest.raises(WorkerError, match="^rollout worker rank 0 died during weight transport") as e:
+        WorkerGroup.gather_all(calls, "weight transport")
+    assert "Connection reset by peer" in repr(e.value.__cause__)
