@@ -65,12 +65,10 @@ def test_dead_worker_is_named_at_once(ray_local):
     assert time.time() - t < 60
 
 
-def test_a_rank_that_died_is_named_where_a_live_rank_failed_first(ray_local, monkeypatch):
-    """A peer's death fails a collective on the live ranks too, often before Ray reports the
-    death: the run names the rank that died. A failure with no death behind it is named as
-    itself once the grace (shortened here) is over."""
-    from reasonrl_fast.runtime import ray_cluster
-    from reasonrl_fast.runtime.ray_cluster import WorkerError, gather
+def collective_rank():
+    """A rank of a collective: one that dies mid-call, one whose collective fails as a dead
+    peer's does ("Connection reset by peer"), one that waits in it, one that returns. Made in a
+    function so that Ray ships the class by value (the test module is not importable there)."""
 
     class Rank:
         def work(self, fate: str) -> int:
@@ -80,15 +78,26 @@ def test_a_rank_that_died_is_named_where_a_live_rank_failed_first(ray_local, mon
             if fate == "fails":
                 time.sleep(0.5)
                 raise RuntimeError("Read error [127.0.0.1]:34689: Connection reset by peer")
-            time.sleep(120)
+            if fate == "waits":
+                time.sleep(120)
             return 0
 
-    actors = [ray_local.remote(num_cpus=0)(Rank).remote() for _ in range(2)]
+    return Rank
+
+
+def test_a_rank_that_died_is_named_where_a_live_rank_failed_first(ray_local, monkeypatch):
+    """A peer's death fails a collective on the live ranks too, often before Ray reports the
+    death: the run names the rank that died. A failure with no death behind it is named as
+    itself once the grace (shortened here) is over."""
+    from reasonrl_fast.runtime import ray_cluster
+    from reasonrl_fast.runtime.ray_cluster import WorkerError, gather
+
+    actors = [ray_local.remote(num_cpus=0)(collective_rank()).remote() for _ in range(2)]
     with pytest.raises(WorkerError, match="worker rank 1 died during train_step") as e:
         gather([a.work.remote(f) for a, f in zip(actors, ("fails", "dies"))], "train_step")
     assert "Connection reset by peer" in repr(e.value.__cause__)  # the live rank's failure, chained
     monkeypatch.setattr(ray_cluster, "PEER_DEATH_GRACE_S", 1.0)
-    actors = [ray_local.remote(num_cpus=0)(Rank).remote() for _ in range(2)]
+    actors = [ray_local.remote(num_cpus=0)(collective_rank()).remote() for _ in range(2)]
     t = time.time()
     with pytest.raises(WorkerError, match="worker rank 0 failed during train_step: RuntimeError"):
         gather([a.work.remote(f) for a, f in zip(actors, ("fails", "waits"))], "train_step")
@@ -174,23 +183,14 @@ def test_a_death_in_the_other_group_is_named_where_a_live_rank_failed_first(ray_
     from reasonrl_fast.rollout.group import WorkerGroup
     from reasonrl_fast.runtime.ray_cluster import WorkerError
 
-    class Rank:
-        def work(self, fate: str) -> int:
-            if fate == "dies":
-                time.sleep(2)
-                os._exit(1)
-            if fate == "fails":
-                time.sleep(0.5)
-                raise RuntimeError("Read error [127.0.0.1]:12944: Connection reset by peer")
-            return 0
-
     groups = []
     for role in ("worker", "rollout worker"):
         g = object.__new__(WorkerGroup)  # the group's waiting and naming, without its placement
         g.role, g.spec, g.log_dir = role, None, None
         groups.append(g)
-    trainers = [ray_local.remote(num_cpus=0)(Rank).remote() for _ in range(2)]
-    rollout = ray_local.remote(num_cpus=0)(Rank).remote()
+    Rank = ray_local.remote(num_cpus=0)(collective_rank())
+    trainers = [Rank.remote() for _ in range(2)]
+    rollout = Rank.remote()
     calls = [(groups[0], [trainers[0].work.remote("fails"), trainers[1].work.remote("ok")]),
              (groups[1], [rollout.work.remote("dies")])]
     with pytest.raises(WorkerError, match="^rollout worker rank 0 died during weight transport") as e:
