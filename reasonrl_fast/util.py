@@ -111,9 +111,11 @@ def rollout_sequences(cfg) -> int:
     """Sequences one rollout engine samples at once: the largest engine's prompts (a worker's
     share, or with rollout.tensor_parallel_size TP the shares of TP workers) of a generation
     round (data.gen_prompts(): dynamic sampling's generation batch, else data.prompts_per_step),
-    rollout.n samples each (its batch; the planner's too)."""
-    world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
-    group, _ = engine_shares(cfg.data.gen_prompts(), world, cfg.rollout.tensor_parallel_size)[0]
+    rollout.n samples each (its batch; the planner's too). In split placement the rollout workers'
+    ranks share the round (rollout.workers engines of TP ranks each), colocated the trainer's."""
+    t, r = cfg.trainer, cfg.rollout
+    world = r.workers * r.tensor_parallel_size if t.placement == "split" else t.nnodes * t.workers_per_node
+    group, _ = engine_shares(cfg.data.gen_prompts(), world, r.tensor_parallel_size)[0]
     return len(group) * cfg.rollout.n
 
 

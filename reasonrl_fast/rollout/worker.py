@@ -23,7 +23,7 @@ class RolloutWorker:
     """Rank `rank` of `world` workers over the model at `model_path`, sampling with the engine of
     `spec` (the driver's, so that an engine registered there reaches the workers). `log_dir`: the
     run directory its engine writes its own log under (`EngineSpec.log_path`; None: no log of
-    its own); `sequences`: the engine's batch at once (None: a trainer worker's rollout batch).
+    its own); `sequences`: the engine's batch at once (None: the run's, util.py `rollout_sequences`).
 
     The constructor only stores its arguments: what can fail on bad input (loading the model, a
     setting only the device can judge) runs in `setup`, a method call, whose exception Ray hands

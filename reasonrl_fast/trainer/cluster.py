@@ -74,11 +74,8 @@ class Cluster:
         try:
             if self.split:  # its own placement group, its engines packed on as few nodes as hold them
                 r = cfg.rollout
-                # an engine's batch: its share of a generation round's prompts (vLLM sizes its KV
-                # cache by it)
-                sequences = -(-cfg.data.gen_prompts() // r.workers) * r.n
                 self.rollout = WorkerGroup(RolloutWorker, cfg, model_path, self.spec,
-                                           r.workers * r.tensor_parallel_size, bundle, nodes=1, sequences=sequences,
+                                           r.workers * r.tensor_parallel_size, bundle, nodes=1,
                                            log_dir=t.output_dir, role="rollout worker")
             self.setup_info = self.group.setup()[0]
             if self.split:

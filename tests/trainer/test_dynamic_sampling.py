@@ -57,6 +57,21 @@ def test_an_engine_is_sized_for_a_generation_round_not_the_training_batch(tp):
     assert rollout_sequences(cfg) == 24 // 4 * tp * 4
 
 
+def test_in_split_placement_an_engine_is_sized_for_its_rollout_workers_share():
+    """The rollout workers' ranks share a round as their calls do (rollout/group.py `shares`): 10
+    prompts over 2 engines of TP 2 are 3 + 3 and 2 + 2 rank shares, so the larger engine samples 6
+    prompts, not the 5 of an even split nor a trainer worker's share."""
+    from reasonrl_fast.rollout.group import WorkerGroup
+    from reasonrl_fast.util import rollout_sequences
+
+    cfg = load_config(None, ["data.prompts_per_step=10", "rollout.n=4", "trainer.workers_per_node=4",
+                             "trainer.placement=split", "rollout.workers=2", "rollout.tensor_parallel_size=2",
+                             "rollout.backend=vllm"])
+    group = object.__new__(WorkerGroup)
+    group.count, group.tp = 4, 2
+    assert max(len(g) for g, _ in group.shares(10)) * 4 == rollout_sequences(cfg) == 6 * 4
+
+
 @pytest.mark.parametrize("args, match", [
     (["data.filter_groups=reward"], "data.filter_groups='reward': the shaped reward is not a filter metric: "
                                     "overlong shaping"),
