@@ -33,6 +33,9 @@ CODE_INSTRUCTION = ("Complete the following Python function. Reply with the whol
 NAMES = {"dapo-math-17k": ("math_dapo", "train"), "math500": ("HuggingFaceH4/MATH-500", "test"),
          "aime24": ("aime24", "test"), "aime25": ("aime25", "test"), "gsm8k": ("gsm8k", "train"),
          "humaneval": ("humaneval", "test"), "jsonl": (None, "train"), "smoke": ("smoke_math", "train")}
+DAPO_PROMPT_SETS = ("aime24", "aime25")
+"""The math test sets `--dapo-prompt` writes in DAPO-Math-17k's prompt format: those whose
+data_source the DAPO rule scores (its "Answer:" line); MATH-500's scorer reads a box."""
 _ID_KEYS = ("id", "unique_id", "task_id", "problem_id")
 
 
@@ -163,6 +166,15 @@ def _dapo_row(r: dict, instruction: str, boxed: bool = False) -> tuple[list[dict
     return messages, answer, {**extra, "question": flat["problem"]} if boxed else extra
 
 
+def _in_dapo_prompt(convert: Callable, r: dict, instruction: str) -> tuple[list[dict], str, dict]:
+    """`convert`'s record with its problem wrapped in DAPO-Math-17k's own instruction (as
+    `dapo_problem` reads it) in place of an appended one: a test set in the prompt format of a
+    recipe trained on DAPO-Math-17k, as DAPO's AIME-2024 release writes it."""
+    messages, answer, extra = convert(r, "")
+    messages[-1]["content"] = f"{DAPO_PREFIX}{messages[-1]['content'].strip()}{DAPO_SUFFIX}"
+    return messages, answer, extra
+
+
 def _gsm8k_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
     question, solution = _field(r, "question"), _field(r, "answer")
     if not isinstance(question, str) or not isinstance(solution, str):
@@ -232,16 +244,24 @@ def _check_layout(name: str, path: str, rows: list[tuple[int, dict]], needs: tup
 
 def prepare(name: str, input: str | None, output: str, instruction: str | None = None,
             split: str | None = None, limit: int | None = None, prompt_key: str = "prompt",
-            answer_key: str = "answer", data_source: str = "math", boxed: bool = False) -> dict:
+            answer_key: str = "answer", data_source: str = "math", boxed: bool = False,
+            dapo_prompt: bool = False) -> dict:
     """Convert `input` (the public release of `name`, on disk) into `output` in the verl schema;
     returns the counts {"read", "written", "dropped": {reason: n}}. `boxed` (dapo-math-17k
     only): the published FAPO variant, DAPO's "Answer:" instruction replaced by the boxed one
-    and the records routed to the box-only scorer."""
+    and the records routed to the box-only scorer. `dapo_prompt` (the math test sets): each
+    problem in DAPO-Math-17k's "Answer:" instruction, the training prompts' format of the
+    recipes trained on it (their data_source's scorer reads that line, a box as a fallback)."""
     if name not in NAMES:
         raise DataError(f"unknown dataset {name!r}; one of {', '.join(NAMES)}")
     if boxed and name != "dapo-math-17k":
         raise DataError(f"--boxed applies to dapo-math-17k only (the other math sets ask for a box already), "
                         f"not to {name}")
+    if dapo_prompt and name not in DAPO_PROMPT_SETS:
+        raise DataError(f"--dapo-prompt applies to {', '.join(DAPO_PROMPT_SETS)} (dapo-math-17k has that "
+                        f"prompt already), not to {name}")
+    if dapo_prompt and instruction is not None:
+        raise DataError("--dapo-prompt and --instruction both set each prompt's instruction: give one of them")
     source, default_split = NAMES[name]
     split = split or default_split
     if name == "jsonl":
@@ -254,6 +274,8 @@ def prepare(name: str, input: str | None, output: str, instruction: str | None =
         convert, needs = _LAYOUTS[name]
         if boxed:  # the instruction and the scorer change together: a box scored as a box
             source, convert = BOXED_SOURCES[0], functools.partial(_dapo_row, boxed=True)
+    if dapo_prompt:
+        convert = functools.partial(_in_dapo_prompt, convert)
     if instruction is None:
         instruction = CODE_INSTRUCTION if ability == "code" else BOXED_INSTRUCTION if ability == "math" else ""
     if name == "smoke":
@@ -350,6 +372,10 @@ def _main(argv: list[str]) -> dict:
                    help="dapo-math-17k: replace DAPO's \"Answer:\" instruction with the boxed-answer one and "
                         f"score the records on their last \\boxed{{}} (data_source {BOXED_SOURCES[0]}), as the "
                         "published FAPO runs do")
+    p.add_argument("--dapo-prompt", action="store_true",
+                   help=f"{'/'.join(DAPO_PROMPT_SETS)}: each problem in DAPO-Math-17k's \"Answer:\" instruction "
+                        "(as DAPO's AIME-2024 release), the prompt format a recipe trained on dapo-math-17k "
+                        "trains on, in place of the boxed-answer one")
     p.add_argument("--split", choices=["train", "test"], help="extra_info.split (default per set)")
     p.add_argument("--limit", type=int, help="write at most N records")
     p.add_argument("--prompt-key", default="prompt", help="jsonl: the problem's field")
@@ -361,7 +387,7 @@ def _main(argv: list[str]) -> dict:
     if os.path.isdir(a.output):
         raise DataError(f"--output {a.output} is a directory: name the .parquet or .jsonl file to write")
     counts = prepare(a.name, a.input, a.output, a.instruction, a.split, a.limit,
-                     a.prompt_key, a.answer_key, a.data_source, a.boxed)
+                     a.prompt_key, a.answer_key, a.data_source, a.boxed, a.dapo_prompt)
     dropped = ", ".join(f"{n} {why}" for why, n in counts["dropped"].items()) or "none"
     print(f"{a.name}: read {counts['read']}, wrote {counts['written']} to {a.output}; dropped: {dropped}")
     return counts

@@ -205,6 +205,38 @@ def test_boxed_is_for_dapo_math_only(tmp_path):
         prepare("aime24", f, str(tmp_path / "o.jsonl"), boxed=True)
 
 
+# --- aime24/aime25 --dapo-prompt: validation in a DAPO-trained recipe's prompt format --------------
+
+@pytest.mark.parametrize("name", ["aime24", "aime25"])
+def test_dapo_prompt_writes_the_training_prompts_format_and_its_scorer_reads_the_answer_line(tmp_path, name):
+    """The problem wrapped exactly as a DAPO-Math-17k training prompt (the one dapo_problem unwraps),
+    the data_source kept, so its scorer (the DAPO rule) reads the "Answer:" line that prompt asks for;
+    a wrong answer line, and a right number elsewhere under a wrong line, score -1."""
+    from reasonrl_fast.data.prepare import dapo_problem
+    from reasonrl_fast.rewards.score import default_compute_score
+
+    rows = [{"problem": "What is 2+3?", "answer": "5"}]
+    out = tmp_path / "d.jsonl"
+    main([name, "--input", write_jsonl(tmp_path / "in.jsonl", rows), "--output", str(out), "--dapo-prompt"])
+    rec = load_records(str(out))[0]
+    assert rec["prompt"] == [{"role": "user", "content": DAPO_PROMPT}]
+    assert dapo_problem(rec["prompt"][0]["content"]) == "What is 2+3?"
+    assert rec["data_source"] == name and rec["answer"] == "5"
+    score = lambda text: default_compute_score(name, text, rec["answer"], rec["extra_info"])["acc"]
+    assert score("2 + 3 makes five.\nAnswer: 5") and not score("Answer: 6")
+    assert not score("5 is tempting.\nAnswer: 6")
+
+
+def test_dapo_prompt_is_for_the_aime_sets_and_excludes_an_instruction(tmp_path):
+    f = write_jsonl(tmp_path / "x.jsonl", [{"problem": "Find $x$.", "answer": "1"}])
+    for name in ("math500", "dapo-math-17k", "gsm8k"):
+        with pytest.raises(ValueError, match=f"--dapo-prompt applies to aime24, aime25 .*not to {name}$"):
+            prepare(name, f, str(tmp_path / "o.jsonl"), dapo_prompt=True)
+    with pytest.raises(ValueError, match="--dapo-prompt and --instruction both set"):
+        prepare("aime24", f, str(tmp_path / "o.jsonl"), instruction="Box it.", dapo_prompt=True)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
 def test_the_output_is_never_the_input_and_a_failed_write_keeps_the_old_output(tmp_path, monkeypatch, capsys):
     """An --output naming the --input file (by its path, a relative one, a link) is refused
     before anything is read, so the source is never rewritten; and the output is written beside
