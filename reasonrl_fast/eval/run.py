@@ -229,6 +229,26 @@ def _write(output_dir: str, summary: dict, rows: list[dict]) -> None:
 
 # -------------------------------------------------------------------------------------- run
 
+@contextlib.contextmanager
+def _prepared(cfg, log):
+    """What both evaluations check before anything slow, then hold while they sample: the reward
+    function, the model directory (a checkpoint merged), its tokenizer, its context against the
+    run's lengths, the rollout engine (not installed, or unable to load this model) and the weights
+    (here, before Ray, not in a worker). Yields (model directory, tokenizer, engine spec)."""
+    load_reward_fn(cfg.data.reward_fn)
+    with resolved_model(cfg, log) as model_dir:
+        tok = load_tokenizer(model_dir)
+        # the model as the workers load it: a prompt and response past its context fail now
+        config = load_model_config(model_dir, cfg.model.max_position_embeddings)
+        check_context(cfg, config, f"config.json of model.path={cfg.model.path!r}")
+        spec = get_rollout(cfg.rollout.backend)
+        version = spec.preflight(config.architectures)
+        if version:
+            log(f"[eval] rollout: {version}")
+        check_weights(model_dir, f"model.path={cfg.model.path!r}")
+        yield model_dir, tok, spec
+
+
 def run(cfg, log=print) -> dict:
     """Evaluate `model.path` on `eval.files` (or, with eval.val_sets, on each validation set:
     `run_sets`); returns the summary (also written to `eval.output_dir`/summary.json, with every
@@ -239,20 +259,10 @@ def run(cfg, log=print) -> dict:
     e = cfg.eval
     if e.target:
         check_target(e.target, e.output_dir)
-    load_reward_fn(cfg.data.reward_fn)  # a bad spec fails before anything slow
-    with resolved_model(cfg, log) as model_dir:
-        tok = load_tokenizer(model_dir)
-        # the model as the workers load it: a prompt and response past its context fail now
-        config = load_model_config(model_dir, cfg.model.max_position_embeddings)
-        check_context(cfg, config, f"config.json of model.path={cfg.model.path!r}")
+    with _prepared(cfg, log) as (model_dir, tok, spec):
         records = load_eval_set(cfg, tok)
         targets = load_target(e.target, records, e.seed) if e.target else [None] * len(records)
         prompts = encode_prompts(records, tok)  # the chat template, as in training
-        spec = get_rollout(cfg.rollout.backend)
-        version = spec.preflight(config.architectures)  # not installed, or cannot load this model: now
-        if version:
-            log(f"[eval] rollout: {version}")
-        check_weights(model_dir, f"model.path={cfg.model.path!r}")  # before Ray, not in a worker
         from reasonrl_fast.eval.generate import generate_all  # imports ray
 
         responses = generate_all(cfg, model_dir, prompts, spec, log)
@@ -289,11 +299,7 @@ def run_sets(cfg, log=print) -> dict:
     if not d.val_sets:
         raise ConfigError("eval.val_sets=true needs data.val_sets: give the run's config.yaml first (or the sets as "
                           "data.val_sets=[...])")
-    load_reward_fn(d.reward_fn)
-    with resolved_model(cfg, log) as model_dir:
-        tok = load_tokenizer(model_dir)
-        config = load_model_config(model_dir, cfg.model.max_position_embeddings)
-        check_context(cfg, config, f"config.json of model.path={cfg.model.path!r}")
+    with _prepared(cfg, log) as (model_dir, tok, spec):
         try:
             sets = load_val_sets(cfg, tok)
         except DataError as e_:
@@ -304,11 +310,6 @@ def run_sets(cfg, log=print) -> dict:
         jobs = [Job(encode_prompts(vs.records, tok), vs.n, vs.temperature, vs.top_p,
                     e.seed if step is None else cfg.trainer.seed, 0 if step is None else f"val/{step}/{vs.name}")
                 for vs in sets]
-        spec = get_rollout(cfg.rollout.backend)
-        version = spec.preflight(config.architectures)
-        if version:
-            log(f"[eval] rollout: {version}")
-        check_weights(model_dir, f"model.path={cfg.model.path!r}")
         outputs = generate_jobs(cfg, model_dir, jobs, spec, log)
     out: dict = {}
     rows = []
