@@ -21,7 +21,7 @@ from reasonrl_fast.layout.shape import check_context
 from reasonrl_fast.models.tiny import char_tokenizer
 from reasonrl_fast.rewards.math import extract_boxed
 from reasonrl_fast.rewards.pool import RewardPool
-from reasonrl_fast.rewards.score import check_sandbox, load_reward_fn, scorer_for
+from reasonrl_fast.rewards.score import check_sandbox, load_reward_fn, scorer_for, scorer_kinds
 from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime.datasets import load_datasets, load_val_sets  # the embedded task's splits
@@ -195,7 +195,8 @@ def score_all(cfg, records: list[dict], texts: list[str], n: int | None = None,
     n, r = n or cfg.eval.n, cfg.reward
     samples = [(score_as or rec["data_source"], text, rec["answer"], rec.get("extra_info"))
                for i, rec in enumerate(records) for text in texts[i * n:(i + 1) * n]]
-    with RewardPool(cfg.data.reward_fn, r.num_workers, r.timeout_s, r.backend, r.sandbox_timeout_s) as pool:
+    with RewardPool(cfg.data.reward_fn, r.num_workers, r.timeout_s, r.backend, r.sandbox_timeout_s,
+                    kinds=scorer_kinds(s[0] for s in samples)) as pool:
         return pool.score(samples)
 
 
@@ -231,22 +232,27 @@ def _write(output_dir: str, summary: dict, rows: list[dict]) -> None:
 
 @contextlib.contextmanager
 def _prepared(cfg, log):
-    """What both evaluations check before anything slow, then hold while they sample: the reward
-    function, the model directory (a checkpoint merged), its tokenizer, its context against the
-    run's lengths, the rollout engine (not installed, or unable to load this model) and the weights
-    (here, before Ray, not in a worker). Yields (model directory, tokenizer, engine spec)."""
+    """What both evaluations check before reading their prompts, then hold while they sample: the
+    reward function, the model directory (a checkpoint merged), its tokenizer and its context
+    against the run's lengths. Yields (model directory, tokenizer, the model's config)."""
     load_reward_fn(cfg.data.reward_fn)
     with resolved_model(cfg, log) as model_dir:
         tok = load_tokenizer(model_dir)
         # the model as the workers load it: a prompt and response past its context fail now
         config = load_model_config(model_dir, cfg.model.max_position_embeddings)
         check_context(cfg, config, f"config.json of model.path={cfg.model.path!r}")
-        spec = get_rollout(cfg.rollout.backend)
-        version = spec.preflight(config.architectures)
-        if version:
-            log(f"[eval] rollout: {version}")
-        check_weights(model_dir, f"model.path={cfg.model.path!r}")
-        yield model_dir, tok, spec
+        yield model_dir, tok, config
+
+
+def _engine(cfg, config, model_dir: str, log):
+    """The rollout engine's spec, once its install and this model are checked (before Ray, with the
+    weights, not in a worker): what both evaluations check after their prompts, before sampling."""
+    spec = get_rollout(cfg.rollout.backend)
+    version = spec.preflight(config.architectures)
+    if version:
+        log(f"[eval] rollout: {version}")
+    check_weights(model_dir, f"model.path={cfg.model.path!r}")
+    return spec
 
 
 def run(cfg, log=print) -> dict:
@@ -259,10 +265,11 @@ def run(cfg, log=print) -> dict:
     e = cfg.eval
     if e.target:
         check_target(e.target, e.output_dir)
-    with _prepared(cfg, log) as (model_dir, tok, spec):
+    with _prepared(cfg, log) as (model_dir, tok, config):
         records = load_eval_set(cfg, tok)
         targets = load_target(e.target, records, e.seed) if e.target else [None] * len(records)
         prompts = encode_prompts(records, tok)  # the chat template, as in training
+        spec = _engine(cfg, config, model_dir, log)
         from reasonrl_fast.eval.generate import generate_all  # imports ray
 
         responses = generate_all(cfg, model_dir, prompts, spec, log)
@@ -299,7 +306,7 @@ def run_sets(cfg, log=print) -> dict:
     if not d.val_sets:
         raise ConfigError("eval.val_sets=true needs data.val_sets: give the run's config.yaml first (or the sets as "
                           "data.val_sets=[...])")
-    with _prepared(cfg, log) as (model_dir, tok, spec):
+    with _prepared(cfg, log) as (model_dir, tok, config):
         try:
             sets = load_val_sets(cfg, tok)
         except DataError as e_:
@@ -310,7 +317,7 @@ def run_sets(cfg, log=print) -> dict:
         jobs = [Job(encode_prompts(vs.records, tok), vs.n, vs.temperature, vs.top_p,
                     e.seed if step is None else cfg.trainer.seed, 0 if step is None else f"val/{step}/{vs.name}")
                 for vs in sets]
-        outputs = generate_jobs(cfg, model_dir, jobs, spec, log)
+        outputs = generate_jobs(cfg, model_dir, jobs, _engine(cfg, config, model_dir, log), log)
     out: dict = {}
     rows = []
     for vs, responses in zip(sets, outputs, strict=True):
