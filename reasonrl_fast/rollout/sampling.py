@@ -52,8 +52,8 @@ def _mix_(z: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
 
 def gumbel_noise(seeds: torch.Tensor, t: int, vocab: int) -> torch.Tensor:
     """Standard Gumbel noise [B, V] (float64) for position t of rows seeded `seeds` [B] (int64):
-    a SplitMix64 stream per row, so the noise of a row is the same in any batch. Computed in place
-    (a third of the time of one tensor per step over a 152k vocabulary), bit for bit `_mix`'s."""
+    a SplitMix64 stream per row, so the noise of a row is the same in any batch. Computed in place,
+    bit for bit `_mix`'s (faster over a large vocabulary: benchmarks/RESULTS.md §19)."""
     ids = torch.arange(1, vocab + 1, device=seeds.device).add_(t * vocab).mul_(_GAMMA)
     state = ids.expand(seeds.shape[0], vocab).add(_mix(seeds)[:, None])
     scratch = torch.empty_like(state)
@@ -67,8 +67,8 @@ def _keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Logits outside the smallest set of tokens whose probability reaches top_p set to -inf
     (the most likely token always stays; tokens tied with the last one kept stay too). Only the
     sorted values are needed, not the order: the set is every logit at or above the last kept
-    one. On CPU numpy sorts them (its SIMD sort: a third of the time of torch.sort's values and
-    indices over a 152k vocabulary)."""
+    one. On CPU numpy sorts them (its SIMD sort, faster than torch.sort's values and indices:
+    benchmarks/RESULTS.md §19)."""
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
         desc = torch.from_numpy(np.sort(logits.detach().numpy(), axis=-1)[..., ::-1].copy())
     else:
