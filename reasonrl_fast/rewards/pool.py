@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Iterable
 from multiprocessing.connection import Connection, wait
 
 from reasonrl_fast.rewards.score import load_reward_fn, routes
@@ -35,7 +36,7 @@ class RewardPoolError(RuntimeError):
 class RewardPool:
     def __init__(self, reward_fn: str = "", num_workers: int = 2, timeout_s: float = 30.0,
                  backend: str = "process", sandbox_timeout_s: float = 10.0,
-                 start_timeout_s: float = 120.0):
+                 start_timeout_s: float = 120.0, kinds: Iterable[str] | None = None):
         if num_workers < 1:
             raise ValueError(f"reward.num_workers={num_workers!r}: must be >= 1")
         if not timeout_s > 0:
@@ -46,7 +47,10 @@ class RewardPool:
             load_reward_fn(reward_fn)  # a bad spec fails here, named, not in every worker
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         # the embedded tasks' routes as this process knows them: the workers import no task
-        config = {"reward_fn": reward_fn, "sandbox_timeout_s": sandbox_timeout_s, "routes": routes()}
+        # `kinds`: the scorer kinds the samples need (rewards/score.py `scorer_kinds`), which each
+        # worker imports before its first sample; None: every kind
+        config = {"reward_fn": reward_fn, "sandbox_timeout_s": sandbox_timeout_s, "routes": routes(),
+                  "kinds": None if kinds is None else sorted(kinds)}
         self._backend = _RayBackend(config) if backend == "ray" else _ProcessBackend(config)
         self._slots = [self._backend.start() for _ in range(num_workers)]
         self._starting = {id(s): time.monotonic() for s in self._slots}

@@ -20,7 +20,7 @@ import inspect
 import math
 import os
 import pkgutil
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from reasonrl_fast.errors import ConfigError
 
@@ -82,6 +82,28 @@ SCORERS: dict[str, Callable[..., dict]] = {"math": _math, "dapo": _dapo, "boxed"
                                            "genrm": _genrm}
 """The scorer kinds. A kind that is not a key here is an embedded task's own scorer,
 "module:function" called as fn(solution_str, ground_truth, extra_info)."""
+SCORER_MODULES: dict[str, tuple[str, ...]] = {
+    "math": ("reasonrl_fast.rewards.math", "math_verify"), "dapo": ("reasonrl_fast.rewards.math",),
+    "boxed": ("reasonrl_fast.rewards.math",), "code": ("reasonrl_fast.rewards.code",),
+    "genrm": ("reasonrl_fast.rewards.genrm",)}
+"""What each scorer kind imports by its first sample (math-verify, behind the math kind's
+comparison, pulls in sympy: about a second, benchmarks/RESULTS.md §4): a reward worker imports
+them before its first sample's time limit starts, for the kinds its run scores only."""
+
+
+def import_scorers(kinds: Iterable[str]) -> None:
+    """Import what the scorers of `kinds` import by their first sample (an embedded task's own
+    scorer: resolved), so that no sample's time limit pays for it."""
+    for kind in kinds:
+        for module in SCORER_MODULES.get(kind, ()):
+            importlib.import_module(module)
+        if kind not in SCORERS:
+            scorer(kind)
+
+
+def scorer_kinds(sources: Iterable[str]) -> set[str]:
+    """The scorer kinds that score records of these data_sources (`scorer_for`)."""
+    return {scorer_for(source) for source in sources}
 
 
 def scorer(kind: str) -> Callable[..., dict]:

@@ -9,7 +9,6 @@ in math-verify's parser or in a user's `while True` cannot be stopped, a process
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import signal
 import sys
@@ -17,14 +16,15 @@ import time
 from functools import partial
 from multiprocessing.connection import Connection
 
-from reasonrl_fast.rewards.score import (add_routes, call_reward_fn, default_compute_score, load_reward_fn, scorer,
-                                         takes_two_args)
+from reasonrl_fast.rewards.score import (SCORERS, add_routes, call_reward_fn, default_compute_score, import_scorers,
+                                         load_reward_fn, takes_two_args)
 
 
 class Scorer:
     """The reward function of one pool, loaded once per worker. `config`: {"reward_fn": spec
     ('' for the routing by data_source), "sandbox_timeout_s": float, "routes": the embedded
-    tasks' data_source -> scorer, as the pool's process knows them (rewards/score.py `routes`)}."""
+    tasks' data_source -> scorer, as the pool's process knows them (rewards/score.py `routes`),
+    "kinds": the scorer kinds the pool's samples need (None: every one)}."""
 
     def __init__(self, config: dict):
         spec = config.get("reward_fn", "")
@@ -32,15 +32,12 @@ class Scorer:
             self.fn = load_reward_fn(spec)
         else:
             self.fn = partial(default_compute_score, sandbox_timeout_s=config["sandbox_timeout_s"])
-            # Import the scorers now, not inside the first sample's time limit: math-verify
-            # (sympy) alone is slow to import (benchmarks/RESULTS.md §4).
-            importlib.import_module("math_verify")
-            importlib.import_module("reasonrl_fast.rewards.math")
-            importlib.import_module("reasonrl_fast.rewards.code")
             own = config.get("routes") or {}
             add_routes(own)
-            for kind in set(own.values()):
-                scorer(kind)  # an embedded task's own scorer: imported now too
+            # Import the scorers now, not inside the first sample's time limit (a kind not named
+            # still scores: its first sample imports it)
+            kinds = config.get("kinds")
+            import_scorers(list(SCORERS) + sorted(set(own.values())) if kinds is None else kinds)
         self.two_args = takes_two_args(self.fn)
 
     def score(self, sample: tuple) -> tuple[str, object, float]:

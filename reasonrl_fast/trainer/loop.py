@@ -34,7 +34,7 @@ from reasonrl_fast.eval.vote import majority
 from reasonrl_fast.models.loading import load_tokenizer
 from reasonrl_fast.rewards.math import extract_boxed
 from reasonrl_fast.rewards.pool import RewardPool
-from reasonrl_fast.rewards.score import scorer_for
+from reasonrl_fast.rewards.score import scorer_for, scorer_kinds
 from reasonrl_fast.rollout import get_rollout
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.runtime import resume
@@ -269,7 +269,8 @@ def _started(cfg, log):
         stack.callback(cluster.shutdown)
         _log_layout(cfg, cluster.setup_info["layout"], log)
         r = cfg.reward
-        pool = RewardPool(cfg.data.reward_fn, r.num_workers, r.timeout_s, r.backend, r.sandbox_timeout_s)
+        pool = RewardPool(cfg.data.reward_fn, r.num_workers, r.timeout_s, r.backend, r.sandbox_timeout_s,
+                          kinds=_scorer_kinds(train_set, val_sets))
         stack.callback(pool.close)
         sampler = Sampler(len(train_set), cfg.trainer.seed, cfg.data.shuffle)
         start = 0
@@ -280,6 +281,15 @@ def _started(cfg, log):
             log(f"resumed from {resume_from} (step {start})")
         yield Run(cfg, state.run_id if state else ckpt.new_run_id(), start, tok, train_set, val_sets, algo, judge,
                   cluster, pool, sampler, MetricsLogger(cfg, out_dir, start, cfg.trainer.steps), submitted=start)
+
+
+def _scorer_kinds(train_set: list, val_sets: list[ValSet]) -> set[str]:
+    """The scorer kinds the run's samples are scored by: their records' data_sources, and each
+    validation set's `score_as` where it has one (trainer/scoring.py `_samples`)."""
+    sources = {r.get("data_source", "math") for r in train_set}
+    for vs in val_sets:
+        sources |= {vs.score_as} if vs.score_as else {r.get("data_source", "math") for r in vs.records}
+    return scorer_kinds(sources)
 
 
 def _log_layout(cfg, layout: dict, log) -> None:

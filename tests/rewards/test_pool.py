@@ -171,3 +171,38 @@ def test_ray_backend(tmp_path):
 
             ray.shutdown()
             cluster._watchdog.stdin.close()  # a clean stop: the reaper leaves without killing
+
+
+_IMPORTED = """
+import json, sys
+from reasonrl_fast.rewards.worker import Scorer
+s = Scorer({"reward_fn": "", "sandbox_timeout_s": 5.0, "routes": {}, "kinds": json.loads(sys.argv[1])})
+right = s.score(("aime24", "so\\nAnswer: 7", "7", None))
+print(json.dumps([right[1]["acc"], *(m in sys.modules for m in ("math_verify", "sympy", "reasonrl_fast.rewards.code"))]))
+"""
+
+
+@pytest.mark.parametrize("kinds, imported", [
+    (None, [True, True, True]),      # every kind: what a pool not told its samples' kinds does
+    (["dapo"], [False, False, False]),
+    (["dapo", "math"], [True, True, False]),
+    ([], [False, False, False]),     # a kind not named still scores: its first sample imports it
+])
+def test_a_worker_imports_the_scorers_of_the_kinds_it_is_given(kinds, imported):
+    """A reward worker imports, before its first sample, what its pool's samples' scorer kinds use
+    (rewards/score.py SCORER_MODULES): math-verify and sympy, about a second a process, only where
+    a math-kind sample can come."""
+    import json
+
+    p = subprocess.run([sys.executable, "-c", _IMPORTED, json.dumps(kinds)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.splitlines()[-1]) == [True, *imported]
+
+
+def test_scorer_kinds_of_a_runs_sources():
+    from reasonrl_fast.rewards.score import SCORER_MODULES, SCORERS, scorer_kinds
+
+    assert scorer_kinds(["aime24", "math_dapo", "humaneval", "HuggingFaceH4/MATH-500", "math_dapo_boxed"]) == {
+        "dapo", "code", "math", "boxed"}
+    assert set(SCORER_MODULES) == set(SCORERS)  # each kind says what it imports
