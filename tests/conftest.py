@@ -72,15 +72,44 @@ def group_of(nodeid: str) -> str:
 
 
 
+# The order the groups are handed out in (`make test-all`, --dist loadgroup): the longest first, so
+# that the two workers end together: a worker that has taken a long group last keeps running while
+# the other has nothing left. A group's length is guessed from its tests' tiers (seconds a test of
+# that tier typically takes on the 2-core machine, RESULTS.md §12), the short groups last, where
+# they fill the gaps. xdist's own order (by the number of tests) would put a one-test e2e file of
+# minutes after files of many quick heavy tests.
+TIER_SECONDS = {"e2e": 60.0, "xproj": 60.0, "heavy": 30.0, "proc": 2.0, "unit": 0.1}
+
+
+def longest_groups_first(items, seconds: dict[str, float]) -> None:
+    """Reorder `items` in place: the groups by their guessed length (the sum of their tests'
+    `seconds`, by node id), longest first, each group's tests in their collected order."""
+    length: dict[str, float] = {}
+    for item in items:
+        group = group_of(item.nodeid)
+        length[group] = length.get(group, 0.0) + seconds[item.nodeid]
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda i: (-length[group_of(i.nodeid)], order[i.nodeid]))
+
+
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: a run with -p no:xdist does not know it
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # the collected order is `longest_groups_first`'s
+
     class Groups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
+
+        def _reschedule(self, node) -> None:
+            # the next group goes to a worker once it runs its last test (xdist's default: its
+            # last two), so that no group waits behind a long test while the other worker is free
+            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
 
     return Groups(config, log)
 
@@ -91,6 +120,7 @@ def pytest_collection_modifyitems(config, items):
     if stray:
         raise pytest.UsageError(f"{', '.join(stray)}: asks for a fixture of {SHARED_FIXTURES} but is not in the "
                                 f"{SHARED!r} test group: add it to tests/conftest.py SHARED_RUN (or name vllm in it)")
+    seconds = {}
     for item in items:
         tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
         for name in item.fixturenames:
@@ -100,8 +130,13 @@ def pytest_collection_modifyitems(config, items):
                 tiers.add(tier)
         if not tiers:
             item.add_marker("unit")
-        if "slow" in tiers and not run_slow:
+            tiers.add("unit")
+        skipped = "slow" in tiers and not run_slow
+        if skipped:
             item.add_marker(pytest.mark.skip(reason="a full learning check (minutes): `make test-slow`"))
+        seconds[item.nodeid] = 0.0 if skipped else max(TIER_SECONDS.get(t, 0.0) for t in tiers)
+    if getattr(config.option, "dist", None) == "loadgroup":
+        longest_groups_first(items, seconds)
 
 
 @pytest.fixture(autouse=True)
