@@ -52,8 +52,9 @@ def _mix_(z: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
 
 def gumbel_noise(seeds: torch.Tensor, t: int, vocab: int) -> torch.Tensor:
     """Standard Gumbel noise [B, V] (float64) for position t of rows seeded `seeds` [B] (int64):
-    a SplitMix64 stream per row, so the noise of a row is the same in any batch. Computed in place,
-    bit for bit `_mix`'s (faster over a large vocabulary: benchmarks/RESULTS.md §19)."""
+    a SplitMix64 stream per row, so the noise of a row is the same in any batch. Computed in place
+    (the values bit for bit those of one new tensor per operation, and faster over a large
+    vocabulary: benchmarks/RESULTS.md §19)."""
     ids = torch.arange(1, vocab + 1, device=seeds.device).add_(t * vocab).mul_(_GAMMA)
     state = ids.expand(seeds.shape[0], vocab).add(_mix(seeds)[:, None])
     scratch = torch.empty_like(state)
