@@ -15,8 +15,8 @@ is the baseline each split run's ratio is taken against.
 
 The table gives, per case, algorithm and layout, the means over the seeds of: wall time of the
 run (the warm start built before, not counted), its ratio to the synchronous baseline, the last
-validation accuracy and its difference from the baseline's, the staleness of the samples
-trained, each role's busy fraction (split: 1 - its idle time over the steps' time, the idle
+validation accuracy and its difference from the baseline's, the staleness of the tokens trained
+and the share of responses an update landed in the middle of (rollout/partial_frac), each role's busy fraction (split: 1 - its idle time over the steps' time, the idle
 times the trainer logs as time/trainer_idle_s and time/rollout_idle_s), and the synchronous
 steps' rollout and reward seconds (what the split run can overlap). Extra key=value settings
 pass to every run (a smoke run: trainer.steps=2 and small sizes); `--python` runs the trainer
@@ -71,6 +71,7 @@ def run(python: str, settings: list[str], latency: float, out: str) -> dict:
     busy = lambda key: 1 - sum(r.get(key, 0.0) for r in steps) / total if total else float("nan")  # noqa: E731
     mean = lambda key: statistics.fmean(r[key] for r in steps if key in r) if any(key in r for r in steps) else float("nan")  # noqa: E731
     return {"wall_s": wall, "val": vals[-1] if vals else float("nan"), "staleness": mean("rollout/staleness_mean"),
+            "partial": mean("rollout/partial_frac"),
             "trainer_busy": busy("time/trainer_idle_s"), "rollout_busy": busy("time/rollout_idle_s"),
             "rollout_s": mean("time/rollout_s"), "reward_s": mean("time/reward_s"), "steps": len(steps)}
 
@@ -88,8 +89,8 @@ def table(results: dict, names: list[str], seeds: list[int], args: str, load: st
     lines = [f"### Split placement against the synchronous step, embedded default ({today}, {os.cpu_count()}-core CPU, "
              f"load {load}; means over seeds {','.join(map(str, seeds))}; `python benchmarks/bench_async.py{args}`)", "",
              "| reward latency (s) | algo | layout | wall (s) | vs sync | last val accuracy | vs sync (points) "
-             "| staleness | trainer busy | rollout busy | rollout s/step | reward s/step |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| staleness | partial | trainer busy | rollout busy | rollout s/step | reward s/step |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (latency, algo), by_layout in results.items():
         m = {name: {k: statistics.fmean(r[k] for r in runs) for k in runs[0]} for name, runs in by_layout.items()}
         sync = min((n for n in names if n.startswith("sync")), key=lambda n: m[n]["wall_s"])
@@ -98,8 +99,9 @@ def table(results: dict, names: list[str], seeds: list[int], args: str, load: st
             split = name.startswith("split")
             lines.append(f"| {latency:g} | {algo} | {name}{' (baseline)' if name == sync else ''} | {r['wall_s']:.0f} | "
                          f"{r['wall_s'] / s['wall_s']:.2f}x | {r['val']:.3f} | {100 * (r['val'] - s['val']):+.1f} | "
-                         + (f"{r['staleness']:.2f} | {r['trainer_busy']:.2f} | {r['rollout_busy']:.2f} | - | - |" if split
-                            else f"0 | - | - | {r['rollout_s']:.2f} | {r['reward_s']:.2f} |"))
+                         + (f"{r['staleness']:.2f} | {r['partial']:.2f} | {r['trainer_busy']:.2f} | "
+                            f"{r['rollout_busy']:.2f} | - | - |" if split
+                            else f"0 | - | - | - | {r['rollout_s']:.2f} | {r['reward_s']:.2f} |"))
     return "\n".join(lines)
 
 

@@ -867,6 +867,7 @@ def test_async_bench_on_tiny_settings_writes_its_section(tmp_path):
     assert sync["reward_s"] >= 0.01 * 8 / 2, sync
     # step 1 trains on samples of version 0 however far ahead it was submitted; steps 2-3 on version 1 ones
     assert 0 < split["staleness"] <= 1 and 0 <= split["trainer_busy"] <= 1 and 0 <= split["rollout_busy"] <= 1, split
+    assert 0 <= split["partial"] <= 1, split
     md = results.read_text()
     assert md.count("<!-- async-split:begin -->") == 1, md
     assert "| 0.01 | grpo | sync, 1 worker(s) (baseline) | " in md and "| 0.01 | grpo | split, staleness 1 | " in md, md

@@ -33,7 +33,8 @@ class Engine:
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
                  max_new_tokens: int, seeds: list[int]) -> Samples:
         """n samples per prompt, prompt-major; `seeds` holds one sampling seed per sample
-        (len(prompts) * n, see `sample_seeds`)."""
+        (len(prompts) * n, see `sample_seeds`). An engine whose spec has
+        `weights_between_tokens` also takes `between_tokens=` (rollout/handoff.py)."""
         raise NotImplementedError
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -43,16 +43,18 @@ class WorkerGroup:
     (runtime/ray_cluster.py `place_workers`: default trainer.nnodes; 1 packs them on as few
     nodes as hold them). `log_dir`: the run directory the workers' engines write their logs under
     (`EngineSpec.log_path`), which a failure's note reads; None where they write none. `role`: how
-    a failure names the group's workers."""
+    a failure names the group's workers. `concurrency_groups`: Ray's, for actors whose methods
+    run in threads of their own (the rollout workers' weight loads beside their generation)."""
 
     role = "worker"
 
     def __init__(self, cls, cfg, model_path: str, spec, count: int, bundle: dict, *, log_dir: str | None = None,
-                 nodes: int | None = None, tp: int | None = None, role: str = "worker", **kwargs):
+                 nodes: int | None = None, tp: int | None = None, role: str = "worker",
+                 concurrency_groups: dict | None = None, **kwargs):
         self.cfg, self.spec, self.count, self.log_dir, self.role = cfg, spec, count, log_dir, role
         self.tp = tp or cfg.rollout.tensor_parallel_size  # 1: a group of trainer workers without engines
         self.pg = place_workers(cfg.trainer, bundle, local=rt.is_local(), world=count, nodes=nodes)
-        remote = ray.remote(cls)
+        remote = ray.remote(concurrency_groups=concurrency_groups)(cls) if concurrency_groups else ray.remote(cls)
         self.actors = [
             remote.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
                            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)

@@ -36,7 +36,7 @@ class HFEngine(Engine):
         self.lean = LeanDecoder(self.model) if decoder == "auto" and unsupported(self.model) is None else None
         self.params = dict(self.model.named_parameters())  # after the lean decoder's fusing
 
-    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds):
+    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds, between_tokens=None):
         import torch
 
         from reasonrl_fast.rollout.sampling import sample
@@ -54,7 +54,8 @@ class HFEngine(Engine):
             attn[i, width - len(p):] = 1
         with torch.no_grad():
             out, lps = sample(self.model, ids.to(self.device), attn.to(self.device), temperature, top_p,
-                              max_new_tokens, self.eos_id, self.pad_id, self.lean, torch.tensor(seeds))
+                              max_new_tokens, self.eos_id, self.pad_id, self.lean, torch.tensor(seeds),
+                              between_tokens)
         res = Samples()
         for row, lp in zip(out.tolist(), lps.tolist()):
             end = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)  # keep EOS: the policy learns to stop
@@ -76,6 +77,7 @@ class HF(EngineSpec):
     name = "hf"
     label = "hf"
     needs_trainer_copy = True
+    weights_between_tokens = True
 
     def memory(self, cfg, shape, layout, device_bytes):
         # a full copy of the weights beside the trainer's, and a KV cache as long as its batch,

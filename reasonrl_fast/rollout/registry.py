@@ -72,6 +72,9 @@ class EngineSpec:
     must load one; an engine that loads the model directory itself gets None."""
     cpu_head_dims: tuple[int, ...] | None = None
     """The attention head sizes the engine can run on CPU (None: any)."""
+    weights_between_tokens = False
+    """The engine's `generate` takes `between_tokens` (rollout/handoff.py): new weights can land
+    mid-generation (split placement's partial rollouts); others finish a generation first."""
     tensor_parallel = False
     """The engine can shard the model over rollout.tensor_parallel_size workers (one rank in each,
     in the workers' process group); others hold it whole in every worker."""

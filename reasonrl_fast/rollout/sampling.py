@@ -113,8 +113,8 @@ def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor) -> Callable:
 # No autograd bookkeeping at all: faster than no_grad (benchmarks/RESULTS.md §9).
 @torch.inference_mode()
 def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top_p: float, max_new_tokens: int,
-           eos_id: int, pad_id: int, lean: LeanDecoder | None = None,
-           seeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           eos_id: int, pad_id: int, lean: LeanDecoder | None = None, seeds: torch.Tensor | None = None,
+           between_tokens: Callable[[int], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Ancestral sampling from a Hugging Face causal LM with its KV cache: ([B, <= max_new_tokens]
     new tokens for the left-padded `ids`, pad after a row's EOS, stopping once every row has ended;
     each token's log-prob [B, same] under the distribution it was drawn from, 0 after the row's
@@ -122,8 +122,17 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
     global generator when None). The same distribution as `generate(do_sample=True, temperature,
     top_p, top_k=0)`, without its per-token logits processors and stopping criteria: faster, and
     faster again through `lean` (the same model run by a LeanDecoder; benchmarks/RESULTS.md §9).
-    The outputs are inference-mode tensors (no autograd)."""
-    step = lean.stepper(ids, attn, max_new_tokens) if lean is not None else hf_stepper(model, ids, attn)
+    The outputs are inference-mode tensors (no autograd).
+
+    `between_tokens(t)`, asked before token t >= 1 is computed, True when the model's weights
+    changed there (rollout/handoff.py): the cache is then recomputed under the new weights from
+    the prompt and the tokens so far, so that token t on is drawn from the new policy exactly, not
+    from new weights over an old cache."""
+
+    def stepper(ids: torch.Tensor, attn: torch.Tensor, steps: int) -> Callable:
+        return lean.stepper(ids, attn, steps) if lean is not None else hf_stepper(model, ids, attn)
+
+    step = stepper(ids, attn, max_new_tokens)
     if seeds is None:
         seeds = torch.randint(0, 2**62, (ids.shape[0],))
     seeds = seeds.to(device=ids.device, dtype=torch.long)
@@ -147,7 +156,12 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
         done |= tok == eos_id
         if t + 1 == max_new_tokens or bool(done.all()):
             break
-        logits = step(tok)
+        if between_tokens is not None and between_tokens(t + 1):
+            grown = torch.cat([attn, torch.ones_like(attn[:, :1]).expand(-1, t + 1)], 1)
+            step = stepper(torch.cat([ids, torch.stack(new, 1)], 1), grown, max_new_tokens - t - 1)
+            logits = step(None)
+        else:
+            logits = step(tok)
     if not new:
         return ids.new_zeros(ids.shape[0], 0), torch.zeros(ids.shape[0], 0, device=ids.device)
     return torch.stack(new, 1), torch.stack(lps, 1)

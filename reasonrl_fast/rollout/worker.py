@@ -7,6 +7,7 @@ Started as Ray actors by a WorkerGroup (rollout/group.py), whose calls reach eve
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from reasonrl_fast.layout import Layout, resolve
 from reasonrl_fast.models.loading import load_model, load_model_config, load_tokenizer, torch_dtype
 from reasonrl_fast.rollout.base import Engine, Samples
+from reasonrl_fast.rollout.handoff import Handoff, spans
 from reasonrl_fast.rollout.registry import EngineSpec
 from reasonrl_fast.runtime.distributed import init_process_group, rendezvous_address
 
@@ -36,6 +38,8 @@ class RolloutWorker:
                  sequences: int | None = None):
         self.cfg, self.rank, self.world, self.model_path, self.spec = cfg, rank, world, model_path, spec
         self.sequences = sequences
+        self.handoff = Handoff()
+        self._idle_lock = threading.Lock()
         self.log_path = spec.log_path(log_dir, rank) if log_dir else None
         if not torch.cuda.is_available():
             # One CPU slot per worker: more threads than cores only adds contention.
@@ -79,7 +83,11 @@ class RolloutWorker:
         rollout.max_new_tokens each, with the sampler's log-probs. `prompts` are the engine's:
         with a tensor-parallel engine every one of its ranks samples them all alike, and this
         worker's own are prompts[own[0]:own[1]] (None: all); only its own come back."""
-        out = self.engine.generate(prompts, n, temperature, top_p, self.cfg.rollout.max_new_tokens, seeds)
+        # new weights can land between two tokens (split placement: `receive_weights` runs in a
+        # thread of its own); with an engine that cannot take them there they wait for the end
+        mid = {"between_tokens": self.handoff.between_tokens} if self.spec.weights_between_tokens else {}
+        with self.handoff.sampling():
+            out = self.engine.generate(prompts, n, temperature, top_p, self.cfg.rollout.max_new_tokens, seeds, **mid)
         if own is None:
             return out
         a, b = own
@@ -95,21 +103,31 @@ class RolloutWorker:
         self.engine.load_weights(named_tensors)
 
     def sample_timed(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, seeds: list[int],
-                     own: tuple[int, int] | None = None) -> tuple[list, list, float]:
-        """Split placement: `sample`'s responses and log-probs, and the seconds this worker sat
-        idle (between its calls) since its last generation ended."""
+                     own: tuple[int, int] | None = None) -> tuple[list, list, list, float]:
+        """Split placement: `sample`'s responses and log-probs, each response's versions (its
+        (first token, version) pairs, rollout/handoff.py `spans`: more than one where an update
+        landed mid-generation), and the seconds this worker sat idle (between its calls) since its
+        last generation ended."""
         self._note_idle()
         out = self.sample(prompts, n, temperature, top_p, seeds, own)
-        idle, self._idle_s = self._idle_s, 0.0
-        self._busy_until = time.perf_counter()
-        return out.tokens, out.logprobs, idle
+        self._note_idle(busy_until=True)
+        with self._idle_lock:
+            idle, self._idle_s = self._idle_s, 0.0
+        switches = self.handoff.switches
+        return out.tokens, out.logprobs, [spans(switches, len(t)) for t in out.tokens], idle
 
     _busy_until: float | None = None  # when this worker's last call ended (None: no generation yet)
     _idle_s = 0.0  # the gaps between its calls since its last generation
 
-    def _note_idle(self) -> None:
-        if self._busy_until is not None:
-            self._idle_s += time.perf_counter() - self._busy_until
+    def _note_idle(self, busy_until: bool = False) -> None:
+        """Count the gap since the last busy moment as idle; `busy_until`: and mark the end of a
+        busy stretch instead. Both threads (generation, weights) call it."""
+        with self._idle_lock:
+            now = time.perf_counter()
+            if self._busy_until is not None and not busy_until:
+                self._idle_s += now - self._busy_until
+            if self._busy_until is not None or busy_until:
+                self._busy_until = now
 
     def join_transport(self, host: str, port: int, rank: int, size: int) -> None:
         """Split placement: rank `rank` (1..) of the weight transport whose rank 0 is the
@@ -120,14 +138,19 @@ class RolloutWorker:
 
     def receive_weights(self, meta: list, dtype: str, version: int, shards: int) -> int:
         """Load version `version` of the weights from the transport (the trainer publishes it
-        at once, in the rank-major layout of `shards` shards); returns the version now loaded."""
+        at once, in the rank-major layout of `shards` shards); returns the version now loaded.
+        With an engine that takes weights between tokens it runs beside a generation, which
+        pauses at its next token while the weights load (rollout/handoff.py)."""
         from reasonrl_fast.layout import SYNC_BUCKET_BYTES
 
-        self._note_idle()
-        self.load_weights(self.transport.receive(meta, version, torch_dtype(dtype), SYNC_BUCKET_BYTES, shards))
-        self.version = version
-        if self._busy_until is not None:  # idle from the first generation on: the run's setup is not a wait
-            self._busy_until = time.perf_counter()
+        with self.handoff.loading():
+            idle = not self.handoff.generating
+            if idle:
+                self._note_idle()
+            self.load_weights(self.transport.receive(meta, version, torch_dtype(dtype), SYNC_BUCKET_BYTES, shards))
+            self.handoff.version = self.version = version
+            if idle and self._busy_until is not None:  # idle from the first generation on: setup is not a wait
+                self._note_idle(busy_until=True)
         return version
 
     def weights_checksum(self, names: list[str]) -> float:

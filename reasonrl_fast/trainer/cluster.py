@@ -10,7 +10,10 @@ rollout workers' responses and sampler log-probs come to the driver (token ids a
 sends each trainer worker its share with the advantages; after each update the trainer's rank 0
 publishes the weights to the rollout workers (rollout/transport.py), as version `version`. A
 generation is submitted (`submit`) and collected (`collect`) apart, so the driver can keep some in
-flight while the trainer updates (loop.py, trainer.max_staleness)."""
+flight while the trainer updates (loop.py, trainer.max_staleness). With an engine that takes
+weights between tokens (the hf engine) a rollout worker loads them in a thread of its own at once,
+its generation in flight pausing at its next token and going on under the new weights (partial
+rollouts, rollout/handoff.py); each response carries the versions of its tokens."""
 
 from __future__ import annotations
 
@@ -30,7 +33,10 @@ from reasonrl_fast.trainer.worker import ROLLOUT_SUMS, Worker
 @dataclass
 class Pending:
     """A submitted generation (split placement): its refs, each rollout worker's (engine's
-    prompts, own prompts), the weights' version it samples, and what `collect` gathers."""
+    prompts, own prompts), the weights' version published when it was submitted (its tokens'
+    oldest possible: a publish after it can land mid-generation, or before it starts), and what
+    `collect` gathers: responses, sampler log-probs and each response's versions, its (first
+    token, version) pairs (rollout/handoff.py `spans`)."""
 
     refs: list
     split: list
@@ -39,18 +45,44 @@ class Pending:
     prompts: list
     responses: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
+    versions: list = field(default_factory=list)
     rollout_idle_s: float = 0.0
 
     @classmethod
-    def batch(cls, prompts: list, responses: list, logprobs: list, n: int, version: int) -> Pending:
+    def batch(cls, prompts: list, responses: list, logprobs: list, versions: list, n: int, version: int) -> Pending:
         """Collected samples put together by the driver (dynamic sampling's kept groups): what
         `keep` takes; `version` the oldest weights among them."""
-        return cls([], [], n, version, prompts, responses, logprobs)
+        return cls([], [], n, version, prompts, responses, logprobs, versions)
+
+    def staleness(self, trainer_version: int) -> dict:
+        """rollout/staleness_mean (over the response tokens) and _max: how many versions each
+        token's weights are behind `trainer_version`, the weights the update starts from; and
+        rollout/partial_frac, the share of responses an update landed in the middle of."""
+        behind = total = 0
+        worst, partial = 0, 0
+        for resp, sp in zip(self.responses, self.versions):
+            for i, (start, version) in enumerate(sp):
+                end = sp[i + 1][0] if i + 1 < len(sp) else len(resp)
+                behind += (trainer_version - version) * (end - start)
+                total += end - start
+                worst = max(worst, trainer_version - version)
+            partial += len(sp) > 1
+        return {"rollout/staleness_mean": behind / max(total, 1), "rollout/staleness_max": float(worst),
+                "rollout/partial_frac": partial / max(len(self.responses), 1)}
+
+
+WEIGHTS = "weights"
+"""The rollout workers' concurrency group for weight loads, beside their generation's."""
 
 
 class Cluster:
     split = False  # trainer.placement=split: the rollout workers are a group of their own
     rollout = None  # that group (split placement)
+
+    @property
+    def _mid(self) -> bool:
+        """Split placement's weights land mid-generation (the engine takes them between tokens)."""
+        return self.spec.weights_between_tokens
 
     def __init__(self, cfg, model_path: str):
         self.cfg = cfg
@@ -76,7 +108,8 @@ class Cluster:
                 r = cfg.rollout
                 self.rollout = WorkerGroup(RolloutWorker, cfg, model_path, self.spec,
                                            r.workers * r.tensor_parallel_size, bundle, nodes=1,
-                                           log_dir=t.output_dir, role="rollout worker")
+                                           log_dir=t.output_dir, role="rollout worker",
+                                           concurrency_groups={WEIGHTS: 1} if self._mid else None)
             self.setup_info = self.group.setup()[0]
             if self.split:
                 self.rollout.setup("rollout setup")
@@ -106,11 +139,12 @@ class Cluster:
         self.publish(0)
 
     def publish(self, version: int) -> dict:
-        """Split placement: the trainer's weights to every rollout worker as `version` (after
-        whatever each has queued before it); returns its metrics (`publish_metrics`)."""
+        """Split placement: the trainer's weights to every rollout worker as `version`, at once
+        where its engine takes them between tokens (a generation in flight goes on under them),
+        else after whatever generations it has queued; returns its metrics (`publish_metrics`)."""
         t0 = time.perf_counter()
-        receive = [a.receive_weights.remote(self._meta, self._dtype, version, self._shards)
-                   for a in self.rollout.actors]
+        receive = [(a.receive_weights.options(concurrency_group=WEIGHTS) if self._mid else a.receive_weights).remote(
+                   self._meta, self._dtype, version, self._shards) for a in self.rollout.actors]
         sent, _ = WorkerGroup.gather_all(
             [(self.group, [w.publish.remote(self._meta, version) for w in self.workers]), (self.rollout, receive)],
             "weight transport")
@@ -174,15 +208,16 @@ class Cluster:
                                       own=(r.start - g.start, r.stop - g.start))
                 for a, (g, r) in zip(samplers.actors, split)]
         total = len(prompts) * n
-        return Pending(refs, split, n, self.version, prompts, [None] * total, [None] * total)
+        return Pending(refs, split, n, self.version, prompts, [None] * total, [None] * total, [None] * total)
 
     def collect(self, pending: Pending):
         """Yield (index of the share's first sample, its responses) of a submitted generation as
         each worker finishes; the log-probs stay in `pending`."""
-        for rank, (tokens, logprobs, idle) in self._samplers().as_completed(pending.refs, "generate"):
+        for rank, (tokens, logprobs, versions, idle) in self._samplers().as_completed(pending.refs, "generate"):
             start = pending.split[rank][1].start * pending.n
             pending.responses[start:start + len(tokens)] = tokens
             pending.logprobs[start:start + len(tokens)] = logprobs
+            pending.versions[start:start + len(tokens)] = versions
             pending.rollout_idle_s = max(pending.rollout_idle_s, idle)
             yield start, tokens
 

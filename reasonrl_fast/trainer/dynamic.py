@@ -108,9 +108,10 @@ def _batch(rounds: list[Round], kept: list[tuple[int, int]], n: int, trainer_ver
     roll["time/reward_s"] = sum(rd.roll["time/reward_s"] for rd in rounds)
     from reasonrl_fast.trainer.cluster import Pending
 
-    versions = [rounds[k].pending.version for k, _ in kept]
     batch = Pending.batch(roll["prompts"], [rounds[k].pending.responses[i] for k, i in samples],
-                          [rounds[k].pending.logprobs[i] for k, i in samples], n, min(versions))
+                          [rounds[k].pending.logprobs[i] for k, i in samples],
+                          [rounds[k].pending.versions[i] for k, i in samples], n,
+                          min(rounds[k].pending.version for k, _ in kept))
     batch.rollout_idle_s = sum(rd.pending.rollout_idle_s for rd in rounds)
     generated = sum(len(rd.roll["acc"]) for rd in rounds)
     metrics = {"rollout/gen_rounds": len(rounds),
@@ -118,7 +119,6 @@ def _batch(rounds: list[Round], kept: list[tuple[int, int]], n: int, trainer_ver
                "rollout/groups_kept": sum(sum(rd.roll["kept"]) for rd in rounds),
                "rollout/generated_per_trained": generated / len(samples),
                "accuracy/generated_mean": sum(sum(rd.roll["acc"]) for rd in rounds) / generated}
-    if trainer_version is not None:  # what trains, group by group: a dropped group is never stale
-        stale = [trainer_version - v for v in versions]
-        metrics.update({"rollout/staleness_mean": sum(stale) / len(stale), "rollout/staleness_max": float(max(stale))})
+    if trainer_version is not None:  # what trains, token by token: a dropped group is never stale
+        metrics.update(batch.staleness(trainer_version))
     return items, roll, batch, metrics

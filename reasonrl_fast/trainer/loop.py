@@ -77,7 +77,8 @@ def _step(run: Run, step: int) -> dict:
     #    (split placement: the rollout workers' generation for this step, submitted up to
     #    trainer.max_staleness steps ago)
     #    (dynamic sampling, data.filter_groups: in rounds, until the step's groups are kept)
-    pending, async_metrics = _generation(run, step) if run.cluster.split else (None, {})
+    pending = _generation(run, step) if run.cluster.split else None
+    async_metrics: dict = {}
     filtering = cfg.data.filter_groups is not None
     if pending:
         items = pending[0]
@@ -116,6 +117,8 @@ def _step(run: Run, step: int) -> dict:
     if batch is not None or pending:
         run.cluster.keep(batch or pending[1])
     if pending:
+        if batch is None:  # the versions of its tokens (dynamic sampling's are of the kept groups)
+            async_metrics.update(pending[1].staleness(step - 1))  # the trainer holds version step - 1
         async_metrics["time/rollout_idle_s"] = (batch or pending[1]).rollout_idle_s  # known once collected
         async_metrics["time/trainer_idle_s"] = time.perf_counter() - (run.trained_at or t0)
         _score_ahead(run)
@@ -150,12 +153,12 @@ def _step(run: Run, step: int) -> dict:
     return row
 
 
-def _generation(run: Run, step: int) -> tuple[tuple, dict]:
+def _generation(run: Run, step: int) -> tuple:
     """Split placement: submit the generations of the steps up to `step` + max_staleness (not
-    past the last step) that are not in flight yet, each on the weights published last (the
-    rollout workers run their calls in order, so a generation submitted now samples the version
-    of the update before `step` or later: at most max_staleness versions behind the one `step`
-    trains from), then take `step`'s: its (records, cluster.Pending) and its rollout/staleness_*."""
+    past the last step) that are not in flight yet, each on the weights published last (or
+    later ones: an update can land before it starts or mid-generation), so every token it samples
+    is of the version of the update before `step` or later, at most max_staleness versions behind
+    the one `step` trains from; then take `step`'s: its (records, cluster.Pending)."""
     cfg = run.cfg
     last = min(step + cfg.trainer.max_staleness, cfg.trainer.steps)
     while run.submitted < last:
@@ -170,8 +173,7 @@ def _generation(run: Run, step: int) -> tuple[tuple, dict]:
     staleness = (step - 1) - pending.version  # the trainer holds version step - 1
     if staleness > cfg.trainer.max_staleness:  # the submission order above rules it out
         raise RuntimeError(f"step {step} would train on samples {staleness} versions old")
-    # every sample of a generation shares its version: the mean is the step's staleness too
-    return (items, pending), {"rollout/staleness_mean": float(staleness), "rollout/staleness_max": float(staleness)}
+    return items, pending
 
 
 def _score_ahead(run: Run) -> None:

@@ -2,7 +2,11 @@
 engine the test gives, behind handles whose `.method.remote(...)` runs the method at once, fanned
 out by the real `Cluster` and `WorkerGroup` (tests of the loop's sampling and scoring)."""
 
+import threading
+
 from reasonrl_fast.rollout import group as group_mod
+from reasonrl_fast.rollout.handoff import Handoff
+from reasonrl_fast.rollout.registry import EngineSpec
 from reasonrl_fast.rollout.group import WorkerGroup
 from reasonrl_fast.trainer.cluster import Cluster
 from reasonrl_fast.trainer.worker import Worker
@@ -25,6 +29,7 @@ def in_place_cluster(cfg, make_engine, monkeypatch, world: int = 2) -> tuple[Clu
     for rank in range(world):
         w = Worker.__new__(Worker)
         w.cfg, w.rank, w.world, w._samples = cfg, rank, world, None
+        w.spec, w.handoff, w._idle_lock = EngineSpec(), Handoff(), threading.Lock()
         w.engine = make_engine()
         engines.append(w.engine)
         handles.append(InPlace(w))

@@ -100,7 +100,9 @@ class FakeWorkers:
             self._meta = [(n, tuple(p.shape)) for n, p in w._full_weights()]
 
     def submit(self, prompts, n, temperature, top_p, stream):
-        return SimpleNamespace(prompts=prompts, n=n, version=self.version, rollout_idle_s=0.0)
+        from reasonrl_fast.trainer.cluster import Pending
+
+        return Pending([], [], n, self.version, prompts)
 
     def collect(self, pending):
         """As cluster.py's: the samples stay in `pending` (the loop may collect the next step's
@@ -110,6 +112,7 @@ class FakeWorkers:
             pending.kept.append(samples)
             pending.responses += samples[1]
             pending.logprobs += samples[2]
+            pending.versions += [[(0, pending.version)] for _ in samples[1]]
             yield start, samples[1]
 
     def keep(self, pending):
@@ -216,6 +219,7 @@ def test_every_documented_metric_is_logged(names):
     assert {"kl/mean", "grpo/dual_clip_frac", "rollout/is_weight_mean"} <= names["grpo"]
     assert {"log_z/mean", "tb/delta_abs_mean"} <= names["flowrl"] and "grpo/clip_frac" not in names["flowrl"]
     assert {"fapo/sent", "genrm/requests", "genrm/checker_agreement"} <= names["fapo"]
-    split = {"rollout/staleness_mean", "rollout/staleness_max", "time/trainer_idle_s", "time/rollout_idle_s",
+    split = {"rollout/staleness_mean", "rollout/staleness_max", "rollout/partial_frac", "time/trainer_idle_s",
+             "time/rollout_idle_s",
              "time/transport_s", "perf/sync_gb"}
     assert split <= names["split"] and not split & names["grpo"]

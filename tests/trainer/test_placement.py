@@ -208,14 +208,16 @@ def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(tmp_pat
     """Trainer workers (one; two FSDP2 ranks, whose shards of uneven rows arrive in the
     rank-major layout) and one rollout worker on Ray: the rollout worker's engine holds the
     trainer's weights bit for bit (equal checksums) after setup's version 0 and after an update's
-    publish, and the update did change them."""
+    publish, and the update did change them. An update published while a generation runs lands
+    in it (the weight load in the rollout worker's concurrency group of its own, the generation
+    going on under the new weights): responses that were still running carry both versions."""
     from reasonrl_fast.trainer.cluster import Cluster
     from tests.helpers.model_dirs import model_dir
 
     path = model_dir(tmp_path / "m", "llama")
     cfg = load_config(None, [f"model.path={path}", "trainer.placement=split", f"trainer.workers_per_node={workers}",
                              f"trainer.sharding={sharding}", "rollout.workers=1", "rollout.n=2",
-                             "rollout.max_new_tokens=6", "data.prompts_per_step=2", "optim.mini_batch_prompts=2",
+                             "rollout.max_new_tokens=300", "data.prompts_per_step=2", "optim.mini_batch_prompts=2",
                              "optim.lr=1e-2", f"trainer.output_dir={tmp_path / 'run'}"])
     import ray
 
@@ -235,6 +237,15 @@ def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(tmp_pat
         assert cluster.version == 1 and metrics["time/sync_s"] > 0
         trained, (loaded,) = cluster.weights_checksums()
         assert trained == loaded and trained != trainer
+        # 32 responses of up to 300 tokens (a random model's: few end early) while update 2 runs
+        long = cluster.submit([[5, 6, 7], [8, 9]] * 8, 2, 1.0, 1.0, 2)
+        cluster.keep(pending)
+        cluster.train_step([1.0, -1.0, 0.5, -0.5], 2)
+        list(cluster.collect(long))
+        assert all(v[0] == (0, 1) and all(version in (1, 2) for _, version in v) for v in long.versions), long.versions
+        landed = [v for v in long.versions if len(v) == 2]
+        assert landed and len({v[1][0] for v in landed}) == 1, long.versions  # one token boundary for the batch
+        assert long.staleness(2)["rollout/partial_frac"] == len(landed) / 32
     finally:
         if cluster is not None:
             cluster.shutdown()
@@ -258,6 +269,9 @@ def test_split_placement_trains_the_embedded_default(train, tmp_path, k):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     diff = [r["rollout/logprob_diff_mean"] for r in rows]
     assert [r["rollout/staleness_max"] for r in rows] == [0] + [k] * 3
+    # an update lands mid-generation only where one is in flight: never at k=0 (submitted after it)
+    assert all(0 <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] for r in rows)
+    assert all(0 <= r["rollout/partial_frac"] <= (1 if k else 0) for r in rows)
     assert all(r["time/trainer_idle_s"] >= 0 and r["time/rollout_idle_s"] >= 0 for r in rows)
     # every publish sends the whole model (float32 here) and its transfer is part of the publish
     assert len({r["perf/sync_gb"] for r in rows}) == 1 and rows[0]["perf/sync_gb"] > 0
@@ -355,17 +369,21 @@ def test_a_rollout_workers_idle_time_counts_from_its_first_generation():
     negative on a loaded machine, the setup longer than the short run's steps)."""
     from types import SimpleNamespace
 
+    import threading
+
+    from reasonrl_fast.rollout.handoff import Handoff
     from reasonrl_fast.rollout.worker import RolloutWorker
 
     w = object.__new__(RolloutWorker)
+    w.handoff, w._idle_lock = Handoff(), threading.Lock()
     w.transport = SimpleNamespace(receive=lambda *a: iter(()))
     w.engine = SimpleNamespace(load_weights=lambda named: list(named))
     w.sample = lambda *a: SimpleNamespace(tokens=[[1]], logprobs=[[0.0]])
     w.receive_weights([], "float32", 0, 1)  # setup's version 0
     time.sleep(0.3)  # the rest of the setup
-    assert w.sample_timed([[5]], 1, 1.0, 1.0, [0])[2] == 0.0
+    assert w.sample_timed([[5]], 1, 1.0, 1.0, [0])[3] == 0.0
     time.sleep(0.2)  # waits for the update's weights
     w.receive_weights([], "float32", 1, 1)
     time.sleep(0.1)
-    idle = w.sample_timed([[5]], 1, 1.0, 1.0, [0])[2]
+    idle = w.sample_timed([[5]], 1, 1.0, 1.0, [0])[3]
     assert 0.3 <= idle < 0.5, idle
