@@ -10,8 +10,8 @@ rollout.tensor_parallel_size that gives it room. With split placement (trainer.p
 trainer workers and the rollout workers hold different things, and each role gets its own table.
 docs/scaling.md explains every row and the knobs.
 
-The estimate is an upper bound of the worst step: every sequence at data.max_prompt_length +
-rollout.max_new_tokens. What the workers hold and how they run it (sharding, dtypes, attention,
+The estimate is an upper bound of the worst step: every sequence at the run's longest,
+data.max_prompt_length + rollout.max_new_tokens or rollout.max_sequence_tokens. What the workers hold and how they run it (sharding, dtypes, attention,
 packing, the fused head, the engine's memory) is the Layout the workers build from
 (layout/resolve.py `resolve`); this module only counts its bytes. It imports no torch. On CPU it is what the worker's `memory/peak_gb` (its max RSS) measures,
 checked against real runs by tests/test_plan.py."""
@@ -73,8 +73,7 @@ def forward_tokens(cfg: Config, layout: Layout) -> Forward:
     """The worst forward of the update: the largest mini-batch of the largest worker's share, cut
     into micro-batches of optim.micro_batch_tokens as the workers cut it (layout/micro.py), every
     sequence at its longest."""
-    p, r = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
-    seq = p + r
+    seq, r = cfg.max_sequence, cfg.max_response
     rows = largest_mini_batch(cfg, layout.world)
     budget = cfg.optim.micro_batch_tokens
     if layout.packed:
@@ -291,7 +290,7 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     # trainer's workers or, split, on the rollout workers'
     mem = get_rollout(cfg.rollout.backend).memory(cfg, s, layout, memory_gib * GIB)
     engine = [Term(t.name, _gib(t.rollout), _gib(t.update), t.note, t.knob) for t in mem.terms]
-    eb, seq = dtype_bytes(layout.rollout_dtype), cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    eb, seq = dtype_bytes(layout.rollout_dtype), cfg.max_sequence
     if cfg.trainer.placement == "split":
         est.phases = ("publish", "update")
         est.rollout_workers = _rollout_role(cfg, s, layout, mem, engine, memory_gib)
@@ -381,7 +380,7 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
 
     phase = est.phase
     terms = sorted(est.terms, key=lambda x: -(x.update if phase == "update" else x.rollout))
-    seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    seq = cfg.max_sequence
     for term in terms:
         if term.knob == "activations" and phase == "update":
             if not cfg.model.gradient_checkpointing and fits_with(model__gradient_checkpointing=True):
@@ -484,7 +483,7 @@ def rollout_advice(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Sha
         return None
     if not get_rollout(cfg.rollout.backend).tensor_parallel:
         return None
-    seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    seq = cfg.max_sequence
     why = (f"the rollout engine has room for {est.engine_sequences:.1f} of its {rollout_sequences(cfg)} sequences "
            f"of {seq} tokens at once (wanted: {sequences_wanted(cfg)})")
     choice = tensor_parallel_choice(cfg, s, est, device, genrm)

@@ -94,8 +94,8 @@ write no verdict at any length, so each request ends truncated, counted as a fai
 penalty) as a real GenRM's cut verdict is; every token samples over the real vocabulary, which
 made the verdicts most of a FAPO rehearsal's step at 64 tokens (at 16 a third, 3.4 s of a 7.5 s
 step of the 32B FAPO recipe; at 8, 2 s)."""
-LENGTHS = ("data.max_prompt_length", "rollout.max_new_tokens", "grpo.overlong_buffer", "flowrl.overlong_buffer",
-           "optim.micro_batch_tokens", "fapo.genrm.max_tokens")
+LENGTHS = ("data.max_prompt_length", "rollout.max_new_tokens", "rollout.max_sequence_tokens", "grpo.overlong_buffer",
+           "flowrl.overlong_buffer", "optim.micro_batch_tokens", "fapo.genrm.max_tokens")
 """Every setting counted in tokens: the ones the length factor divides."""
 
 
@@ -139,8 +139,8 @@ def length_factor(cfg: Config, prompt_tokens: int = 1) -> int:
     """The smallest power of two that divides prompt + response down to SEQUENCE_TOKENS or fewer,
     halved while the divided prompt length would be below `prompt_tokens` (the stand-in records'
     longest prompt)."""
-    p, r, f = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens, 1
-    while p + r > f * SEQUENCE_TOKENS:
+    p, f = cfg.data.max_prompt_length, 1
+    while cfg.max_sequence > f * SEQUENCE_TOKENS:
         f *= 2
     while f > 1 and -(-p // f) < prompt_tokens:
         f //= 2
@@ -166,6 +166,8 @@ def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[
     f = length_factor(cfg, prompt_tokens)
     out: dict[str, Any] = {k: -(-get(cfg, k) // f) for k in LENGTHS}  # a 0 ("off") stays 0
     out["fapo.genrm.max_tokens"] = min(out["fapo.genrm.max_tokens"], GENRM_TOKENS)
+    if out["rollout.max_sequence_tokens"]:  # still room for a response after the longest prompt
+        out["rollout.max_sequence_tokens"] = max(out["rollout.max_sequence_tokens"], out["data.max_prompt_length"] + 1)
     out["rollout.val_n"] = min(cfg.rollout.val_n, VAL_N)
     out["data.val_sets"] = [dataclasses.replace(v, n=min(v.n, VAL_N), k=[k for k in v.k if k <= VAL_N])
                             for v in cfg.data.val_sets]  # each set's samples, as rollout.val_n
@@ -251,8 +253,7 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
         if cfg.embedded_model:
             settings["sft.cache_dir"] = os.path.join(work, "sft")
         small = apply(cfg, {**settings, "trainer.overwrite": True})  # a rehearsal starts afresh
-        for line in [f"lengths / {f} (prompt + response {cfg.data.max_prompt_length + cfg.rollout.max_new_tokens}"
-                     f" -> {small.data.max_prompt_length + small.rollout.max_new_tokens} tokens)",
+        for line in [f"lengths / {f} (prompt + response {cfg.max_sequence} -> {small.max_sequence} tokens)",
                      *notes, *(f"{k}: {get(cfg, k)!r} -> {v!r}" for k, v in scaled.items())]:
             log(f"[rehearse] {line}")
         preflight(small)  # as the train command runs it, on the stand-ins

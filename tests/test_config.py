@@ -271,6 +271,7 @@ BAD_VALUES = {
     "rollout.decoder": ["lean"],
     "rollout.n": ["0", "017"],
     "rollout.max_new_tokens": ["0", "0x10", "1_000", "1e3", "1:30", "0o17", "'1_2'"],
+    "rollout.max_sequence_tokens": ["-1", "1.5", "x"],
     "rollout.temperature": ["0", "-1"],
     "rollout.top_p": ["0", "1.5"],
     "rollout.val_temperature": ["-0.5"],
@@ -697,3 +698,31 @@ def test_the_eval_of_validation_sets_refuses_what_it_cannot_reproduce():
         load_config(None, ["eval.val_sets=true", "eval.target=t"])
     with pytest.raises(ConfigError, match=r"^eval.val_sets=true needs data.val_sets: give the run's config.yaml"):
         run(load_config(None, ["eval.val_sets=true", "model.path=/nowhere"]))
+
+
+def test_the_sequence_cap_gives_each_prompt_what_it_leaves_and_sizes_the_longest_sequence():
+    """rollout.max_sequence_tokens: each response's limit is min(max_new_tokens, cap - prompt),
+    the run's longest sequence the cap (where it is below prompt + response), the longest response
+    what it leaves a one-token prompt; 0 leaves the old lengths."""
+    off = load_config(None, ["data.max_prompt_length=100", "rollout.max_new_tokens=300"])
+    assert (off.max_sequence, off.max_response, off.response_limit(97)) == (400, 300, 300)
+    cfg = load_config(None, ["data.max_prompt_length=100", "rollout.max_new_tokens=300",
+                             "rollout.max_sequence_tokens=350"])
+    assert (cfg.max_sequence, cfg.max_response) == (350, 300)
+    assert [cfg.response_limit(p) for p in (1, 50, 51, 100)] == [300, 300, 299, 250]
+    loose = load_config(None, ["data.max_prompt_length=100", "rollout.max_new_tokens=300",
+                               "rollout.max_sequence_tokens=1000"])
+    assert (loose.max_sequence, loose.response_limit(100)) == (400, 300)  # a cap above both changes nothing
+    recipe = load_config("configs/grpo_qwen2.5_32b_dapo.yaml", [])
+    assert (recipe.max_sequence, recipe.max_response, recipe.response_limit(2048)) == (12000, 11999, 9952)
+
+
+def test_a_cap_that_leaves_no_room_or_meets_overlong_shaping_is_refused():
+    with pytest.raises(ConfigError, match=r"^rollout\.max_sequence_tokens=100 with data\.max_prompt_length=100: .*"
+                                          r"set it above 100"):
+        load_config(None, ["data.max_prompt_length=100", "rollout.max_sequence_tokens=100"])
+    for algo, key in (("grpo", "grpo"), ("fapo", "grpo"), ("flowrl", "flowrl")):
+        with pytest.raises(ConfigError, match=rf"^rollout\.max_sequence_tokens=200 with {key}\.overlong_buffer=8: "):
+            load_config(None, [f"algo={algo}", "data.max_prompt_length=100", "rollout.max_sequence_tokens=200",
+                               f"{key}.overlong_buffer=8"])
+    load_config(None, ["data.max_prompt_length=100", "rollout.max_sequence_tokens=101"])  # one token of room

@@ -46,6 +46,15 @@ def test_math_7b_context_fails_in_one_line_naming_the_setting():
     assert all(s in line for s in ("4096", "2048 + 8192 = 10240", "model.max_position_embeddings=10240"))
 
 
+def test_a_sequence_cap_is_the_longest_sequence_the_context_must_hold():
+    with pytest.raises(ConfigError, match=r"^model\.max_position_embeddings=6000: below "
+                                          r"rollout\.max_sequence_tokens = 6500; raise it to at least 6500"):
+        preflight(math_7b_run("model.max_position_embeddings=6000", "rollout.max_sequence_tokens=6500"),
+                  shipped("Qwen2.5-7B"), files=False)
+    preflight(math_7b_run("model.max_position_embeddings=6500", "rollout.max_sequence_tokens=6500"),
+              shipped("Qwen2.5-7B"), files=False)
+
+
 @pytest.mark.parametrize("value", [10240, 32768])
 def test_the_override_lets_math_7b_run(value):
     cfg = math_7b_run(f"model.max_position_embeddings={value}")

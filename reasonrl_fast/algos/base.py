@@ -75,6 +75,9 @@ class Algo:
 
         return torch.tensor(scores)
 
+    overlong_setting = ""
+    """The setting `overlong` reads its buffer from (errors name it)."""
+
     def overlong(self, cfg) -> tuple[int, float]:
         """(L_buf, factor) of the DAPO overlong shaping, from the algorithm's own section
         ((0, 1.0): off)."""

@@ -83,6 +83,7 @@ class FlowRLConfig(Checks):
 class FlowRL(Algo):
     name = "flowrl"
     section, Settings = "flowrl", FlowRLConfig
+    overlong_setting = "flowrl.overlong_buffer"
     zhead = True
     per_sequence = True
 

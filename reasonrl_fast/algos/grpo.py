@@ -215,6 +215,7 @@ class GRPOConfig(Checks):
 class GRPO(Algo):
     name = "grpo"
     section, Settings = "grpo", GRPOConfig
+    overlong_setting = "grpo.overlong_buffer"
 
     def needs_ref(self, cfg) -> bool:  # the k3 KL term reads the reference log-probs
         return cfg.grpo.kl_coef > 0

@@ -312,6 +312,13 @@ class RolloutConfig(_Checks):
     """Responses sampled per prompt (the GRPO/FlowRL group)."""
     max_new_tokens: int = 32
     """Longest response, in tokens."""
+    max_sequence_tokens: int = 0
+    """Longest prompt and response together, in tokens (0: no cap of its own, the longest sequence
+    is data.max_prompt_length + max_new_tokens). Set, each response may take min(max_new_tokens,
+    max_sequence_tokens - its prompt's length) tokens: a short prompt leaves its response more
+    room, as Megatron's MAX_SEQ_LENGTH and slime's rollout_max_context_len do. Must exceed
+    data.max_prompt_length; DAPO's overlong shaping (its buffer counts back from one fixed
+    length) is refused with it."""
     temperature: float = 1.0
     """Sampling temperature (also used for log-probs)."""
     top_p: float = 1.0
@@ -356,7 +363,7 @@ class RolloutConfig(_Checks):
         self._one_of(at, "correction", ("none", "token_tis", "seq_tis"))
         self._positive(at, "n", "max_new_tokens", "temperature", "sync_every", "is_cap", "tensor_parallel_size",
                        "val_n", "workers")
-        self._not_negative(at, "val_temperature")  # 0: greedy validation (rollout/base.py GREEDY_BELOW)
+        self._not_negative(at, "val_temperature", "max_sequence_tokens")  # 0: greedy validation (GREEDY_BELOW)
         for name in ("top_p", "val_top_p"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
@@ -583,6 +590,26 @@ class Root(_Checks):
     def embedded_task(self) -> bool:
         """The run trains on the embedded task data.task (data.train_files empty)."""
         return not self.data.train_files
+
+    @property
+    def max_sequence(self) -> int:
+        """The run's longest sequence, prompt and response: data.max_prompt_length +
+        rollout.max_new_tokens, or rollout.max_sequence_tokens where it caps that lower. What the
+        engines' caches, the model's context and the planner are sized for."""
+        whole = self.data.max_prompt_length + self.rollout.max_new_tokens
+        cap = self.rollout.max_sequence_tokens
+        return min(whole, cap) if cap else whole
+
+    @property
+    def max_response(self) -> int:
+        """The run's longest response: rollout.max_new_tokens, or what rollout.max_sequence_tokens
+        leaves a prompt of one token where that is less."""
+        return self.response_limit(1)
+
+    def response_limit(self, prompt_tokens: int) -> int:
+        """The tokens a response to a prompt of `prompt_tokens` tokens may take (at least 1)."""
+        r, cap = self.rollout.max_new_tokens, self.rollout.max_sequence_tokens
+        return max(1, min(r, cap - prompt_tokens)) if cap else r
 
     def check(self, at: str = "") -> None:
         """The top-level settings' own checks; the sections' are `check_sections`'s, the

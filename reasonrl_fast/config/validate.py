@@ -38,6 +38,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.filter_groups={cfg.data.filter_groups} with rollout.n={cfg.rollout.n}: a group of one "
                           f"sample never has a spread, so every group would be dropped; set rollout.n >= 2")
     check_bf16_lr(cfg)
+    check_sequence_cap(cfg, algo)
     check_tensor_parallel(cfg)
     check_placement(cfg)
     algo.check_config(cfg)
@@ -62,6 +63,22 @@ def check_tensor_parallel(cfg: Config) -> None:
     if per_node is not None and per_node % tp:
         raise ConfigError(f"rollout.tensor_parallel_size={tp} does not divide trainer.workers_per_node="
                           f"{per_node}: an engine's ranks are {tp} consecutive workers of one node")
+
+
+def check_sequence_cap(cfg: Config, algo) -> None:
+    """rollout.max_sequence_tokens leaves every admitted prompt room for a response, and is not
+    set with DAPO's overlong shaping (whose buffer counts back from one fixed response length)."""
+    cap, p = cfg.rollout.max_sequence_tokens, cfg.data.max_prompt_length
+    if not cap:
+        return
+    if cap <= p:
+        raise ConfigError(f"rollout.max_sequence_tokens={cap} with data.max_prompt_length={p}: a prompt of the "
+                          f"longest length would leave its response no token; set it above {p} (0: no cap)")
+    buffer, _ = algo.overlong(cfg)
+    if buffer:
+        raise ConfigError(f"rollout.max_sequence_tokens={cap} with {algo.overlong_setting}={buffer}: the overlong "
+                          f"shaping penalises lengths near one fixed limit, rollout.max_new_tokens, while the cap "
+                          f"gives each response a limit of its own; set one of them to 0")
 
 
 def check_placement(cfg: Config) -> None:

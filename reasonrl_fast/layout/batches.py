@@ -29,5 +29,5 @@ def tokens_per_forward(cfg, world: int) -> int:
     """Upper bound on the response positions one policy forward sees: the largest mini-batch of the
     largest worker's share (prompts x samples) times the longest response, or the micro-batch
     token budget when that is less."""
-    whole = max(1, largest_mini_batch(cfg, world)) * cfg.rollout.max_new_tokens
+    whole = max(1, largest_mini_batch(cfg, world)) * cfg.max_response
     return min(whole, cfg.optim.micro_batch_tokens) if cfg.optim.micro_batch_tokens else whole

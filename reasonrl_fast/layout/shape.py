@@ -117,40 +117,55 @@ def context_overrides(setting: int | None) -> dict:
     return {} if setting is None else {"max_position_embeddings": setting}
 
 
+def longest_sequence(cfg) -> tuple[int, str, list[int]]:
+    """The run's longest sequence (config `max_sequence`), the settings that make it and their
+    values, for errors."""
+    p, r, n = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens, cfg.max_sequence
+    if n < p + r:
+        return n, "rollout.max_sequence_tokens", [n]
+    return n, "data.max_prompt_length + rollout.max_new_tokens", [p, r]
+
+
+def _sum(names: str, values: list[int]) -> str:
+    """`names = a + b = total` (`names = a` for one value)."""
+    terms = " + ".join(map(str, values))
+    return f"{names} = {terms}" + (f" = {sum(values)}" if len(values) > 1 else "")
+
+
 def context_problem(cfg, config, source: str) -> str | None:
-    """Why the run's longest sequence, data.max_prompt_length + rollout.max_new_tokens, does not
-    fit the policy's context (None when it fits, or the config names no context). vLLM refuses such
-    an engine when a worker builds it; a Hugging Face forward runs past the trained positions
-    without a word. `source`: where `config` was read (`config.json of model.path='/x'`)."""
-    p, r = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
+    """Why the run's longest sequence (`longest_sequence`) does not fit the policy's context (None
+    when it fits, or the config names no context). vLLM refuses such an engine when a worker
+    builds it; a Hugging Face forward runs past the trained positions without a word. `source`:
+    where `config` was read (`config.json of model.path='/x'`)."""
+    n, names, values = longest_sequence(cfg)
+    need = _sum(names, values)
     setting = cfg.model.max_position_embeddings
     have = model_context(setting, config)
-    if have is None or p + r <= have:
+    if have is None or n <= have:
         return None
-    need = f"data.max_prompt_length + rollout.max_new_tokens = {p} + {r} = {p + r}"
     if setting is not None:
-        return (f"model.max_position_embeddings={setting}: below {need}; raise it to at least {p + r}, or shorten "
+        return (f"model.max_position_embeddings={setting}: below {need}; raise it to at least {n}, or shorten "
                 f"the prompt or the response")
     return (f"model.max_position_embeddings: the model's context is {have} tokens ({source}), below {need}: "
-            f"set model.max_position_embeddings={p + r} or more (the published Qwen2.5-Math RL recipes raise "
+            f"set model.max_position_embeddings={n} or more (the published Qwen2.5-Math RL recipes raise "
             f"4096 to 32768, RoPE θ unchanged), or shorten the prompt or the response")
 
 
 def genrm_context_problem(cfg, config, source: str) -> str | None:
     """Why a verdict request does not fit the context of the GenRM our server loads (`config`:
     its config.json, read as it is: model.max_position_embeddings is the policy's). A request
-    holds the problem and the solution, at least data.max_prompt_length + rollout.max_new_tokens
-    tokens of the policy's, and the verdict, fapo.genrm.max_tokens; the server shortens a verdict
-    that does not fit, which then most likely has no index and gives no penalty."""
-    p, r, v = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens, cfg.fapo.genrm.max_tokens
+    holds the problem and the solution, up to the policy's longest sequence (`longest_sequence`),
+    and the verdict, fapo.genrm.max_tokens; the server shortens a verdict that does not fit, which
+    then most likely has no index and gives no penalty."""
+    (n, names, values), v = longest_sequence(cfg), cfg.fapo.genrm.max_tokens
     have = model_context(None, config)
-    if have is None or p + r + v <= have:
+    if have is None or n + v <= have:
         return None
-    fix = (f"lower fapo.genrm.max_tokens to {have - p - r} or less" if have - p - r > 0
+    fix = (f"lower fapo.genrm.max_tokens to {have - n} or less" if have - n > 0
            else "shorten the policy's prompt or response")
     return (f"fapo.genrm.max_tokens={v}: the GenRM's context is {have} tokens ({source}), below a verdict "
-            f"request's data.max_prompt_length + rollout.max_new_tokens + fapo.genrm.max_tokens = "
-            f"{p} + {r} + {v} = {p + r + v}: {fix}, or serve a model with a longer context")
+            f"request's {_sum(names + ' + fapo.genrm.max_tokens', values + [v])}: {fix}, or serve a model with a "
+            f"longer context")
 
 
 def check_context(cfg, config, source: str) -> None:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # annotations only: the engines' specs and the seed rule load
 @dataclass
 class Samples:
     """n samples per prompt, prompt-major: each response's token ids (ending with EOS unless cut
-    at max_new_tokens) and the sampler's own log-prob of each of those tokens, under the
+    at its length limit) and the sampler's own log-prob of each of those tokens, under the
     distribution it drew the token from (temperature and top-p applied)."""
 
     tokens: list[list[int]] = field(default_factory=list)
@@ -31,9 +31,10 @@ class Engine:
     """A built engine: it samples, takes new weights, and sleeps through the update."""
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seeds: list[int]) -> Samples:
+                 max_new_tokens: int | list[int], seeds: list[int]) -> Samples:
         """n samples per prompt, prompt-major; `seeds` holds one sampling seed per sample
-        (len(prompts) * n, see `sample_seeds`). An engine whose spec has
+        (len(prompts) * n, see `sample_seeds`); `max_new_tokens`: the longest response, or one
+        limit per prompt (rollout.max_sequence_tokens). An engine whose spec has
         `weights_between_tokens` also takes `between_tokens=` (rollout/handoff.py)."""
         raise NotImplementedError
 

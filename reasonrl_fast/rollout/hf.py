@@ -46,6 +46,8 @@ class HFEngine(Engine):
         rep = [p for p in prompts for _ in range(n)]
         if len(seeds) != len(rep):
             raise ValueError(f"HFEngine.generate: {len(seeds)} seeds for {len(rep)} samples")
+        per_row = isinstance(max_new_tokens, (list, tuple))
+        limits = [m for m in max_new_tokens for _ in range(n)] if per_row else [max_new_tokens] * len(rep)
         width = max(len(p) for p in rep)
         ids = torch.full((len(rep), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros_like(ids)
@@ -54,11 +56,12 @@ class HFEngine(Engine):
             attn[i, width - len(p):] = 1
         with torch.no_grad():
             out, lps = sample(self.model, ids.to(self.device), attn.to(self.device), temperature, top_p,
-                              max_new_tokens, self.eos_id, self.pad_id, self.lean, torch.tensor(seeds),
-                              between_tokens)
+                              torch.tensor(limits) if per_row else max_new_tokens, self.eos_id, self.pad_id,
+                              self.lean, torch.tensor(seeds), between_tokens)
         res = Samples()
-        for row, lp in zip(out.tolist(), lps.tolist()):
+        for row, lp, limit in zip(out.tolist(), lps.tolist(), limits):
             end = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)  # keep EOS: the policy learns to stop
+            end = min(end, limit)  # a row cut at its own limit is padded after it
             res.tokens.append(row[:end])
             res.logprobs.append(lp[:end])
         return res
@@ -83,7 +86,7 @@ class HF(EngineSpec):
         # a full copy of the weights beside the trainer's, and a KV cache as long as its batch,
         # every row at its longest (the sampler's DynamicCache, or the lean decoder's)
         s, batch = shape, rollout_sequences(cfg)
-        seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        seq = cfg.max_sequence
         eb = dtype_bytes(layout.rollout_dtype)
         weights = s.params * eb
         cache = (2 * s.layers * batch * s.kv_heads * s.head_dim * seq * eb

@@ -112,7 +112,8 @@ def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor) -> Callable:
 
 # No autograd bookkeeping at all: faster than no_grad (benchmarks/RESULTS.md §9).
 @torch.inference_mode()
-def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top_p: float, max_new_tokens: int,
+def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top_p: float,
+           max_new_tokens: int | torch.Tensor,
            eos_id: int, pad_id: int, lean: LeanDecoder | None = None, seeds: torch.Tensor | None = None,
            between_tokens: Callable[[int], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Ancestral sampling from a Hugging Face causal LM with its KV cache: ([B, <= max_new_tokens]
@@ -122,7 +123,8 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
     global generator when None). The same distribution as `generate(do_sample=True, temperature,
     top_p, top_k=0)`, without its per-token logits processors and stopping criteria: faster, and
     faster again through `lean` (the same model run by a LeanDecoder; benchmarks/RESULTS.md §9).
-    The outputs are inference-mode tensors (no autograd).
+    The outputs are inference-mode tensors (no autograd). `max_new_tokens` [B]: a limit per row
+    (the longest sets the width; a row is padded after its own).
 
     `between_tokens(t)`, asked before token t >= 1 is computed, True when the model's weights
     changed there (rollout/handoff.py): the cache is then recomputed under the new weights from
@@ -132,6 +134,9 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
     def stepper(ids: torch.Tensor, attn: torch.Tensor, steps: int) -> Callable:
         return lean.stepper(ids, attn, steps) if lean is not None else hf_stepper(model, ids, attn)
 
+    limits = None
+    if isinstance(max_new_tokens, torch.Tensor):
+        limits, max_new_tokens = max_new_tokens.to(ids.device), int(max_new_tokens.max())
     step = stepper(ids, attn, max_new_tokens)
     if seeds is None:
         seeds = torch.randint(0, 2**62, (ids.shape[0],))
@@ -154,6 +159,8 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
         new.append(tok)
         lps.append(lp.masked_fill(done, 0.0))
         done |= tok == eos_id
+        if limits is not None:
+            done |= limits <= t + 1
         if t + 1 == max_new_tokens or bool(done.all()):
             break
         if between_tokens is not None and between_tokens(t + 1):

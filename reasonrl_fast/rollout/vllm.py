@@ -80,15 +80,15 @@ def kv_token_bytes(kv: tuple[int, int, int], dtype_bytes: int) -> int:
 def kv_cache_bytes(cfg, kv: tuple[int, int, int], dtype_bytes: int, sequences: int | None = None) -> int:
     """The bytes of the engine's KV cache on one rank (vLLM's `kv_cache_memory_bytes` is per
     rank): rollout.kv_cache_memory_bytes when set, else what `sequences` (default: the engine's
-    batch, `rollout_sequences`) need at their longest, data.max_prompt_length +
-    rollout.max_new_tokens tokens each, for a model of `kv_shape` `kv` cached in `dtype_bytes`
+    batch, `rollout_sequences`) need at their longest, the run's longest sequence each (config
+    `max_sequence`), for a model of `kv_shape` `kv` cached in `dtype_bytes`
     (`kv_token_bytes` a token), each sequence in whole CPU blocks, KV_SPARE more blocks and vLLM's null block. Fewer bytes only make vLLM
     queue what does not fit (slower); more are held by the engine for the whole run. The workers
     and the planner (plan.py) both size the engine with this function (`VLLM.kv_cache_bytes`)."""
     if cfg.rollout.kv_cache_memory_bytes is not None:
         return cfg.rollout.kv_cache_memory_bytes
     block = kv_token_bytes(kv, dtype_bytes) * CPU_BLOCK_TOKENS
-    seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    seq = cfg.max_sequence
     blocks = (sequences or rollout_sequences(cfg)) * -(-seq // CPU_BLOCK_TOKENS)
     return (math.ceil(blocks * (1 + KV_SPARE)) + 1) * block
 
@@ -264,10 +264,11 @@ class VLLMEngine(Engine):
             raise ValueError(f"VLLMEngine.generate: {len(seeds)} seeds for {len(prompts) * n} samples")
         greedy = temperature < GREEDY_BELOW
         reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(n)]
+        limits = max_new_tokens if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
         params = [SamplingParams(n=1, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
-                                 max_tokens=max_new_tokens, seed=s, logprobs=0, detokenize=False,
+                                 max_tokens=limits[i // n], seed=s, logprobs=0, detokenize=False,
                                  stop_token_ids=[self.eos_id])  # kept in token_ids: the policy learns to stop
-                  for s in seeds]
+                  for i, s in enumerate(seeds)]
         outs = self.llm.generate(reqs, params, use_tqdm=False)
         res = Samples()
         for o in outs:
@@ -346,7 +347,7 @@ class VLLM(EngineSpec):
     def start_problem(self, cfg, shape, layout):
         # vLLM refuses to start with a KV cache (the bytes it is given, on one rank) that cannot
         # hold one full-length sequence
-        kv, seq = layout.kv_cache_bytes, cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        kv, seq = layout.kv_cache_bytes, cfg.max_sequence
         one = kv_token_bytes(kv_shape(shape.config, layout.engine_tp), dtype_bytes(layout.rollout_dtype)) * seq
         if kv is None or kv >= one:
             return None
@@ -358,7 +359,7 @@ class VLLM(EngineSpec):
         # over its ranks and the embeddings and LM head by vocabulary; what it replicates (the
         # norms) is a few MiB. The KV cache per rank: its key/value heads (`kv_shape`).
         s, tp, name = shape, layout.engine_tp, self.label
-        seq = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        seq = cfg.max_sequence
         token = kv_token_bytes(kv_shape(s.config, tp), dtype_bytes(layout.rollout_dtype))
         weights = s.params * dtype_bytes(layout.rollout_dtype) / tp
         one = token * seq  # one full-length sequence's KV cache on one rank
@@ -414,6 +415,6 @@ class VLLM(EngineSpec):
             local = (device.index or 0) if device.type == "cuda" else dist.get_rank() % cfg.trainer.workers_per_node
         # the engine's memory as the Layout sized it: bytes, or its share of the GPU
         return VLLMEngine(model_path, getattr(torch, layout.rollout_dtype), tok.eos_token_id,
-                          cfg.data.max_prompt_length + r.max_new_tokens, cfg.trainer.seed, device,
+                          cfg.max_sequence, cfg.trainer.seed, device,
                           layout.engine_share, log_path, log, cfg.model.max_position_embeddings, kv_bytes,
                           r.tensor_parallel_size, local)

@@ -80,14 +80,19 @@ class RolloutWorker:
     def sample(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, seeds: list[int],
                own: tuple[int, int] | None = None) -> Samples:
         """n samples per prompt (prompt-major), sample i drawn with seeds[i], up to
-        rollout.max_new_tokens each, with the sampler's log-probs. `prompts` are the engine's:
+        rollout.max_new_tokens each (or what rollout.max_sequence_tokens leaves its prompt), with the
+        sampler's log-probs. `prompts` are the engine's:
         with a tensor-parallel engine every one of its ranks samples them all alike, and this
         worker's own are prompts[own[0]:own[1]] (None: all); only its own come back."""
         # new weights can land between two tokens (split placement: `receive_weights` runs in a
         # thread of its own); with an engine that cannot take them there they wait for the end
         mid = {"between_tokens": self.handoff.between_tokens} if self.spec.weights_between_tokens else {}
+        # rollout.max_sequence_tokens: each prompt's response has a limit of its own
+        cfg = self.cfg
+        limit = ([cfg.response_limit(len(p)) for p in prompts] if cfg.rollout.max_sequence_tokens
+                 else cfg.rollout.max_new_tokens)
         with self.handoff.sampling():
-            out = self.engine.generate(prompts, n, temperature, top_p, self.cfg.rollout.max_new_tokens, seeds, **mid)
+            out = self.engine.generate(prompts, n, temperature, top_p, limit, seeds, **mid)
         if own is None:
             return out
         a, b = own

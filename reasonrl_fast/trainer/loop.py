@@ -127,6 +127,8 @@ def _step(run: Run, step: int) -> dict:
     # 5. the metrics row, a checkpoint, validation
     t_step = time.perf_counter() - t0
     tokens = n * sum(len(p) for p in roll["prompts"]) + int(lengths.sum())
+    # each response's own length limit (rollout.max_sequence_tokens: what its prompt leaves)
+    limits = torch.tensor([cfg.response_limit(len(p)) for p in roll["prompts"] for _ in range(n)])
     row = {
         "step": step,
         "reward/mean": float(rewards.mean()),
@@ -134,7 +136,7 @@ def _step(run: Run, step: int) -> dict:
         **roll["metrics"],
         **genrm_metrics,
         "response_length/mean": float(lengths.float().mean()),
-        "response_length/clip_frac": float((lengths >= cfg.rollout.max_new_tokens).float().mean()),
+        "response_length/clip_frac": float((lengths >= limits).float().mean()),
         **w,
         **async_metrics,
         "time/rollout_s": roll["time/rollout_s"],

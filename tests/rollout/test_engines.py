@@ -242,3 +242,24 @@ def test_sample_seeds_are_unrelated_and_fit_int64():
     assert not set(a) & set(sample_seeds(1, 1, 0, 1000)) and not set(a) & set(sample_seeds(0, 2, 0, 1000))
 
 
+
+
+def test_each_prompt_gets_its_own_length_limit():
+    """A limit per prompt (rollout.max_sequence_tokens): each row stops at its own, padded after it
+    with log-prob 0, and draws the same tokens as under one limit for all, up to its own."""
+    import numpy as np
+
+    model = _model(2)
+    prompts = _prompts(np.random.default_rng(torch.initial_seed() % 2**32), 3)
+    engine = HFEngine(model, PAD, -1, torch.device("cpu"))  # no EOS: every row runs to its limit
+    seeds = sample_seeds(5, 1, 0, 6)
+    whole = engine.generate(prompts, 2, 1.0, 1.0, 9, seeds)
+    cut = engine.generate(prompts, 2, 1.0, 1.0, [4, 9, 1], seeds)
+    assert [len(t) for t in cut.tokens] == [4, 4, 9, 9, 1, 1]
+    assert cut.tokens == [t[:len(c)] for t, c in zip(whole.tokens, cut.tokens)]
+    torch.testing.assert_close(torch.tensor([lp for row in cut.logprobs for lp in row]),
+                               torch.tensor([lp for w, c in zip(whole.logprobs, cut.logprobs) for lp in w[:len(c)]]))
+    ids, attn = _left_pad([p for p in prompts for _ in range(2)])
+    toks, lps = sample(model, ids, attn, 1.0, 1.0, torch.tensor([4, 4, 9, 9, 1, 1]), eos_id=-1, pad_id=PAD,
+                       seeds=torch.tensor(seeds))
+    assert toks.shape == (6, 9) and bool((toks[4:, 1:] == PAD).all()) and bool((lps[:2, 4:] == 0).all())

@@ -44,11 +44,12 @@ from reasonrl_fast.rollout.registry import ROLLOUTS, get_rollout
 def tree(d):
     return types.SimpleNamespace(**{k: tree(v) if isinstance(v, dict) else v for k, v in d.items()})
 
-def config(settings):  # the values, with the one derived value engines read: the data section's own
-    from reasonrl_fast.config.sections import DataConfig
+def config(settings):  # the values, with the derived ones engines read: the data section's, the longest sequence
+    from reasonrl_fast.config.sections import DataConfig, Root
 
     ns = tree(settings)
     ns.data.gen_prompts = types.MethodType(DataConfig.gen_prompts, ns.data)
+    ns.max_sequence = Root.max_sequence.fget(ns)
     return ns
 
 settings, run_dir, model = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])

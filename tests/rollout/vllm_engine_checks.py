@@ -72,6 +72,10 @@ def main(work: str) -> None:
     # a sample alone draws what it drew in the batch
     assert engine.generate([prompts[1]], 1, 1.0, 1.0, 24, [seeds[5]]).tokens[0] == a[5]
     print("seeds: reproducible, distinct, independent of the batch", flush=True)
+    # a length limit per prompt (rollout.max_sequence_tokens): each request stops at its own
+    cut = engine.generate(prompts, 4, 1.0, 1.0, [3, 24, 1], seeds).tokens
+    assert cut == [t[:limit] for t, limit in zip(a, [3] * 4 + [24] * 4 + [1] * 4)], (cut, a)
+    print("length limits: one per prompt", flush=True)
 
     # 3. weight sync: all-zero weights give every token log-prob -log V exactly
     engine.load_weights((name, torch.zeros_like(p)) for name, p in first.named_parameters())
