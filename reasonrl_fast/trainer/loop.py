@@ -74,37 +74,15 @@ def _step(run: Run, step: int) -> dict:
     t0 = time.perf_counter()
     # 1. rollout: the step's prompts; each worker samples n responses for its share of them and
     #    keeps them (with the sampler's log-probs) for the update
-    #    (split placement: the rollout workers' generation for this step, submitted up to
-    #    trainer.max_staleness steps ago)
-    #    (dynamic sampling, data.filter_groups: in rounds, until the step's groups are kept)
-    pending = _generation(run, step) if run.cluster.split else None
-    async_metrics: dict = {}
-    filtering = cfg.data.filter_groups is not None
-    if pending:
-        items = pending[0]
-    elif not filtering:
-        items = [run.train_set[i] for i in run.sampler.next(cfg.data.prompts_per_step)]
     # 2. reward: each worker's share is scored in the reward pool as soon as it arrives (a sample
     #    that fails or runs out of time scores 0 and is counted) and, for FAPO, its right answers
     #    go to the GenRM while the other workers still generate
-    #    (split placement with generations in flight: scored beside the last update, `_score_ahead`)
-    if run.scoring is not None and run.scoring[0] == step:
-        roll, run.scoring = run.scoring[1].result(), None
-    elif pending or not filtering:  # (dynamic sampling's rounds generate and score their own)
-        roll = rollout_and_score(run.cluster, run.pool, run.tok, items, n, cfg.rollout.temperature,
-                                 cfg.rollout.top_p, step, run.judge, keep=True,
-                                 pending=pending[1] if pending else None, spread=cfg.data.filter_groups)
-    batch = judged = None
-    if filtering:  # the kept groups of as many rounds as it takes (trainer/dynamic.py)
-        first = dynamic.Round(items, roll, pending[1], 0) if pending else None
-        items, roll, batch, filtered = dynamic.fill_batch(run, step, first)
-        async_metrics.update(filtered)
-        judged = roll["judge_index"]
+    items, roll, kept, async_metrics = _rollout(run, step)
     responses, acc = roll["responses"], roll["acc"]
     flagged, genrm_metrics = None, {}
     if run.judge is not None:  # the GenRM's flags on right answers (FAPO)
         verdicts, genrm_metrics = run.judge.collect()
-        flagged = [i in verdicts and verdicts[i].flawed for i in (judged or range(len(acc)))]
+        flagged = [i in verdicts and verdicts[i].flawed for i in roll.get("judge_index", range(len(acc)))]
     # 3. the algorithm's rewards (its own shaping included) and the group advantage (the group is
     #    the prompt)
     lengths = torch.tensor([len(r) for r in responses])
@@ -114,12 +92,10 @@ def _step(run: Run, step: int) -> dict:
     # 4. on the workers, each on the samples it kept (they are sent only the advantages):
     #    reference and old log-probs, mini-batch updates, weight sync
     #    (split placement: sent their samples too; the weights published to the rollout workers)
-    if batch is not None or pending:
-        run.cluster.keep(batch or pending[1])
-    if pending:
-        if batch is None:  # the versions of its tokens (dynamic sampling's are of the kept groups)
-            async_metrics.update(pending[1].staleness(step - 1))  # the trainer holds version step - 1
-        async_metrics["time/rollout_idle_s"] = (batch or pending[1]).rollout_idle_s  # known once collected
+    if kept is not None:
+        run.cluster.keep(kept)
+    if run.cluster.split:
+        async_metrics["time/rollout_idle_s"] = kept.rollout_idle_s  # known once collected
         async_metrics["time/trainer_idle_s"] = time.perf_counter() - (run.trained_at or t0)
         _score_ahead(run)
     w = run.cluster.train_step(adv.tolist(), step)
@@ -153,6 +129,33 @@ def _step(run: Run, step: int) -> dict:
         row.update(validate(cfg, run.cluster, run.tok, run.val_sets, run.pool, step))
     run.logger.log(row)
     return row
+
+
+def _rollout(run: Run, step: int) -> tuple:
+    """Steps 1-2 of `_step`: (the step's records, their scored rollout, the samples the driver
+    sends the trainer (None: each worker kept its own share), the metrics of how they were made).
+    Split placement: the rollout workers' generation for this step, submitted up to
+    trainer.max_staleness steps ago (`_generation`) and, with generations in flight, scored beside
+    the last update (`_score_ahead`). Dynamic sampling (data.filter_groups): in rounds, until the
+    step's groups are kept (trainer/dynamic.py)."""
+    cfg = run.cfg
+    pending = _generation(run, step) if run.cluster.split else None
+    items, kept = pending or (None, None)
+    filtering = cfg.data.filter_groups is not None
+    roll = None
+    if run.scoring is not None and run.scoring[0] == step:
+        roll, run.scoring = run.scoring[1].result(), None
+    elif pending or not filtering:  # (dynamic sampling's rounds generate and score their own)
+        if items is None:
+            items = [run.train_set[i] for i in run.sampler.next(cfg.data.prompts_per_step)]
+        roll = rollout_and_score(run.cluster, run.pool, run.tok, items, cfg.rollout.n, cfg.rollout.temperature,
+                                 cfg.rollout.top_p, step, run.judge, keep=True, pending=kept,
+                                 spread=cfg.data.filter_groups)
+    if filtering:  # the kept groups of as many rounds as it takes
+        first = dynamic.Round(items, roll, kept, 0) if pending else None
+        return dynamic.fill_batch(run, step, first)
+    # split placement: the versions of its tokens (the trainer holds version step - 1)
+    return items, roll, kept, kept.staleness(step - 1) if kept is not None else {}
 
 
 def _generation(run: Run, step: int) -> tuple:
