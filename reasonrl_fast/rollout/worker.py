@@ -7,6 +7,7 @@ Started as Ray actors by a WorkerGroup (rollout/group.py), whose calls reach eve
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -115,24 +116,24 @@ class RolloutWorker:
         last generation ended."""
         self._note_idle()
         out = self.sample(prompts, n, temperature, top_p, seeds, own)
-        self._note_idle(busy_until=True)
         with self._idle_lock:
+            self._busy_until = time.perf_counter()  # the first generation starts the count
             idle, self._idle_s = self._idle_s, 0.0
         switches = self.handoff.switches
         return out.tokens, out.logprobs, [spans(switches, len(t)) for t in out.tokens], idle
 
-    _busy_until: float | None = None  # when this worker's last call ended (None: no generation yet)
+    # when this worker's last generation or load ended (None: no generation yet; inf: one runs);
+    # both threads (generation, weights) read and write it under `_idle_lock`
+    _busy_until: float | None = None
     _idle_s = 0.0  # the gaps between its calls since its last generation
 
-    def _note_idle(self, busy_until: bool = False) -> None:
-        """Count the gap since the last busy moment as idle; `busy_until`: and mark the end of a
-        busy stretch instead. Both threads (generation, weights) call it."""
+    def _note_idle(self) -> None:
+        """Count the gap since the last busy moment as idle (none while a load or a generation
+        runs), and mark this worker busy."""
         with self._idle_lock:
-            now = time.perf_counter()
-            if self._busy_until is not None and not busy_until:
-                self._idle_s += now - self._busy_until
-            if self._busy_until is not None or busy_until:
-                self._busy_until = now
+            if self._busy_until is not None and self._busy_until != math.inf:
+                self._idle_s += time.perf_counter() - self._busy_until
+                self._busy_until = math.inf
 
     def join_transport(self, host: str, port: int, rank: int, size: int) -> None:
         """Split placement: rank `rank` (1..) of the weight transport whose rank 0 is the
@@ -154,8 +155,10 @@ class RolloutWorker:
                 self._note_idle()
             self.load_weights(self.transport.receive(meta, version, torch_dtype(dtype), SYNC_BUCKET_BYTES, shards))
             self.handoff.version = self.version = version
-            if idle and self._busy_until is not None:  # idle from the first generation on: setup is not a wait
-                self._note_idle(busy_until=True)
+            if idle:
+                with self._idle_lock:  # idle from the first generation on: the run's setup is not a wait
+                    if self._busy_until is not None:
+                        self._busy_until = time.perf_counter()
         return version
 
     def weights_checksum(self, names: list[str]) -> float:
