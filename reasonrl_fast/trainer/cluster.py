@@ -198,8 +198,9 @@ class Cluster:
         """Submit a generation (as `generate_stream` shares it out and seeds it) whose responses
         and sampler log-probs come back to the driver, which can send them to `train_step`
         (`keep`): split placement's, and dynamic sampling's rounds (loop.py). In split placement
-        it samples the weights of version `self.version`, the last one published before it (a
-        worker runs its calls in order); colocated, the engines' current ones."""
+        it samples the weights of version `self.version`, the last one published before it, or a
+        newer one that lands before it starts or mid-generation (partial rollouts; with vLLM a
+        worker runs its loads and generations in order); colocated, the engines' current ones."""
         samplers = self._samplers()
         split = samplers.shares(len(prompts))
         seed = self.cfg.trainer.seed
@@ -276,8 +277,8 @@ class Cluster:
 
 def publish_metrics(outs: list[dict], wall_s: float) -> dict:
     """A publish's metrics from the trainer workers' `publish` results (rank 0's holds the
-    transfer) and its wall time on the driver (`time/sync_s`, the rollout workers' wait for an
-    in-flight generation included)."""
+    transfer) and its wall time on the driver (`time/sync_s`: with vLLM the rollout workers' wait
+    for an in-flight generation included; with the hf engine at most one token's)."""
     return {"time/sync_s": wall_s, **outs[0]}
 
 
