@@ -78,9 +78,8 @@ class Handoff:
             return True
 
 
-
 def spans(switches: list[tuple[int, int]], length: int) -> list[tuple[int, int]]:
     """The (first token, version) pairs of a response `length` tokens long from its generation's
-    switches: the ones that fall within it."""
-    return [s for s in switches if s[0] == 0 or s[0] < length]
+    switches: the first, and those that start within it."""
+    return switches[:1] + [s for s in switches[1:] if s[0] < length]
 
