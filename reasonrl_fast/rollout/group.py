@@ -42,7 +42,8 @@ class WorkerGroup:
     model_path, spec, **kwargs)` in bundle i of a placement group of `bundle`s over `nodes` nodes
     (runtime/ray_cluster.py `place_workers`: default trainer.nnodes; 1 packs them on as few
     nodes as hold them). `log_dir`: the run directory the workers' engines write their logs under
-    (`EngineSpec.log_path`), which a failure's note reads; None where they write none. `role`: how
+    (`EngineSpec.log_path`, given to each worker), which a failure's note reads; None where they
+    write none. `role`: how
     a failure names the group's workers. `concurrency_groups`: Ray's, for actors whose methods
     run in threads of their own (the rollout workers' weight loads beside their generation)."""
 
@@ -58,7 +59,7 @@ class WorkerGroup:
         self.actors = [
             remote.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
                            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
-                           ).remote(cfg, i, count, model_path, spec, **kwargs)
+                           ).remote(cfg, i, count, model_path, spec, log_dir=log_dir, **kwargs)
             for i in range(count)]
 
     def setup(self, what: str = "setup") -> list:

@@ -40,14 +40,10 @@ from reasonrl_fast.trainer.schedule import advance, make_scheduler
 
 class Worker(RolloutWorker):
     """A rollout worker whose engine samples the policy it trains; `spec`: the driver's engine
-    spec (rollout/registry.py). Its engine writes its own log under trainer.output_dir. As a
-    rollout worker's, its constructor only stores its arguments."""
+    spec (rollout/registry.py). As a rollout worker's, its constructor only stores its arguments."""
 
     split = False  # split placement: no engine here; the weights go out by `publish`
     transport = None  # rank 0 in split placement: the weight transport's sending end
-
-    def __init__(self, cfg, rank: int, world: int, model_path: str, spec):
-        super().__init__(cfg, rank, world, model_path, spec, log_dir=cfg.trainer.output_dir)
 
     def setup(self, master_addr: str, master_port: int) -> dict:
         """Load and hold the model as the run's Layout says (layout/resolve.py `resolve`, the rules

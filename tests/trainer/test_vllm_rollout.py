@@ -36,25 +36,31 @@ def shm_segments() -> set[str]:
 
 
 # The full learning runs (TP 1 and TP 2) are in the `slow` tier. Every CI runs TP 2, one engine over
-# both workers with the most processes to start, sync and stop, for SHORT steps: the gap at every
+# two workers with the most processes to start, sync and stop, for SHORT steps, colocated (the engine
+# on the trainer's workers) and split (a rollout worker of its own beside one trainer worker, at
+# trainer.max_staleness=0: each step samples the version the step before published): the gap at every
 # step says the engine samples with the weights the trainer just published (an engine some updates
 # behind shows a gap far above it: tests/trainer/test_stale_rollout.py), and nothing is left behind.
 SHORT = 12
 GAP = 1e-4
 """A short run's largest gap: about 3.5e-7 measured (float32); a stale step's is above 1e-3."""
+SPLIT = ["trainer.placement=split", "rollout.workers=1", "trainer.workers_per_node=1", "trainer.max_staleness=0"]
 
 
-@pytest.mark.parametrize("tp,full", [pytest.param(1, True, marks=pytest.mark.slow),
-                                     pytest.param(2, True, marks=pytest.mark.slow), (2, False)])
-def test_embedded_default_learns_through_vllm(tmp_path, vllm_python, tp, full):
-    """`python -m reasonrl_fast.train rollout.backend=vllm` (with `tp` 2: one engine over both
-    workers, `rollout.tensor_parallel_size=2 trainer.workers_per_node=2`), the embedded default
-    otherwise: a gap at every step, its median at most 0.01 (SHORT steps: each at most GAP), at
-    least 20 validation points gained (a `full` run), nothing left running or in /dev/shm."""
+@pytest.mark.parametrize("tp,full,placement", [pytest.param(1, True, "colocated", marks=pytest.mark.slow),
+                                               pytest.param(2, True, "colocated", marks=pytest.mark.slow),
+                                               (2, False, "colocated"), (2, False, "split")])
+def test_embedded_default_learns_through_vllm(tmp_path, vllm_python, tp, full, placement):
+    """`python -m reasonrl_fast.train rollout.backend=vllm` (with `tp` 2: one engine over two
+    workers, `rollout.tensor_parallel_size=2`), the embedded default otherwise: a gap at every
+    step, its median at most 0.01 (SHORT steps: each at most GAP), at least 20 validation points
+    gained (a `full` run), each engine rank's log in the run directory, nothing left running or in
+    /dev/shm."""
     out = tmp_path / "run"
     shm = shm_segments()
     short = [] if full else [f"trainer.steps={SHORT}", "trainer.val_every=0"]
-    p = popen_train(["rollout.backend=vllm", f"rollout.tensor_parallel_size={tp}", "trainer.workers_per_node=2",
+    where = SPLIT if placement == "split" else ["trainer.workers_per_node=2"]
+    p = popen_train(["rollout.backend=vllm", f"rollout.tensor_parallel_size={tp}", *where,
                      f"trainer.output_dir={out}", "trainer.progress=false", *short], tmp_path, python=vllm_python,
                     tiny=False)
     watch = Watch(p)
@@ -62,9 +68,12 @@ def test_embedded_default_learns_through_vllm(tmp_path, vllm_python, tp, full):
     assert p.returncode == 0, stdout[-2000:] + stderr[-4000:]
     assert watch.left_behind() == [] and shm_segments() - shm == set()
     assert json.loads((out / "layout.json").read_text())["engine_tp"] == tp
+    assert sorted(os.listdir(out / "rollout")) == [f"vllm-rank{i}.log" for i in range(tp)]
     rows = read_metrics(out)
     gap = [r["rollout/logprob_diff_mean"] for r in rows if "rollout/logprob_diff_mean" in r]
     assert len(gap) == rows[-1]["step"] and quantile(gap, 0.5) <= 0.01, quantile(gap, 0.5)
+    if placement == "split":  # every step's samples are of the version published just before it
+        assert all(r["rollout/staleness_max"] == 0 and r["time/transport_s"] > 0 for r in rows), rows
     if full:
         val = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
         assert val[-1] - val[0] >= 0.20, val
