@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import functools
+import hashlib
 import json
 import os
+import random
 import secrets
 from importlib import resources
 from typing import Any, Callable
@@ -27,12 +30,18 @@ BOXED_INSTRUCTION = "Please reason step by step, and put your final answer withi
 DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the "
                "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n")
 DAPO_SUFFIX = "\n\nRemember to put your answer on its own line after \"Answer:\"."
+# GPQA-Diamond as the published FAPO validation set asks it (verl recipe/fapo/prepare_fapo_data.py):
+# the choices lettered A-D after the question, the answer a letter in a box, scored by the box
+# verifier (data_source gpqa-diamond, rewards/score.py).
+GPQA_INSTRUCTION = "Please reason step by step, and put your final answer (only the choice letter) within \\boxed{}."
+GPQA_COLUMNS = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
 CODE_INSTRUCTION = ("Complete the following Python function. Reply with the whole function, its "
                     "signature included, in one ```python code block.")
 # name -> (data_source written, default split)
 NAMES = {"dapo-math-17k": ("math_dapo", "train"), "math500": ("HuggingFaceH4/MATH-500", "test"),
          "aime24": ("aime24", "test"), "aime25": ("aime25", "test"), "gsm8k": ("gsm8k", "train"),
-         "humaneval": ("humaneval", "test"), "jsonl": (None, "train"), "smoke": ("smoke_math", "train")}
+         "gpqa-diamond": ("gpqa-diamond", "test"), "humaneval": ("humaneval", "test"), "jsonl": (None, "train"),
+         "smoke": ("smoke_math", "train")}
 DAPO_PROMPT_SETS = ("aime24", "aime25")
 """The math test sets `--dapo-prompt` writes in DAPO-Math-17k's prompt format: those whose
 data_source the DAPO rule scores (its "Answer:" line); MATH-500's scorer reads a box."""
@@ -40,9 +49,10 @@ _ID_KEYS = ("id", "unique_id", "task_id", "problem_id")
 
 
 def read_rows(path: str) -> list[tuple[int, dict]]:
-    """(row, record) of a parquet, jsonl(.gz) or JSON-list file. Any file that is not one (missing,
-    a directory or pipe, cut off, damaged, not UTF-8, not JSON or nested too deeply, a row that
-    is not an object) is a DataError naming it, and the row or line where that is known."""
+    """(row, record) of a parquet, jsonl(.gz), JSON-list or CSV file (GPQA's release is a CSV with a
+    header row). Any file that is not one (missing, a directory or pipe, cut off, damaged, not
+    UTF-8, not JSON or nested too deeply, a row that is not an object) is a DataError naming it,
+    and the row or line where that is known."""
     try:
         _check_path(path)
     except DataError as e:
@@ -57,7 +67,28 @@ def read_rows(path: str) -> list[tuple[int, dict]]:
         return list(jsonl_rows(path, compressed=True))
     if path.endswith(".json"):
         return _json_list_rows(path)
+    if path.endswith(".csv"):
+        return _csv_rows(path)
     return _read_jsonl(path)
+
+
+def _csv_rows(path: str) -> list[tuple[int, dict]]:
+    """(record number, {header: field}) of a CSV file whose first row names the columns; quoted
+    fields may span lines."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            reader = csv.DictReader(f, strict=True)
+            rows = list(enumerate(reader, 1))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    except csv.Error as e:
+        raise DataError(f"{path}: not a valid CSV file (line {reader.line_num}: {e})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+    for i, r in rows:
+        if None in r:  # DictReader's key for fields past the header's
+            raise DataError(f"{path}: record {i} has more fields than the header names ({len(reader.fieldnames)})")
+    return rows
 
 
 def _json_list_rows(path: str) -> list[tuple[int, dict]]:
@@ -123,6 +154,26 @@ def _math_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
     problem, answer = _problem_answer(r)
     extra = {k: v for k, v in ((k, _field(r, k)) for k in _ID_KEYS + ("subject", "level", "year")) if v is not None}
     return _user(problem, instruction), answer, extra
+
+
+def _gpqa_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
+    """A GPQA-Diamond row (the release's CSV columns): the published order of the choices, the
+    three wrong answers shuffled and the right one put in at a random place, drawn here from a
+    generator seeded by the question (the published script draws unseeded, so its order cannot be
+    had again; this file is the same at every conversion), and the right letter as the answer."""
+    question, right, *wrong = (_field(r, c) for c in GPQA_COLUMNS)
+    if not isinstance(question, str) or not question.strip():
+        raise Skip("no question")
+    if not all(isinstance(c, str) and c.strip() for c in (right, *wrong)):
+        raise Skip("a choice missing")
+    choices = [c.strip() for c in wrong]
+    rng = random.Random(hashlib.sha256(question.encode()).digest())
+    rng.shuffle(choices)
+    gold = rng.randint(0, 3)
+    choices.insert(gold, right.strip())
+    text = question + "\n" + "".join(f"{letter}. {c}\n" for letter, c in zip("ABCD", choices))
+    extra = {"question": question, **{k: v for k in _ID_KEYS if (v := _field(r, k)) is not None}}
+    return _user(text, instruction), "ABCD"[gold], extra
 
 
 def dapo_problem(text: str) -> str | None:
@@ -227,6 +278,7 @@ _LAYOUTS: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "gsm8k": (_gsm8k_row, ("question", "answer")),
     "smoke": (_math_row, ("problem", "answer")),
     "humaneval": (_humaneval_row, ("prompt", "test", "entry_point")),
+    "gpqa-diamond": (_gpqa_row, tuple(c.lower() for c in GPQA_COLUMNS)),
 }
 
 
@@ -270,14 +322,14 @@ def prepare(name: str, input: str | None, output: str, instruction: str | None =
         convert: Callable = _generic(prompt_key, answer_key)
         needs = (prompt_key, answer_key)
     else:
-        ability = "code" if name == "humaneval" else "math"
+        ability = {"humaneval": "code", "gpqa-diamond": "general"}.get(name, "math")
         convert, needs = _LAYOUTS[name]
         if boxed:  # the instruction and the scorer change together: a box scored as a box
             source, convert = BOXED_SOURCES[0], functools.partial(_dapo_row, boxed=True)
     if dapo_prompt:
         convert = functools.partial(_in_dapo_prompt, convert)
     if instruction is None:
-        instruction = CODE_INSTRUCTION if ability == "code" else BOXED_INSTRUCTION if ability == "math" else ""
+        instruction = {"code": CODE_INSTRUCTION, "math": BOXED_INSTRUCTION, "general": GPQA_INSTRUCTION}.get(ability, "")
     if name == "smoke":
         input = input or smoke_path()
     if input and same_file(input, output):
@@ -364,10 +416,11 @@ def main(argv: list[str] | None = None) -> dict:
 def _main(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(prog="python -m reasonrl_fast.data.prepare", description=__doc__.split("\n\n")[0])
     p.add_argument("name", choices=list(NAMES))
-    p.add_argument("--input", help="the release's parquet/jsonl file (not needed for humaneval and smoke)")
+    p.add_argument("--input", help="the release's parquet/jsonl/csv file (not needed for humaneval and smoke)")
     p.add_argument("--output", required=True, help="OUT.parquet (or OUT.jsonl)")
     p.add_argument("--instruction", help="text appended to each problem (default: the boxed-answer "
-                                         "instruction for math, a code-block request for humaneval)")
+                                         "instruction for math, a code-block request for humaneval, the letter-in-a-box "
+                                         "one for gpqa-diamond)")
     p.add_argument("--boxed", action="store_true",
                    help="dapo-math-17k: replace DAPO's \"Answer:\" instruction with the boxed-answer one and "
                         f"score the records on their last \\boxed{{}} (data_source {BOXED_SOURCES[0]}), as the "

@@ -3,7 +3,8 @@
 Routing follows verl's `data_source` names, so a dataset prepared for it scores
 the same here: `math_dapo` and `aime*` use its DAPO scorer (±1, its own answer extraction),
 `math_dapo_boxed` (and `math-dapo`, the name the published FAPO data carries) the FAPO runs'
-box-only verifier (±1 on the last \\boxed{}), code sources run the program in the sandbox
+box-only verifier (±1 on the last \\boxed{}), as is `gpqa-diamond` (the right choice's letter in
+a box), code sources run the program in the sandbox
 (code.py), `genrm*` sources score a GenRM's verdict on a solution's steps (genrm.py), and
 everything else is a math answer checked for mathematical equality (math.py, 1/0). One dataset
 can mix them. The embedded tasks' records go to the scorer each task names (tasks/base.py
@@ -34,6 +35,9 @@ DAPO_SOURCES = ("math_dapo", "math_dapo_reasoning")
 # writes the first), scored as the published FAPO and baseline runs score it; `math-dapo` is the
 # data_source of verl recipe/fapo's fapo-train-boxed.parquet, which no verl default routes.
 BOXED_SOURCES = ("math_dapo_boxed", "math-dapo")
+# GPQA-Diamond as the published FAPO validation set writes it (data/prepare.py gpqa-diamond): the
+# right choice's letter in a box, scored by the same box verifier.
+LETTER_SOURCES = ("gpqa-diamond",)
 # Scorers that compare one final answer with the ground truth, so that samples can vote on it
 # (maj@n); the others judge programs, partitions or verdicts.
 ANSWER_SCORERS = ("math", "dapo", "boxed")
@@ -151,7 +155,7 @@ def scorer_for(data_source: str) -> str:
         return "code"
     if src.startswith(GENRM_PREFIX):
         return "genrm"
-    if src in BOXED_SOURCES:
+    if src in BOXED_SOURCES or src in LETTER_SOURCES:
         return "boxed"
     if src in DAPO_SOURCES or src.startswith("aime"):
         return "dapo"

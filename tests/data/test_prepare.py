@@ -270,3 +270,102 @@ def test_the_output_is_never_the_input_and_a_failed_write_keeps_the_old_output(t
         prepare("jsonl", src, str(out))
     assert out.read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "link.jsonl", "out.parquet"]  # no temporary left
+
+
+# --- gpqa-diamond: the published FAPO validation set's multiple-choice benchmark ------------------
+
+GPQA = Path(__file__).parent / "fixtures" / "gpqa_diamond_sample.csv"
+"""Three made-up questions in the release's CSV layout (its 16 columns; a question over three lines
+with quotes and commas, a choice with a comma, one with spaces around it)."""
+
+
+def _gpqa_choices(content: str) -> list[str]:
+    lines = content.split("\n")
+    return [line[3:] for line in lines if line[:3] in ("A. ", "B. ", "C. ", "D. ")]
+
+
+def test_gpqa_diamond_is_written_as_the_published_fapo_set(tmp_path):
+    from reasonrl_fast.data.prepare import GPQA_INSTRUCTION
+    from reasonrl_fast.rewards.score import default_compute_score, scorer_for
+
+    out = tmp_path / "gpqa.jsonl"
+    assert prepare("gpqa-diamond", str(GPQA), str(out)) == {"read": 3, "written": 3, "dropped": {}}
+    recs = load_records(str(out))
+    assert {(r["data_source"], r["ability"], r["extra_info"]["split"]) for r in recs} == {("gpqa-diamond", "general", "test")}
+    assert scorer_for("gpqa-diamond") == "boxed"
+    rows = [("A ball is dropped from rest. Ignoring air, how far does it fall in the first 2 s (g = 10 m/s^2)?",
+             "20 m", {"10 m", "40 m", "5 m"}),
+            ("Which compound has the formula \"NaCl\"?\nChoose the common name,\nnot the systematic one.",
+             "table salt", {"baking soda", "lye, caustic soda", "chalk"}),
+            ("How many chromosomes does a typical human somatic cell have?", "46", {"23", "44", "48"})]
+    for rec, (question, right, wrong) in zip(recs, rows):
+        content = rec["prompt"][0]["content"]
+        choices = _gpqa_choices(content)
+        letter = rec["answer"]
+        assert letter in "ABCD" and len(letter) == 1 and choices["ABCD".index(letter)] == right
+        assert set(choices) - {right} == wrong  # stripped, each once
+        # the published template, character for character
+        assert content == (question + "\n" + "".join(f"{x}. {c}\n" for x, c in zip("ABCD", choices)) + "\n"
+                           + GPQA_INSTRUCTION)
+        assert GPQA_INSTRUCTION.endswith("(only the choice letter) within \\boxed{}.")
+        assert rec["extra_info"]["question"] == question
+        # scored as the published run scores it: the last box, normalised, against the letter
+        wrong_letter = next(x for x in "ABCD" if x != letter)
+        assert default_compute_score("gpqa-diamond", f"So it is {right}.\n\\boxed{{{letter}}}", letter)["acc"]
+        assert default_compute_score("gpqa-diamond", f"\\boxed{{\\text{{{letter}}}}}", letter)["acc"]
+        assert not default_compute_score("gpqa-diamond", f"\\boxed{{{wrong_letter}}}", letter)["acc"]
+    # the same file at every conversion: the order is drawn from the question, not the clock
+    again = tmp_path / "again.jsonl"
+    prepare("gpqa-diamond", str(GPQA), str(again))
+    assert again.read_text() == out.read_text()
+
+
+def test_gpqa_choice_order_is_uniform_over_the_letters(tmp_path):
+    """The right answer's place is drawn uniformly (the published randint(0, 3)), so that always
+    answering one letter scores about a quarter: 4000 questions, each letter 1000 +- 137 (5 sigma;
+    the draw is the questions', so the counts are the same at every run)."""
+    rows = [{"Question": f"Question number {i}?", "Correct Answer": "right", "Incorrect Answer 1": "w1",
+             "Incorrect Answer 2": "w2", "Incorrect Answer 3": "w3"} for i in range(4000)]
+    out = tmp_path / "g.jsonl"
+    prepare("gpqa-diamond", write_jsonl(tmp_path / "in.jsonl", rows), str(out))
+    recs = load_records(str(out))
+    counts = {x: sum(r["answer"] == x for r in recs) for x in "ABCD"}
+    assert all(abs(c - 1000) <= 137 for c in counts.values()), counts
+    # the wrong answers are shuffled too: each wrong one is first among them in some questions
+    firsts = {[c for c in _gpqa_choices(r["prompt"][0]["content"]) if c != "right"][0] for r in recs}
+    assert firsts == {"w1", "w2", "w3"}
+
+
+@pytest.mark.parametrize("answer", [
+    "\\boxed{ABCD}", "\\boxed{A, B, C, D}", "\\boxed{A or C}", "\\boxed{}", "\\boxed{C and also A}",
+    "\\boxed{table salt}", "The answer is C.", "Answer: C", "\\boxed{C}" + " and more text" * 30 + " \\boxed{B}",
+    "\\boxed{\\text{A}\\text{C}}", "\\boxed{С}",  # a Cyrillic С
+    "\\boxed{C", "C" * 5000, "\\boxed{(C)}",  # unclosed; a flood; the published verifier reads "(C)" as is
+])
+def test_gpqa_hostile_answers_do_not_score(answer):
+    """What a policy might try on a letter question whose answer is C: every letter at once, a
+    list, an empty box, the choice's text, no box, a right box buried before a wrong one, a
+    look-alike letter, an unclosed box, a flood."""
+    from reasonrl_fast.rewards.score import default_compute_score
+
+    r = default_compute_score("gpqa-diamond", answer, "C")
+    assert r["acc"] is False and r["score"] == -1.0, (answer, r)
+
+
+def test_a_csv_that_is_not_one_is_named(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text('Question,Correct Answer\n"unclosed quote,1\n')
+    with pytest.raises(DataError, match=r"bad.csv: not a valid CSV file \(line \d+: "):
+        prepare("gpqa-diamond", str(bad), str(tmp_path / "o.jsonl"))
+    extra = tmp_path / "extra.csv"
+    extra.write_text("Question,Correct Answer\nq,a,surplus\n")
+    with pytest.raises(DataError, match=r"extra.csv: record 1 has more fields than the header names \(2\)"):
+        prepare("gpqa-diamond", str(extra), str(tmp_path / "o.jsonl"))
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("Question\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin.csv: not a UTF-8 text file"):
+        prepare("gpqa-diamond", str(latin), str(tmp_path / "o.jsonl"))
+    cols = tmp_path / "cols.csv"
+    cols.write_text("Question,Answer\nq,a\n")
+    with pytest.raises(DataError, match=r"does not look like gpqa-diamond: it needs the columns"):
+        prepare("gpqa-diamond", str(cols), str(tmp_path / "o.jsonl"))
