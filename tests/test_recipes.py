@@ -101,8 +101,9 @@ def test_fapo_genrm_is_sampled_with_room_for_its_verdicts(name):
 
 # The papers' validation, per benchmark: (name, samples per prompt, scorer) of each set
 VAL_SETS = {
-    # FlowRL: Avg@16 on each of six benchmarks, three of which data.prepare converts
-    "flowrl_qwen2.5_7b_math.yaml": [("aime24", 16, None), ("aime25", 16, None), ("math500", 16, None)],
+    # FlowRL: Avg@16 on each of six benchmarks
+    "flowrl_qwen2.5_7b_math.yaml": [(name, 16, None) for name in ("aime24", "aime25", "amc23", "math500", "minerva",
+                                                                  "olympiadbench")],
     # FAPO's test file: 32 copies of each AIME24 and AIME25 prompt and 4 of each GPQA-Diamond one, box verifier
     **{name: [("aime24", 32, "boxed"), ("aime25", 32, "boxed"), ("gpqa_diamond", 4, "boxed")]
        for name in ("fapo_qwen2.5_math_7b.yaml", "grpo_baseline_qwen2.5_math_7b.yaml", "fapo_qwen2.5_32b.yaml",

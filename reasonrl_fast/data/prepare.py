@@ -40,6 +40,7 @@ CODE_INSTRUCTION = ("Complete the following Python function. Reply with the whol
 # name -> (data_source written, default split)
 NAMES = {"dapo-math-17k": ("math_dapo", "train"), "math500": ("HuggingFaceH4/MATH-500", "test"),
          "aime24": ("aime24", "test"), "aime25": ("aime25", "test"), "gsm8k": ("gsm8k", "train"),
+         "amc23": ("amc23", "test"), "minerva": ("minerva_math", "test"), "olympiadbench": ("olympiadbench", "test"),
          "gpqa-diamond": ("gpqa-diamond", "test"), "humaneval": ("humaneval", "test"), "jsonl": (None, "train"),
          "smoke": ("smoke_math", "train")}
 DAPO_PROMPT_SETS = ("aime24", "aime25")
@@ -138,16 +139,30 @@ class Skip(Exception):
     """A row left out, with the reason counted in the summary."""
 
 
-def _problem_answer(r: dict, problem_keys=("problem", "question"), answer_keys=("answer",)) -> tuple[str, str]:
+def _answer_text(answer: Any) -> str:
+    """A release's answer as the scorer's ground truth: a whole float as an integer (AMC's 27.0),
+    an answer in $...$ without them (OlympiadBench's), a list of answer parts (OlympiadBench's
+    final_answer) joined, every part required."""
+    if isinstance(answer, float) and answer.is_integer():
+        answer = int(answer)
+    if isinstance(answer, (list, tuple)):
+        return ", ".join(_answer_text(a) for a in answer)
+    text = str(answer).strip()
+    return text[1:-1].strip() if len(text) > 1 and text[0] == text[-1] == "$" else text
+
+
+def _problem_answer(r: dict, problem_keys=("problem", "question"),
+                    answer_keys=("answer", "final_answer")) -> tuple[str, str]:
     problem = _field(r, *problem_keys)
     answer = _field(r, *answer_keys)
     if answer is None and isinstance(_field(r, "solution"), str):
         answer = _last_boxed(_field(r, "solution"))  # some releases keep only the boxed solution
     if not isinstance(problem, str) or not problem.strip():
         raise Skip("no problem text")
-    if answer is None or not str(answer).strip():
+    answer = _answer_text(answer) if answer is not None else ""
+    if not answer:
         raise Skip("no answer")
-    return problem, str(answer).strip()
+    return problem, answer
 
 
 def _math_row(r: dict, instruction: str) -> tuple[list[dict], str, dict]:
@@ -276,6 +291,10 @@ _LAYOUTS: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "aime24": (_math_row, ("problem|question", "answer|solution")),
     "aime25": (_math_row, ("problem|question", "answer|solution")),
     "gsm8k": (_gsm8k_row, ("question", "answer")),
+    # FlowRL's other three benchmarks (its paper's Avg@16 table): their common releases' columns
+    "amc23": (_math_row, ("problem|question", "answer|solution")),
+    "minerva": (_math_row, ("problem|question", "answer|solution")),
+    "olympiadbench": (_math_row, ("problem|question", "final_answer|answer|solution")),
     "smoke": (_math_row, ("problem", "answer")),
     "humaneval": (_humaneval_row, ("prompt", "test", "entry_point")),
     "gpqa-diamond": (_gpqa_row, tuple(c.lower() for c in GPQA_COLUMNS)),

@@ -37,6 +37,16 @@ LAYOUTS = {
                BOXED_INSTRUCTION),
     "gsm8k": ([{"question": "Tom has 1,200 apples and buys 34. How many?", "answer": "1200+34=1234\n#### 1,234"},
                {"question": "No final answer here.", "answer": "42"}], "gsm8k", "1234", BOXED_INSTRUCTION),
+    # FlowRL's other three: AMC's answers as floats (AI-MO's release), Minerva's only in the
+    # solution's box (the Qwen2.5-Math evaluation files), OlympiadBench's as a list in $...$
+    "amc23": ([{"id": 3, "problem": "What is $3^3$?", "answer": 27.0, "url": "https://example.org/amc"}],
+              "amc23", "27", BOXED_INSTRUCTION),
+    "minerva": ([{"problem": "Find the wavelength in m.", "solution": "Thus $\\boxed{2.75 \\times 10^{-6}}$.",
+                  "type": "Physics", "idx": 0}], "minerva_math", "2.75 \\times 10^{-6}", BOXED_INSTRUCTION),
+    "olympiadbench": ([{"id": 2231, "question": "Find $x$ with $2x = 1$.", "final_answer": ["$\\frac{1}{2}$"],
+                        "is_multiple_answer": False, "subfield": "Algebra"},
+                       {"id": 2232, "question": "Prove that it holds.", "final_answer": None}],
+                      "olympiadbench", "\\frac{1}{2}", BOXED_INSTRUCTION),
 }
 
 
@@ -56,6 +66,23 @@ def test_prepare_public_layouts(tmp_path, name):
         assert rec["prompt"][0]["content"] == DAPO_PROMPT and counts["dropped"] == {"duplicate": 2}
     if name == "gsm8k":
         assert counts["dropped"] == {"answer without ####": 1}
+    if name == "olympiadbench":  # a proof has no final answer to score
+        assert counts["dropped"] == {"no answer": 1}
+
+
+def test_an_answer_in_parts_needs_every_part(tmp_path):
+    """OlympiadBench's final_answer with several parts is one ground truth holding them all: the
+    math scorer takes them in any order, and one part alone is wrong."""
+    from reasonrl_fast.rewards.score import default_compute_score
+
+    out = tmp_path / "o.jsonl"
+    prepare("olympiadbench", write_jsonl(tmp_path / "in.jsonl", [{"question": "Find all roots of $(x-1)(x-2)$.",
+                                                                  "final_answer": ["$1$", "$2$"]}]), str(out))
+    truth = load_records(str(out))[0]["answer"]
+    assert truth == "1, 2"
+    assert default_compute_score("olympiadbench", "\\boxed{2, 1}", truth)["acc"]
+    for hostile in ("\\boxed{1}", "\\boxed{2}", "\\boxed{1, 2, 3}", "\\boxed{}", "1, 2"):
+        assert not default_compute_score("olympiadbench", hostile, truth)["acc"], hostile
 
 
 def test_prepare_generic_jsonl_instruction_split_limit(tmp_path):
