@@ -106,3 +106,11 @@ def right_by_checksum(response: str, answer: str) -> dict:
 
     right = bool(zlib.crc32(response.encode()) & 1)
     return {"score": 1.0 if right else -1.0, "acc": right}
+
+
+def coin_then_kills_the_driver(response: str, answer: str) -> dict:
+    """`right_by_checksum`'s coin, and call number $REASONRL_KILL_AT_CALL SIGKILLs the driver (as
+    `kills_the_driver`): a crash in the middle of a step with dynamic sampling on."""
+    if _call("coin driver") == int(os.environ.get("REASONRL_KILL_AT_CALL", "0")):
+        os.kill(os.getppid(), signal.SIGKILL)
+    return right_by_checksum(response, answer)

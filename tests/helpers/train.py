@@ -36,6 +36,12 @@ def sft_cache(tmp_path) -> str:
     return str(base / "sft_cache")
 
 
+def comparable(row: dict) -> dict:
+    """A metrics row without what a repeated run measures differently (times, throughput, memory,
+    reward latency): what a resumed run must log exactly as an uninterrupted one."""
+    return {k: v for k, v in row.items() if not k.startswith(("time/", "perf/", "memory/", "reward/latency"))}
+
+
 def run_train(args, tmp_path, timeout=300, env_extra=None, check=True, python=None, tiny=True):
     """`python -m reasonrl_fast.train` with TINY settings (`tiny=False`: the embedded default's;
     `python`: another interpreter, e.g. the vLLM venv's, running this checkout)."""

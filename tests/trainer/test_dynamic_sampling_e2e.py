@@ -6,7 +6,8 @@ limit ends a run with one line. The reward is a fixed coin per response
 chance: a mixed group is exactly half right."""
 
 import pytest
-from tests.helpers.train import read_metrics
+
+from tests.helpers.train import comparable, read_metrics
 
 COIN = ["data.reward_fn=tests.helpers.faulty_rewards:right_by_checksum", "data.filter_groups=acc",
         "trainer.val_every=0", "trainer.steps=3"]
@@ -56,3 +57,30 @@ def test_a_step_that_reaches_the_round_limit_ends_the_run_with_one_line(train, t
                     "policy gets right only sometimes"], p.stderr[-3000:]
     assert "Traceback" not in p.stderr
     assert not (out / "metrics.jsonl").exists() or read_metrics(out) == []
+
+
+def test_a_run_killed_mid_step_resumes_to_the_same_metrics(train, tmp_path):
+    """Dynamic sampling draws a step's prompts in as many rounds as it takes, so where the next
+    step's prompts start depends on the steps before: a run SIGKILLed at step 3's first reward
+    call (after checkpoint-2) and resumed logs exactly the uninterrupted run's metrics, the
+    rounds and groups of each step included."""
+    args = ["data.reward_fn=tests.helpers.faulty_rewards:coin_then_kills_the_driver", "data.filter_groups=acc",
+            "trainer.val_every=0", "trainer.steps=4", "trainer.save_every=2", "trainer.keep_checkpoints=0",
+            "reward.num_workers=1"]  # one worker counts every call of the run
+    full = tmp_path / "full"
+    train([*args, f"trainer.output_dir={full}"], tmp_path, timeout=300)
+    ref = read_metrics(full)
+    assert [r["step"] for r in ref] == [1, 2, 3, 4] and max(r["rollout/gen_rounds"] for r in ref) > 1, ref
+    # every sample generated in steps 1-2 is scored once: the next call is step 3's first
+    calls = sum(r["rollout/groups_generated"] for r in ref[:2]) * 2  # rollout.n = 2
+    killed = tmp_path / "killed"
+    p = train([*args, f"trainer.output_dir={killed}"], tmp_path, check=False, timeout=300,
+              env_extra={"REASONRL_KILL_AT_CALL": str(calls + 1)})
+    assert p.returncode == -9, (p.returncode, p.stderr[-2000:])
+    assert [r["step"] for r in read_metrics(killed)] == [1, 2] and (killed / "checkpoint-2").is_dir()
+    p = train([*args, f"trainer.output_dir={killed}", "trainer.resume=auto"], tmp_path, timeout=300)
+    assert "checkpoint-2 (step 2)" in p.stdout
+    got = read_metrics(killed)
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    for a, b in zip(ref, got):
+        assert comparable(a) == comparable(b), (a["step"], comparable(a), comparable(b))

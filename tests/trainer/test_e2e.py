@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.helpers.metric_names import documented, problems
-from tests.helpers.train import read_metrics
+from tests.helpers.train import comparable, read_metrics
 
 REQUIRED = ["step", "reward/mean", "accuracy/mean", "response_length/mean", "entropy/mean", "train/grad_norm",
             "time/rollout_s", "time/update_s", "time/step_s", "perf/tokens_per_s", "memory/peak_gb"]
@@ -53,11 +53,6 @@ def test_grpo_smoke_kl_uneven_minibatches_flaky_reward(train, tmp_path):
     assert sum(r["reward/errors"] for r in rows[1:]) > 0  # the raising samples were counted
 
 
-def _comparable(row):
-    return {k: v for k, v in row.items()
-            if not k.startswith(("time/", "perf/", "memory/", "reward/latency"))}
-
-
 @pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
 def test_resume_equivalence(train, tmp_path, sharding):
     """A run SIGKILLed in the middle of step 3 (after checkpoint-2) and resumed with resume=auto
@@ -86,7 +81,7 @@ def test_resume_equivalence(train, tmp_path, sharding):
     got = read_metrics(killed)
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for a, b in zip(ref, got):
-        assert _comparable(a) == _comparable(b), (a["step"], _comparable(a), _comparable(b))
+        assert comparable(a) == comparable(b), (a["step"], comparable(a), comparable(b))
 
 
 @pytest.mark.proc
