@@ -3,13 +3,15 @@ worker beside one trainer worker) at trainer.max_staleness 1 and 2, on the embed
 same seeds and number of samples, one run after another on this machine.
 
     python benchmarks/bench_async.py [--write benchmarks/RESULTS.md] [--seeds 0,1,2]
-        [--algos grpo,flowrl] [--latency 0,0.01] [--staleness 1,2] [--sync-workers 1,2]
-        [--python PY] [key=value ...]
+        [--algos grpo,flowrl] [--latency 0,0.01] [--genrm-latency 0.1] [--staleness 1,2]
+        [--sync-workers 1,2] [--python PY] [key=value ...]
 
 Each `--latency` is a case: 0 is the embedded default as it is; a latency L > 0 scores every sample
 through benchmarks/latency_reward.py, which sleeps L seconds first (a wait that uses none of the
 trainer's cores, as a remote reward service's), so that a step's reward time is about
-samples x L / reward.num_workers. Synchronous means colocated placement at each
+samples x L / reward.num_workers. FAPO's runs (`--algos fapo`) ask a GenRM server the benchmark
+starts, benchmarks/latency_genrm.py: the rule judge answering each request `--genrm-latency`
+seconds late (0: at once), a remote GenRM's wait. Synchronous means colocated placement at each
 `--sync-workers` count (workers_per_node); the faster of them (by mean wall time over the seeds)
 is the baseline each split run's ratio is taken against.
 
@@ -27,7 +29,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import contextlib
 import os
+import re
+import select
 import statistics
 import subprocess
 import sys
@@ -41,6 +46,7 @@ from reasonrl_fast.util import read_metrics
 
 MARKER = "async-split"
 REWARD = os.path.join(HERE, "latency_reward.py") + ":scored_after_a_wait"
+GENRM = os.path.join(HERE, "latency_genrm.py")
 
 
 def layouts(staleness: list[int], sync_workers: list[int]) -> dict[str, list[str]]:
@@ -73,7 +79,29 @@ def run(python: str, settings: list[str], latency: float, out: str) -> dict:
     return {"wall_s": wall, "val": vals[-1] if vals else float("nan"), "staleness": mean("rollout/staleness_mean"),
             "partial": mean("rollout/partial_frac"),
             "trainer_busy": busy("time/trainer_idle_s"), "rollout_busy": busy("time/rollout_idle_s"),
-            "rollout_s": mean("time/rollout_s"), "reward_s": mean("time/reward_s"), "steps": len(steps)}
+            "rollout_s": mean("time/rollout_s"), "reward_s": mean("time/reward_s"),
+            "genrm_wait_s": mean("time/genrm_wait_s"), "steps": len(steps)}
+
+
+@contextlib.contextmanager
+def late_genrm(python: str, latency: float, log: str, start_timeout_s: float = 60.0):
+    """A GenRM server answering `latency` seconds late (latency_genrm.py) on a free loopback port,
+    for the runs inside the block; the setting that points FAPO at it."""
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([python, GENRM, "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
+                                env=child_env(REASONRL_GENRM_LATENCY_S=str(latency)))
+    try:
+        buf, deadline = b"", time.monotonic() + start_timeout_s
+        while not (m := re.search(rb"listening on (http://\S+/v1)", buf)):
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                sys.exit(f"the GenRM server did not start; its log {log} ends with:\n{open(log).read()[-2000:]}")
+            if select.select([proc.stdout], [], [], min(left, 0.5))[0]:
+                buf += os.read(proc.stdout.fileno(), 4096)
+        yield f"fapo.genrm.addresses=[{m.group(1).decode()}]"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def warm_starts(python: str, extra: list[str], seeds: list[int]) -> None:
@@ -84,24 +112,26 @@ def warm_starts(python: str, extra: list[str], seeds: list[int]) -> None:
         subprocess.run([python, "-c", code, *extra, f"trainer.seed={seed}"], cwd=ROOT, env=child_env(), check=True)
 
 
-def table(results: dict, names: list[str], seeds: list[int], args: str, load: str) -> str:
+def table(results: dict, names: list[str], seeds: list[int], args: str, load: str, genrm: float) -> str:
     today = datetime.date.today().isoformat()
     lines = [f"### Split placement against the synchronous step, embedded default ({today}, {os.cpu_count()}-core CPU, "
              f"load {load}; means over seeds {','.join(map(str, seeds))}; `python benchmarks/bench_async.py{args}`)", "",
-             "| reward latency (s) | algo | layout | wall (s) | vs sync | last val accuracy | vs sync (points) "
-             "| staleness | partial | trainer busy | rollout busy | rollout s/step | reward s/step |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| reward latency (s) | GenRM latency (s) | algo | layout | wall (s) | vs sync | last val accuracy | vs sync (points) "
+             "| staleness | partial | trainer busy | rollout busy | rollout s/step | reward s/step | GenRM wait s/step |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (latency, algo), by_layout in results.items():
         m = {name: {k: statistics.fmean(r[k] for r in runs) for k in runs[0]} for name, runs in by_layout.items()}
         sync = min((n for n in names if n.startswith("sync")), key=lambda n: m[n]["wall_s"])
         for name in names:
             r, s = m[name], m[sync]
             split = name.startswith("split")
-            lines.append(f"| {latency:g} | {algo} | {name}{' (baseline)' if name == sync else ''} | {r['wall_s']:.0f} | "
+            lines.append(f"| {latency:g} | {f'{genrm:g}' if algo == 'fapo' else '-'} | {algo} | {name}{' (baseline)' if name == sync else ''} | {r['wall_s']:.0f} | "
                          f"{r['wall_s'] / s['wall_s']:.2f}x | {r['val']:.3f} | {100 * (r['val'] - s['val']):+.1f} | "
                          + (f"{r['staleness']:.2f} | {r['partial']:.2f} | {r['trainer_busy']:.2f} | "
-                            f"{r['rollout_busy']:.2f} | - | - |" if split
-                            else f"0 | - | - | - | {r['rollout_s']:.2f} | {r['reward_s']:.2f} |"))
+                            f"{r['rollout_busy']:.2f} | - | - | - |" if split
+                            else f"0 | - | - | - | {r['rollout_s']:.2f} | {r['reward_s']:.2f} | "
+                                 f"{r['genrm_wait_s']:.2f} |" if algo == "fapo"
+                            else f"0 | - | - | - | {r['rollout_s']:.2f} | {r['reward_s']:.2f} | - |"))
     return "\n".join(lines)
 
 
@@ -111,6 +141,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--algos", default="grpo,flowrl")
     p.add_argument("--latency", default="0,0.01", help="seconds each reward call waits, one case each")
+    p.add_argument("--genrm-latency", type=float, default=0.0, help="seconds each GenRM request waits (fapo)")
     p.add_argument("--staleness", default="1,2")
     p.add_argument("--sync-workers", default="1,2")
     p.add_argument("--python", default=sys.executable)
@@ -120,18 +151,23 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     warm_starts(a.python, extra, seeds)
     results: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        genrm = (stack.enter_context(late_genrm(a.python, a.genrm_latency, os.path.join(tmp, "genrm.log")))
+                 if "fapo" in a.algos.split(",") else None)
         for latency in (float(x) for x in a.latency.split(",")):
             for algo in a.algos.split(","):
                 for name, settings in lay.items():
                     for seed in seeds:
                         out = os.path.join(tmp, f"{latency}-{algo}-{name}-{seed}".replace(" ", "").replace(",", "-"))
                         # the layout's settings last: they are what is compared
-                        r = run(a.python, [*extra, f"algo={algo}", f"trainer.seed={seed}", *settings], latency, out)
+                        judge = [genrm] if algo == "fapo" else []
+                        r = run(a.python, [*extra, f"algo={algo}", *judge, f"trainer.seed={seed}", *settings], latency,
+                                out)
                         results.setdefault((latency, algo), {}).setdefault(name, []).append(r)
                         print(json.dumps({"latency": latency, "algo": algo, "layout": name, "seed": seed, **r}), flush=True)
     shown = "".join(f" {x}" for x in sys.argv[1:] if not x.startswith("--write") and x != a.write)
-    body = table(results, list(lay), seeds, shown, f"{load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end")
+    body = table(results, list(lay), seeds, shown, f"{load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end",
+                 a.genrm_latency)
     publish(body, a.write, MARKER)
 
 

@@ -57,6 +57,7 @@ SMOKE = {
     "bench_algos.py": "test_algos_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
     "bench_async.py": "test_async_bench_on_tiny_settings_writes_its_section (e2e)",
     "latency_reward.py": "bench_async.py's reward-latency case (test_async_bench_on_tiny_settings_writes_its_section)",
+    "latency_genrm.py": "bench_async.py's GenRM-latency case (test_async_bench_runs_fapo_against_a_late_genrm)",
     "bench_diversity.py": "test_diversity_bench_on_tiny_settings_writes_its_section_and_figure (e2e)",
     "bench_rollout.py": "test_rollout_bench_on_tiny_settings_runs_hf_and_vllm (xproj)",
     "bench_vs_trl.py": "test_vs_trl_bench_smoke_runs_both_trainers (xproj)",
@@ -870,7 +871,25 @@ def test_async_bench_on_tiny_settings_writes_its_section(tmp_path):
     assert 0 <= split["partial"] <= 1, split
     md = results.read_text()
     assert md.count("<!-- async-split:begin -->") == 1, md
-    assert "| 0.01 | grpo | sync, 1 worker(s) (baseline) | " in md and "| 0.01 | grpo | split, staleness 1 | " in md, md
+    assert "| 0.01 | - | grpo | sync, 1 worker(s) (baseline) | " in md and "| 0.01 | - | grpo | split, staleness 1 | " in md, md
+
+
+@pytest.mark.e2e
+def test_async_bench_runs_fapo_against_a_late_genrm(tmp_path):
+    """FAPO's case: the GenRM server the benchmark starts answers 0.2 s late, and every response
+    counts as right, so that each step sends the GenRM requests (the tiny model cannot add yet):
+    the synchronous step waits for the verdicts, and the split run ends."""
+    results = tmp_path / "RESULTS.md"
+    out = _script("bench_async.py", "--seeds", "0", "--algos", "fapo", "--latency", "0", "--genrm-latency", "0.2",
+                  "--staleness", "1", "--sync-workers", "1", "--write", str(results), *_tiny(tmp_path),
+                  "data.reward_fn=tests.helpers.faulty_rewards:always_right", "trainer.steps=3", "trainer.val_every=0",
+                  timeout=600)
+    rows = [json.loads(x) for x in out.splitlines() if x.startswith('{"latency"')]
+    assert [r["layout"] for r in rows] == ["sync, 1 worker(s)", "split, staleness 1"], out
+    assert all(r["steps"] == 3 for r in rows), rows
+    assert rows[0]["genrm_wait_s"] >= 0.2, rows[0]  # a step's verdicts come no sooner than the latency
+    md = results.read_text()
+    assert "| 0 | 0.2 | fapo | sync, 1 worker(s) (baseline) | " in md and "| 0 | 0.2 | fapo | split, staleness 1 | " in md, md
 
 
 @pytest.mark.e2e
