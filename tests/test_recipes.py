@@ -59,7 +59,8 @@ PUBLISHED = {
         "optim.weight_decay": 0.0, "optim.betas": [0.9, 0.95], "optim.grad_clip": 1.0, "rollout.n": 16,
         "data.prompts_per_step": 64, "optim.mini_batch_prompts": 64, "grpo.clip_low": 0.2, "grpo.clip_high": 0.28,
         "grpo.kl_coef": 0.0, "grpo.loss_agg": "token-mean", "grpo.overlong_buffer": 0, "rollout.val_n": 32,
-        "trainer.steps": 300, "trainer.val_every": 20, "trainer.save_every": 20},
+        "trainer.steps": 300, "trainer.val_every": 20, "trainer.save_every": 20,
+        "rollout.max_sequence_tokens": 12000, "rollout.max_new_tokens": 12000},  # its MAX_SEQ_LENGTH caps both
     # verl recipe/fapo/run_fapo_genrm_train.sh
     "fapo_genrm_qwen3_4b.yaml": {
         **VERL, "algo": "grpo", "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "grpo.clip_low": 0.2,
