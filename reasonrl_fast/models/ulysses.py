@@ -1,0 +1,172 @@
+"""Ulysses sequence parallel: one packed row's tokens split over the ranks of a sequence-parallel
+group, each rank running the decoder on its share; at each attention an all-to-all trades the
+sequence split for a head split, so that every rank attends over the whole row for its share of
+the heads, and a second all-to-all trades back (DeepSpeed-Ulysses, arXiv:2309.14509; verl's
+`ulysses_sequence_parallel_size`). Everything but attention works on a token by itself, so it
+runs on the rank's share unchanged.
+
+- `all_to_all` / `gather_tokens`: the collectives, each with its backward (the reverse
+  all-to-all; the rank's own slice of the gradient).
+- `attention`: registered with transformers as the attention implementation "ulysses" (set on a
+  model by `use_ulysses`); it reads the group from `sharded(...)`, the context a forward runs in.
+- `shard(ids, position_ids, group)`: the rank's share of a packed row (padded to a multiple of
+  the group's size) and the row's whole block-causal mask, which each attention needs: the
+  mask transformers would build from the rank's share covers its share only.
+
+Heads: the group's size must divide the query heads. Key/value heads it does not divide are
+repeated first, the fewest times that make them divisible, as verl does (Qwen2.5-1.5B has 12
+query and 2 key/value heads: at 4 ranks each key/value head is repeated twice; Qwen2.5-32B's 40
+and 8 split 8 ways as they are).
+
+The row's mask is a [T, T] tensor here (sdpa): the flash-attention path, which takes the
+sequences' boundaries instead, is for the GPU.
+
+The contract, checked in tests/models/test_ulysses.py on two gloo ranks: the hidden states
+gathered from the ranks equal a plain forward's, and the parameters' gradients summed over the
+group equal a plain backward's (each rank's parameters see only its tokens' share).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+NAME = "ulysses"
+
+
+def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group) -> torch.Tensor:
+    """`x` cut into the group's size along `scatter_dim`, piece i sent to rank i, and the pieces
+    received concatenated along `gather_dim` in rank order; differentiable (the reverse trade)."""
+    return _AllToAll.apply(x, scatter_dim, gather_dim, group)
+
+
+def _all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group) -> torch.Tensor:
+    n = dist.get_world_size(group)
+    send = torch.stack([c.contiguous() for c in x.chunk(n, dim=scatter_dim)])
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)  # gloo has the single-tensor form only
+    return torch.cat(recv.unbind(0), dim=gather_dim)
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scatter_dim, gather_dim, group):
+        ctx.dims, ctx.group = (scatter_dim, gather_dim), group
+        return _all_to_all(x, scatter_dim, gather_dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        scatter_dim, gather_dim = ctx.dims
+        return _all_to_all(grad, gather_dim, scatter_dim, ctx.group), None, None, None
+
+
+def gather_tokens(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Every rank's share of a row concatenated along `dim` (rank order), the same on every
+    rank. What follows is computed alike on every rank, so the gradient of a rank's share is its
+    own slice of the gathered gradient (not a sum over the ranks)."""
+    return _Gather.apply(x, dim, group)
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group, ctx.size = dim, group, x.shape[dim]
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rank = dist.get_rank(ctx.group)
+        return grad.narrow(ctx.dim, rank * ctx.size, ctx.size), None, None
+
+
+@dataclass
+class _Row:
+    group: object
+    mask: torch.Tensor  # [1, 1, T, T] bool, the whole row's
+
+
+_current: list[_Row] = []
+
+
+@contextlib.contextmanager
+def sharded(group, mask: torch.Tensor):
+    """The context of a forward over a rank's share of a row: the group and the whole row's
+    mask, which `attention` reads."""
+    _current.append(_Row(group, mask))
+    try:
+        yield
+    finally:
+        _current.pop()
+
+
+def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] bool of packed rows [B, T] whose position ids restart at 0 for each sequence:
+    a token sees the tokens before it in its own sequence."""
+    seq = (position_ids == 0).cumsum(-1)
+    t = position_ids.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=position_ids.device).tril()
+    return (causal & (seq[:, :, None] == seq[:, None, :]))[:, None]
+
+
+def shard(input_ids: torch.Tensor, position_ids: torch.Tensor, group, pad_id: int = 0):
+    """(this rank's input ids [B, T/n], its position ids, the whole row's mask [B, 1, T, T], T):
+    rows [B, T] padded to a multiple of the group's size n (the padding: sequences of their own,
+    one token each, so that no real token attends to them) and cut into n equal shares."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    t = input_ids.shape[-1]
+    pad = -t % n
+    if pad:
+        input_ids = F.pad(input_ids, (0, pad), value=pad_id)
+        position_ids = F.pad(position_ids, (0, pad), value=0)
+    mask = block_causal_mask(position_ids)
+    share = input_ids.shape[-1] // n
+    cut = slice(rank * share, (rank + 1) * share)
+    return input_ids[:, cut], position_ids[:, cut], mask, t
+
+
+def kv_repeats(kv_heads: int, size: int) -> int:
+    """How many times each key/value head is repeated so that `size` ranks divide them."""
+    return size // math.gcd(kv_heads, size)
+
+
+def check_heads(heads: int, size: int) -> str | None:
+    """Why `size` sequence-parallel ranks cannot split these heads, or None."""
+    # the key/value heads then split too: repeated to lcm(kv_heads, size), which divides `heads`
+    # (both do), so each repeated head still serves a whole group of query heads
+    if heads % size:
+        return f"{heads} attention heads, which {size} sequence-parallel ranks do not divide"
+    return None
+
+
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention interface ([B, H, t, D] each, the rank's t tokens): heads traded
+    for tokens, attention over the whole row (the context's mask), and back; returns
+    ([B, t, H, D], None) as transformers' own implementations do."""
+    if not _current:
+        raise RuntimeError("attention 'ulysses' outside a sharded(...) forward: it needs the group and the row's mask")
+    row = _current[-1]
+    n = dist.get_world_size(row.group)
+    r = kv_repeats(key.shape[1], n)
+    if r > 1:
+        key, value = key.repeat_interleave(r, dim=1), value.repeat_interleave(r, dim=1)
+    # [B, H, t, D] -> [B, H/n, T, D]: the rank's heads over the whole row
+    q, k, v = (all_to_all(x, 1, 2, row.group) for x in (query, key, value))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=row.mask, dropout_p=dropout if module.training else 0.0,
+                                         scale=scaling, enable_gqa=k.shape[1] != q.shape[1])
+    out = all_to_all(out, 2, 1, row.group)  # back to all heads over the rank's tokens
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_ulysses(model) -> None:
+    """Registers `attention` with transformers and sets it as `model`'s attention."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, attention)
+    model.set_attn_implementation(NAME)

@@ -1,0 +1,56 @@
+"""Run by tests/models/test_ulysses.py under torchrun (2 CPU ranks, gloo): tiny float64 Qwen2
+decoders (4 query heads; 2 key/value heads, which 2 ranks divide, and 1, which they do not) run
+packed rows of several sequences whose length 2 does not divide, once whole in this process and
+once as Ulysses shares over the two ranks. The hidden states gathered from the ranks must equal the
+whole forward's, and the gradients of a loss on them, summed over the ranks, the whole
+backward's; prints OK on rank 0."""
+
+import copy
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from transformers import Qwen2Config, Qwen2Model
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from reasonrl_fast.models import ulysses  # noqa: E402
+
+dist.init_process_group("gloo")
+group = dist.group.WORLD
+rank = dist.get_rank()
+seed = int(os.environ["SEED"])
+checked = []
+for kv_heads in (2, 1):
+    for lengths in ([5, 9, 3], [7], [1, 1, 13, 2]):
+        g = torch.Generator().manual_seed(seed + kv_heads + sum(lengths))
+        cfg = Qwen2Config(vocab_size=31, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64)
+        torch.manual_seed(seed)
+        plain = Qwen2Model._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").double()
+        sp = Qwen2Model._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").double()  # its own config
+        sp.load_state_dict(plain.state_dict())
+        ulysses.use_ulysses(sp)
+        ids = torch.randint(3, 31, (1, sum(lengths)), generator=g)
+        pos = torch.cat([torch.arange(n) for n in lengths])[None]
+        weight = torch.randn(1, sum(lengths), 32, generator=g, dtype=torch.float64)  # the loss: <h, weight>
+
+        h = plain(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+        (h * weight).sum().backward()
+
+        mine, my_pos, mask, t = ulysses.shard(ids, pos, group)
+        with ulysses.sharded(group, mask):
+            h_mine = sp(input_ids=mine, position_ids=my_pos, attention_mask=mask, use_cache=False).last_hidden_state
+        h_all = ulysses.gather_tokens(h_mine, 1, group)[:, :t]
+        (h_all * weight).sum().backward()
+        err = (h_all - h).abs().max().item()
+        assert err < 1e-10, (kv_heads, lengths, err)
+        for (name, a), b in zip(plain.named_parameters(), sp.parameters()):
+            grad = b.grad.clone()
+            dist.all_reduce(grad)  # each rank's parameters saw its own tokens' share
+            scale = a.grad.abs().max().clamp(min=1.0)
+            assert ((grad - a.grad).abs().max() / scale).item() < 1e-10, (kv_heads, lengths, name)
+        checked.append((kv_heads, tuple(lengths)))
+if rank == 0:
+    print(f"OK {len(checked)} rows: hidden states and summed gradients equal the whole forward's")
+dist.destroy_process_group()

@@ -1,0 +1,30 @@
+"""Ulysses sequence parallel (models/ulysses.py): on two gloo ranks, a decoder run as two shares
+of packed rows gives the whole forward's hidden states and, summed over the ranks, its gradients
+(float64); the head check and the collectives' shapes in one process."""
+
+import pytest
+import torch
+
+from reasonrl_fast.models.ulysses import block_causal_mask, check_heads, kv_repeats
+from tests.helpers.procs import torchrun
+
+
+@pytest.mark.proc
+def test_two_ranks_give_the_whole_forward_and_backward(tmp_path):
+    rc, out, err = torchrun("ulysses_child.py", 2, [], tmp_path, timeout=240)
+    assert rc == 0, out[-2000:] + err[-4000:]
+    assert "OK 6 rows: hidden states and summed gradients equal the whole forward's" in out
+
+
+def test_key_value_heads_are_repeated_the_fewest_times_that_split():
+    assert kv_repeats(4, 8) == 2 and kv_repeats(8, 8) == 1 and kv_repeats(2, 2) == 1 and kv_repeats(1, 2) == 2
+    assert kv_repeats(4, 6) == 3  # lcm(4, 6) = 12 heads
+    assert check_heads(40, 8) is None and check_heads(12, 4) is None  # Qwen2.5-32B at 8, 1.5B at 4
+    assert check_heads(28, 8) == "28 attention heads, which 8 sequence-parallel ranks do not divide"  # 7B at 8
+
+
+def test_the_row_mask_keeps_each_sequence_to_itself():
+    m = block_causal_mask(torch.tensor([[0, 1, 2, 0, 1, 0]]))[0, 0]
+    want = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
+                         [0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(m, want)
