@@ -5,8 +5,8 @@ the heads, and a second all-to-all trades back (DeepSpeed-Ulysses, arXiv:2309.14
 `ulysses_sequence_parallel_size`). Everything but attention works on a token by itself, so it
 runs on the rank's share unchanged.
 
-- `all_to_all` / `gather_tokens`: the collectives, each with its backward (the reverse
-  all-to-all; the rank's own slice of the gradient).
+- `all_to_all` / `gather_tokens` / `sum_shares`: the collectives, each with its backward (the
+  reverse all-to-all; the rank's own slice of the gradient; the gradient as it is).
 - `attention`: registered with transformers as the attention implementation "ulysses" (set on a
   model by `use_ulysses`); it reads the group from `sharded(...)`, the context a forward runs in.
 - `shard(ids, position_ids, group)`: the rank's share of a packed row (padded to a multiple of
@@ -84,6 +84,25 @@ class _Gather(torch.autograd.Function):
     def backward(ctx, grad):
         rank = dist.get_rank(ctx.group)
         return grad.narrow(ctx.dim, rank * ctx.size, ctx.size), None, None
+
+
+def sum_shares(x: torch.Tensor, group) -> torch.Tensor:
+    """The sum over the group of tensors each rank filled on its own tokens' places (zeros
+    elsewhere): the whole, the same on every rank. What follows is computed alike on every rank,
+    so a rank's gradient is the gathered one, unsummed."""
+    return _SumShares.apply(x, group)
+
+
+class _SumShares(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
 
 
 @dataclass

@@ -6,8 +6,10 @@ the final hidden states (`fused`), else `token_logprob` on the response position
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from reasonrl_fast.models import ulysses
 from reasonrl_fast.models.lm_head import check_trainable, decoder_of, head_blocker, head_of
 from reasonrl_fast.ops import ZHead, linear_token_logprob, token_logprob
 
@@ -37,6 +39,9 @@ class Actor(nn.Module):
         # A head whose logits the model's forward changes (soft-cap, scale) is run through that
         # forward, so the unfused log-probs are the model's own.
         self.plain_head = blocker is None
+        # Ulysses sequence parallel (models/ulysses.py): the process group a packed row is cut
+        # over, set by the worker; None runs each row whole.
+        self.sp_group = None
 
     # Looked up on each use, not stored: a sub-module assigned here would be registered twice
     # (under `lm.` and its own name) in the state dict, the checkpoints and FSDP's units.
@@ -53,6 +58,8 @@ class Actor(nn.Module):
         tokens of `batch` (padded: `make_batch`, packed: `make_packed_batch`); 0 past a
         response's end."""
         if batch.get("packed"):
+            if self.sp_group is not None:
+                return self._sequence_parallel(batch, temperature, entropy, log_z)
             return self._packed(batch, temperature, entropy, log_z)
         p = batch["prompt_len"]
         targets = batch["targets"]
@@ -104,6 +111,40 @@ class Actor(nn.Module):
         if log_z and self.proj_z is not None:
             z = self.proj_z(h[batch["prompt_index"]], batch["prompt_mask"])
         return lp, ent, z
+
+    def _sequence_parallel(self, batch: dict, temperature: float, entropy: bool, log_z: bool):
+        """`_packed` with the row cut over the sequence-parallel group: the decoder runs on this
+        rank's share (attention over the whole row, models/ulysses.py), the head on the response
+        positions within it, and the ranks' log-probs are summed into the whole [B, R] on every
+        rank. Each parameter's gradient on a rank is then its share's, and summed over the group
+        the whole's (the gradient reduction sums them)."""
+        if log_z and self.proj_z is not None:
+            raise NotImplementedError("sequence parallel with the Z-head: not built yet")
+        if not self.plain_head:
+            raise NotImplementedError("sequence parallel needs a plain linear head (models/lm_head.py)")
+        if batch["input_ids"].shape[0] != 1:
+            raise ValueError("sequence parallel takes one packed row (make_packed_batch(one_row=True))")
+        group = self.sp_group
+        ids, pos, row_mask, _ = ulysses.shard(batch["input_ids"], batch["position_ids"], group)
+        with ulysses.sharded(group, row_mask):
+            h = self.decoder(input_ids=ids, position_ids=pos, attention_mask=row_mask,
+                             use_cache=False).last_hidden_state[0]
+        first = dist.get_rank(group) * h.shape[0]
+        mask = batch["response_mask"].bool()
+        at, targets = batch["response_index"][mask] - first, batch["targets"][mask]
+        here = (at >= 0) & (at < h.shape[0])  # the response positions in this rank's share
+        if self.fused:
+            res = linear_token_logprob(h[at[here]], self.head.weight, targets[here], temperature=temperature,
+                                       return_entropy=entropy)
+        else:
+            res = token_logprob(self.head(h[at[here]]), targets[here], temperature=temperature,
+                                return_entropy=entropy)
+        lp, ent = (res if entropy else (res, None))
+
+        def whole(x):  # this rank's values in the [B, R] layout, then every rank's
+            return ulysses.sum_shares(x.new_zeros(mask.shape).masked_scatter(mask, x.new_zeros(at.shape)
+                                                                                  .masked_scatter(here, x)), group)
+        return whole(lp), whole(ent) if ent is not None else None, None
 
     def _hidden(self, batch: dict) -> torch.Tensor:
         """Final hidden states (after the last norm), from the decoder, without running the head."""

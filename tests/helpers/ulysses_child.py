@@ -11,7 +11,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from transformers import Qwen2Config, Qwen2Model
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from reasonrl_fast.models import ulysses  # noqa: E402
@@ -51,6 +51,36 @@ for kv_heads in (2, 1):
             scale = a.grad.abs().max().clamp(min=1.0)
             assert ((grad - a.grad).abs().max() / scale).item() < 1e-10, (kv_heads, lengths, name)
         checked.append((kv_heads, tuple(lengths)))
+# The actor over a packed row of (prompt, response) pairs: log-probs and entropies of the response
+# tokens, the head on each rank's own positions (plain and fused), against the whole row's
+from reasonrl_fast.trainer.policy import Actor, make_packed_batch  # noqa: E402
+
+g = torch.Generator().manual_seed(seed)
+prompts = [[int(x) for x in torch.randint(3, 31, (n,), generator=g)] for n in (4, 2, 6)]
+responses = [[int(x) for x in torch.randint(3, 31, (n,), generator=g)] for n in (5, 1, 8)]
+batch = make_packed_batch(prompts, responses, "cpu", one_row=True)  # 26 tokens
+w = torch.randn(2, *batch["response_mask"].shape, generator=g, dtype=torch.float64)
+cfg = Qwen2Config(vocab_size=31, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+for fused in (False, True):
+    torch.manual_seed(seed)
+    plain = Actor(Qwen2ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").double(), fused=fused)
+    sp = Actor(Qwen2ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").double(), fused=fused)
+    sp.load_state_dict(plain.state_dict())
+    ulysses.use_ulysses(sp.lm)
+    sp.sp_group = group
+    outs = []
+    for actor in (plain, sp):
+        lp, ent, _ = actor(batch, temperature=0.7, entropy=True)
+        ((lp * w[0]).sum() + (ent * w[1]).sum()).backward()
+        outs.append((lp, ent))
+    for a, b in zip(*outs):
+        assert (a - b).abs().max().item() < 1e-10, fused
+    for (name, a), b in zip(plain.named_parameters(), sp.parameters()):
+        grad = b.grad.clone()
+        dist.all_reduce(grad)
+        assert ((grad - a.grad).abs().max() / a.grad.abs().max().clamp(min=1.0)).item() < 1e-10, (fused, name)
+    checked.append(("actor", fused))
 if rank == 0:
-    print(f"OK {len(checked)} rows: hidden states and summed gradients equal the whole forward's")
+    print(f"OK {len(checked)} rows: hidden states, log-probs, entropies and summed gradients equal the whole forward's")
 dist.destroy_process_group()

@@ -1,6 +1,7 @@
 """Ulysses sequence parallel (models/ulysses.py): on two gloo ranks, a decoder run as two shares
-of packed rows gives the whole forward's hidden states and, summed over the ranks, its gradients
-(float64); the head check and the collectives' shapes in one process."""
+of packed rows gives the whole forward's hidden states, and the actor (trainer/policy.py) the
+whole row's log-probs and entropies (plain and fused head), and summed over the ranks the whole
+backward's gradients (float64); the head check and the row mask in one process."""
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from tests.helpers.procs import torchrun
 def test_two_ranks_give_the_whole_forward_and_backward(tmp_path):
     rc, out, err = torchrun("ulysses_child.py", 2, [], tmp_path, timeout=240)
     assert rc == 0, out[-2000:] + err[-4000:]
-    assert "OK 6 rows: hidden states and summed gradients equal the whole forward's" in out
+    assert "OK 8 rows: hidden states, log-probs, entropies and summed gradients equal the whole forward's" in out
 
 
 def test_key_value_heads_are_repeated_the_fewest_times_that_split():
