@@ -46,7 +46,19 @@ class ZHead(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
         """hidden_states [B, T, H], prompt_mask [B, T] -> log Z [B] (in the head's dtype)."""
-        if self.pooling == "published":
-            prompt_mask = without_last_token(prompt_mask)
-        pooled = masked_mean(hidden_states, prompt_mask)
-        return self.net(pooled.to(self.net[0].weight.dtype)).squeeze(-1)
+        return self.from_pooled(masked_mean(hidden_states, self.pooled_positions(prompt_mask)))
+
+    def pooled_positions(self, prompt_mask: torch.Tensor) -> torch.Tensor:
+        """The positions of `prompt_mask` [B, T] that the mean pools."""
+        return without_last_token(prompt_mask) if self.pooling == "published" else prompt_mask
+
+    def from_pooled(self, pooled: torch.Tensor, own_gradient: bool = True) -> torch.Tensor:
+        """log Z [B] of the pooled states [B, H]. `own_gradient=False`: the same values and the
+        gradient to `pooled`, but a zero one to this head's parameters (a rank of a
+        sequence-parallel group that is not the one whose parameters count the head's gradient;
+        zero rather than none, so that every rank reduces the same gradients)."""
+        x = pooled.to(self.net[0].weight.dtype)
+        if own_gradient:
+            return self.net(x).squeeze(-1)
+        held = {n: p.detach() + 0 * p for n, p in self.net.named_parameters()}
+        return torch.func.functional_call(self.net, held, (x,)).squeeze(-1)

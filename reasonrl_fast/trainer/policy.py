@@ -118,8 +118,6 @@ class Actor(nn.Module):
         positions within it, and the ranks' log-probs are summed into the whole [B, R] on every
         rank. Each parameter's gradient on a rank is then its share's, and summed over the group
         the whole's (the gradient reduction sums them)."""
-        if log_z and self.proj_z is not None:
-            raise NotImplementedError("sequence parallel with the Z-head: not built yet")
         if not self.plain_head:
             raise NotImplementedError("sequence parallel needs a plain linear head (models/lm_head.py)")
         if batch["input_ids"].shape[0] != 1:
@@ -144,7 +142,25 @@ class Actor(nn.Module):
         def whole(x):  # this rank's values in the [B, R] layout, then every rank's
             return ulysses.sum_shares(x.new_zeros(mask.shape).masked_scatter(mask, x.new_zeros(at.shape)
                                                                                   .masked_scatter(here, x)), group)
-        return whole(lp), whole(ent) if ent is not None else None, None
+        z = self._log_z_shared(h, first, batch) if log_z and self.proj_z is not None else None
+        return whole(lp), whole(ent) if ent is not None else None, z
+
+    def _log_z_shared(self, h: torch.Tensor, first: int, batch: dict) -> torch.Tensor:
+        """log Z over a row cut across the group: each rank sums the pooled prompt positions in its
+        share, the sums are added up, and every rank runs the head on the mean; only the group's
+        first rank gives the head's parameters their gradient (summed over the group, it is then
+        counted once). The head's dropout must draw alike on every rank: it runs in eval mode
+        here until the ranks share its random stream."""
+        if self.proj_z.training and any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.proj_z.modules()):
+            raise NotImplementedError("sequence parallel with the Z-head's dropout in training mode")
+        group = self.sp_group
+        pooled = self.proj_z.pooled_positions(batch["prompt_mask"]).bool()  # [B, P]
+        where = batch["prompt_index"] - first
+        inside = pooled & (where >= 0) & (where < h.shape[0])
+        rows = torch.arange(pooled.shape[0], device=h.device)[:, None].expand_as(pooled)[inside]
+        part = h.new_zeros(pooled.shape[0], h.shape[-1]).index_add(0, rows, h[where[inside]])
+        mean = ulysses.sum_shares(part, group) / pooled.sum(-1, keepdim=True).to(h.dtype)
+        return self.proj_z.from_pooled(mean, own_gradient=dist.get_rank(group) == 0)
 
     def _hidden(self, batch: dict) -> torch.Tensor:
         """Final hidden states (after the last norm), from the decoder, without running the head."""

@@ -52,35 +52,41 @@ for kv_heads in (2, 1):
             assert ((grad - a.grad).abs().max() / scale).item() < 1e-10, (kv_heads, lengths, name)
         checked.append((kv_heads, tuple(lengths)))
 # The actor over a packed row of (prompt, response) pairs: log-probs and entropies of the response
-# tokens, the head on each rank's own positions (plain and fused), against the whole row's
+# tokens, the head on each rank's own positions (plain and fused), and log Z from the prompts'
+# positions spread over both shares, against the whole row's
 from reasonrl_fast.trainer.policy import Actor, make_packed_batch  # noqa: E402
 
-g = torch.Generator().manual_seed(seed)
-prompts = [[int(x) for x in torch.randint(3, 31, (n,), generator=g)] for n in (4, 2, 6)]
-responses = [[int(x) for x in torch.randint(3, 31, (n,), generator=g)] for n in (5, 1, 8)]
-batch = make_packed_batch(prompts, responses, "cpu", one_row=True)  # 26 tokens
-w = torch.randn(2, *batch["response_mask"].shape, generator=g, dtype=torch.float64)
 cfg = Qwen2Config(vocab_size=31, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
-for fused in (False, True):
+# (prompt lengths, response lengths): a response whose positions cross from one share into the
+# other; a prompt that does (and padding: 15 tokens); three sequences of mixed lengths
+ROWS = [((3, 2), (20, 1)), ((10, 2), (2, 1)), ((4, 2, 6), (5, 1, 8))]
+for (plens, rlens), (fused, pooling) in zip(ROWS, ((False, "all"), (True, "published"), (True, "all"))):
+    g = torch.Generator().manual_seed(seed + len(checked))
+    prompts = [[int(x) for x in torch.randint(3, 31, (n,), generator=g)] for n in plens]
+    responses = [[int(x) for x in torch.randint(3, 31, (n,), generator=g)] for n in rlens]
+    batch = make_packed_batch(prompts, responses, "cpu", one_row=True)
+    w = torch.randn(2, *batch["response_mask"].shape, generator=g, dtype=torch.float64)
+    wz = torch.randn(len(prompts), generator=g, dtype=torch.float64)
     torch.manual_seed(seed)
-    plain = Actor(Qwen2ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").double(), fused=fused)
-    sp = Actor(Qwen2ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").double(), fused=fused)
+    plain, sp = (Actor(Qwen2ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa"), 2,
+                       fused=fused, zhead_pooling=pooling).double().eval() for _ in range(2))  # eval: no dropout
     sp.load_state_dict(plain.state_dict())
     ulysses.use_ulysses(sp.lm)
     sp.sp_group = group
     outs = []
     for actor in (plain, sp):
-        lp, ent, _ = actor(batch, temperature=0.7, entropy=True)
-        ((lp * w[0]).sum() + (ent * w[1]).sum()).backward()
-        outs.append((lp, ent))
+        lp, ent, z = actor(batch, temperature=0.7, entropy=True, log_z=True)
+        ((lp * w[0]).sum() + (ent * w[1]).sum() + (z * wz).sum()).backward()
+        outs.append((lp, ent, z))
     for a, b in zip(*outs):
-        assert (a - b).abs().max().item() < 1e-10, fused
+        assert (a - b).abs().max().item() < 1e-10, (plens, (a - b).abs().max().item())
     for (name, a), b in zip(plain.named_parameters(), sp.parameters()):
         grad = b.grad.clone()
         dist.all_reduce(grad)
-        assert ((grad - a.grad).abs().max() / a.grad.abs().max().clamp(min=1.0)).item() < 1e-10, (fused, name)
-    checked.append(("actor", fused))
+        assert ((grad - a.grad).abs().max() / a.grad.abs().max().clamp(min=1.0)).item() < 1e-10, (plens, name)
+    checked.append(("actor", plens))
 if rank == 0:
-    print(f"OK {len(checked)} rows: hidden states, log-probs, entropies and summed gradients equal the whole forward's")
+    print(f"OK {len(checked)} rows: hidden states, log-probs, entropies, log Z and summed gradients equal the whole "
+          "forward's")
 dist.destroy_process_group()
