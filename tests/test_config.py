@@ -268,6 +268,7 @@ BAD_VALUES = {
     "rollout.workers": ["0", "-1"],
     "trainer.placement": ["both", "''"],
     "trainer.max_staleness": ["-1"],
+    "trainer.sequence_parallel_size": ["0", "-2"],
     "rollout.decoder": ["lean"],
     "rollout.n": ["0", "017"],
     "rollout.max_new_tokens": ["0", "0x10", "1_000", "1e3", "1:30", "0o17", "'1_2'"],

@@ -502,6 +502,11 @@ class TrainerConfig(_Checks):
     """Where the two roles run (docs/trainer.md §Placement): colocated (each trainer worker also
     runs the rollout engine, which sleeps during the update) or split (rollout.workers engines on
     workers of their own; the trainer's rank 0 sends them the weights after each update)."""
+    sequence_parallel_size: int = 1
+    """Ulysses sequence parallel (docs/trainer.md §Sequence parallel): trainer workers that split
+    each packed row's tokens between them, trading them for attention heads at each attention
+    (models/ulysses.py); it must divide the trainer workers, who train on
+    workers / sequence_parallel_size shares of the batch. 1: each worker runs its rows whole."""
     max_staleness: int = 0
     """split placement only: how many updates behind the trained policy a sample's weights may
     be. 0: each step samples the weights of the update before it (on-policy); k >= 1 keeps up to
@@ -512,7 +517,7 @@ class TrainerConfig(_Checks):
         self._one_of(at, "logger", ("tensorboard", "wandb", "none"))
         self._one_of(at, "placement", ("colocated", "split"))
         self._one_of(at, "sharding", ("auto", "fsdp", "replicate"))
-        self._positive(at, "nnodes", "workers_per_node", "cpus_per_worker")
+        self._positive(at, "nnodes", "workers_per_node", "cpus_per_worker", "sequence_parallel_size")
         self._duration(at, "collective_timeout_s")
         self._not_negative(at, "steps", "save_every", "keep_checkpoints", "val_every", "max_staleness")
         self._seed(at, "seed")

@@ -41,6 +41,7 @@ def validate(cfg: Config) -> Config:
     check_sequence_cap(cfg, algo)
     check_tensor_parallel(cfg)
     check_placement(cfg)
+    check_sequence_parallel(cfg)
     algo.check_config(cfg)
     if cfg.embedded_task:  # its scorer's sandbox limit, its own limits (tasks/base.py)
         TASKS.lookup(cfg.data.task).check_settings(cfg)
@@ -79,6 +80,22 @@ def check_sequence_cap(cfg: Config, algo) -> None:
         raise ConfigError(f"rollout.max_sequence_tokens={cap} with {algo.overlong_setting}={buffer}: the overlong "
                           f"shaping penalises lengths near one fixed limit, rollout.max_new_tokens, while the cap "
                           f"gives each response a limit of its own; set one of them to 0")
+
+
+def check_sequence_parallel(cfg: Config) -> None:
+    """trainer.sequence_parallel_size against the settings it needs before any model is read: it
+    divides the trainer workers, and the rows it cuts are packed (layout/resolve.py checks the
+    model's heads and head)."""
+    t = cfg.trainer
+    sp, world = t.sequence_parallel_size, t.nnodes * t.workers_per_node
+    if sp == 1:
+        return
+    if world % sp:
+        raise ConfigError(f"trainer.sequence_parallel_size={sp} does not divide the {world} trainer workers "
+                          f"(trainer.nnodes x trainer.workers_per_node)")
+    if cfg.data.packing == "false":
+        raise ConfigError(f"trainer.sequence_parallel_size={sp} cuts packed rows: data.packing=false turns them off "
+                          f"(set data.packing=auto)")
 
 
 def check_placement(cfg: Config) -> None:

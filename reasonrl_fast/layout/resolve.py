@@ -68,6 +68,9 @@ class Layout:
     """The engine's KV cache in bytes, where it is sized in bytes (else None)."""
     engine_share: float | None
     """The share of the GPU the engine takes, where it is sized by a share (else None)."""
+    sequence_parallel: int = 1
+    """Trainer workers that split each packed row (trainer.sequence_parallel_size): one row per
+    micro-batch, cut over them, attention through models/ulysses.py."""
     engine_tp: int = 1
     """Workers one rollout engine spans (rollout.tensor_parallel_size): each holds 1/engine_tp of
     its weights and KV cache; `kv_cache_bytes` and `engine_share` are one worker's."""
@@ -178,6 +181,31 @@ def packing(setting: str, config, attn: str) -> tuple[bool, bool, str]:
                          f"{attn} attends through a block-diagonal mask)")
 
 
+def check_heads(heads: int, size: int) -> str | None:
+    """Why `size` sequence-parallel workers cannot split a model's attention heads, or None. The
+    key/value heads then split too: models/ulysses.py repeats them to lcm(kv_heads, size), which
+    divides `heads` (both do), so each repeated head still serves a whole group of query heads."""
+    if heads % size:
+        return f"{heads} attention heads, which {size} sequence-parallel ranks do not divide"
+    return None
+
+
+def sequence_parallel(sp: int, config, packed: bool, pack_note: str, head_blocker: str | None) -> str:
+    """The packing note of a run whose rows `sp` workers cut (Ulysses); ConfigError where this
+    model cannot be cut so: its rows unpacked, heads `sp` does not divide, a head whose logits its
+    forward changes (each worker runs the head on its own positions)."""
+    at = f"trainer.sequence_parallel_size={sp}"
+    if not packed:
+        raise ConfigError(f"{at} cuts packed rows, and this run's are not: {pack_note}")
+    why = check_heads(read(config, "num_attention_heads") or 0, sp)
+    if why:
+        raise ConfigError(f"{at}: the model has {why}")
+    if head_blocker:
+        raise ConfigError(f"{at}: {head_blocker}; each worker runs the head on its own positions, which needs a "
+                          f"plain linear head")
+    return f"packing: on, one row per micro-batch cut over {sp} workers (Ulysses sequence parallel)"
+
+
 def config_head_blocker(config) -> str | None:
     """What in the model's config (or its text config) changes the logits after the head."""
     for c in {id(x): x for x in (config, text_part(config))}.values():
@@ -262,6 +290,9 @@ def resolve(cfg, model_config, device: str, world: int, spec, *, head_blocker: s
     attn, attn_note = attention(device, compute)
     packed, one_row, pack_note = packing(cfg.data.packing, model_config, attn)
     blocker = head_blocker or config_head_blocker(model_config)
+    sp = cfg.trainer.sequence_parallel_size
+    if sp > 1:
+        one_row, pack_note = True, sequence_parallel(sp, model_config, packed, pack_note, blocker)
     fused, head_note = fused_head(cfg.model.fused_lm_head, blocker, device, tokens_per_forward(cfg, world),
                                   read(model_config, "vocab_size"))
     rollout_dtype = spec.dtype(compute, device)
@@ -269,7 +300,7 @@ def resolve(cfg, model_config, device: str, world: int, spec, *, head_blocker: s
     return Layout(device=device, world=world, sharding=sharding, weight_dtype=master, compute_dtype=compute,
                   attention=attn, packed=packed, one_row=one_row, fused=fused, rollout_dtype=rollout_dtype,
                   kv_cache_bytes=spec.kv_cache_bytes(cfg, model_config, rollout_dtype, device, sequences),
-                  engine_share=spec.memory_share(cfg, device), engine_tp=tp,
+                  engine_share=spec.memory_share(cfg, device), engine_tp=tp, sequence_parallel=sp,
                   engine_sleeps=device == "cuda" and cfg.trainer.placement != "split",
                   notes={"sharding": f"data parallel: {sharding} (trainer.sharding={cfg.trainer.sharding})",
                          "attention": attn_note, "packing": pack_note, "lm_head": head_note})

@@ -155,13 +155,19 @@ def kv_repeats(kv_heads: int, size: int) -> int:
     return size // math.gcd(kv_heads, size)
 
 
-def check_heads(heads: int, size: int) -> str | None:
-    """Why `size` sequence-parallel ranks cannot split these heads, or None."""
-    # the key/value heads then split too: repeated to lcm(kv_heads, size), which divides `heads`
-    # (both do), so each repeated head still serves a whole group of query heads
-    if heads % size:
-        return f"{heads} attention heads, which {size} sequence-parallel ranks do not divide"
-    return None
+def group_of(rank: int, world: int, size: int):
+    """The sequence-parallel group of `rank`: `size` consecutive ranks of `world` (each rank
+    creates every group, as torch.distributed asks)."""
+    groups = [dist.new_group(list(range(first, first + size))) for first in range(0, world, size)]
+    return groups[rank // size]
+
+
+def gather_samples(group, *columns: list) -> list[list]:
+    """Each column (a list of this rank's samples) as the group's: every rank's, in rank order.
+    The ranks of a group train on the same samples, each on its share of every row's tokens."""
+    parts: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, columns, group=group)
+    return [[x for part in parts for x in part[c]] for c in range(len(columns))]
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

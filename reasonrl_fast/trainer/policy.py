@@ -149,10 +149,8 @@ class Actor(nn.Module):
         """log Z over a row cut across the group: each rank sums the pooled prompt positions in its
         share, the sums are added up, and every rank runs the head on the mean; only the group's
         first rank gives the head's parameters their gradient (summed over the group, it is then
-        counted once). The head's dropout must draw alike on every rank: it runs in eval mode
-        here until the ranks share its random stream."""
-        if self.proj_z.training and any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.proj_z.modules()):
-            raise NotImplementedError("sequence parallel with the Z-head's dropout in training mode")
+        counted once). The head's dropout must draw alike on every rank: the worker seeds the
+        ranks of a group alike before an update (worker.py `train_step`)."""
         group = self.sp_group
         pooled = self.proj_z.pooled_positions(batch["prompt_mask"]).bool()  # [B, P]
         where = batch["prompt_index"] - first

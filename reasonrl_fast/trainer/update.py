@@ -27,11 +27,12 @@ def units(responses, idx, kind: str) -> float:
 
 
 def plan(prompts, responses, chunks: list[slice], budget: int, packed: bool, kind: str, world: int,
-         device) -> tuple[list[list[list[int]]], list[float]]:
+         device, sp: int = 1) -> tuple[list[list[list[int]]], list[float]]:
     """The micro-batches of each mini-batch `chunks` (lists of sample indices) and each
     mini-batch's loss units over all workers. One all-gather of every worker's fewest micro-batches
     and units per mini-batch: all run the largest count (FSDP's gathers are collectives: every
-    worker must run as many forwards), each balancing its own sequences into that many."""
+    worker must run as many forwards), each balancing its own sequences into that many. `sp`: the
+    sequence-parallel group's size, whose ranks hold the same samples (counted once)."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     mine = torch.tensor([[len(split(lengths[c], budget, packed)), units(responses, range(c.start, c.stop), kind)]
                          for c in chunks], dtype=torch.float64)
@@ -39,7 +40,7 @@ def plan(prompts, responses, chunks: list[slice], budget: int, packed: bool, kin
         everyone = [torch.empty_like(mine, device=device) for _ in range(world)]
         dist.all_gather(everyone, mine.to(device))
         everyone = torch.stack(everyone).cpu()
-        counts, totals = everyone[..., 0].amax(0), everyone[..., 1].sum(0)
+        counts, totals = everyone[..., 0].amax(0), everyone[..., 1].sum(0) / sp
     else:
         counts, totals = mine[:, 0], mine[:, 1]
     micros = [[[c.start + i for i in g] for g in split(lengths[c], budget, packed, int(k))]
@@ -67,12 +68,14 @@ def logprobs(model, batches, temperature: float) -> list[list[torch.Tensor]]:
 
 
 def accumulate(model, algo, cfg, responses, idxs, batches, adv, total: float, world: int,
-               old_lps=None, ref_lps=None) -> tuple[dict[str, float], list[dict]]:
+               old_lps=None, ref_lps=None, sp: int = 1) -> tuple[dict[str, float], list[dict]]:
     """Forward and backward of one mini-batch's micro-batches (`idxs`, `batches`) through `model`
     (the actor, or its DDP wrapper), gradients left summed in the parameters' .grad. `total`: the
     mini-batch's loss units over all workers. Returns the mini-batch's stats (each weighted by its
     micro-batch's share, x world: the driver's mean over workers is the mini-batch's mean) and the
-    rollout-gap sums of algos/correction.py."""
+    rollout-gap sums of algos/correction.py. `sp`: the sequence-parallel group's size. Its ranks
+    compute the same loss, each backward reaching its share of the rows' tokens, so the gradients
+    summed over all workers are the mini-batch's as they are; their stats are counted once."""
     kind = algo.loss_units(cfg)
     stats: dict[str, float] = {}
     sums: list[dict] = []
@@ -92,7 +95,7 @@ def accumulate(model, algo, cfg, responses, idxs, batches, adv, total: float, wo
         st["train/loss"] = float(loss.detach())
         st["entropy/mean"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
         for key, v in st.items():
-            stats[key] = stats.get(key, 0.0) + v * share
+            stats[key] = stats.get(key, 0.0) + v * share / sp
     return stats, sums
 
 

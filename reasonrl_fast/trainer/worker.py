@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from reasonrl_fast.algos import get_algo
 from reasonrl_fast.algos.correction import pool_sums
-from reasonrl_fast.models import LM_PREFIX, ZHEAD_PREFIX
+from reasonrl_fast.models import LM_PREFIX, ZHEAD_PREFIX, ulysses
 from reasonrl_fast.layout import mini_batches, resolve
 from reasonrl_fast.models.lm_head import head_blocker, meta_model
 from reasonrl_fast.models.loading import (enable_checkpointing, load_model, load_model_config, load_tokenizer,
@@ -84,6 +84,13 @@ class Worker(RolloutWorker):
             for p in self.ref.parameters():
                 p.requires_grad_(False)
             self._hold(self.ref, ref_lm, mesh, compute)
+        self.sp_group = None
+        if layout.sequence_parallel > 1:  # each packed row cut over the group (models/ulysses.py)
+            self.sp_group = ulysses.group_of(self.rank, self.world, layout.sequence_parallel)
+            for model in (self.actor, self.ref):
+                if model is not None:
+                    ulysses.use_ulysses(model.lm)
+                    model.sp_group = self.sp_group
         o = cfg.optim
         z_params = [p for n, p in self.actor.named_parameters() if n.startswith(ZHEAD_PREFIX)]
         lm_params = [p for n, p in self.actor.named_parameters() if not n.startswith(ZHEAD_PREFIX)]
@@ -142,12 +149,17 @@ class Worker(RolloutWorker):
             raise ValueError(f"train_step: {len(adv)} advantages for {len(responses)} kept samples")
         if self.engine is not None:
             self.engine.sleep()  # the engine's memory is the update's until the next sync
-        torch.manual_seed(derive_seed(cfg.trainer.seed, "update", step, self.rank))  # Z-head dropout
+        sp = self.layout.sequence_parallel
+        if sp > 1:  # the group trains on its ranks' samples together, each rank on its share of each row
+            prompts, responses, rollout_lps, adv = ulysses.gather_samples(self.sp_group, prompts, responses,
+                                                                          rollout_lps, list(adv))
+        # the Z-head's dropout; alike on the ranks of a sequence-parallel group, which run it alike
+        torch.manual_seed(derive_seed(cfg.trainer.seed, "update", step, self.rank // sp))
         adv = torch.tensor(adv, dtype=torch.float32, device=self.device)
         chunks = mini_batches(cfg, len(responses) // cfg.rollout.n)
         packed = self.layout.packed
         plans, totals = update.plan(prompts, responses, chunks, cfg.optim.micro_batch_tokens, packed,
-                                    self.algo.loss_units(cfg), self.world, self.device)
+                                    self.algo.loss_units(cfg), self.world, self.device, sp)
         batches = [[update.micro_batch(prompts, responses, rollout_lps, idx, packed, self.tok.pad_token_id,
                                        self.device, self.layout.one_row) for idx in micros] for micros in plans]
         t0 = time.perf_counter()
@@ -171,7 +183,7 @@ class Worker(RolloutWorker):
             self.opt.zero_grad(set_to_none=True)
             st, s = update.accumulate(self.train_model, self.algo, cfg, responses, micros, batches[b], adv,
                                       totals[b], self.world, old_lp[b] if old_lp else None,
-                                      ref_lp[b] if ref_lp else None)
+                                      ref_lp[b] if ref_lp else None, sp)
             sums += s
             norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.optim.grad_clip, foreach=True)
             norm = float(full_tensor(norm))

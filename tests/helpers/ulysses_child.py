@@ -89,4 +89,7 @@ for (plens, rlens), (fused, pooling) in zip(ROWS, ((False, "all"), (True, "publi
 if rank == 0:
     print(f"OK {len(checked)} rows: hidden states, log-probs, entropies, log Z and summed gradients equal the whole "
           "forward's")
+sys.stdout.flush()
 dist.destroy_process_group()
+os._exit(0)  # as fsdp_gather_child.py: no interpreter teardown after the group is gone (a gloo thread
+# still joinable there aborted a rank that had passed every check: "terminate called without an active exception")

@@ -6,7 +6,8 @@ backward's gradients (float64); the head check and the row mask in one process."
 import pytest
 import torch
 
-from reasonrl_fast.models.ulysses import block_causal_mask, check_heads, kv_repeats
+from reasonrl_fast.layout.resolve import check_heads
+from reasonrl_fast.models.ulysses import block_causal_mask, kv_repeats
 from tests.helpers.procs import torchrun
 
 

@@ -80,7 +80,8 @@ class FakeWorkers:
             w = Worker.__new__(Worker)
             lm = tiny_model(cfg.model, len(tok), tok)
             w.cfg, w.rank, w.world, w.tok, w.algo, w.device = cfg, rank, 1, tok, algo, torch.device("cpu")
-            w.layout = SimpleNamespace(packed=False, one_row=False, sharding="replicate", rollout_dtype="float32")
+            w.layout = SimpleNamespace(packed=False, one_row=False, sharding="replicate", rollout_dtype="float32",
+                                       sequence_parallel=1)
             w.engine = SimpleNamespace(sleep=lambda: None, wake=lambda: None)
             w.split = cfg.trainer.placement == "split"  # as its setup sets it: publish, not sync, after the update
             w.actor = w.train_model = Actor(lm, cfg.flowrl.zhead_layers if algo.zhead else 0)

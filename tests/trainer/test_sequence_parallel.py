@@ -1,0 +1,48 @@
+"""Ulysses sequence parallel in the trainer (trainer.sequence_parallel_size): the settings it
+refuses before anything starts; two workers that cut each packed row between them train as one
+worker with the whole rows does, step for step."""
+
+import pytest
+
+from reasonrl_fast.config import ConfigError, load_config
+from reasonrl_fast.layout import resolve
+from reasonrl_fast.rollout import get_rollout
+from tests.helpers.train import read_metrics
+
+
+def test_what_sequence_parallel_cannot_cut_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^trainer.sequence_parallel_size=3 does not divide the 2 trainer workers"):
+        load_config(None, ["trainer.workers_per_node=2", "trainer.sequence_parallel_size=3"])
+    with pytest.raises(ConfigError, match=r"^trainer.sequence_parallel_size=2 cuts packed rows: data.packing=false"):
+        load_config(None, ["trainer.workers_per_node=2", "trainer.sequence_parallel_size=2", "data.packing=false"])
+    cfg = load_config(None, ["trainer.workers_per_node=4", "trainer.sequence_parallel_size=4"])
+    model = {"model_type": "qwen2", "num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 100,
+             "hidden_size": 48}
+    with pytest.raises(ConfigError, match=r"^trainer.sequence_parallel_size=4: the model has 6 attention heads, "
+                                          r"which 4 sequence-parallel ranks do not divide$"):
+        resolve(cfg, model, "cpu", 4, get_rollout("hf"))
+    with pytest.raises(ConfigError, match=r"^trainer.sequence_parallel_size=4 cuts packed rows, and this run's are "
+                                          r"not: packing: off \(model_type 'gpt2'"):
+        resolve(cfg, {**model, "num_attention_heads": 8, "model_type": "gpt2"}, "cpu", 4, get_rollout("hf"))
+    layout = resolve(cfg, {**model, "num_attention_heads": 8}, "cpu", 4, get_rollout("hf"))
+    assert layout.sequence_parallel == 4 and layout.packed and layout.one_row
+
+
+@pytest.mark.parametrize("algo", ["grpo", "flowrl"])
+def test_two_workers_cutting_rows_train_as_one_worker_with_the_whole_rows(train, tmp_path, algo):
+    """One worker against two that cut each of its packed rows between them (the tiny runs'
+    settings otherwise, tests/helpers/train.py TINY): the same samples (the seeds are the
+    samples', not the workers'), the same mini-batch in one micro-batch, and the Z-head's dropout
+    drawn alike (the group seeds as its first rank). GRPO, and FlowRL with its Z-head (log Z
+    pooled over prompts cut between the workers): the losses, gradient norms and entropies of 3
+    steps are the one worker's (float32, 1e-4 relative: the sums run in another order)."""
+    runs = {}
+    for workers, sp in ((1, 1), (2, 2)):
+        out = tmp_path / f"sp{sp}"
+        train([f"algo={algo}", "trainer.steps=3", "trainer.val_every=0", f"trainer.workers_per_node={workers}",
+               f"trainer.sequence_parallel_size={sp}", f"trainer.output_dir={out}"], tmp_path, timeout=300)
+        runs[sp] = read_metrics(out)
+    assert [r["step"] for r in runs[2]] == [1, 2, 3]
+    for a, b in zip(runs[1], runs[2]):
+        for key in ("train/loss", "train/grad_norm", "entropy/mean", "reward/mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
