@@ -42,10 +42,11 @@ def preflight(cfg, model_config=None, *, files: bool = True):
     check_shape(model_config, source)
     check_context(cfg, model_config, source)
     _check_genrm(cfg)
-    from reasonrl_fast.layout import refuse_packing, tensor_parallel
+    from reasonrl_fast.layout import refuse_packing, refuse_sequence_parallel, tensor_parallel
 
     tensor_parallel(cfg, model_config)  # the rollout's tensor-parallel size against the heads
     refuse_packing(cfg.data.packing, model_config)  # data.packing=true where the attention cannot read packed rows
+    refuse_sequence_parallel(cfg, model_config)  # the update's sequence parallel against the heads and packing
     if files:
         from reasonrl_fast.runtime.ray_cluster import check_local_nodes
 

@@ -12,9 +12,9 @@ from reasonrl_fast.layout.batches import (SYNC_BUCKET_BYTES, largest_mini_batch,
 from reasonrl_fast.layout.resolve import (FUSED_CPU_MIN_ELEMENTS, PACKED_FAMILIES, SCALES, SOFTCAPS, Layout,
                                           attention, compute_dtype, config_head_blocker, dtype_bytes, fused_head,
                                           master_dtype, packing, packing_blocker, refuse_fused_head, refuse_packing,
-                                          resolve, sharding_mode, tensor_parallel)
+                                          refuse_sequence_parallel, resolve, sharding_mode, tensor_parallel)
 
 __all__ = ["FUSED_CPU_MIN_ELEMENTS", "PACKED_FAMILIES", "SCALES", "SOFTCAPS", "SYNC_BUCKET_BYTES", "Layout",
            "attention", "compute_dtype", "config_head_blocker", "dtype_bytes", "fused_head", "largest_mini_batch",
            "master_dtype", "mini_batch_count", "mini_batches", "packing", "packing_blocker", "refuse_fused_head",
-           "refuse_packing", "resolve", "sharding_mode", "tensor_parallel", "tokens_per_forward"]
+           "refuse_packing", "refuse_sequence_parallel", "resolve", "sharding_mode", "tensor_parallel", "tokens_per_forward"]

@@ -181,6 +181,15 @@ def packing(setting: str, config, attn: str) -> tuple[bool, bool, str]:
                          f"{attn} attends through a block-diagonal mask)")
 
 
+def refuse_sequence_parallel(cfg, config) -> None:
+    """ConfigError where this model cannot take trainer.sequence_parallel_size, for the preflight
+    before Ray starts (`resolve` applies the same `sequence_parallel` on the workers)."""
+    sp = cfg.trainer.sequence_parallel_size
+    if sp > 1:
+        packed, _, note = packing(cfg.data.packing, config, "sdpa")  # the attention decides one row only
+        sequence_parallel(sp, config, packed, note, config_head_blocker(config))
+
+
 def check_heads(heads: int, size: int) -> str | None:
     """Why `size` sequence-parallel workers cannot split a model's attention heads, or None. The
     key/value heads then split too: models/ulysses.py repeats them to lcm(kv_heads, size), which

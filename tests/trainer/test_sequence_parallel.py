@@ -6,6 +6,7 @@ import pytest
 
 from reasonrl_fast.config import ConfigError, load_config
 from reasonrl_fast.layout import resolve
+from reasonrl_fast.preflight import preflight
 from reasonrl_fast.rollout import get_rollout
 from tests.helpers.train import read_metrics
 
@@ -26,6 +27,10 @@ def test_what_sequence_parallel_cannot_cut_is_refused_in_one_line():
         resolve(cfg, {**model, "num_attention_heads": 8, "model_type": "gpt2"}, "cpu", 4, get_rollout("hf"))
     layout = resolve(cfg, {**model, "num_attention_heads": 8}, "cpu", 4, get_rollout("hf"))
     assert layout.sequence_parallel == 4 and layout.packed and layout.one_row
+    # the preflight's check before Ray starts: the embedded model's 4 heads at 8 workers
+    cfg8 = load_config(None, ["trainer.workers_per_node=8", "trainer.sequence_parallel_size=8"])
+    with pytest.raises(ConfigError, match=r"^trainer.sequence_parallel_size=8: the model has 4 attention heads"):
+        preflight(cfg8, files=False)
 
 
 @pytest.mark.parametrize("algo", ["grpo", "flowrl"])
