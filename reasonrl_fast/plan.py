@@ -74,7 +74,8 @@ def forward_tokens(cfg: Config, layout: Layout) -> Forward:
     into micro-batches of optim.micro_batch_tokens as the workers cut it (layout/micro.py), every
     sequence at its longest."""
     seq, r = cfg.max_sequence, cfg.max_response
-    rows = largest_mini_batch(cfg, layout.world)
+    sp = layout.sequence_parallel  # a group of sp workers trains on their samples together
+    rows = largest_mini_batch(cfg, layout.world // sp)
     budget = cfg.optim.micro_batch_tokens
     if layout.packed:
         # a packed micro-batch holds up to the budget of real tokens, more sequences than the
@@ -82,6 +83,9 @@ def forward_tokens(cfg: Config, layout: Layout) -> Forward:
         tokens = min(max(budget, seq), rows * seq) if budget else rows * seq
         # a packed micro-batch of short prompts holds more responses: at most R of every R + 1 tokens
         logit_rows = min(rows * r, tokens * r // (r + 1))
+        if sp > 1:  # one row cut over the group: a worker's share of its tokens and head rows, the
+            # whole row's mask (models/ulysses.py attends through sdpa)
+            return Forward(1, -(-tokens // sp), -(-logit_rows // sp), tokens * tokens)
         if layout.one_row:  # one row, flash-attn's variable-length kernels: no mask
             return Forward(-(-tokens // seq), tokens, logit_rows, 0)
         # sdpa: rows as long as the longest sequence (trainer/policy.py make_packed_batch), each with
@@ -249,7 +253,7 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     gpu, world, mode = device == "gpu", layout.world, layout.sharding
     b = dtype_bytes(layout.weight_dtype)  # master weights, their gradients and Adam states
     c = dtype_bytes(layout.compute_dtype)
-    flash = layout.attention.startswith("flash")
+    flash = layout.attention.startswith("flash") and layout.sequence_parallel == 1  # Ulysses: sdpa, masked
     est = Estimate(device, world, memory_gib, GPU_RESERVE_GIB if gpu else 0.0, layout=layout)
     algo = get_algo(cfg.algo)
     zl = cfg.flowrl.zhead_layers if algo.zhead else 0
@@ -280,6 +284,8 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     f = forward_tokens(cfg, layout)
     ckpt = cfg.model.gradient_checkpointing
     rows = f"packed {f.tokens} tokens" if layout.packed else f"{f.rows} rows x {f.tokens // f.rows}"
+    if layout.sequence_parallel > 1:
+        rows += f" (a row's 1/{layout.sequence_parallel}, Ulysses)"
     add(Term("activations", 0, _gib(activation_bytes(s, f, c, ckpt, flash)),
              f"{rows}; checkpointing {'on' if ckpt else 'off'}; "
              + ("flash-attn" if flash else f"sdpa, {f.mask / 1e6:.3g} M-element mask"), "activations"))

@@ -543,3 +543,19 @@ def test_the_fapo_32b_recipes_plan_with_at_least_2_gib_to_spare_and_say_so(path,
     over = plan.main([path, "rollout.gpu_memory_utilization=0.85"])
     out = capsys.readouterr().out
     assert not over.fits and over.margin < 0 and f"does NOT fit, {-over.margin:.2f} GiB over\n" in out, out
+
+
+def test_sequence_parallel_halves_a_workers_activations_and_logits():
+    """FAPO-32B's 22528-token sequences at trainer.sequence_parallel_size=2: a worker's forward
+    sees half the row's tokens and half its head rows; the row's mask stays whole (each worker's
+    attention covers the whole row, models/ulysses.py), so the activations beyond it halve."""
+    terms = {}
+    for sp in (1, 2):
+        est = plan.main([FAPO32, f"trainer.sequence_parallel_size={sp}", "model.fused_lm_head=false"])
+        layout = est.layout
+        f = plan.forward_tokens(load_config(FAPO32, [f"trainer.sequence_parallel_size={sp}"]), layout)
+        terms[sp] = ({t.name: t.update for t in est.terms}, f)
+    (one, f1), (two, f2) = terms[1], terms[2]
+    assert f2.tokens * 2 == f1.tokens >= 20000 and f2.logit_rows * 2 == f1.logit_rows and f2.mask == f1.mask
+    assert two["logits"] == pytest.approx(one["logits"] / 2, rel=1e-3)
+    assert one["activations"] * 0.5 < two["activations"] < one["activations"] * 0.6  # the mask: 1.4 GiB of 23.5
