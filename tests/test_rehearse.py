@@ -408,15 +408,16 @@ def test_a_recipes_validation_sets_get_stand_in_files_of_their_declared_sources(
     names, written beside the others; the rehearsal's data.val_sets points each set at its own."""
     cfg = load_config(os.path.join(ROOT, "configs", "fapo_qwen2.5_32b.yaml"))
     records, _ = _stand_ins(cfg)
+    sources = ["aime24", "aime25", "gpqa-diamond"]
     assert [[r["data_source"] for _, pairs in records[f"data.val_sets[{s}].files"] for r, _ in pairs]
-            for s in (0, 1)] == [["aime24"] * rehearse.VAL_PROMPTS, ["aime25"] * rehearse.VAL_PROMPTS]
-    paths = {"data.val_sets[0].files": [str(tmp_path / "a.jsonl")], "data.val_sets[1].files": [str(tmp_path / "b.jsonl")],
-             "data.train_files": ["t.jsonl"]}
+            for s in range(3)] == [[source] * rehearse.VAL_PROMPTS for source in sources]
+    files = [str(tmp_path / f"{x}.jsonl") for x in "abc"]
+    paths = {**{f"data.val_sets[{s}].files": [f] for s, f in enumerate(files)}, "data.train_files": ["t.jsonl"]}
     scaled = rehearse.scale(cfg, engine_importable=False)
     out = rehearse._set_files(cfg, scaled, paths)
     assert out["data.train_files"] == ["t.jsonl"] and not any(k.startswith("data.val_sets[") for k in out)
     assert [(v.name, v.files, v.n) for v in out["data.val_sets"]] == [
-        ("aime24", [str(tmp_path / "a.jsonl")], rehearse.VAL_N), ("aime25", [str(tmp_path / "b.jsonl")], rehearse.VAL_N)]
+        (name, [f], rehearse.VAL_N) for name, f in zip(["aime24", "aime25", "gpqa_diamond"], files)]
     with pytest.raises(ConfigError, match=r"^data.val_sets\[1\].sources\[0\]: /data/x.parquet is not on this "
                                           r"machine, and data.val_sets\[1\].sources does not say"):
         records_for(load_config(None, ["data.val_sets=[{name: a}, {name: b, files: [/data/x.parquet]}]"]), 2, 2)
