@@ -43,9 +43,9 @@ class WorkerGroup:
     (runtime/ray_cluster.py `place_workers`: default trainer.nnodes; 1 packs them on as few
     nodes as hold them). `log_dir`: the run directory the workers' engines write their logs under
     (`EngineSpec.log_path`, given to each worker), which a failure's note reads; None where they
-    write none. `role`: how
-    a failure names the group's workers. `concurrency_groups`: Ray's, for actors whose methods
-    run in threads of their own (the rollout workers' weight loads beside their generation)."""
+    write none. `role`: how a failure names the group's workers. `concurrency_groups`: Ray's, for
+    actors whose methods run in threads of their own (the rollout workers' weight loads beside
+    their generation)."""
 
     role = "worker"
 
