@@ -379,20 +379,14 @@ def test_gpqa_hostile_answers_do_not_score(answer):
     assert r["acc"] is False and r["score"] == -1.0, (answer, r)
 
 
-def test_a_csv_that_is_not_one_is_named(tmp_path):
+@pytest.mark.parametrize("content, error", [
+    (b'Question,Correct Answer\n"unclosed quote,1\n', r"bad.csv: not a valid CSV file \(line \d+: "),
+    (b"Question,Correct Answer\nq,a,surplus\n", r"bad.csv: record 1 has more fields than the header names \(2\)"),
+    ("Question\ncaf\xe9\n".encode("latin-1"), r"bad.csv: not a UTF-8 text file"),
+    (b"Question,Answer\nq,a\n", r"does not look like gpqa-diamond: it needs the columns"),
+], ids=["unclosed-quote", "surplus-field", "latin-1", "other-columns"])
+def test_a_csv_that_is_not_one_is_named(tmp_path, content, error):
     bad = tmp_path / "bad.csv"
-    bad.write_text('Question,Correct Answer\n"unclosed quote,1\n')
-    with pytest.raises(DataError, match=r"bad.csv: not a valid CSV file \(line \d+: "):
+    bad.write_bytes(content)
+    with pytest.raises(DataError, match=error):
         prepare("gpqa-diamond", str(bad), str(tmp_path / "o.jsonl"))
-    extra = tmp_path / "extra.csv"
-    extra.write_text("Question,Correct Answer\nq,a,surplus\n")
-    with pytest.raises(DataError, match=r"extra.csv: record 1 has more fields than the header names \(2\)"):
-        prepare("gpqa-diamond", str(extra), str(tmp_path / "o.jsonl"))
-    latin = tmp_path / "latin.csv"
-    latin.write_bytes("Question\ncaf\xe9\n".encode("latin-1"))
-    with pytest.raises(DataError, match=r"latin.csv: not a UTF-8 text file"):
-        prepare("gpqa-diamond", str(latin), str(tmp_path / "o.jsonl"))
-    cols = tmp_path / "cols.csv"
-    cols.write_text("Question,Answer\nq,a\n")
-    with pytest.raises(DataError, match=r"does not look like gpqa-diamond: it needs the columns"):
-        prepare("gpqa-diamond", str(cols), str(tmp_path / "o.jsonl"))
