@@ -125,13 +125,13 @@ def table(results: dict, names: list[str], seeds: list[int], args: str, load: st
         for name in names:
             r, s = m[name], m[sync]
             split = name.startswith("split")
-            lines.append(f"| {latency:g} | {f'{genrm:g}' if algo == 'fapo' else '-'} | {algo} | {name}{' (baseline)' if name == sync else ''} | {r['wall_s']:.0f} | "
-                         f"{r['wall_s'] / s['wall_s']:.2f}x | {r['val']:.3f} | {100 * (r['val'] - s['val']):+.1f} | "
-                         + (f"{r['staleness']:.2f} | {r['partial']:.2f} | {r['trainer_busy']:.2f} | "
-                            f"{r['rollout_busy']:.2f} | - | - | - |" if split
-                            else f"0 | - | - | - | {r['rollout_s']:.2f} | {r['reward_s']:.2f} | "
-                                 f"{r['genrm_wait_s']:.2f} |" if algo == "fapo"
-                            else f"0 | - | - | - | {r['rollout_s']:.2f} | {r['reward_s']:.2f} | - |"))
+            own = (f"{r['staleness']:.2f} | {r['partial']:.2f} | {r['trainer_busy']:.2f} | {r['rollout_busy']:.2f} "
+                   f"| - | - | -" if split else
+                   f"0 | - | - | - | {r['rollout_s']:.2f} | {r['reward_s']:.2f} | "
+                   + (f"{r['genrm_wait_s']:.2f}" if algo == "fapo" else "-"))
+            lines.append(f"| {latency:g} | {f'{genrm:g}' if algo == 'fapo' else '-'} | {algo} | "
+                         f"{name}{' (baseline)' if name == sync else ''} | {r['wall_s']:.0f} | "
+                         f"{r['wall_s'] / s['wall_s']:.2f}x | {r['val']:.3f} | {100 * (r['val'] - s['val']):+.1f} | {own} |")
     return "\n".join(lines)
 
 

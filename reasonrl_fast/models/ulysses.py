@@ -5,8 +5,8 @@ the heads, and a second all-to-all trades back (DeepSpeed-Ulysses, arXiv:2309.14
 `ulysses_sequence_parallel_size`). Everything but attention works on a token by itself, so it
 runs on the rank's share unchanged.
 
-- `all_to_all` / `gather_tokens` / `sum_shares`: the collectives, each with its backward (the
-  reverse all-to-all; the rank's own slice of the gradient; the gradient as it is).
+- `all_to_all` / `sum_shares`: the collectives, each with its backward (the reverse all-to-all;
+  the gradient as it is).
 - `attention`: registered with transformers as the attention implementation "ulysses" (set on a
   model by `use_ulysses`); it reads the group from `sharded(...)`, the context a forward runs in.
 - `shard(ids, position_ids, group)`: the rank's share of a packed row (padded to a multiple of
@@ -63,27 +63,6 @@ class _AllToAll(torch.autograd.Function):
     def backward(ctx, grad):
         scatter_dim, gather_dim = ctx.dims
         return _all_to_all(grad, gather_dim, scatter_dim, ctx.group), None, None, None
-
-
-def gather_tokens(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """Every rank's share of a row concatenated along `dim` (rank order), the same on every
-    rank. What follows is computed alike on every rank, so the gradient of a rank's share is its
-    own slice of the gathered gradient (not a sum over the ranks)."""
-    return _Gather.apply(x, dim, group)
-
-
-class _Gather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group, ctx.size = dim, group, x.shape[dim]
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        rank = dist.get_rank(ctx.group)
-        return grad.narrow(ctx.dim, rank * ctx.size, ctx.size), None, None
 
 
 def sum_shares(x: torch.Tensor, group) -> torch.Tensor:

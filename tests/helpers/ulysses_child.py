@@ -16,6 +16,27 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from reasonrl_fast.models import ulysses  # noqa: E402
 
+def gather_tokens(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Every rank's share of a row concatenated along `dim` (rank order), the same on every
+    rank. What follows is computed alike on every rank, so the gradient of a rank's share is its
+    own slice of the gathered gradient (not a sum over the ranks)."""
+    return _Gather.apply(x, dim, group)
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group, ctx.size = dim, group, x.shape[dim]
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rank = dist.get_rank(ctx.group)
+        return grad.narrow(ctx.dim, rank * ctx.size, ctx.size), None, None
+
+
 dist.init_process_group("gloo")
 group = dist.group.WORLD
 rank = dist.get_rank()
@@ -41,7 +62,7 @@ for kv_heads in (2, 1):
         mine, my_pos, mask, t = ulysses.shard(ids, pos, group)
         with ulysses.sharded(group, mask):
             h_mine = sp(input_ids=mine, position_ids=my_pos, attention_mask=mask, use_cache=False).last_hidden_state
-        h_all = ulysses.gather_tokens(h_mine, 1, group)[:, :t]
+        h_all = gather_tokens(h_mine, 1, group)[:, :t]
         (h_all * weight).sum().backward()
         err = (h_all - h).abs().max().item()
         assert err < 1e-10, (kv_heads, lengths, err)
