@@ -1,4 +1,5 @@
-"""`python -m reasonrl_fast.plan CONFIG [key=value ...] [--gpus N] [--gpu-memory-gb 80] [--device gpu|cpu]`
+"""`python -m reasonrl_fast.plan CONFIG [key=value ...] [--gpus N] [--gpu-memory-gb 80] [--host-memory-gb 1024]
+[--device gpu|cpu]`
 
 The memory one worker (one GPU, or one CPU process) of a training run needs, term by term, in
 the two phases of a step: the rollout (the engine generating) and the update (log-prob passes,
@@ -56,6 +57,16 @@ MIN_SEQUENCES_IN_FLIGHT = 32
 # The sizes of vLLM's tensor parallelism the advice tries: an engine's ranks are consecutive
 # workers of one node (config/validate.py check_tensor_parallel), at most 8 GPUs.
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
+# The Ulysses sizes the advice tries (trainer.sequence_parallel_size): it must divide the heads,
+# and its all-to-all is best kept in one node's NVLink domain.
+SEQUENCE_PARALLEL_SIZES = (2, 4, 8)
+# The GPU counts the advice tries beyond the run's own: one node of 8, then nodes of 8.
+GPU_COUNTS = (8, 16, 32, 64, 128, 256, 512)
+# Host memory per GPU node the offloaded states may take, unless --host-memory-gb says: a
+# conservative share of an 8-GPU node's (an 8 x H100 node has 1-2 TiB), leaving the rest to the
+# data loader, the page cache and the rollout engines' sleeping weights.
+HOST_MEMORY_GIB = 1024.0
+OFFLOAD = "params+optimizer"
 
 
 # ---------------------------------------------------------------- one forward's tokens
@@ -132,6 +143,14 @@ def logits_bytes(s: Shape, f: Forward, c: int, fused: bool, gpu: bool) -> int:
     return chunk + n * s.hidden * (4 + 2 * c)
 
 
+def all_to_all_bytes(s: Shape, f: Forward, c: int, sp: int) -> int:
+    """The buffers of one layer's Ulysses exchanges (models/ulysses.py) beyond what autograd keeps:
+    q, k, v and the attention output, each sent from a rank's tokens and received as its heads,
+    the same size both ways; key/value heads repeated until `sp` divides them."""
+    kv = s.kv_heads * (sp // math.gcd(s.kv_heads, sp))
+    return 2 * f.tokens * c * s.head_dim * (2 * s.heads + 2 * kv)
+
+
 def kv_bytes(s: Shape, rows: int, length: int, c: int) -> int:
     """The KV cache of `rows` sequences of `length` tokens in `c`-byte elements of a model held
     whole (the GenRM's; a rollout engine counts its own, `EngineSpec.memory`)."""
@@ -195,6 +214,12 @@ class Estimate:
     rollout_workers: Estimate | None = None
     """Split placement: one rollout worker's (one engine rank's) estimate; the run fits when both
     roles fit."""
+    host: list[Term] = field(default_factory=list)
+    """trainer.offload on GPU: what each worker holds in host memory instead (its node holds
+    `workers_per_node` of them)."""
+    workers_per_node: int = 1
+    host_memory_gib: float = HOST_MEMORY_GIB
+    """Host memory per node the offloaded states may take."""
 
     @property
     def rollout(self) -> float:
@@ -213,9 +238,20 @@ class Estimate:
         return self.phases[1] if self.update >= self.rollout else self.phases[0]
 
     @property
-    def fits_alone(self) -> bool:
-        """The workers of this table fit (split placement: one role, whatever the other's)."""
+    def host_per_node(self) -> float:
+        """GiB of host memory the node's workers hold for offloaded states (0 without offload)."""
+        return self.workers_per_node * max((sum(t.rollout for t in self.host), sum(t.update for t in self.host)))
+
+    @property
+    def fits_device(self) -> bool:
+        """The peak of this table's workers fits their device (or, on CPU, their share of the host)."""
         return not self.problems and self.peak <= self.memory_gib - self.reserve_gib
+
+    @property
+    def fits_alone(self) -> bool:
+        """The workers of this table fit (split placement: one role, whatever the other's), and
+        their node's host memory holds what they offload."""
+        return self.fits_device and self.host_per_node <= self.host_memory_gib
 
     @property
     def fits(self) -> bool:
@@ -246,15 +282,17 @@ def plan_layout(cfg: Config, s: Shape, device: str) -> Layout:
 
 
 def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.0,
-             genrm: Shape | None = None) -> Estimate:
+             genrm: Shape | None = None, host_memory_gib: float = HOST_MEMORY_GIB) -> Estimate:
     """Per-worker memory of `cfg` for a model of shape `s` (`genrm`: a GenRM the run starts itself
-    with the hf backend, on the first GPU)."""
+    with the hf backend, on the first GPU; `host_memory_gib`: a GPU node's host memory for what
+    trainer.offload puts there)."""
     layout = plan_layout(cfg, s, device)
     gpu, world, mode = device == "gpu", layout.world, layout.sharding
     b = dtype_bytes(layout.weight_dtype)  # master weights, their gradients and Adam states
     c = dtype_bytes(layout.compute_dtype)
     flash = layout.attention.startswith("flash") and layout.sequence_parallel == 1  # Ulysses: sdpa, masked
-    est = Estimate(device, world, memory_gib, GPU_RESERVE_GIB if gpu else 0.0, layout=layout)
+    est = Estimate(device, world, memory_gib, GPU_RESERVE_GIB if gpu else 0.0, layout=layout,
+                   workers_per_node=cfg.trainer.workers_per_node, host_memory_gib=host_memory_gib)
     algo = get_algo(cfg.algo)
     zl = cfg.flowrl.zhead_layers if algo.zhead else 0
     lm, pol = s.params, s.params + zhead_params(s.hidden, zl)
@@ -263,11 +301,15 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
 
     if not gpu:
         add(_baseline())
-    add(Term("policy parameters", _gib(pol * b * share), _gib(pol * b * share),
-             f"{pol / 1e9:.3g} B params x {b} B" + (f" / {world} (FSDP2)" if share < 1 else ""), "states"))
-    add(Term("gradients", 0, _gib(pol * b * share), "freed after the step (set_to_none)", "states"))
-    add(Term("AdamW states (2)", _gib(2 * pol * b * share), _gib(2 * pol * b * share), "fused AdamW, weights' dtype",
-             "states"))
+    states = [Term("policy parameters", _gib(pol * b * share), _gib(pol * b * share),
+                   f"{pol / 1e9:.3g} B params x {b} B" + (f" / {world} (FSDP2)" if share < 1 else ""), "states"),
+              Term("gradients", 0, _gib(pol * b * share), "freed after the step (set_to_none)", "states"),
+              Term("AdamW states (2)", _gib(2 * pol * b * share), _gib(2 * pol * b * share),
+                   "fused AdamW, weights' dtype", "states")]
+    if layout.offload and gpu:  # FSDP2's CPU offload: the shards and the step are the host's
+        est.host = [Term(t.name, t.rollout, t.update, t.note + ", in host memory (trainer.offload)") for t in states]
+    else:
+        est.terms += states
     if mode == "replicate":
         add(Term("DDP gradient buckets", 0, _gib(pol * b), "a second copy of the gradients, all-reduced"))
     if mode == "fsdp":
@@ -278,7 +320,8 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
                  "2 layers prefetched + one layer's gradient (fp32 for its reduce-scatter)"))
     if algo.needs_ref(cfg):
         ref = lm * c * share  # the worker reshards its root after its pass (it never runs a backward)
-        add(Term("reference model", _gib(ref), _gib(ref), "frozen, held like the policy in the compute dtype"))
+        (est.host if layout.offload and gpu else est.terms).append(
+            Term("reference model", _gib(ref), _gib(ref), "frozen, held like the policy in the compute dtype"))
 
     # the update's forward
     f = forward_tokens(cfg, layout)
@@ -289,6 +332,9 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     add(Term("activations", 0, _gib(activation_bytes(s, f, c, ckpt, flash)),
              f"{rows}; checkpointing {'on' if ckpt else 'off'}; "
              + ("flash-attn" if flash else f"sdpa, {f.mask / 1e6:.3g} M-element mask"), "activations"))
+    if layout.sequence_parallel > 1:
+        add(Term("Ulysses all-to-all", 0, _gib(all_to_all_bytes(s, f, c, layout.sequence_parallel)),
+                 "one layer's q, k, v and output, sent and received"))
     add(Term("logits", 0, _gib(logits_bytes(s, f, c, layout.fused, gpu)),
              f"{'fused: one vocabulary chunk' if layout.fused else f'unfused: {f.logit_rows} x {s.vocab}'}", "logits"))
 
@@ -374,15 +420,14 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
     limit = est.memory_gib - est.reserve_gib
     out += est.problems
     if est.peak <= limit:
+        if est.host_per_node > est.host_memory_gib:  # offloaded states beyond the nodes' host memory
+            return out + [smallest_fit(cfg, s, est, device, genrm)
+                          or f"the offloaded states take {est.host_per_node:.0f} GiB of a node's host memory: "
+                             f"more than --host-memory-gb {est.host_memory_gib:g}"]
         return out
 
     def fits_with(**changes) -> bool:
-        """Whether the workers of `est`'s table fit with `changes` (split: the trainer workers)."""
-        c2 = copy.deepcopy(cfg)
-        for key, v in changes.items():
-            section, name = key.split("__")
-            setattr(getattr(c2, section), name, v)
-        return estimate(c2, s, device, est.memory_gib, genrm).fits_alone
+        return _fits_with(cfg, s, est, device, genrm, **changes)
 
     phase = est.phase
     terms = sorted(est.terms, key=lambda x: -(x.update if phase == "update" else x.rollout))
@@ -418,11 +463,51 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
             if choice is not None:
                 return out + [choice.setting]
         elif term.knob == "states":
-            gpus = next((n for n in (8, 16, 32, 64, 128, 256, 512) if n > est.world
-                         and fits_with(trainer__nnodes=max(1, n // 8), trainer__workers_per_node=min(8, n))), None)
-            if gpus:
-                return out + [f"more GPUs: --gpus {gpus} fits"]
-    return out + [f"no single knob fits it: the largest {phase} term is {terms[0].name}"]
+            break  # the sharded states: more GPUs, offload, or both, below
+    return out + [smallest_fit(cfg, s, est, device, genrm)
+                  or f"no single knob fits it: the largest {phase} term is {terms[0].name}"]
+
+
+def _fits_with(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | None, **changes) -> bool:
+    """Whether the workers of `est`'s table fit with `changes` (section__name=value; split
+    placement: the trainer workers), False where the changed settings cannot be had."""
+    c2 = copy.deepcopy(cfg)
+    for key, v in changes.items():
+        section, name = key.split("__")
+        setattr(getattr(c2, section), name, v)
+    try:
+        return estimate(c2, s, device, est.memory_gib, genrm, est.host_memory_gib).fits_alone
+    except ConfigError:  # a sequence-parallel size the heads refuse, say
+        return False
+
+
+def smallest_fit(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | None) -> str | None:
+    """The fewest GPUs at which the trainer workers fit (the run's count, else GPU_COUNTS), each
+    count tried as it is, then with the fewest of trainer.offload and the smallest Ulysses
+    sequence_parallel_size (SEQUENCE_PARALLEL_SIZES, dividing the count and the heads): the
+    setting, or None where nothing up to 512 GPUs fits. A rollout engine's TP must divide a node's
+    GPUs, and offload needs host memory for the shards (`host_memory_gib` per node)."""
+    if device != "gpu":
+        return None
+    t = cfg.trainer
+    offloads = [t.offload] + ([OFFLOAD] if t.offload == "none" else [])
+    sps = [t.sequence_parallel_size] + [x for x in SEQUENCE_PARALLEL_SIZES if x > t.sequence_parallel_size]
+    tries = sorted(((off != t.offload) + (sp != t.sequence_parallel_size), sp, off) for off in offloads for sp in sps)
+    for n in [est.world] + [g for g in GPU_COUNTS if g > est.world]:
+        per_node = min(8, n) if n != est.world else t.workers_per_node
+        if per_node % cfg.rollout.tensor_parallel_size:
+            continue
+        for _, sp, off in tries:
+            if n % sp or not _fits_with(cfg, s, est, device, genrm, trainer__nnodes=n // per_node,
+                                        trainer__workers_per_node=per_node, trainer__offload=off,
+                                        trainer__sequence_parallel_size=sp):
+                continue
+            changes = ([f"trainer.offload={off}"] if off != t.offload else []) + (
+                [f"trainer.sequence_parallel_size={sp}"] if sp != t.sequence_parallel_size else [])
+            if n == est.world:
+                return "set " + " and ".join(changes)
+            return f"more GPUs: --gpus {n}" + (" with " + " and ".join(changes) if changes else "") + " fits"
+    return None
 
 
 def sequences_wanted(cfg: Config) -> int:
@@ -463,7 +548,7 @@ def tensor_parallel_choice(cfg: Config, s: Shape, est: Estimate, device: str,
             tensor_parallel(c2, s.config)
         except ConfigError:
             continue
-        e2 = estimate(c2, s, device, est.memory_gib, genrm)
+        e2 = estimate(c2, s, device, est.memory_gib, genrm, est.host_memory_gib)
         utils = [None]
         if e2.layout.engine_share is not None and e2.update <= limit:
             # the engine's share is its whole rollout term: the rest of the rollout phase stays
@@ -473,7 +558,7 @@ def tensor_parallel_choice(cfg: Config, s: Shape, est: Estimate, device: str,
         for util in utils:
             if util is not None:
                 c2.rollout.gpu_memory_utilization = util
-                e2 = estimate(c2, s, device, est.memory_gib, genrm)
+                e2 = estimate(c2, s, device, est.memory_gib, genrm, est.host_memory_gib)
             if e2.fits and e2.engine_sequences >= sequences_wanted(c2):
                 changes = ((f"rollout.tensor_parallel_size={tp}",) if tp != cfg.rollout.tensor_parallel_size else ()
                            ) + ((f"rollout.gpu_memory_utilization={util:.2f}",) if util is not None else ())
@@ -532,7 +617,14 @@ def _table(est: Estimate, title: str) -> list[str]:
              else f"of {est.memory_gib:.1f} GiB of host memory per worker")
     margin = (f", {est.margin:.2f} GiB to spare" if est.margin >= 0 else f", {-est.margin:.2f} GiB over")
     lines.append(f"peak: {est.peak:.2f} GiB in the {est.phase} phase, {where}: "
-                 + ("fits" if est.fits_alone else "does NOT fit") + margin)
+                 + ("fits" if est.fits_device else "does NOT fit") + margin)
+    if est.host:
+        each = max(sum(t.rollout for t in est.host), sum(t.update for t in est.host))
+        room = est.host_memory_gib - est.host_per_node
+        lines.append(f"host memory (trainer.offload): {each:.2f} GiB per worker ("
+                     + ", ".join(t.name for t in est.host) + f"), {est.host_per_node:.1f} GiB for the node's "
+                     f"{est.workers_per_node}, of {est.host_memory_gib:g} GiB (--host-memory-gb): "
+                     + (f"fits, {room:.1f} GiB to spare" if room >= 0 else f"does NOT fit, {-room:.1f} GiB over"))
     return lines
 
 
@@ -552,14 +644,16 @@ def gpu_overrides(value: str) -> list[str]:
     return [f"trainer.nnodes={max(1, n // 8)}", f"trainer.workers_per_node={min(n, 8)}"]
 
 
-def gpu_memory(value: str) -> float:
-    """--gpu-memory-gb as a number: finite (inf would fit anything, nan nothing) and above 0."""
+def gpu_memory(value: str, flag: str = "--gpu-memory-gb") -> float:
+    """--gpu-memory-gb (or --host-memory-gb) as a number: finite (inf would fit anything, nan
+    nothing) and above 0."""
     try:
         gib = float(value)
     except ValueError:
         gib = math.nan
     if not (math.isfinite(gib) and gib > 0):
-        raise ConfigError(f"--gpu-memory-gb {value}: expected a finite number of GiB above 0 (80 for an 80 GB card)")
+        example = "80 for an 80 GB card" if flag == "--gpu-memory-gb" else "1024 for a node of 1 TiB"
+        raise ConfigError(f"{flag} {value}: expected a finite number of GiB above 0 ({example})")
     return gib
 
 
@@ -572,9 +666,12 @@ def _main(argv: list[str]) -> Estimate:
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] key=value ...")
     p.add_argument("--gpus", help="GPUs in all (sets trainer.nnodes and trainer.workers_per_node)")
     p.add_argument("--gpu-memory-gb", help="memory per GPU in GiB (default 80)")
+    p.add_argument("--host-memory-gb", help=f"host memory per GPU node in GiB that trainer.offload may fill "
+                                             f"(default {HOST_MEMORY_GIB:g})")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     a = p.parse_intermixed_args(argv)  # key=value settings before, between or after the flags
     given_mem = gpu_memory(a.gpu_memory_gb) if a.gpu_memory_gb is not None else None
+    host = gpu_memory(a.host_memory_gb, "--host-memory-gb") if a.host_memory_gb is not None else HOST_MEMORY_GIB
     cfg = load_argv(a.args + (gpu_overrides(a.gpus) if a.gpus is not None else []))
     # the contexts are read as the trainer's preflight reads them (layout/shape.py); a run past
     # one is flagged as a problem: it would not start
@@ -604,7 +701,7 @@ def _main(argv: list[str]) -> Estimate:
     mem = given_mem if given_mem is not None else (80.0 if a.device == "gpu" else host_memory_gib() / workers)
     if mem <= 0:  # --device cpu on a machine whose /proc/meminfo cannot be read
         raise ConfigError("the host's memory is unknown (no /proc/meminfo): give --gpu-memory-gb")
-    est = estimate(cfg, s, a.device, mem, genrm)
+    est = estimate(cfg, s, a.device, mem, genrm, host)
     est.problems += [p for p in problems if p]
     unit = "GPU" if a.device == "gpu" else "CPU worker"
     on = f"{est.world} {unit}{'s' if est.world > 1 else ''}"

@@ -21,6 +21,11 @@ FAPO = {**VERL, "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "grpo.clip_
         "grpo.overlong_factor": 1.0, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
         "rollout.val_temperature": 1.0, "rollout.val_top_p": 0.7}
 GENRM_CLIENT = {"fapo.penalty": 1.0, "fapo.genrm.template": "published", "fapo.genrm.max_tokens": 16384}
+# run_fapo_32b.sh and run_baseline_32b.sh's policy: 2 nodes of 8 GPUs (the FAPO script's NNODES;
+# the baseline's says 8 nodes, docs/recipes.md), offload=True, sp_size=8, gen_tp=4 at 0.80
+FAPO_32B = {"trainer.nnodes": 2, "trainer.workers_per_node": 8, "trainer.offload": "params+optimizer",
+            "trainer.sequence_parallel_size": 8, "rollout.tensor_parallel_size": 4,
+            "rollout.gpu_memory_utilization": 0.8}
 
 PUBLISHED = {
     # the paper's: Xuekai-Zhu/FlowRL verl@FlowRL/command/training/math/flowrl_7B_math.sh (F1);
@@ -48,11 +53,12 @@ PUBLISHED = {
         **FAPO, "algo": "grpo", "rollout.max_new_tokens": 8192, "trainer.steps": 200,
         "model.max_position_embeddings": 32768, "trainer.val_every": 10},
     "fapo_qwen2.5_32b.yaml": {
-        **FAPO, **GENRM_CLIENT, "algo": "fapo", "rollout.max_new_tokens": 20480, "trainer.steps": 600,
+        **FAPO, **GENRM_CLIENT, **FAPO_32B, "algo": "fapo", "rollout.max_new_tokens": 20480, "trainer.steps": 600,
         "trainer.val_every": 10},
     # verl recipe/fapo/run_baseline_32b.sh: run_fapo_32b.sh without the GenRM
     "fapo_baseline_qwen2.5_32b.yaml": {
-        **FAPO, "algo": "grpo", "rollout.max_new_tokens": 20480, "trainer.steps": 600, "trainer.val_every": 10},
+        **FAPO, **FAPO_32B, "algo": "grpo", "rollout.max_new_tokens": 20480, "trainer.steps": 600,
+        "trainer.val_every": 10},
     # Megatron-LM examples/rl: README, model_configs/qwen_2p5_32b.sh, common.sh
     "grpo_qwen2.5_32b_dapo.yaml": {
         "algo": "grpo", "model.dtype": "float32", "optim.lr": 1e-6, "optim.warmup_steps": 0,

@@ -465,6 +465,13 @@ class TrainerConfig(_Checks):
     auto: fsdp on GPU, replicate on CPU (where per-layer gathers over gloo cost more than the
     model's compute: docs/trainer.md). One worker holds the model whole unless fsdp is named:
     FSDP2 over one rank then gives bf16 compute over float32 master weights on one GPU."""
+    offload: str = "none"
+    """none, or params+optimizer: FSDP2's CPU offload (docs/trainer.md §Offload). Each worker's
+    shards of the master weights, their gradients and the AdamW states live in host memory; a
+    layer's shards go to the device to be gathered for its forward and backward, its gradients
+    come back, and the optimizer steps on the host. Device memory for host memory and PCIe
+    transfers (verl's param_offload + optimizer_offload). Needs FSDP2: trainer.sharding fsdp
+    or auto, which it then resolves to fsdp on any device."""
     ray_address: str = ""
     """Join this Ray cluster (or $RAY_ADDRESS); empty starts a local instance."""
     save_every: int = 0
@@ -517,6 +524,7 @@ class TrainerConfig(_Checks):
         self._one_of(at, "logger", ("tensorboard", "wandb", "none"))
         self._one_of(at, "placement", ("colocated", "split"))
         self._one_of(at, "sharding", ("auto", "fsdp", "replicate"))
+        self._one_of(at, "offload", ("none", "params+optimizer"))
         self._positive(at, "nnodes", "workers_per_node", "cpus_per_worker", "sequence_parallel_size")
         self._duration(at, "collective_timeout_s")
         self._not_negative(at, "steps", "save_every", "keep_checkpoints", "val_every", "max_staleness")

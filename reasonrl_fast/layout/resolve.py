@@ -68,6 +68,9 @@ class Layout:
     """The engine's KV cache in bytes, where it is sized in bytes (else None)."""
     engine_share: float | None
     """The share of the GPU the engine takes, where it is sized by a share (else None)."""
+    offload: bool = False
+    """The master weights' shards, their gradients and the AdamW states in host memory
+    (trainer.offload, FSDP2's CPU offload); the device holds what a forward gathers."""
     sequence_parallel: int = 1
     """Trainer workers that split each packed row (trainer.sequence_parallel_size): one row per
     micro-batch, cut over them, attention through models/ulysses.py."""
@@ -85,10 +88,16 @@ class Layout:
         return asdict(self)
 
 
-def sharding_mode(setting: str, device: str, world: int) -> str:
+def sharding_mode(setting: str, device: str, world: int, offload: str = "none") -> str:
     """trainer.sharding resolved: "fsdp", "replicate" or "none". One worker holds the model whole,
     unless fsdp is asked for by name: FSDP2 over a one-rank mesh then gives one GPU bf16 compute
-    over float32 master weights (and runs the sharded code path on one card)."""
+    over float32 master weights (and runs the sharded code path on one card). trainer.offload is
+    FSDP2's: with it auto is fsdp at any world, and replicate a ConfigError."""
+    if offload != "none":
+        if setting == "replicate":
+            raise ConfigError(f"trainer.offload={offload} is FSDP2's CPU offload: it needs trainer.sharding=fsdp "
+                              f"or auto, got replicate")
+        return "fsdp"
     if world == 1:
         return "fsdp" if setting == "fsdp" else "none"
     if setting == "auto":
@@ -293,7 +302,7 @@ def resolve(cfg, model_config, device: str, world: int, spec, *, head_blocker: s
     `sequences`: the engine's batch at once (default: a trainer engine's rollout batch).
     ConfigError where the settings cannot hold for this model and device."""
     device = getattr(device, "type", device)
-    sharding = sharding_mode(cfg.trainer.sharding, device, world)
+    sharding = sharding_mode(cfg.trainer.sharding, device, world, cfg.trainer.offload)
     master = master_dtype(cfg.model.dtype)
     compute = compute_dtype(cfg.model.compute_dtype, master, device, sharding)
     attn, attn_note = attention(device, compute)
@@ -310,8 +319,11 @@ def resolve(cfg, model_config, device: str, world: int, spec, *, head_blocker: s
                   attention=attn, packed=packed, one_row=one_row, fused=fused, rollout_dtype=rollout_dtype,
                   kv_cache_bytes=spec.kv_cache_bytes(cfg, model_config, rollout_dtype, device, sequences),
                   engine_share=spec.memory_share(cfg, device), engine_tp=tp, sequence_parallel=sp,
+                  offload=cfg.trainer.offload != "none",
                   engine_sleeps=device == "cuda" and cfg.trainer.placement != "split",
-                  notes={"sharding": f"data parallel: {sharding} (trainer.sharding={cfg.trainer.sharding})",
+                  notes={"sharding": f"data parallel: {sharding} (trainer.sharding={cfg.trainer.sharding}"
+                                     + (f", trainer.offload={cfg.trainer.offload})" if cfg.trainer.offload != "none"
+                                        else ")"),
                          "attention": attn_note, "packing": pack_note, "lm_head": head_note})
 
 

@@ -9,7 +9,7 @@ import socket
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from reasonrl_fast.layout import SYNC_BUCKET_BYTES
 from reasonrl_fast.models.loading import decoder_layers
@@ -25,16 +25,33 @@ def init_distributed(rank: int, world: int, master_addr: str, master_port: int,
     return device, init_device_mesh(device.type, (world,))
 
 
-def shard(module: torch.nn.Module, layers_of: torch.nn.Module, mesh, compute: torch.dtype) -> torch.nn.Module:
+def shard(module: torch.nn.Module, layers_of: torch.nn.Module, mesh, compute: torch.dtype,
+          offload: bool = False) -> torch.nn.Module:
     """fully_shard each decoder layer of `layers_of`, then `module` as the root. `compute`: the
     Layout's compute dtype (layout/); bf16 gets the mixed-precision policy (the gathered weights cast to bf16,
-    gradients reduced in float32, on a GPU's nccl or a CPU's gloo alike)."""
+    gradients reduced in float32, on a GPU's nccl or a CPU's gloo alike). `offload` (the Layout's):
+    FSDP2's CPU offload policy, the shards in host memory (pinned where a GPU copies them), copied
+    to the device a unit at a time for its gathers, the gradients copied back."""
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if compute == torch.bfloat16
           else MixedPrecisionPolicy())
+    extra = {"offload_policy": CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")} if offload else {}
     for layer in decoder_layers(layers_of):
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(module, mesh=mesh, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, **extra)
+    fully_shard(module, mesh=mesh, mp_policy=mp, **extra)
     return module
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, device: torch.device) -> torch.Tensor:
+    """`clip_grad_norm_` of `params` whose gradients may sit in host memory (trainer.offload): their
+    norm (a DTensor reduced over the mesh where they are sharded) is moved to the mesh's `device`
+    before it is reduced, as nccl reduces device tensors only, and the clip applies it where the
+    gradients are. Returns the total norm, a plain tensor on `device` (the same decision on every
+    rank: it is global)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    norm = full_tensor(norm.to(device))
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm.to(grads[0].device) if grads else norm, foreach=True)
+    return norm
 
 
 def replicate(module: torch.nn.Module, mesh, device: torch.device) -> torch.nn.Module:
@@ -77,7 +94,7 @@ def gather_rank_major(params: list[torch.Tensor], dtype: torch.dtype) -> torch.T
     world = rank_major_world(params)
     shapes = [tuple(p.shape) for p in params]
     sizes = shards.slots(shapes, world)  # (a DTensor's shape is its full shape: no collective)
-    device = params[0].to_local().device if world > 1 else (params[0].device if params else None)
+    device = _collective_device(params[0], world) if params else None
     out = torch.zeros(world * sum(sizes), dtype=dtype, device=device)
     if world == 1:
         off = 0
@@ -126,6 +143,15 @@ def gather_full(params: list[torch.Tensor], dtype: torch.dtype | None = None) ->
         for i, t in zip(idx, shards.unpack(buf, [tuple(p.shape) for p in group], rank_major_world(group))):
             out[i] = t
     return out
+
+
+def _collective_device(p: torch.Tensor, world: int) -> torch.device:
+    """Where a gather of `p` runs: its mesh's device (offloaded shards sit in host memory, and nccl
+    gathers device tensors only), else where `p` is."""
+    local = p.to_local() if hasattr(p, "to_local") else p
+    if world > 1 and p.device_mesh.device_type == "cuda" and local.device.type != "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return local.device
 
 
 def _sent_as(own: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:

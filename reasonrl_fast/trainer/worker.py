@@ -30,7 +30,7 @@ from reasonrl_fast.models.loading import (enable_checkpointing, load_model, load
 from reasonrl_fast.rollout.worker import RolloutWorker
 from reasonrl_fast.runtime import checkpoint as ckpt
 from reasonrl_fast.trainer import update
-from reasonrl_fast.trainer.fsdp import (full_tensor, gather_rank_major, init_distributed, iter_full, rank_major_world,
+from reasonrl_fast.trainer.fsdp import (clip_grad_norm, gather_rank_major, init_distributed, iter_full, rank_major_world,
                                         replicate, shard)
 from reasonrl_fast.trainer.policy import Actor
 from reasonrl_fast.util import derive_seed
@@ -97,7 +97,8 @@ class Worker(RolloutWorker):
         groups = [{"params": lm_params, "lr": o.lr}]
         if z_params:
             groups.append({"params": z_params, "lr": o.lr * cfg.flowrl.zhead_lr_mult})
-        self.opt = make_optimizer(groups, cfg, self.device)
+        # offloaded: the shards, so the optimizer's step, are the host's
+        self.opt = make_optimizer(groups, cfg, torch.device("cpu") if layout.offload else self.device)
         self.sched = make_scheduler(self.opt, o.warmup_steps)
         self._base_lrs = [g["lr"] for g in groups]  # what a resume sets again (apply_optim_settings)
         return {"params": sum(p.numel() for p in lm_params), "device": str(self.device), "layout": layout.to_dict()}
@@ -107,7 +108,7 @@ class Worker(RolloutWorker):
         moves each unit to the device as it shards it, so the device holds one layer's full
         weights at a time beside the engine, never the model."""
         if self.layout.sharding == "fsdp":
-            shard(module, lm, mesh, compute)
+            shard(module, lm, mesh, compute, self.layout.offload)
         else:
             module.to(self.device)
 
@@ -185,8 +186,7 @@ class Worker(RolloutWorker):
                                       totals[b], self.world, old_lp[b] if old_lp else None,
                                       ref_lp[b] if ref_lp else None, sp)
             sums += s
-            norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.optim.grad_clip, foreach=True)
-            norm = float(full_tensor(norm))
+            norm = float(clip_grad_norm(list(self.actor.parameters()), cfg.optim.grad_clip, self.device))
             if math.isfinite(norm):
                 self.opt.step()
                 norms.append(norm)

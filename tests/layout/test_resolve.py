@@ -49,6 +49,15 @@ def test_sharding_mode():
     assert layout.sharding_mode("fsdp", "cuda", 1) == "fsdp"
     assert layout.sharding_mode("auto", "cpu", 2) == "replicate"
     assert layout.sharding_mode("auto", "cuda", 2) == "fsdp"
+    # offload is FSDP2's: auto takes it at any world and device, replicate cannot
+    off = "params+optimizer"
+    assert [layout.sharding_mode(s, d, w, off) for s, d, w in (("auto", "cpu", 1), ("auto", "cpu", 2),
+                                                                ("fsdp", "cuda", 8))] == ["fsdp"] * 3
+    with pytest.raises(ConfigError, match=r"^trainer.offload=params\+optimizer is FSDP2's CPU offload: it needs "
+                                          r"trainer.sharding=fsdp or auto, got replicate$"):
+        layout.sharding_mode("replicate", "cuda", 2, off)
+    with pytest.raises(ConfigError, match=r"trainer.offload"):
+        load_config(None, ["trainer.offload=params"])
 
 
 def _with_flash_attn(monkeypatch, installed: bool):

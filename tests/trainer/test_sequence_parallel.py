@@ -33,21 +33,28 @@ def test_what_sequence_parallel_cannot_cut_is_refused_in_one_line():
         preflight(cfg8, files=False)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "flowrl"])
-def test_two_workers_cutting_rows_train_as_one_worker_with_the_whole_rows(train, tmp_path, algo):
+@pytest.mark.parametrize("algo, offload", [("grpo", []), ("flowrl", ["none", "params+optimizer"])])
+def test_two_workers_cutting_rows_train_as_one_worker_with_the_whole_rows(train, tmp_path, algo, offload):
     """One worker against two that cut each of its packed rows between them (the tiny runs'
     settings otherwise, tests/helpers/train.py TINY): the same samples (the seeds are the
     samples', not the workers'), the same mini-batch in one micro-batch, and the Z-head's dropout
     drawn alike (the group seeds as its first rank). GRPO, and FlowRL with its Z-head (log Z
     pooled over prompts cut between the workers): the losses, gradient norms and entropies of 3
-    steps are the one worker's (float32, 1e-4 relative: the sums run in another order)."""
+    steps are the one worker's (float32, 1e-4 relative: the sums run in another order). FlowRL
+    also with trainer.offload (FSDP2 then, its shards, gradients and AdamW step in host memory,
+    the gradient norm reduced apart from them): the same numbers."""
     runs = {}
-    for workers, sp in ((1, 1), (2, 2)):
-        out = tmp_path / f"sp{sp}"
-        train([f"algo={algo}", "trainer.steps=3", "trainer.val_every=0", f"trainer.workers_per_node={workers}",
-               f"trainer.sequence_parallel_size={sp}", f"trainer.output_dir={out}"], tmp_path, timeout=300)
-        runs[sp] = read_metrics(out)
-    assert [r["step"] for r in runs[2]] == [1, 2, 3]
-    for a, b in zip(runs[1], runs[2]):
-        for key in ("train/loss", "train/grad_norm", "entropy/mean", "reward/mean"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
+    for workers, sp, off in ((1, 1, "none"), (2, 2, "none"), *((2, 2, o) for o in offload[1:])):
+        out = tmp_path / f"sp{sp}-{off}"
+        p = train([f"algo={algo}", "trainer.steps=3", "trainer.val_every=0", f"trainer.workers_per_node={workers}",
+                   f"trainer.sequence_parallel_size={sp}", f"trainer.offload={off}", f"trainer.output_dir={out}"],
+                  tmp_path, timeout=300)
+        if off != "none":
+            assert f"data parallel: fsdp (trainer.sharding=auto, trainer.offload={off})" in p.stdout + p.stderr
+        runs[(sp, off)] = read_metrics(out)
+    one = runs.pop((1, "none"))
+    for run in runs.values():
+        assert [r["step"] for r in run] == [1, 2, 3]
+        for a, b in zip(one, run):
+            for key in ("train/loss", "train/grad_norm", "entropy/mean", "reward/mean"):
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
