@@ -189,7 +189,7 @@ def _refused(argv, capsys) -> str:
 
 @pytest.mark.parametrize("flag", ["--gpu-memory-gb=inf", "--gpu-memory-gb=-inf", "--gpu-memory-gb=nan",
                                   "--gpu-memory-gb=1e999", "--gpu-memory-gb=x", "--gpu-memory-gb=-1",
-                                  "--gpu-memory-gb=0", "--gpus=0", "--gpus=inf", "--gpus=1.5", "--gpus=true"])
+                                  "--gpu-memory-gb=0", "--host-memory-gb=nan", "--host-memory-gb=0", "--gpus=0", "--gpus=inf", "--gpus=1.5", "--gpus=true"])
 def test_numeric_flags_are_finite_and_positive(flag, capsys):
     """inf memory fits anything and nan nothing: each is refused naming the flag and the value."""
     name, value = flag.split("=")
