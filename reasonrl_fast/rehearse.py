@@ -34,6 +34,8 @@ FSDP2 with bf16 compute over the recipe's master dtype, as a GPU runs it), scale
     client counts as failures (no penalty), as it would a real GenRM's;
   - placement: split placement (trainer.placement=split) with one rollout worker, its engine as
     below, trainer.max_staleness kept;
+  - parallelism: a recipe's Ulysses sequence parallel (trainer.sequence_parallel_size) over the
+    two workers, the stand-in's query heads as many as that splits; trainer.offload kept;
   - steps: STEPS steps with a checkpoint each, then a second run that resumes from the last
     checkpoint to step STEPS + 1. A run in which nothing could learn fails the rehearsal with
     exit status 1 (`nothing_learns`: a step whose rewards all timed out or failed, or gradients
@@ -184,6 +186,8 @@ def scale(cfg: Config, engine_importable: bool, prompt_tokens: int = 1) -> dict[
         out["rollout.backend"], out["rollout.tensor_parallel_size"] = FALLBACK, 1
     else:  # as many engine ranks as the rehearsal has workers, at most
         out["rollout.tensor_parallel_size"] = min(cfg.rollout.tensor_parallel_size, WORKERS)
+    # Ulysses sequence parallel over both workers where the recipe cuts its rows (trainer.offload kept)
+    out["trainer.sequence_parallel_size"] = min(cfg.trainer.sequence_parallel_size, WORKERS)
     if cfg.trainer.placement == "split":  # one engine beside the two trainer workers (max_staleness kept)
         out["rollout.workers"] = 1
     if cfg.embedded_model:
@@ -248,7 +252,8 @@ def rehearse(config: str, overrides: list[str], output_dir: str | None = None, l
         spec = get_rollout(scaled.get("rollout.backend", cfg.rollout.backend))
         paths, notes = stand_ins.stage(cfg, work, records, tok, log,
                                        scaled.get("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size),
-                                       stand_ins.stand_in_head_dim(spec))
+                                       stand_ins.stand_in_head_dim(spec),
+                                       scaled.get("trainer.sequence_parallel_size", cfg.trainer.sequence_parallel_size))
         settings = {**scaled, **_set_files(cfg, scaled, paths), "trainer.output_dir": os.path.join(work, "run")}
         if cfg.embedded_model:
             settings["sft.cache_dir"] = os.path.join(work, "sft")

@@ -8,7 +8,8 @@ runs on the rank's share unchanged.
 - `all_to_all` / `sum_shares`: the collectives, each with its backward (the reverse all-to-all;
   the gradient as it is).
 - `attention`: registered with transformers as the attention implementation "ulysses" (set on a
-  model by `use_ulysses`); it reads the group from `sharded(...)`, the context a forward runs in.
+  model by `use_ulysses`); it reads the group and the row's mask from the keyword `row(...)`
+  gives the model's call.
 - `shard(ids, position_ids, group)`: the rank's share of a packed row (padded to a multiple of
   the group's size) and the row's whole block-causal mask, which each attention needs: the
   mask transformers would build from the rank's share covers its share only.
@@ -28,7 +29,6 @@ group equal a plain backward's (each rank's parameters see only its tokens' shar
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -90,18 +90,16 @@ class _Row:
     mask: torch.Tensor  # [1, 1, T, T] bool, the whole row's
 
 
-_current: list[_Row] = []
+ROW = "ulysses_row"
+"""The keyword the row travels under, from the model's call to each attention's."""
 
 
-@contextlib.contextmanager
-def sharded(group, mask: torch.Tensor):
-    """The context of a forward over a rank's share of a row: the group and the whole row's
-    mask, which `attention` reads."""
-    _current.append(_Row(group, mask))
-    try:
-        yield
-    finally:
-        _current.pop()
+def row(group, mask: torch.Tensor) -> dict:
+    """The keyword arguments of a forward over a rank's share of a row (`model(..., **row(group,
+    mask))`): the group and the whole row's mask, which `attention` reads. transformers hands a
+    model's extra keyword arguments down to each attention, and activation checkpointing keeps
+    them with the layer's inputs, so a layer recomputed in the backward reads the same row."""
+    return {ROW: _Row(group, mask)}
 
 
 def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
@@ -153,9 +151,10 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     """transformers' attention interface ([B, H, t, D] each, the rank's t tokens): heads traded
     for tokens, attention over the whole row (the context's mask), and back; returns
     ([B, t, H, D], None) as transformers' own implementations do."""
-    if not _current:
-        raise RuntimeError("attention 'ulysses' outside a sharded(...) forward: it needs the group and the row's mask")
-    row = _current[-1]
+    row = kwargs.get(ROW)
+    if row is None:
+        raise RuntimeError("attention 'ulysses' without its row: call the model with **ulysses.row(group, mask), "
+                           "the group and the row's mask")
     n = dist.get_world_size(row.group)
     r = kv_repeats(key.shape[1], n)
     if r > 1:

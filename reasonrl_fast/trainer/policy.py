@@ -124,9 +124,8 @@ class Actor(nn.Module):
             raise ValueError("sequence parallel takes one packed row (make_packed_batch(one_row=True))")
         group = self.sp_group
         ids, pos, row_mask, _ = ulysses.shard(batch["input_ids"], batch["position_ids"], group)
-        with ulysses.sharded(group, row_mask):
-            h = self.decoder(input_ids=ids, position_ids=pos, attention_mask=row_mask,
-                             use_cache=False).last_hidden_state[0]
+        h = self.decoder(input_ids=ids, position_ids=pos, attention_mask=row_mask, use_cache=False,
+                         **ulysses.row(group, row_mask)).last_hidden_state[0]
         first = dist.get_rank(group) * h.shape[0]
         mask = batch["response_mask"].bool()
         at, targets = batch["response_index"][mask] - first, batch["targets"][mask]

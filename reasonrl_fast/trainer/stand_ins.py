@@ -45,11 +45,11 @@ def stand_in_genrm(cfg) -> bool:
 
 
 def stage(cfg, work: str, records: dict, tok, log, tensor_parallel: int = 1,
-          head_dim: int | None = None) -> tuple[dict[str, Any], list[str]]:
+          head_dim: int | None = None, sequence_parallel: int = 1) -> tuple[dict[str, Any], list[str]]:
     """Write the stand-ins the recipe needs into `work`: `records` (data/stand_in.py
-    `records_for`), the policy model (warm-started, shaped for the rehearsal's rollout: heads
-    `tensor_parallel` engine ranks split, `head_dim` wide, default stand_in.HEAD_DIM) and the
-    GenRM model. Returns the settings that point the run at them, and a line on each."""
+    `records_for`), the policy model (warm-started, shaped for the rehearsal's rollout and update:
+    heads `tensor_parallel` engine ranks and `sequence_parallel` Ulysses ranks split, `head_dim`
+    wide, default stand_in.HEAD_DIM) and the GenRM model. Returns the settings that point the run at them, and a line on each."""
     from reasonrl_fast.data.prepare import write_records
     from reasonrl_fast.genrm.backends import backend_spec
     from reasonrl_fast.models import stand_in
@@ -69,7 +69,7 @@ def stage(cfg, work: str, records: dict, tok, log, tensor_parallel: int = 1,
             notes.append(f"{key}: {path} -> {len(recs)} stand-in {sources} records")
     if not cfg.embedded_model:
         fields, where, _ = model_fields(cfg.model.path, f"model.path={cfg.model.path!r}")
-        small = stand_in.shrink(fields, tensor_parallel, head_dim or stand_in.HEAD_DIM)
+        small = stand_in.shrink(fields, tensor_parallel, head_dim or stand_in.HEAD_DIM, sequence_parallel)
         path = os.path.join(work, "model", os.path.basename(os.path.normpath(cfg.model.path)))
         stand_in.build(small, path, tok, cfg.trainer.seed)
         teach_stand_in(path, pairs, log)

@@ -15,6 +15,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from reasonrl_fast.models import ulysses  # noqa: E402
+from reasonrl_fast.models.loading import enable_checkpointing  # noqa: E402
 
 def gather_tokens(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     """Every rank's share of a row concatenated along `dim` (rank order), the same on every
@@ -52,6 +53,9 @@ for kv_heads in (2, 1):
         sp = Qwen2Model._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").double()  # its own config
         sp.load_state_dict(plain.state_dict())
         ulysses.use_ulysses(sp)
+        if kv_heads == 1:  # the layers recomputed in the backward: each attention reads its row again
+            enable_checkpointing(sp)
+            sp.train()
         ids = torch.randint(3, 31, (1, sum(lengths)), generator=g)
         pos = torch.cat([torch.arange(n) for n in lengths])[None]
         weight = torch.randn(1, sum(lengths), 32, generator=g, dtype=torch.float64)  # the loss: <h, weight>
@@ -60,8 +64,8 @@ for kv_heads in (2, 1):
         (h * weight).sum().backward()
 
         mine, my_pos, mask, t = ulysses.shard(ids, pos, group)
-        with ulysses.sharded(group, mask):
-            h_mine = sp(input_ids=mine, position_ids=my_pos, attention_mask=mask, use_cache=False).last_hidden_state
+        h_mine = sp(input_ids=mine, position_ids=my_pos, attention_mask=mask, use_cache=False,
+                    **ulysses.row(group, mask)).last_hidden_state
         h_all = gather_tokens(h_mine, 1, group)[:, :t]
         (h_all * weight).sum().backward()
         err = (h_all - h).abs().max().item()

@@ -33,21 +33,23 @@ def test_what_sequence_parallel_cannot_cut_is_refused_in_one_line():
         preflight(cfg8, files=False)
 
 
-@pytest.mark.parametrize("algo, offload", [("grpo", []), ("flowrl", ["none", "params+optimizer"])])
-def test_two_workers_cutting_rows_train_as_one_worker_with_the_whole_rows(train, tmp_path, algo, offload):
+@pytest.mark.parametrize("algo, offload, extra", [("grpo", [], ["model.gradient_checkpointing=true"]),
+                                                   ("flowrl", ["none", "params+optimizer"], [])])
+def test_two_workers_cutting_rows_train_as_one_worker_with_the_whole_rows(train, tmp_path, algo, offload, extra):
     """One worker against two that cut each of its packed rows between them (the tiny runs'
     settings otherwise, tests/helpers/train.py TINY): the same samples (the seeds are the
     samples', not the workers'), the same mini-batch in one micro-batch, and the Z-head's dropout
     drawn alike (the group seeds as its first rank). GRPO, and FlowRL with its Z-head (log Z
     pooled over prompts cut between the workers): the losses, gradient norms and entropies of 3
-    steps are the one worker's (float32, 1e-4 relative: the sums run in another order). FlowRL
-    also with trainer.offload (FSDP2 then, its shards, gradients and AdamW step in host memory,
+    steps are the one worker's (float32, 1e-4 relative: the sums run in another order). GRPO with
+    activation checkpointing (the layers recomputed in the backward attend over the row again);
+    FlowRL also with trainer.offload (FSDP2 then, its shards, gradients and AdamW step in host memory,
     the gradient norm reduced apart from them): the same numbers."""
     runs = {}
     for workers, sp, off in ((1, 1, "none"), (2, 2, "none"), *((2, 2, o) for o in offload[1:])):
         out = tmp_path / f"sp{sp}-{off}"
         p = train([f"algo={algo}", "trainer.steps=3", "trainer.val_every=0", f"trainer.workers_per_node={workers}",
-                   f"trainer.sequence_parallel_size={sp}", f"trainer.offload={off}", f"trainer.output_dir={out}"],
+                   f"trainer.sequence_parallel_size={sp}", f"trainer.offload={off}", f"trainer.output_dir={out}", *extra],
                   tmp_path, timeout=300)
         if off != "none":
             assert f"data parallel: fsdp (trainer.sharding=auto, trainer.offload={off})" in p.stdout + p.stderr
