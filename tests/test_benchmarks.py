@@ -49,6 +49,7 @@ SMOKE = {
     "bench_checkpoint.py": "test_checkpoint_bench_smoke (proc)",
     "bench_transport.py": "test_transport_bench_smoke (proc)",
     "bench_rewards.py": "test_rewards_bench_smoke_writes_its_section (proc)",
+    "bench_sequence_parallel.py": "test_sequence_parallel_bench_smoke_checks_the_gradients (proc)",
     "hang_reward.py": "tests/trainer/test_rewards_in_loop.py (e2e, through tests/helpers/faulty_rewards.py)",
     "gpu_smoke.py": "test_gpu_smoke_runs_a_trainer_step_on_cpu (e2e)",
     "plan_truth.py": "test_plan_truth_smoke_sets_a_cpu_run_beside_the_planner (e2e)",
@@ -746,6 +747,19 @@ def test_transport_bench_smoke():
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 2 | ")]
     assert [r[1] for r in rows] == ["all_gather", "broadcast rows"], out
     assert all(float(r[2]) > 0 and float(r[3].rstrip(" |")) >= 0 for r in rows), out
+
+
+def test_sequence_parallel_bench_smoke_checks_the_gradients(tmp_path):
+    """Two gloo ranks, rows whole against rows cut: both rows of the table, half the tokens per
+    forward at SP=2, each rank's peak, and the gradients of the two settings compared (the script
+    exits non-zero past 1e-4)."""
+    results = tmp_path / "RESULTS.md"
+    out = _script("bench_sequence_parallel.py", "--smoke", "--write", str(results))
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| SP=")]
+    assert [(r[0][2:6], r[1]) for r in rows] == [("SP=1", "128"), ("SP=2", "64")], out
+    assert all(float(r[2].split()[0]) > 0 for r in rows), out
+    rel = float(out.split("max relative difference ")[1].split(".\n")[0].rstrip("."))
+    assert rel < 1e-4 and results.read_text().count("<!-- sequence-parallel-cpu:begin -->") == 1
 
 
 def test_rewards_bench_smoke_writes_its_section(tmp_path):
