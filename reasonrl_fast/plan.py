@@ -94,9 +94,9 @@ def forward_tokens(cfg: Config, layout: Layout) -> Forward:
         tokens = min(max(budget, seq), rows * seq) if budget else rows * seq
         # a packed micro-batch of short prompts holds more responses: at most R of every R + 1 tokens
         logit_rows = min(rows * r, tokens * r // (r + 1))
-        if sp > 1:  # one row cut over the group: a worker's share of its tokens and head rows, the
-            # whole row's mask (models/ulysses.py attends through sdpa)
-            return Forward(1, -(-tokens // sp), -(-logit_rows // sp), tokens * tokens)
+        if sp > 1:  # one row cut over the group: a worker's share of its tokens and head rows, no
+            # mask (models/ulysses.py attends over each sequence by itself)
+            return Forward(1, -(-tokens // sp), -(-logit_rows // sp), 0)
         if layout.one_row:  # one row, flash-attn's variable-length kernels: no mask
             return Forward(-(-tokens // seq), tokens, logit_rows, 0)
         # sdpa: rows as long as the longest sequence (trainer/policy.py make_packed_batch), each with
@@ -290,7 +290,7 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
     gpu, world, mode = device == "gpu", layout.world, layout.sharding
     b = dtype_bytes(layout.weight_dtype)  # master weights, their gradients and Adam states
     c = dtype_bytes(layout.compute_dtype)
-    flash = layout.attention.startswith("flash") and layout.sequence_parallel == 1  # Ulysses: sdpa, masked
+    flash = layout.attention.startswith("flash") and layout.sequence_parallel == 1  # Ulysses: sdpa per sequence
     est = Estimate(device, world, memory_gib, GPU_RESERVE_GIB if gpu else 0.0, layout=layout,
                    workers_per_node=cfg.trainer.workers_per_node, host_memory_gib=host_memory_gib)
     algo = get_algo(cfg.algo)
@@ -331,7 +331,8 @@ def estimate(cfg: Config, s: Shape, device: str = "gpu", memory_gib: float = 80.
         rows += f" (a row's 1/{layout.sequence_parallel}, Ulysses)"
     add(Term("activations", 0, _gib(activation_bytes(s, f, c, ckpt, flash)),
              f"{rows}; checkpointing {'on' if ckpt else 'off'}; "
-             + ("flash-attn" if flash else f"sdpa, {f.mask / 1e6:.3g} M-element mask"), "activations"))
+             + ("flash-attn" if flash else "sdpa per sequence, no mask" if layout.sequence_parallel > 1
+                else f"sdpa, {f.mask / 1e6:.3g} M-element mask"), "activations"))
     if layout.sequence_parallel > 1:
         add(Term("Ulysses all-to-all", 0, _gib(all_to_all_bytes(s, f, c, layout.sequence_parallel)),
                  "one layer's q, k, v and output, sent and received"))

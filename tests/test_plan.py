@@ -550,8 +550,9 @@ def test_the_fapo_32b_recipes_plan_with_at_least_2_gib_to_spare_and_say_so(path,
 
 def test_sequence_parallel_halves_a_workers_activations_and_logits():
     """FAPO-32B's 22528-token sequences at trainer.sequence_parallel_size=2: a worker's forward
-    sees half the row's tokens and half its head rows; the row's mask stays whole (each worker's
-    attention covers the whole row, models/ulysses.py), so the activations beyond it halve."""
+    sees half the row's tokens and half its head rows, and no mask (each worker's attention runs
+    over each of the row's sequences by itself, models/ulysses.py): its activations are less than
+    half of one worker's, which holds the row's mask (sdpa here: flash-attn is not installed)."""
     terms = {}
     for sp in (1, 2):
         est = plan.main([FAPO32, f"trainer.sequence_parallel_size={sp}", "model.fused_lm_head=false"])
@@ -559,9 +560,9 @@ def test_sequence_parallel_halves_a_workers_activations_and_logits():
         f = plan.forward_tokens(load_config(FAPO32, [f"trainer.sequence_parallel_size={sp}"]), layout)
         terms[sp] = ({t.name: t.update for t in est.terms}, f)
     (one, f1), (two, f2) = terms[1], terms[2]
-    assert f2.tokens * 2 == f1.tokens >= 20000 and f2.logit_rows * 2 == f1.logit_rows and f2.mask == f1.mask
+    assert f2.tokens * 2 == f1.tokens >= 20000 and f2.logit_rows * 2 == f1.logit_rows and f2.mask == 0 < f1.mask
     assert two["logits"] == pytest.approx(one["logits"] / 2, rel=1e-3)
-    assert one["activations"] * 0.5 < two["activations"] < one["activations"] * 0.6  # the mask: 1.4 GiB of 23.5
+    assert one["activations"] * 0.45 < two["activations"] < one["activations"] * 0.5  # the mask: 1.4 GiB of 23.5
 
 
 LONG = ["rollout.max_new_tokens=98304", "optim.micro_batch_tokens=100352", "rollout.gpu_memory_utilization=0.5"]
@@ -570,9 +571,9 @@ BARE = ["trainer.offload=none", "trainer.sequence_parallel_size=1"]
 
 @pytest.mark.parametrize("settings, host, advice", [
     # 8 GPUs: the sharded float32 states (65 GiB a GPU) go to the host, and one 100k-token
-    # sequence's activations (126 GiB) to 4 sequence-parallel ranks; 2 ranks leave it over
+    # sequence's activations (126 GiB, its mask's 30 included) to 2 sequence-parallel ranks
     ([*BARE, *LONG, "--gpus", "8"], None,
-     "set trainer.offload=params+optimizer and trainer.sequence_parallel_size=4"),
+     "set trainer.offload=params+optimizer and trainer.sequence_parallel_size=2"),
     # 4 GPUs offloading 122 GiB each: a 400 GiB host holds the states of 16 GPUs' shards, not 8's
     (["--gpus", "4", "trainer.sequence_parallel_size=1"], "400", "more GPUs: --gpus 16 fits"),
     # the recipe on 8 GPUs without offload, at the share that fits 32 GPUs' shards beside it: a

@@ -134,15 +134,16 @@ def test_the_generation_batch_keeps_the_recipes_proportion_to_the_step(gen):
 # ---------------------------------------------------------------- stand-ins
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp, sp", [(1, 1), (2, 1), (1, 2)])
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_shrink_keeps_the_architecture(name, tp):
+def test_shrink_keeps_the_architecture(name, tp, sp):
     """... and with `tp` engine ranks, heads that they split (Qwen2.5-32B's 40:8 is 5:1 at 1, 10:2
-    at 2, which the trainer's own check takes)."""
+    at 2, which the trainer's own check takes); with `sp` Ulysses ranks, query heads they split."""
     real = {k: v for k, v in SHAPES[name].items() if not k.startswith("_")}
-    small = stand_in.shrink(real, tp)
+    small = stand_in.shrink(real, tp, sequence_parallel=sp)
     cfg = load_config(None, ["rollout.backend=vllm", f"rollout.tensor_parallel_size={tp}"])
     assert tensor_parallel(cfg, small) == tp
+    assert small["num_attention_heads"] % sp == 0
     kv = real.get("num_key_value_heads") or real["num_attention_heads"]
     assert small["num_attention_heads"] * kv == real["num_attention_heads"] * small["num_key_value_heads"]
     assert small["hidden_size"] == small["num_attention_heads"] * stand_in.HEAD_DIM
@@ -401,6 +402,17 @@ def test_a_recipe_whose_rewards_all_fail_does_not_pass(tmp_path):
     assert p.returncode == 1 and "[rehearse] passed" not in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
     assert len(errors) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert errors[0].startswith("error: step 1: every reward timed out or failed (reward/timeouts=0, reward/errors="), errors
+
+
+@pytest.mark.parametrize("sp, want", [(8, 2), (2, 2), (1, None)])
+def test_a_recipes_sequence_parallel_runs_over_both_workers(sp, want):
+    """Ulysses over the rehearsal's two workers wherever the recipe cuts its rows; offload kept."""
+    cfg = load_config(os.path.join(ROOT, "configs", "fapo_qwen2.5_32b.yaml"),
+                      [f"trainer.sequence_parallel_size={sp}"] + (["trainer.nnodes=1"] if sp == 1 else []))
+    scaled = rehearse.scale(cfg, engine_importable=False)
+    assert scaled.get("trainer.sequence_parallel_size") == (want if want != sp else None)
+    small = rehearse.apply(cfg, scaled)
+    assert small.trainer.sequence_parallel_size == (want or 1) and small.trainer.offload == "params+optimizer"
 
 
 def test_a_recipes_validation_sets_get_stand_in_files_of_their_declared_sources(tmp_path):

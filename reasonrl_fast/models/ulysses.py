@@ -8,19 +8,20 @@ runs on the rank's share unchanged.
 - `all_to_all` / `sum_shares`: the collectives, each with its backward (the reverse all-to-all;
   the gradient as it is).
 - `attention`: registered with transformers as the attention implementation "ulysses" (set on a
-  model by `use_ulysses`); it reads the group and the row's mask from the keyword `row(...)`
-  gives the model's call.
+  model by `use_ulysses`); it reads the group and the row's sequences from the keyword
+  `row(...)` gives the model's call.
 - `shard(ids, position_ids, group)`: the rank's share of a packed row (padded to a multiple of
-  the group's size) and the row's whole block-causal mask, which each attention needs: the
-  mask transformers would build from the rank's share covers its share only.
+  the group's size) and where the row's sequences lie, which each attention needs: the rank's
+  share alone does not say where a sequence that crosses into it began.
 
 Heads: the group's size must divide the query heads. Key/value heads it does not divide are
 repeated first, the fewest times that make them divisible, as verl does (Qwen2.5-1.5B has 12
 query and 2 key/value heads: at 4 ranks each key/value head is repeated twice; Qwen2.5-32B's 40
 and 8 split 8 ways as they are).
 
-The row's mask is a [T, T] tensor here (sdpa): the flash-attention path, which takes the
-sequences' boundaries instead, is for the GPU.
+Attention runs per sequence, each a causal sdpa over its own tokens (no [T, T] mask). On a GPU
+with many short sequences in a row, flash-attn's variable-length kernel would take them in one
+call; that path is not built.
 
 The contract, checked in tests/models/test_ulysses.py on two gloo ranks: the hidden states
 gathered from the ranks equal a plain forward's, and the parameters' gradients summed over the
@@ -87,44 +88,45 @@ class _SumShares(torch.autograd.Function):
 @dataclass
 class _Row:
     group: object
-    mask: torch.Tensor  # [1, 1, T, T] bool, the whole row's
+    bounds: list[tuple[int, int]]  # each sequence's [start, end) in the whole row
 
 
 ROW = "ulysses_row"
 """The keyword the row travels under, from the model's call to each attention's."""
 
 
-def row(group, mask: torch.Tensor) -> dict:
+def row(group, bounds: list[tuple[int, int]]) -> dict:
     """The keyword arguments of a forward over a rank's share of a row (`model(..., **row(group,
-    mask))`): the group and the whole row's mask, which `attention` reads. transformers hands a
-    model's extra keyword arguments down to each attention, and activation checkpointing keeps
-    them with the layer's inputs, so a layer recomputed in the backward reads the same row."""
-    return {ROW: _Row(group, mask)}
+    bounds))`): the group and where the row's sequences lie, which `attention` reads. transformers
+    hands a model's extra keyword arguments down to each attention, and activation checkpointing
+    keeps them with the layer's inputs, so a layer recomputed in the backward reads the same row."""
+    return {ROW: _Row(group, bounds)}
 
 
-def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """[B, 1, T, T] bool of packed rows [B, T] whose position ids restart at 0 for each sequence:
-    a token sees the tokens before it in its own sequence."""
-    seq = (position_ids == 0).cumsum(-1)
-    t = position_ids.shape[-1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=position_ids.device).tril()
-    return (causal & (seq[:, :, None] == seq[:, None, :]))[:, None]
+def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each sequence of a packed row [1, T] whose position ids restart at 0 for
+    each sequence (one host read of the row's starts)."""
+    starts = (position_ids[0] == 0).nonzero().flatten().tolist()
+    if not starts or starts[0] != 0:
+        raise ValueError("a packed row's position ids start at 0, and restart at 0 for each sequence")
+    return list(zip(starts, starts[1:] + [position_ids.shape[-1]]))
 
 
 def shard(input_ids: torch.Tensor, position_ids: torch.Tensor, group, pad_id: int = 0):
-    """(this rank's input ids [B, T/n], its position ids, the whole row's mask [B, 1, T, T], T):
-    rows [B, T] padded to a multiple of the group's size n (the padding: sequences of their own,
+    """(this rank's input ids [1, T/n], its position ids, the row's sequence bounds, T): a packed
+    row [1, T] padded to a multiple of the group's size n (the padding: sequences of their own,
     one token each, so that no real token attends to them) and cut into n equal shares."""
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"sequence parallel cuts one packed row, got {input_ids.shape[0]}")
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     t = input_ids.shape[-1]
     pad = -t % n
     if pad:
         input_ids = F.pad(input_ids, (0, pad), value=pad_id)
         position_ids = F.pad(position_ids, (0, pad), value=0)
-    mask = block_causal_mask(position_ids)
     share = input_ids.shape[-1] // n
     cut = slice(rank * share, (rank + 1) * share)
-    return input_ids[:, cut], position_ids[:, cut], mask, t
+    return input_ids[:, cut], position_ids[:, cut], sequence_bounds(position_ids), t
 
 
 def kv_repeats(kv_heads: int, size: int) -> int:
@@ -148,21 +150,25 @@ def gather_samples(group, *columns: list) -> list[list]:
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers' attention interface ([B, H, t, D] each, the rank's t tokens): heads traded
-    for tokens, attention over the whole row (the context's mask), and back; returns
-    ([B, t, H, D], None) as transformers' own implementations do."""
+    """transformers' attention interface ([1, H, t, D] each, the rank's t tokens): heads traded
+    for tokens, causal attention over each of the row's sequences in turn, and back; returns
+    ([1, t, H, D], None) as transformers' own implementations do. Each sequence is a causal sdpa
+    of its own, the variable-length attention flash-attn does in one kernel: no [T, T] mask, and
+    sdpa's fused kernels (flash on CPU) keep a sequence's memory linear in its length."""
     row = kwargs.get(ROW)
     if row is None:
-        raise RuntimeError("attention 'ulysses' without its row: call the model with **ulysses.row(group, mask), "
-                           "the group and the row's mask")
+        raise RuntimeError("attention 'ulysses' without its row: call the model with **ulysses.row(group, bounds), "
+                           "the group and the row's sequences")
     n = dist.get_world_size(row.group)
     r = kv_repeats(key.shape[1], n)
     if r > 1:
         key, value = key.repeat_interleave(r, dim=1), value.repeat_interleave(r, dim=1)
-    # [B, H, t, D] -> [B, H/n, T, D]: the rank's heads over the whole row
+    # [1, H, t, D] -> [1, H/n, T, D]: the rank's heads over the whole row
     q, k, v = (all_to_all(x, 1, 2, row.group) for x in (query, key, value))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=row.mask, dropout_p=dropout if module.training else 0.0,
-                                         scale=scaling, enable_gqa=k.shape[1] != q.shape[1])
+    drop = dropout if module.training else 0.0
+    out = torch.cat([F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], dropout_p=drop,
+                                                    is_causal=True, scale=scaling, enable_gqa=k.shape[1] != q.shape[1])
+                     for a, b in row.bounds], dim=2)
     out = all_to_all(out, 2, 1, row.group)  # back to all heads over the rank's tokens
     return out.transpose(1, 2).contiguous(), None
 

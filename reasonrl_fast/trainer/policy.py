@@ -123,9 +123,9 @@ class Actor(nn.Module):
         if batch["input_ids"].shape[0] != 1:
             raise ValueError("sequence parallel takes one packed row (make_packed_batch(one_row=True))")
         group = self.sp_group
-        ids, pos, row_mask, _ = ulysses.shard(batch["input_ids"], batch["position_ids"], group)
-        h = self.decoder(input_ids=ids, position_ids=pos, attention_mask=row_mask, use_cache=False,
-                         **ulysses.row(group, row_mask)).last_hidden_state[0]
+        ids, pos, bounds, _ = ulysses.shard(batch["input_ids"], batch["position_ids"], group)
+        h = self.decoder(input_ids=ids, position_ids=pos, use_cache=False,
+                         **ulysses.row(group, bounds)).last_hidden_state[0]
         first = dist.get_rank(group) * h.shape[0]
         mask = batch["response_mask"].bool()
         at, targets = batch["response_index"][mask] - first, batch["targets"][mask]

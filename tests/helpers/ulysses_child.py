@@ -63,9 +63,8 @@ for kv_heads in (2, 1):
         h = plain(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
         (h * weight).sum().backward()
 
-        mine, my_pos, mask, t = ulysses.shard(ids, pos, group)
-        h_mine = sp(input_ids=mine, position_ids=my_pos, attention_mask=mask, use_cache=False,
-                    **ulysses.row(group, mask)).last_hidden_state
+        mine, my_pos, bounds, t = ulysses.shard(ids, pos, group)
+        h_mine = sp(input_ids=mine, position_ids=my_pos, use_cache=False, **ulysses.row(group, bounds)).last_hidden_state
         h_all = gather_tokens(h_mine, 1, group)[:, :t]
         (h_all * weight).sum().backward()
         err = (h_all - h).abs().max().item()

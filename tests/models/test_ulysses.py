@@ -1,13 +1,13 @@
 """Ulysses sequence parallel (models/ulysses.py): on two gloo ranks, a decoder run as two shares
 of packed rows gives the whole forward's hidden states, and the actor (trainer/policy.py) the
 whole row's log-probs and entropies (plain and fused head), and summed over the ranks the whole
-backward's gradients (float64); the head check and the row mask in one process."""
+backward's gradients (float64); the head check and a row's sequence bounds in one process."""
 
 import pytest
 import torch
 
 from reasonrl_fast.layout.resolve import check_heads
-from reasonrl_fast.models.ulysses import block_causal_mask, kv_repeats
+from reasonrl_fast.models.ulysses import kv_repeats, sequence_bounds
 from tests.helpers.procs import torchrun
 
 
@@ -25,8 +25,10 @@ def test_key_value_heads_are_repeated_the_fewest_times_that_split():
     assert check_heads(28, 8) == "28 attention heads, which 8 sequence-parallel ranks do not divide"  # 7B at 8
 
 
-def test_the_row_mask_keeps_each_sequence_to_itself():
-    m = block_causal_mask(torch.tensor([[0, 1, 2, 0, 1, 0]]))[0, 0]
-    want = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
-                         [0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 1]], dtype=torch.bool)
-    assert torch.equal(m, want)
+def test_a_rows_sequences_are_where_its_positions_restart():
+    assert sequence_bounds(torch.tensor([[0, 1, 2, 0, 1, 0]])) == [(0, 3), (3, 5), (5, 6)]
+    assert sequence_bounds(torch.tensor([[0, 1, 2, 3]])) == [(0, 4)]
+    with pytest.raises(ValueError, match="restart at 0"):
+        sequence_bounds(torch.tensor([[1, 2, 0]]))
+
+
