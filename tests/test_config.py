@@ -333,6 +333,7 @@ BAD_VALUES = {
     "trainer.workers_per_node": ["0"],
     "trainer.cpus_per_worker": ["0"],
     "trainer.sharding": ["zero3"],
+    "trainer.offload": ["params", "cpu", "''"],
     "trainer.save_every": ["-1"],
     "trainer.save_last": ["2", "Yes"],
     "trainer.keep_checkpoints": ["-1"],

@@ -39,7 +39,7 @@ RUN_SHAPE = {"data.prompts_per_step", "data.gen_prompts_per_step", "optim.mini_b
              "trainer.cpus_per_worker", "trainer.sharding", "model.compute_dtype", "trainer.steps",
              "trainer.save_every", "trainer.resume", "trainer.ray_address", "trainer.progress", "rollout.backend",
              "rollout.tensor_parallel_size", "rollout.workers", "sft.steps", "data.train_size", "data.val_size",
-             "rollout.val_n", "data.val_sets"}
+             "rollout.val_n", "data.val_sets", "trainer.sequence_parallel_size"}
 
 
 def _stand_ins(cfg):
