@@ -60,10 +60,19 @@ install:
 test: install
 	$(PYTEST) $(FAST) --durations=15
 
-# The second part runs even when the first fails; either failing fails the target.
+# The CPU ops' loops are built per CPU capability and run at the widest the CPU has
+# (csrc/capability.h); test-all runs the op tests again under each narrower one it has, forced
+# by REASONRL_CPU_CAPABILITY (about 45 s each on 2 cores).
+NARROWER_CAPS = cd / && $(PYTHON) -c 'import reasonrl_fast.ops as o; print(" ".join(o.cpu_capabilities()[:-1]))'
+
+# Each part runs even when one before it fails; any failing fails the target.
 test-all: install
 	rc=0; \
 	$(PYTEST) $(FAST) --durations=15 || rc=1; \
+	for cap in $$($(NARROWER_CAPS)); do \
+		echo "=== tests/ops at REASONRL_CPU_CAPABILITY=$$cap ==="; \
+		REASONRL_CPU_CAPABILITY=$$cap $(PYTHON) -m pytest tests/ops $(PYTEST_ARGS) $(FAST) || rc=1; \
+	done; \
 	$(PYTEST) -m "heavy or e2e or xproj" -n $(TEST_WORKERS) --dist loadgroup --durations=60 || rc=1; \
 	exit $$rc
 

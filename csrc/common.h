@@ -11,17 +11,10 @@
 #include <limits>
 #include <type_traits>
 
+#include "capability.h"
 #include "row_indexer.h"
 
 namespace reasonrl_fast {
-
-// Runtime dispatch for the hot loops: GCC emits one clone per ISA and picks the best at load
-// time, so a source build runs AVX2+FMA code on this machine and still loads on older x86-64.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define RRL_TARGET_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define RRL_TARGET_CLONES
-#endif
 
 // Below this, exp() underflows to a denormal or zero; clamping keeps exp(d) * d finite for
 // d = -inf (a masked-out logit), which gives the 0 * log 0 = 0 convention of entropy.

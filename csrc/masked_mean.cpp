@@ -12,11 +12,9 @@ namespace reasonrl_fast {
 namespace {
 
 
-template <typename scalar_t, typename acc_t>
-RRL_TARGET_CLONES void accumulate(acc_t* acc, const scalar_t* x, acc_t m, int64_t H) {
-#pragma omp simd
-  for (int64_t h = 0; h < H; ++h) acc[h] += static_cast<acc_t>(x[h]) * m;
-}
+#define RRL_VEC "vec/masked_mean.h"
+#include "capabilities.h"
+#undef RRL_VEC
 
 at::Tensor masked_mean_cpu(const at::Tensor& x_in, const at::Tensor& mask_in) {
   check_masked_mean(x_in, mask_in);
@@ -30,6 +28,7 @@ at::Tensor masked_mean_cpu(const at::Tensor& x_in, const at::Tensor& mask_in) {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const acc_t* mp = mask.data_ptr<acc_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
+    const auto accumulate = RRL_PICK(accumulate<scalar_t, acc_t>);
     at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
       std::vector<acc_t> acc(H);
       for (int64_t b = b0; b < b1; ++b) {
@@ -39,7 +38,7 @@ at::Tensor masked_mean_cpu(const at::Tensor& x_in, const at::Tensor& mask_in) {
           const acc_t m = mp[b * T + t];
           if (m == 0) continue;  // prompts are short next to T: skip padding rows outright
           n += m;
-          accumulate<scalar_t, acc_t>(acc.data(), xp + (b * T + t) * H, m, H);
+          accumulate(acc.data(), xp + (b * T + t) * H, m, H);
         }
         const acc_t inv = n != 0 ? acc_t(1) / n : acc_t(0);
         for (int64_t h = 0; h < H; ++h) op[b * H + h] = static_cast<scalar_t>(acc[h] * inv);

@@ -6,11 +6,61 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
-// Importing reasonrl_fast._C runs the static registrations below; the module itself is empty.
-// PyMODINIT_FUNC gives the init function C linkage and default visibility, so the interpreter
-// finds it even when the library is built with -fvisibility=hidden.
+#include "capability.h"
+
+namespace {
+// The CPU capability of the kernels' loops (capability.h), for reasonrl_fast/ops/__init__.py.
+// A c10::Error (a bad name, one this CPU lacks) becomes a ValueError with its message.
+template <typename F>
+PyObject* guarded(F f) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyObject* py_cpu_capability(PyObject*, PyObject*) {
+  return guarded([] {
+    return PyUnicode_FromString(reasonrl_fast::capability_name(reasonrl_fast::cpu_capability()).c_str());
+  });
+}
+
+PyObject* py_cpu_capabilities(PyObject*, PyObject*) {
+  return guarded([] {
+    const auto names = reasonrl_fast::cpu_capabilities();
+    PyObject* out = PyList_New(0);
+    for (const auto& n : names) {
+      PyObject* s = PyUnicode_FromString(n.c_str());
+      PyList_Append(out, s);
+      Py_DECREF(s);
+    }
+    return out;
+  });
+}
+
+PyObject* py_set_cpu_capability(PyObject*, PyObject* args) {
+  const char* name = nullptr;
+  if (!PyArg_ParseTuple(args, "s", &name)) return nullptr;
+  return guarded([name] { return PyUnicode_FromString(reasonrl_fast::set_cpu_capability(name).c_str()); });
+}
+
+PyMethodDef methods[] = {
+    {"cpu_capability", py_cpu_capability, METH_NOARGS, "The CPU capability the CPU kernels run at."},
+    {"cpu_capabilities", py_cpu_capabilities, METH_NOARGS, "The CPU capabilities this CPU has, narrowest first."},
+    {"set_cpu_capability", py_set_cpu_capability, METH_VARARGS,
+     "Force a CPU capability for this process; returns the one in force before."},
+    {nullptr, nullptr, 0, nullptr}};
+}  // namespace
+
+// Importing reasonrl_fast._C runs the static registrations below; the module holds the CPU
+// capability's three functions. PyMODINIT_FUNC gives the init function C linkage and default
+// visibility, so the interpreter finds it even when the library is built with -fvisibility=hidden.
 PyMODINIT_FUNC PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   return PyModule_Create(&module_def);
 }
 

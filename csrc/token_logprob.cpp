@@ -11,94 +11,9 @@ namespace {
 
 constexpr int64_t kBlock = 1024;  // 4 KiB of float32 per block: stays in L1.
 
-template <typename scalar_t, typename acc_t>
-RRL_TARGET_CLONES void forward_row(const scalar_t* z, int64_t V, acc_t inv_tau, int64_t y,
-                                   bool want_entropy, acc_t* lp, acc_t* ent, acc_t* lse) {
-  constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
-  acc_t buf[kBlock];
-  acc_t m = -kInf;  // running max of s
-  acc_t S = 0;      // sum exp(s - m)
-  acc_t E = 0;      // sum exp(s - m) * (s - m): entropy without cancellation
-  int bad = 0;      // a NaN or +inf logit: the row is NaN, as in PyTorch
-  for (int64_t start = 0; start < V; start += kBlock) {
-    const int64_t len = std::min(kBlock, V - start);
-    const scalar_t* zb = z + start;
-    acc_t bm = -kInf;
-#pragma omp simd reduction(max : bm) reduction(| : bad)
-    for (int64_t i = 0; i < len; ++i) {
-      const acc_t s = static_cast<acc_t>(zb[i]) * inv_tau;
-      buf[i] = s;
-      bm = s > bm ? s : bm;
-      bad |= !(s < kInf);
-    }
-    if (bm > m) {
-      if (S > 0) {
-        // r = 0 (the old maximum is dtype-minimum-like, e.g. a mask filled with finfo.min): the
-        // old terms vanish. Computed, (m - bm) * S overflows to -inf and 0 * -inf is NaN.
-        const acc_t r = std::exp(m - bm);
-        E = r > acc_t(0) ? r * (E + (m - bm) * S) : acc_t(0);
-        S = r * S;
-      }
-      m = bm;
-    }
-    if (m == -kInf) continue;  // all -inf so far: nothing to add
-    acc_t bs = 0, be = 0;
-    if (want_entropy) {
-#pragma omp simd reduction(+ : bs, be)
-      for (int64_t i = 0; i < len; ++i) {
-        acc_t d = buf[i] - m;
-        d = d < exp_floor<acc_t>() ? exp_floor<acc_t>() : d;
-        const acc_t e = fast_exp(d);
-        bs += e;
-        be += e * d;
-      }
-    } else {
-#pragma omp simd reduction(+ : bs)
-      for (int64_t i = 0; i < len; ++i) bs += fast_exp(buf[i] - m);
-    }
-    S += bs;
-    E += be;
-  }
-  const acc_t nan = std::numeric_limits<acc_t>::quiet_NaN();
-  const acc_t log_s = std::log(S);
-  *lse = bad ? nan : m + log_s;
-  *lp = static_cast<acc_t>(z[y]) * inv_tau - *lse;
-  if (want_entropy) *ent = bad ? nan : log_s - E / S;
-}
-
-template <typename scalar_t, typename acc_t>
-RRL_TARGET_CLONES void backward_row(const scalar_t* z, scalar_t* dz, int64_t V, acc_t inv_tau,
-                                    int64_t y, acc_t g_lp, acc_t g_ent, acc_t lse, acc_t mean_s) {
-  // dz_j = (g_lp (1[j = y] - p_j) - g_ent p_j (s_j - E_p[s])) / tau; the 1[j = y] term is
-  // added after the loop, in acc_t, so the loop has no branch. Where p_j underflows to 0
-  // (s_j - lse below exp_floor: a masked -inf logit, or one so negative that s_j itself
-  // overflowed to -inf) dz_j is exactly 0, as in eager autograd: a select, never 0 * inf.
-  constexpr acc_t kFloor = exp_floor<acc_t>();
-  const acc_t a = g_lp * inv_tau, b = g_ent * inv_tau;
-  const acc_t s_y = static_cast<acc_t>(z[y]) * inv_tau;
-  acc_t buf[kBlock];
-  for (int64_t start = 0; start < V; start += kBlock) {
-    const int64_t len = std::min(kBlock, V - start);
-    const scalar_t* zb = z + start;
-    scalar_t* dzb = dz + start;
-    // Two loops: the float math vectorises on its own; the conversion to a 16-bit dtype
-    // (with its rounding branch) would stop it if fused.
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i) {
-      const acc_t s = static_cast<acc_t>(zb[i]) * inv_tau;
-      const acc_t d = s - lse;
-      const acc_t g = -fast_exp(d) * (a + b * (s - mean_s));
-      buf[i] = d < kFloor ? acc_t(0) : g;  // NaN stays NaN: the comparison is false
-    }
-    for (int64_t i = 0; i < len; ++i) dzb[i] = static_cast<scalar_t>(buf[i]);
-  }
-  // A target at a masked column (s_y = -inf, lp = -inf) gets g_lp / tau, as log_softmax's
-  // autograd gives it.
-  const acc_t d_y = s_y - lse;
-  const acc_t p_y = d_y < kFloor ? acc_t(0) : fast_exp(d_y);
-  const acc_t ent_y = p_y == 0 ? acc_t(0) : b * p_y * (s_y - mean_s);
-  dz[y] = static_cast<scalar_t>(a * (1 - p_y) - ent_y);
-}
+#define RRL_VEC "vec/token_logprob.h"
+#include "capabilities.h"
+#undef RRL_VEC
 
 // Every id in [0, V) or ignore_index, checked before any row is read. `target` is the
 // caller's tensor, `ids` its int64 copy (target_as_long, which already turned uint64 ids above
@@ -138,6 +53,7 @@ void forward_into(const LogprobForwardTensors& io, double temperature, int64_t i
     acc_t* ent_p = compute_entropy ? ent.data_ptr<acc_t>() : nullptr;
     acc_t* lse_p = lse.data_ptr<acc_t>();
     const acc_t inv_tau = static_cast<acc_t>(1.0 / temperature);
+    const auto forward_row = RRL_PICK(forward_row<scalar_t, acc_t>);
     at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; ++n) {
         if (t[n] == ignore_index) {
@@ -147,7 +63,7 @@ void forward_into(const LogprobForwardTensors& io, double temperature, int64_t i
           continue;
         }
         acc_t e;
-        forward_row<scalar_t, acc_t>(z + rows.offset(n), V, inv_tau, t[n], compute_entropy,
+        forward_row(z + rows.offset(n), V, inv_tau, t[n], compute_entropy,
                                      lp_p + n, ent_p ? ent_p + n : &e, lse_p + n);
       }
     });
@@ -176,6 +92,7 @@ void backward_into(const LogprobBackwardInputs& in, const at::Tensor& logits, co
     const acc_t* lse_p = lse.data_ptr<acc_t>();
     const acc_t* ent_p = has_ent ? ent.data_ptr<acc_t>() : nullptr;
     const acc_t inv_tau = static_cast<acc_t>(1.0 / temperature);
+    const auto backward_row = RRL_PICK(backward_row<scalar_t, acc_t>);
     at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; ++n) {
         scalar_t* row_out = dz + out_rows.offset(n);
@@ -185,7 +102,7 @@ void backward_into(const LogprobBackwardInputs& in, const at::Tensor& logits, co
         }
         const acc_t ge = gent ? gent[n] : acc_t(0);
         const acc_t mean_s = ent_p ? lse_p[n] - ent_p[n] : acc_t(0);  // E_p[s] = lse - H
-        backward_row<scalar_t, acc_t>(z + in_rows.offset(n), row_out, V, inv_tau, t[n], glp[n], ge,
+        backward_row(z + in_rows.offset(n), row_out, V, inv_tau, t[n], glp[n], ge,
                                       lse_p[n], mean_s);
       }
     });
