@@ -6,8 +6,9 @@ the build stops and says what to install. REASONRL_FORCE_CPU=1 skips them. Insta
 `pip install --no-build-isolation .` once torch is installed: the extension must be compiled
 against the torch it will run with.
 
-Compiler: GCC 12 or newer (csrc/common.h uses `target_clones("arch=x86-64-v4")`, which GCC 11
-rejects). CXX picks it (default `c++`), CC its C driver (default: the one beside CXX, g++-12 ->
+Compiler: GCC 12 or newer (csrc/capabilities.h compiles the kernels' loops once per CPU
+capability, with `target("arch=x86-64-v3")` and `target("arch=x86-64-v4")`; built and tested with
+GCC 12 and newer). CXX picks it (default `c++`), CC its C driver (default: the one beside CXX, g++-12 ->
 gcc-12); the build sets both, so that the .cpp files and nvcc's host half of the .cu files
 (torch passes `-ccbin $CC`; without CC nvcc runs the first gcc on PATH) come from one compiler.
 

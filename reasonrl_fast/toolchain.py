@@ -13,7 +13,7 @@ rules are:
   - one compiler pair (CC, CXX) for the whole library: setup.py sets both, because nvcc compiles
     the host half of the .cu files with `-ccbin $CC` when CC is set and with the first `gcc` on
     PATH otherwise, which may be another compiler than the one building the .cpp files;
-  - GCC >= 12 (csrc/common.h uses `target_clones("arch=x86-64-v4")`);
+  - GCC >= 12 (csrc/capabilities.h compiles the kernels' loops with `target("arch=x86-64-v4")`);
   - the built library lists libstdc++.so.6 as NEEDED and does not define `__cxa_throw` itself.
 
 This module only reads facts (it runs the compilers, nvcc, readelf and nm); setup.py and
@@ -150,8 +150,9 @@ def check_gcc(compiler: str, minimum: tuple[int, ...] = (12,)) -> None:
     need = _dotted(tuple(minimum))
     raise ToolchainError(
         f"GCC >= {need} is required, but {compiler} is GCC {_dotted(v)}: "
-        f'csrc/common.h compiles its hot loops with __attribute__((target_clones("arch=x86-64-v4", '
-        f"...))), which GCC accepts from version 12 on. Install g++-{need} or newer "
+        f"csrc/capabilities.h compiles the kernels' loops once per CPU capability, with "
+        f'__attribute__((target("arch=x86-64-v3"))) and __attribute__((target("arch=x86-64-v4"))), '
+        f"built and tested with GCC 12 and newer. Install g++-{need} or newer "
         f"(Debian/Ubuntu: apt-get install g++-{need}) and build with it and its gcc, e.g. "
         f"CC=gcc-{need} CXX=g++-{need} pip install --no-build-isolation -e . "
         f"(CC matters too: nvcc compiles the CUDA files' host code with it).")

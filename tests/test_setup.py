@@ -129,7 +129,7 @@ def test_check_gcc_refuses_gcc_11_and_names_the_fix(tmp_path):
     with pytest.raises(toolchain.ToolchainError) as e:
         toolchain.check_gcc(old)
     msg = str(e.value)
-    for needle in (old, "11.4.0", "GCC >= 12", 'target_clones("arch=x86-64-v4"', "csrc/common.h",
+    for needle in (old, "11.4.0", "GCC >= 12", 'target("arch=x86-64-v4")', "csrc/capabilities.h",
                    "g++-12", "CC=gcc-12 CXX=g++-12", "pip install --no-build-isolation"):
         assert needle in msg, msg
     toolchain.check_gcc(_fake(tmp_path, "g++-12", "12.2.0"))
@@ -161,7 +161,7 @@ def test_setup_refuses_gcc_11_before_compiling(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX")}
     env.update(CXX=cxx, REASONRL_FORCE_CPU="1")
     p, out, temp = _build_ext(env, tmp_path)
-    for needle in ("GCC >= 12", f"{cxx} is GCC 11.4.0", "target_clones", "g++-12"):
+    for needle in ("GCC >= 12", f"{cxx} is GCC 11.4.0", "csrc/capabilities.h", "g++-12"):
         assert needle in p.stderr, out[-3000:]
     # Stopped before any compile: the fake compiler was never asked, no object was written.
     assert "fake compiler asked to compile" not in out
