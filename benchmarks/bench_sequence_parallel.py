@@ -52,8 +52,8 @@ def _model(smoke: bool):
 
     from reasonrl_fast.trainer.policy import Actor
 
-    size = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=512) if smoke else dict(
-        hidden_size=256, intermediate_size=1024, num_hidden_layers=4, vocab_size=4096)
+    size = ({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 512} if smoke else
+            {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4, "vocab_size": 4096})
     cfg = Qwen2Config(num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=8192,
                       tie_word_embeddings=False, **size)
     torch.manual_seed(0)
@@ -107,7 +107,7 @@ def _rank(rank: int, port: int, args, out) -> None:
     peaks = {}
     for name in settings:
         dist.barrier()
-        peaks[name] = harness.peak_memory_mb(lambda: step(name), "cpu")
+        peaks[name] = harness.peak_memory_mb(lambda name=name: step(name), "cpu")
     tokens = {name: args.length // (1 if name.startswith("SP=1") else 2) for name in settings}
     out.put((rank, {"times": times, "peaks": peaks, "tokens": tokens, "grad_rel": rel}))
     dist.barrier()
