@@ -41,9 +41,10 @@ def shrink(fields: dict, tensor_parallel: int = 1, head_dim: int = HEAD_DIM, seq
     """`fields` with small sizes, the architecture kept: query and key/value heads divided by their
     greatest common divisor (Qwen2.5-7B's 28:4 -> 7:1), then multiplied by the least factor that
     lets `tensor_parallel` engine ranks split the key/value heads and `sequence_parallel` Ulysses
-    ranks the query heads (Qwen2.5-32B's 40:8 -> 5:1 -> 10:2 at 2 of either), `head_dim`-wide heads, the hidden size heads x head_dim, the MLP in the real ratio
-    to the hidden size (rounded to a multiple of 8 x `tensor_parallel`), LAYERS layers. The
-    vocabulary, tied embeddings, RoPE, the context and every other field stay."""
+    ranks the query heads (Qwen2.5-32B's 40:8 -> 5:1 -> 10:2 at 2 of either), `head_dim`-wide
+    heads, the hidden size heads x head_dim, the MLP in the real ratio to the hidden size (rounded
+    to a multiple of 8 x `tensor_parallel`), LAYERS layers. The vocabulary, tied embeddings, RoPE,
+    the context and every other field stay."""
     heads = fields["num_attention_heads"]
     kv = fields.get("num_key_value_heads") or heads
     g = math.gcd(heads, kv)
