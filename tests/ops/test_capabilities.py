@@ -138,3 +138,29 @@ def test_the_environment_forces_it_and_a_bad_value_stops_the_import():
     bad = run(REASONRL_CPU_CAPABILITY="sse4")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].endswith(
         "ConfigError: REASONRL_CPU_CAPABILITY=sse4: expected one of default, avx2, avx512"), bad.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cap", CAPS)
+def test_a_bf16_gradient_is_rounded_as_torch_rounds(cap):
+    """The bf16 backward's gradient at each capability is, bit for bit, what torch's
+    .to(bfloat16) makes of the float32 gradient of the same logits: the same float32 math
+    whatever the vector width, rounded to nearest even; values near float32's largest, exact
+    zeros and NaN rows included."""
+    g = torch.Generator().manual_seed(300 + NAMES.index(cap))
+    n, v = 9, 2053
+    x = (torch.randn(n, v, generator=g) * 4).bfloat16()
+    x[1, 7] = float("nan")  # a NaN row: its gradient is NaN
+    x[2, :100] = float("-inf")  # masked columns: exactly 0
+    t = torch.randint(100, v, (n,), generator=g)
+    glp = torch.randn(n, generator=g) * torch.tensor([1.0, 1e38]).repeat(5)[:n]  # some near float32's largest
+    gent = torch.randn(n, generator=g)
+    with ops.capability(cap):
+        outs = {}
+        for dt in (torch.bfloat16, torch.float32):
+            z = x.to(dt)
+            _, ent, lse = torch.ops.reasonrl_fast.token_logprob(z, t, 0.9, -100, True)
+            outs[dt] = torch.ops.reasonrl_fast.token_logprob_backward(glp, gent, z, t, lse, ent, 0.9, -100)
+    ours, want = outs[torch.bfloat16], outs[torch.float32].to(torch.bfloat16)
+    assert torch.isnan(want).any() and (want == 0).any() and (want.abs() > 1e37).any()
+    same = (ours.view(torch.int16) == want.view(torch.int16)) | (ours.isnan() & want.isnan())
+    assert bool(same.all()), (cap, int((~same).sum()))
