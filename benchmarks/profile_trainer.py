@@ -97,7 +97,7 @@ def _rank(rank: int, world: int, threads: int, port: int, model: str, prompts: s
     acc: dict[str, float] = {}
     _timed(update, "micro_batch", acc, "micro_batch")
     _timed(w.opt, "step", acc, "optimizer.step")
-    _timed(torch.nn.utils, "clip_grad_norm_", acc, "clip_grad_norm_")
+    _timed(worker_mod, "clip_grad_norm", acc, "clip_grad_norm")
     _timed(w, "sync_weights", acc, "sync_weights")
     _timed(torch.Tensor, "backward", acc, "backward")
     _timed(w.actor, "forward", acc, "actor forward")
