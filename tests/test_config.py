@@ -266,6 +266,7 @@ BAD_VALUES = {
     "rollout.backend": ["sglang"],
     "rollout.tensor_parallel_size": ["0"],
     "rollout.workers": ["0", "-1"],
+    "rollout.cpus_per_worker": ["0", "-2"],
     "trainer.placement": ["both", "''"],
     "trainer.max_staleness": ["-1"],
     "trainer.sequence_parallel_size": ["0", "-2"],
@@ -728,3 +729,23 @@ def test_a_cap_that_leaves_no_room_or_meets_overlong_shaping_is_refused():
             load_config(None, [f"algo={algo}", "data.max_prompt_length=100", "rollout.max_sequence_tokens=200",
                                f"{key}.overlong_buffer=8"])
     load_config(None, ["data.max_prompt_length=100", "rollout.max_sequence_tokens=101"])  # one token of room
+
+
+def test_each_roles_cpu_slots_and_the_note_when_they_over_subscribe_the_cores(monkeypatch):
+    """A rollout worker's slots are rollout.cpus_per_worker, else the trainer's; split placement
+    adds them to the trainer workers'. A local CPU instance given more slots than cores says so."""
+    from reasonrl_fast.runtime.ray_cluster import cpu_slots, oversubscribed
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    split = ["trainer.placement=split", "rollout.workers=1", "trainer.workers_per_node=1"]
+    cfg = load_config(None, [*split, "trainer.cpus_per_worker=3"])
+    assert cfg.rollout_cpus == 3 and cpu_slots(cfg) == 6
+    assert "the workers' 6 CPU slots over-subscribe this machine's 4 cores" in oversubscribed(cfg)
+    cfg = load_config(None, [*split, "trainer.cpus_per_worker=3", "rollout.cpus_per_worker=1"])
+    assert cfg.rollout_cpus == 1 and cpu_slots(cfg) == 4 and oversubscribed(cfg) is None
+    cfg = load_config(None, ["trainer.workers_per_node=2", "trainer.cpus_per_worker=2", "rollout.cpus_per_worker=9"])
+    assert cpu_slots(cfg) == 4  # colocated: the trainer's workers run the engines
+    cfg = load_config(None, [*split, "rollout.tensor_parallel_size=2", "rollout.cpus_per_worker=2", "rollout.backend=vllm"])
+    assert cpu_slots(cfg) == 1 + 2 * 2
+    assert oversubscribed(load_config(None, [*split, "trainer.cpus_per_worker=4", "trainer.ray_address=h:1"])) is None

@@ -356,6 +356,12 @@ class RolloutConfig(_Checks):
     """trainer.placement=split only: the rollout engines, each on rollout.tensor_parallel_size
     workers (devices) of its own beside the trainer's; one engine spans one node. Colocated
     placement ignores it (each trainer worker runs its own engine)."""
+    cpus_per_worker: Optional[int] = None
+    """CPU runs, trainer.placement=split and the eval command: a rollout worker's CPU slots and
+    torch threads. Unset: trainer.cpus_per_worker. On shared cores the roles need not match: where
+    the rollout worker mostly waits (a remote reward or judge), the trainer worker can take the
+    threads (docs/trainer.md §Placement). Colocated placement ignores it (the trainer's workers
+    run the engines)."""
 
     def check(self, at: str = "rollout.") -> None:
         self._one_of(at, "backend", tuple(ROLLOUTS))  # read when checked: a registered engine counts
@@ -372,6 +378,8 @@ class RolloutConfig(_Checks):
             _fail(f"{at}gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
         if self.kv_cache_memory_bytes is not None:
             self._positive(at, "kv_cache_memory_bytes")
+        if self.cpus_per_worker is not None:
+            self._positive(at, "cpus_per_worker")
 
     def val_sampling(self) -> tuple[float, float]:
         """(temperature, top-p) of validation samples: the one place val_top_p falls back to
@@ -618,6 +626,12 @@ class Root(_Checks):
         """The run's longest response: rollout.max_new_tokens, or what rollout.max_sequence_tokens
         leaves a prompt of one token where that is less."""
         return self.response_limit(1)
+
+    @property
+    def rollout_cpus(self) -> int:
+        """A rollout worker's CPU slots and threads: rollout.cpus_per_worker, else
+        trainer.cpus_per_worker."""
+        return self.rollout.cpus_per_worker or self.trainer.cpus_per_worker
 
     def response_limit(self, prompt_tokens: int) -> int:
         """The tokens a response to a prompt of `prompt_tokens` tokens may take (at least 1)."""

@@ -31,10 +31,10 @@ def cluster_gpus() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-def worker_bundle(cfg, gpus: int) -> dict:
-    """What one worker holds: a GPU (and a CPU slot) where the cluster has GPUs, else
-    trainer.cpus_per_worker CPU slots."""
-    return {"GPU": 1, "CPU": 1} if gpus else {"CPU": cfg.trainer.cpus_per_worker}
+def worker_bundle(gpus: int, cpus: int) -> dict:
+    """What one worker holds: a GPU (and a CPU slot) where the cluster has GPUs, else `cpus` CPU
+    slots (its role's: trainer.cpus_per_worker, or `rollout_cpus` for a rollout worker)."""
+    return {"GPU": 1, "CPU": 1} if gpus else {"CPU": cpus}
 
 
 class WorkerGroup:

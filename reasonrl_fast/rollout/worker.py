@@ -43,8 +43,12 @@ class RolloutWorker:
         self._idle_lock = threading.Lock()
         self.log_path = spec.log_path(log_dir, rank) if log_dir else None
         if not torch.cuda.is_available():
-            # One CPU slot per worker: more threads than cores only adds contention.
-            torch.set_num_threads(max(1, cfg.trainer.cpus_per_worker))
+            # A thread per CPU slot of its bundle (rollout/group.py `worker_bundle`)
+            torch.set_num_threads(self.cpus())
+
+    def cpus(self) -> int:
+        """This worker's CPU slots on a CPU cluster: the rollout role's."""
+        return self.cfg.rollout_cpus
 
     def address(self) -> tuple[str, int]:
         """Rank 0's address and a port for the process group's rendezvous."""

@@ -44,6 +44,28 @@ def check_local_nodes(cfg) -> None:
                            f"(trainer.ray_address=HOST:PORT) or set trainer.nnodes=1")
 
 
+def cpu_slots(cfg) -> int:
+    """The CPU slots the run's workers take on a CPU cluster: each trainer worker's
+    trainer.cpus_per_worker and, in split placement, each rollout worker's `rollout_cpus`."""
+    t = cfg.trainer
+    slots = t.nnodes * t.workers_per_node * t.cpus_per_worker
+    if t.placement == "split":
+        slots += cfg.rollout.workers * cfg.rollout.tensor_parallel_size * cfg.rollout_cpus
+    return slots
+
+
+def oversubscribed(cfg) -> str | None:
+    """A note for the log where a local CPU instance gives the workers more slots than the
+    machine has cores (the roles of split placement share them), else None."""
+    import torch
+
+    cores, slots = os.cpu_count() or 1, cpu_slots(cfg)
+    if ray_address(cfg) or torch.cuda.is_available() or slots <= cores:
+        return None
+    return (f"the workers' {slots} CPU slots over-subscribe this machine's {cores} cores: they share them "
+            f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')} in the workers)")
+
+
 QUIET_WORKER_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 """Set in every worker: the workers' output reaches the user's console beside the run's own
 lines (log_to_driver, so that what a dying worker prints is seen), and transformers' progress
@@ -65,14 +87,15 @@ def start_ray(cfg) -> bool:
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
                         "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(cfg.trainer.cpus_per_worker),
                         **QUIET_WORKER_ENV}}
+    if oversubscribed(cfg) and "OMP_WAIT_POLICY" not in os.environ:
+        # an OpenMP thread that spins while it waits for its team takes the core another
+        # worker's thread needs; passive waiting yields it (measured: RESULTS.md §21)
+        env["env_vars"]["OMP_WAIT_POLICY"] = "PASSIVE"
     _no_log_dedup()
     if address:
         wait_for_gcs(address, key, RAY_CONNECT_TIMEOUT_S)
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return True
-    world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
-    if cfg.trainer.placement == "split":  # the rollout workers' slots too (on CPU they share the cores)
-        world += cfg.rollout.workers * cfg.rollout.tensor_parallel_size
     import torch
 
     _loopback_only()
@@ -84,7 +107,7 @@ def start_ray(cfg) -> bool:
     # actor here runs in the job's runtime_env (above), which those cannot serve, so each would be
     # a process started (a Python interpreter importing Ray) for nothing.
     ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env,
-             num_cpus=max(os.cpu_count() or 1, world * cfg.trainer.cpus_per_worker),
+             num_cpus=max(os.cpu_count() or 1, cpu_slots(cfg)),
              num_gpus=torch.cuda.device_count(), log_to_driver=True,
              _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False})
     if ray.util.get_node_ip_address() != "127.0.0.1":

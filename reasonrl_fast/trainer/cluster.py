@@ -93,7 +93,7 @@ class Cluster:
         self.split = t.placement == "split"
         try:
             gpus = cluster_gpus()
-            bundle = worker_bundle(cfg, gpus)
+            bundle = worker_bundle(gpus, t.cpus_per_worker)
             if self.split:
                 check_rollout_fits(cfg, gpus)
             # split: the trainer workers hold no engine, and the engine logs are the rollout workers'
@@ -107,7 +107,8 @@ class Cluster:
             if self.split:  # its own placement group, its engines packed on as few nodes as hold them
                 r = cfg.rollout
                 self.rollout = WorkerGroup(RolloutWorker, cfg, model_path, self.spec,
-                                           r.workers * r.tensor_parallel_size, bundle, nodes=1,
+                                           r.workers * r.tensor_parallel_size, worker_bundle(gpus, cfg.rollout_cpus),
+                                           nodes=1,
                                            log_dir=t.output_dir, role="rollout worker",
                                            concurrency_groups={WEIGHTS: 1} if self._mid else None)
             self.setup_info = self.group.setup()[0]
@@ -247,14 +248,12 @@ class Cluster:
         if pending is None or len(pending.responses) != len(adv):
             raise ValueError(f"train_step: {len(adv)} advantages do not match the kept rollout")
         n = pending.n
-        # split: samples may be of older weights than the trainer's
-        proximal = self.split and self.cfg.trainer.max_staleness > 0
         refs = []
         for w, (_, r) in zip(self.workers, self.group.shares(len(pending.prompts))):
             a, b = r.start * n, r.stop * n
             samples = ([p for p in pending.prompts[r.start:r.stop] for _ in range(n)], pending.responses[a:b],
                        pending.logprobs[a:b])
-            refs.append(w.train_step.remote(adv[a:b], step, samples, proximal))
+            refs.append(w.train_step.remote(adv[a:b], step, samples))
         merged = merge_updates(self.group.gather(refs, "train_step"))
         if self.split:
             merged.update(self.publish(step))

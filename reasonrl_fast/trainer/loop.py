@@ -312,10 +312,16 @@ def _log_layout(cfg, layout: dict, log) -> None:
            else "one per mini-batch (optim.micro_batch_tokens=0)")
         + ("; activation checkpointing on" if cfg.model.gradient_checkpointing else ""))
     log(notes["sharding"])
+    from reasonrl_fast.runtime.ray_cluster import oversubscribed  # imports ray, as the cluster did
+
+    shared = oversubscribed(cfg)
+    if shared:
+        log(shared)
     t = cfg.trainer
     if t.placement == "split":
         r = cfg.rollout
-        cpu = " (on CPU the two roles share the node's cores)" if layout.get("device") == "cpu" else ""
+        cpu = (f" (on CPU: {t.cpus_per_worker} and {cfg.rollout_cpus} thread(s) a worker; the two roles share the "
+               f"node's cores)" if layout.get("device") == "cpu" else "")
         log(f"placement: split, {t.nnodes * t.workers_per_node} trainer worker(s) and {r.workers} rollout engine(s) "
             f"of {r.tensor_parallel_size} worker(s){cpu}; samples at most {t.max_staleness} version(s) stale"
             + ("; rollout.correction=none: the update does not weigh their gap to the trainer's weights "

@@ -45,6 +45,10 @@ class Worker(RolloutWorker):
     split = False  # split placement: no engine here; the weights go out by `publish`
     transport = None  # rank 0 in split placement: the weight transport's sending end
 
+    def cpus(self) -> int:
+        """The trainer role's CPU slots (colocated, its engine's too)."""
+        return self.cfg.trainer.cpus_per_worker
+
     def setup(self, master_addr: str, master_port: int) -> dict:
         """Load and hold the model as the run's Layout says (layout/resolve.py `resolve`, the rules
         the planner and the driver's log read too): the policy (sharded or replicated), the
@@ -130,15 +134,13 @@ class Worker(RolloutWorker):
 
     # ------------------------------------------------------------------ update
 
-    def train_step(self, adv, step: int, samples: tuple[list, list, list] | None = None,
-                   proximal: bool = False) -> dict:
+    def train_step(self, adv, step: int, samples: tuple[list, list, list] | None = None) -> dict:
         """Step 4 of the loop's step: reference and old log-probs, mini-batch updates, weight sync, on
         the samples this rank kept from the step's rollout (prompt-major groups of rollout.n); `adv` are their group-normalised
         advantages, in the same order. Each mini-batch runs as micro-batches whose gradients add
         up to the mini-batch's (update.py). `samples`: this rank's share of (prompts, responses,
         sampler log-probs) the driver holds (split placement's, from the rollout workers, whose
-        weights go out by `publish`, called next; dynamic sampling's kept groups); `proximal`: compute the old log-probs before the update even with
-        one mini-batch (samples of older weights: π_prox, docs/math.md §Rollout correction, is not the sampler's)."""
+        weights go out by `publish`, called next; dynamic sampling's kept groups)."""
         cfg = self.cfg
         if samples is not None:
             self._samples = samples
@@ -170,9 +172,10 @@ class Worker(RolloutWorker):
             # FSDP2 reshards a root unit in its backward, which the frozen reference never runs:
             # without this its embeddings and head would stay gathered through the update
             self.ref.reshard()
-        # Old log-probs only matter when the policy moves between mini-batches; with one
-        # mini-batch the current log-probs (detached) are the old ones.
-        old_lp = update.logprobs(self.actor, batches, temp) if len(plans) > 1 or proximal else None
+        # Old log-probs (π_prox, the weights at the start of the update: docs/math.md §Rollout
+        # correction) only matter when the policy moves between mini-batches; with one mini-batch
+        # the current log-probs (detached) are the old ones, however old the sampler's weights.
+        old_lp = update.logprobs(self.actor, batches, temp) if len(plans) > 1 else None
         logprob_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()

@@ -69,8 +69,10 @@ CASES = [("grpo", "grpo.loss_agg=token-mean"), ("grpo", "grpo.loss_agg=seq-mean-
          ("grpo", "grpo.loss_agg=seq-mean-token-sum"), ("flowrl", "flowrl.beta=2.0"), ("fapo", "grpo.kl_coef=0.1")]
 
 
-def grads(algo_name, override, prompts, responses, rollout, adv, budget, packed, seed, correction="none"):
-    """The gradient of one mini-batch through update.plan/micro_batch/accumulate in one process."""
+def grads(algo_name, override, prompts, responses, rollout, adv, budget, packed, seed, correction="none",
+          old_forward=False):
+    """The gradient of one mini-batch through update.plan/micro_batch/accumulate in one process;
+    `old_forward`: its old log-probs from a forward of their own first, not the update's own."""
     cfg = load_config(None, [f"algo={algo_name}", override, f"rollout.correction={correction}", "rollout.n=3"])
     algo = get_algo(cfg.algo)
     actor = Actor(_model(seed), 2 if algo.zhead else 0).double().eval()  # eval: no Z-head dropout
@@ -78,7 +80,8 @@ def grads(algo_name, override, prompts, responses, rollout, adv, budget, packed,
     plans, totals = update.plan(prompts, responses, chunk, budget, packed, algo.loss_units(cfg), 1, "cpu")
     batches = [update.micro_batch(prompts, responses, rollout, idx, packed, 0, "cpu") for idx in plans[0]]
     ref = update.logprobs(actor, [batches], cfg.rollout.temperature)[0] if algo.needs_ref(cfg) else None
-    stats, _ = update.accumulate(actor, algo, cfg, responses, plans[0], batches, adv, totals[0], 1, None, ref)
+    old = update.logprobs(actor, [batches], cfg.rollout.temperature)[0] if old_forward else None
+    stats, _ = update.accumulate(actor, algo, cfg, responses, plans[0], batches, adv, totals[0], 1, old, ref)
     return len(plans[0]), stats, {n: p.grad.clone() for n, p in actor.named_parameters() if p.grad is not None}
 
 
@@ -100,3 +103,23 @@ def test_micro_batches_give_the_mini_batch_gradient(algo_name, override, packed)
         scale = g1[name].abs().max().clamp(min=1.0)
         assert (g1[name] - g2[name]).abs().max() / scale < 1e-10, name
     assert s2["train/loss"] == pytest.approx(s1["train/loss"], rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.parametrize("algo_name,override", CASES)
+@pytest.mark.parametrize("correction", ["token_tis", "seq_tis"])
+def test_one_mini_batch_needs_no_forward_for_the_old_log_probs_however_old_the_samples(algo_name, override,
+                                                                                      correction):
+    """The decoupled objective's π_prox is the trainer's weights at the start of the update: with one
+    mini-batch those are the weights of the update's own forward, so its detached log-probs are the
+    old ones, whatever weights sampled the responses (their log-probs, drawn here far from the
+    model's, enter only the correction's weight). The split trainer runs no forward for them."""
+    seed = torch.initial_seed() % 2**31
+    prompts, responses, rollout = samples(seed, 4, 3, 1, 20)
+    adv = torch.randn(len(responses), dtype=torch.float64)
+    budget = max(len(p) + len(r) for p, r in zip(prompts, responses))  # several micro-batches, one update
+    n1, s1, g1 = grads(algo_name, override, prompts, responses, rollout, adv, budget, True, seed, correction)
+    n2, s2, g2 = grads(algo_name, override, prompts, responses, rollout, adv, budget, True, seed, correction, True)
+    assert n1 == n2 > 1 and g1.keys() == g2.keys() and g1
+    for name in g1:
+        assert torch.equal(g1[name], g2[name]), name
+    assert s1 == s2

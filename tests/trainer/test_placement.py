@@ -3,10 +3,12 @@ weight transport between the trainer's rank 0 and the rollout workers; a few ste
 embedded default on one trainer and one rollout worker, synchronous and one step stale; a
 killed worker of either role and Ctrl-C ending the run with nothing left running."""
 
+import os
 import re
 import time
 
 import pytest
+import torch
 
 from reasonrl_fast.data.records import prompt_ids
 from reasonrl_fast.util import read_metrics
@@ -202,7 +204,6 @@ def test_generation_runs_at_most_k_steps_ahead_and_each_is_trained_once(k, tmp_p
 
 
 @pytest.mark.e2e
-@pytest.mark.e2e
 @pytest.mark.parametrize("workers,sharding", [(1, "auto"), (2, "fsdp")])
 def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(tmp_path, workers, sharding):
     """Trainer workers (one; two FSDP2 ranks, whose shards of uneven rows arrive in the
@@ -210,7 +211,8 @@ def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(tmp_pat
     trainer's weights bit for bit (equal checksums) after setup's version 0 and after an update's
     publish, and the update did change them. An update published while a generation runs lands
     in it (the weight load in the rollout worker's concurrency group of its own, the generation
-    going on under the new weights): responses that were still running carry both versions."""
+    going on under the new weights): responses that were still running carry both versions.
+    One trainer worker takes two CPU slots and threads, the rollout worker its own one."""
     from reasonrl_fast.trainer.cluster import Cluster
     from tests.helpers.model_dirs import model_dir
 
@@ -218,16 +220,20 @@ def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(tmp_pat
     cfg = load_config(None, [f"model.path={path}", "trainer.placement=split", f"trainer.workers_per_node={workers}",
                              f"trainer.sharding={sharding}", "rollout.workers=1", "rollout.n=2",
                              "rollout.max_new_tokens=300", "data.prompts_per_step=2", "optim.mini_batch_prompts=2",
-                             "optim.lr=1e-2", f"trainer.output_dir={tmp_path / 'run'}"])
+                             "optim.lr=1e-2", f"trainer.output_dir={tmp_path / 'run'}",
+                             f"trainer.cpus_per_worker={3 - workers}", "rollout.cpus_per_worker=1"])
     import ray
 
-    # a CPU for each trainer worker and the rollout worker
-    ray.init(address="local", num_cpus=workers + 1, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
+    # the trainer workers' CPU slots and the rollout worker's
+    ray.init(address="local", num_cpus=workers * (3 - workers) + 1, include_dashboard=False,
+             _node_ip_address="127.0.0.1", log_to_driver=False)
     cluster = None
     try:
         cluster = Cluster(cfg, str(path))
         assert cluster._shards == workers  # the layout the receivers cut: the trainer's shard count
+        threads = lambda actors: ray.get([a.__ray_call__.remote(lambda _: torch.get_num_threads())  # noqa: E731
+                                          for a in actors])
+        assert threads(cluster.workers) == [3 - workers] * workers and threads(cluster.rollout.actors) == [1]
         trainer, (rollout,) = cluster.weights_checksums()
         assert trainer == rollout and cluster.version == 0
         pending = cluster.submit([[5, 6, 7], [8, 9]], 2, 1.0, 1.0, 1)
@@ -258,13 +264,18 @@ def test_split_placement_trains_the_embedded_default(train, tmp_path, k):
     rollout workers sample the weights of the last update, so the sampler's and the trainer's
     log-probs agree as closely as colocated workers' (tests/trainer/test_stale_rollout.py: below
     1e-4 on the steps that sample the current policy). k=1: each step after the first trains on
-    samples one version old, the gap shows, and every step trains."""
+    samples one version old, the gap shows, and every step trains. k=1 gives the trainer worker
+    two threads: three CPU slots over this machine's two cores (or fewer), which the log says."""
     out = tmp_path / "run"
+    cpus = ["trainer.cpus_per_worker=2", "rollout.cpus_per_worker=1"] if k else []
     p = train(["trainer.placement=split", "trainer.workers_per_node=1", "rollout.workers=1", "trainer.steps=4",
-               "trainer.val_every=0", f"trainer.max_staleness={k}", "rollout.correction=token_tis",
+               "trainer.val_every=0", f"trainer.max_staleness={k}", "rollout.correction=token_tis", *cpus,
                f"trainer.output_dir={out}"], tmp_path, timeout=600, tiny=False)
     assert "placement: split, 1 trainer worker(s) and 1 rollout engine(s)" in p.stdout
-    assert "on CPU the two roles share the node's cores" in p.stdout
+    assert f"on CPU: {k + 1} and 1 thread(s) a worker; the two roles share the node's cores" in p.stdout
+    if k and (os.cpu_count() or 1) < 3:
+        assert "the workers' 3 CPU slots over-subscribe this machine's" in p.stdout
+        assert f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')} in the workers)" in p.stdout
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     diff = [r["rollout/logprob_diff_mean"] for r in rows]
