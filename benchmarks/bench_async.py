@@ -4,7 +4,7 @@ same seeds and number of samples, one run after another on this machine.
 
     python benchmarks/bench_async.py [--write benchmarks/RESULTS.md] [--seeds 0,1,2]
         [--algos grpo,flowrl] [--latency 0,0.01] [--genrm-latency 0.1] [--staleness 1,2]
-        [--sync-workers 1,2] [--python PY] [key=value ...]
+        [--sync-workers 1,2,1x2] [--trainer-threads 2] [--python PY] [key=value ...]
 
 Each `--latency` is a case: 0 is the embedded default as it is; a latency L > 0 scores every sample
 through benchmarks/latency_reward.py, which sleeps L seconds first (a wait that uses none of the
@@ -12,8 +12,11 @@ trainer's cores, as a remote reward service's), so that a step's reward time is 
 samples x L / reward.num_workers. FAPO's runs (`--algos fapo`) ask a GenRM server the benchmark
 starts, benchmarks/latency_genrm.py: the rule judge answering each request `--genrm-latency`
 seconds late (0: at once), a remote GenRM's wait. Synchronous means colocated placement at each
-`--sync-workers` count (workers_per_node); the faster of them (by mean wall time over the seeds)
-is the baseline each split run's ratio is taken against.
+`--sync-workers` count (workers_per_node, each of one thread or, as 1x2, of two); the faster of
+them (by mean wall time over the seeds) is the baseline each split run's ratio is taken against.
+`--trainer-threads` gives the split trainer worker that many threads beside its rollout worker's
+one (rollout.cpus_per_worker=1): on shared cores, where the rollout worker mostly waits, the
+update can take them.
 
 The table gives, per case, algorithm and layout, the means over the seeds of: wall time of the
 run (the warm start built before, not counted), its ratio to the synchronous baseline, the last
@@ -49,13 +52,20 @@ REWARD = os.path.join(HERE, "latency_reward.py") + ":scored_after_a_wait"
 GENRM = os.path.join(HERE, "latency_genrm.py")
 
 
-def layouts(staleness: list[int], sync_workers: list[int]) -> dict[str, list[str]]:
-    """Each layout's settings, by its name in the table."""
-    out = {f"sync, {w} worker(s)": ["trainer.placement=colocated", f"trainer.workers_per_node={w}"]
-           for w in sync_workers}
+def layouts(staleness: list[int], sync: list[str], trainer_threads: int) -> dict[str, list[str]]:
+    """Each layout's settings, by its name in the table. `sync`: "W" (W workers of one thread) or
+    "WxT" (of T threads each); `trainer_threads`: the split trainer worker's (its rollout worker
+    has one)."""
+    out = {}
+    for spec in sync:
+        w, _, t = spec.partition("x")
+        name = f"sync, {w} worker(s)" + (f" x {t} threads" if t else "")
+        out[name] = ["trainer.placement=colocated", f"trainer.workers_per_node={w}", f"trainer.cpus_per_worker={t or 1}"]
+    threads = f", trainer {trainer_threads} threads" if trainer_threads > 1 else ""
     for k in staleness:
-        out[f"split, staleness {k}"] = ["trainer.placement=split", "rollout.workers=1",
-                                       "trainer.workers_per_node=1", f"trainer.max_staleness={k}"]
+        out[f"split, staleness {k}{threads}"] = [
+            "trainer.placement=split", "rollout.workers=1", "trainer.workers_per_node=1", f"trainer.max_staleness={k}",
+            f"trainer.cpus_per_worker={trainer_threads}", "rollout.cpus_per_worker=1"]
     return out
 
 
@@ -143,11 +153,12 @@ def main() -> None:
     p.add_argument("--latency", default="0,0.01", help="seconds each reward call waits, one case each")
     p.add_argument("--genrm-latency", type=float, default=0.0, help="seconds each GenRM request waits (fapo)")
     p.add_argument("--staleness", default="1,2")
-    p.add_argument("--sync-workers", default="1,2")
+    p.add_argument("--sync-workers", default="1,2", help="W or WxT (W workers of T threads), comma-separated")
+    p.add_argument("--trainer-threads", type=int, default=1, help="the split trainer worker's threads")
     p.add_argument("--python", default=sys.executable)
     a, extra = p.parse_known_args()
     seeds = [int(s) for s in a.seeds.split(",")]
-    lay = layouts([int(k) for k in a.staleness.split(",")], [int(w) for w in a.sync_workers.split(",")])
+    lay = layouts([int(k) for k in a.staleness.split(",")], a.sync_workers.split(","), a.trainer_threads)
     load0 = os.getloadavg()[0]
     warm_starts(a.python, extra, seeds)
     results: dict = {}

@@ -870,14 +870,15 @@ def test_algos_bench_on_tiny_settings_writes_its_section_and_figure(tmp_path):
 
 @pytest.mark.e2e
 def test_async_bench_on_tiny_settings_writes_its_section(tmp_path):
-    """One seed, one algorithm, the reward-latency case: the synchronous baseline and split
-    placement at staleness 1, each run for real, and the table with both rows."""
+    """One seed, one algorithm, the reward-latency case: the synchronous baseline (one worker of
+    two threads) and split placement at staleness 1 (its trainer worker of two threads), each run
+    for real, and the table with both rows."""
     results = tmp_path / "RESULTS.md"
     out = _script("bench_async.py", "--seeds", "0", "--algos", "grpo", "--latency", "0.01", "--staleness", "1",
-                  "--sync-workers", "1", "--write", str(results), *_tiny(tmp_path), "trainer.steps=3",
-                  "trainer.val_every=0", timeout=600)
+                  "--sync-workers", "1x2", "--trainer-threads", "2", "--write", str(results), *_tiny(tmp_path),
+                  "trainer.steps=3", "trainer.val_every=0", timeout=600)
     rows = [json.loads(x) for x in out.splitlines() if x.startswith('{"latency"')]
-    assert [r["layout"] for r in rows] == ["sync, 1 worker(s)", "split, staleness 1"], out
+    assert [r["layout"] for r in rows] == ["sync, 1 worker(s) x 2 threads", "split, staleness 1, trainer 2 threads"], out
     assert all(r["steps"] == 3 for r in rows), rows
     sync, split = rows
     # the latency reward waited: 0.01 s a sample over the pool's 2 workers, 4 prompts x 2 samples a step
@@ -887,7 +888,8 @@ def test_async_bench_on_tiny_settings_writes_its_section(tmp_path):
     assert 0 <= split["partial"] <= 1, split
     md = results.read_text()
     assert md.count("<!-- async-split:begin -->") == 1, md
-    assert "| 0.01 | - | grpo | sync, 1 worker(s) (baseline) | " in md and "| 0.01 | - | grpo | split, staleness 1 | " in md, md
+    assert "| 0.01 | - | grpo | sync, 1 worker(s) x 2 threads (baseline) | " in md, md
+    assert "| 0.01 | - | grpo | split, staleness 1, trainer 2 threads | " in md, md
 
 
 @pytest.mark.e2e
