@@ -172,9 +172,9 @@ class Worker(RolloutWorker):
             # FSDP2 reshards a root unit in its backward, which the frozen reference never runs:
             # without this its embeddings and head would stay gathered through the update
             self.ref.reshard()
-        # Old log-probs (π_prox, the weights at the start of the update: docs/math.md §Rollout
-        # correction) only matter when the policy moves between mini-batches; with one mini-batch
-        # the current log-probs (detached) are the old ones, however old the sampler's weights.
+        # Old log-probs (π_prox, the weights at the start of the update, of docs/math.md
+        # §Rollout correction) only matter when the policy moves between mini-batches; with one
+        # mini-batch the current log-probs (detached) are the old ones, however old the sampler's.
         old_lp = update.logprobs(self.actor, batches, temp) if len(plans) > 1 else None
         logprob_s = time.perf_counter() - t0
 
