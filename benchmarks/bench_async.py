@@ -60,7 +60,8 @@ def layouts(staleness: list[int], sync: list[str], trainer_threads: int) -> dict
     for spec in sync:
         w, _, t = spec.partition("x")
         name = f"sync, {w} worker(s)" + (f" x {t} threads" if t else "")
-        out[name] = ["trainer.placement=colocated", f"trainer.workers_per_node={w}", f"trainer.cpus_per_worker={t or 1}"]
+        out[name] = ["trainer.placement=colocated", f"trainer.workers_per_node={w}",
+                     f"trainer.cpus_per_worker={t or 1}"]
     threads = f", trainer {trainer_threads} threads" if trainer_threads > 1 else ""
     for k in staleness:
         out[f"split, staleness {k}{threads}"] = [

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -238,9 +239,15 @@ class Estimate:
         return self.phases[1] if self.update >= self.rollout else self.phases[0]
 
     @property
+    def host_each(self) -> float:
+        """GiB of host memory one worker holds for offloaded states, at its larger phase (0 without
+        offload)."""
+        return max(sum(t.rollout for t in self.host), sum(t.update for t in self.host))
+
+    @property
     def host_per_node(self) -> float:
         """GiB of host memory the node's workers hold for offloaded states (0 without offload)."""
-        return self.workers_per_node * max((sum(t.rollout for t in self.host), sum(t.update for t in self.host)))
+        return self.workers_per_node * self.host_each
 
     @property
     def fits_device(self) -> bool:
@@ -427,9 +434,7 @@ def advise(cfg: Config, s: Shape, est: Estimate, device: str, genrm: Shape | Non
                              f"more than --host-memory-gb {est.host_memory_gib:g}"]
         return out
 
-    def fits_with(**changes) -> bool:
-        return _fits_with(cfg, s, est, device, genrm, **changes)
-
+    fits_with = functools.partial(_fits_with, cfg, s, est, device, genrm)
     phase = est.phase
     terms = sorted(est.terms, key=lambda x: -(x.update if phase == "update" else x.rollout))
     seq = cfg.max_sequence
@@ -620,9 +625,8 @@ def _table(est: Estimate, title: str) -> list[str]:
     lines.append(f"peak: {est.peak:.2f} GiB in the {est.phase} phase, {where}: "
                  + ("fits" if est.fits_device else "does NOT fit") + margin)
     if est.host:
-        each = max(sum(t.rollout for t in est.host), sum(t.update for t in est.host))
         room = est.host_memory_gib - est.host_per_node
-        lines.append(f"host memory (trainer.offload): {each:.2f} GiB per worker ("
+        lines.append(f"host memory (trainer.offload): {est.host_each:.2f} GiB per worker ("
                      + ", ".join(t.name for t in est.host) + f"), {est.host_per_node:.1f} GiB for the node's "
                      f"{est.workers_per_node}, of {est.host_memory_gib:g} GiB (--host-memory-gb): "
                      + (f"fits, {room:.1f} GiB to spare" if room >= 0 else f"does NOT fit, {-room:.1f} GiB over"))

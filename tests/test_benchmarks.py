@@ -878,7 +878,8 @@ def test_async_bench_on_tiny_settings_writes_its_section(tmp_path):
                   "--sync-workers", "1x2", "--trainer-threads", "2", "--write", str(results), *_tiny(tmp_path),
                   "trainer.steps=3", "trainer.val_every=0", timeout=600)
     rows = [json.loads(x) for x in out.splitlines() if x.startswith('{"latency"')]
-    assert [r["layout"] for r in rows] == ["sync, 1 worker(s) x 2 threads", "split, staleness 1, trainer 2 threads"], out
+    assert [r["layout"] for r in rows] == ["sync, 1 worker(s) x 2 threads",
+                                           "split, staleness 1, trainer 2 threads"], out
     assert all(r["steps"] == 3 for r in rows), rows
     sync, split = rows
     # the latency reward waited: 0.01 s a sample over the pool's 2 workers, 4 prompts x 2 samples a step

@@ -746,6 +746,7 @@ def test_each_roles_cpu_slots_and_the_note_when_they_over_subscribe_the_cores(mo
     assert cfg.rollout_cpus == 1 and cpu_slots(cfg) == 4 and oversubscribed(cfg) is None
     cfg = load_config(None, ["trainer.workers_per_node=2", "trainer.cpus_per_worker=2", "rollout.cpus_per_worker=9"])
     assert cpu_slots(cfg) == 4  # colocated: the trainer's workers run the engines
-    cfg = load_config(None, [*split, "rollout.tensor_parallel_size=2", "rollout.cpus_per_worker=2", "rollout.backend=vllm"])
+    cfg = load_config(None, [*split, "rollout.tensor_parallel_size=2", "rollout.cpus_per_worker=2",
+                             "rollout.backend=vllm"])
     assert cpu_slots(cfg) == 1 + 2 * 2
     assert oversubscribed(load_config(None, [*split, "trainer.cpus_per_worker=4", "trainer.ray_address=h:1"])) is None

@@ -58,8 +58,8 @@ def generate_jobs(cfg, model_path: str, jobs: list[Job], spec: EngineSpec, log=p
         engines = max(1, min(count // tp, len(batches)))
         count = engines * tp
         # on whichever GPUs the cluster has (packed), each engine's KV cache sized for one batch
-        group = WorkerGroup(RolloutWorker, cfg, model_path, spec, count, worker_bundle(gpus, cfg.rollout_cpus), nodes=1,
-                            sequences=size * max(job.n for job in jobs))
+        group = WorkerGroup(RolloutWorker, cfg, model_path, spec, count, worker_bundle(gpus, cfg.rollout_cpus),
+                            nodes=1, sequences=size * max(job.n for job in jobs))
         group.setup("eval setup")  # a worker's UserError as itself
         t0 = time.perf_counter()
         log(f"[eval] {sum(len(job.prompts) for job in jobs)} prompts x "

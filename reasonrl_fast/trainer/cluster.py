@@ -108,8 +108,7 @@ class Cluster:
                 r = cfg.rollout
                 self.rollout = WorkerGroup(RolloutWorker, cfg, model_path, self.spec,
                                            r.workers * r.tensor_parallel_size, worker_bundle(gpus, cfg.rollout_cpus),
-                                           nodes=1,
-                                           log_dir=t.output_dir, role="rollout worker",
+                                           nodes=1, log_dir=t.output_dir, role="rollout worker",
                                            concurrency_groups={WEIGHTS: 1} if self._mid else None)
             self.setup_info = self.group.setup()[0]
             if self.split:
