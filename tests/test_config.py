@@ -750,3 +750,25 @@ def test_each_roles_cpu_slots_and_the_note_when_they_over_subscribe_the_cores(mo
                              "rollout.backend=vllm"])
     assert cpu_slots(cfg) == 1 + 2 * 2
     assert oversubscribed(load_config(None, [*split, "trainer.cpus_per_worker=4", "trainer.ray_address=h:1"])) is None
+
+
+def test_each_role_runs_a_thread_per_cpu_slot_of_its_own():
+    """A rollout worker takes rollout.cpus_per_worker threads, a trainer worker (whose class
+    extends it) trainer.cpus_per_worker: each sets them as it is built, before it loads anything."""
+    import torch
+
+    from reasonrl_fast.rollout import get_rollout
+    from reasonrl_fast.rollout.worker import RolloutWorker
+    from reasonrl_fast.trainer.worker import Worker
+
+    cfg = load_config(None, ["trainer.placement=split", "trainer.cpus_per_worker=3", "rollout.cpus_per_worker=2"])
+    before = torch.get_num_threads()
+    try:
+        RolloutWorker(cfg, 0, 1, "unused", get_rollout("hf"))
+        assert torch.get_num_threads() == 2
+        Worker(cfg, 0, 1, "unused", get_rollout("hf"))
+        assert torch.get_num_threads() == 3
+        RolloutWorker(load_config(None, ["trainer.cpus_per_worker=3"]), 0, 1, "unused", get_rollout("hf"))
+        assert torch.get_num_threads() == 3  # unset: the trainer's
+    finally:
+        torch.set_num_threads(before)

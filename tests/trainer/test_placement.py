@@ -212,7 +212,8 @@ def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(tmp_pat
     publish, and the update did change them. An update published while a generation runs lands
     in it (the weight load in the rollout worker's concurrency group of its own, the generation
     going on under the new weights): responses that were still running carry both versions.
-    One trainer worker takes two CPU slots and threads, the rollout worker its own one."""
+    Each worker runs a thread per CPU slot of its bundle. (One thread each: with more, the update
+    can end after the generation it should land in, which the versions check would miss.)"""
     from reasonrl_fast.trainer.cluster import Cluster
     from tests.helpers.model_dirs import model_dir
 
@@ -220,20 +221,19 @@ def test_split_cluster_publishes_identical_weights_to_its_rollout_worker(tmp_pat
     cfg = load_config(None, [f"model.path={path}", "trainer.placement=split", f"trainer.workers_per_node={workers}",
                              f"trainer.sharding={sharding}", "rollout.workers=1", "rollout.n=2",
                              "rollout.max_new_tokens=300", "data.prompts_per_step=2", "optim.mini_batch_prompts=2",
-                             "optim.lr=1e-2", f"trainer.output_dir={tmp_path / 'run'}",
-                             f"trainer.cpus_per_worker={3 - workers}", "rollout.cpus_per_worker=1"])
+                             "optim.lr=1e-2", f"trainer.output_dir={tmp_path / 'run'}"])
     import ray
 
-    # the trainer workers' CPU slots and the rollout worker's
-    ray.init(address="local", num_cpus=workers * (3 - workers) + 1, include_dashboard=False,
-             _node_ip_address="127.0.0.1", log_to_driver=False)
+    # a CPU for each trainer worker and the rollout worker
+    ray.init(address="local", num_cpus=workers + 1, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
     cluster = None
     try:
         cluster = Cluster(cfg, str(path))
         assert cluster._shards == workers  # the layout the receivers cut: the trainer's shard count
         threads = lambda actors: ray.get([a.__ray_call__.remote(lambda _: torch.get_num_threads())  # noqa: E731
                                           for a in actors])
-        assert threads(cluster.workers) == [3 - workers] * workers and threads(cluster.rollout.actors) == [1]
+        assert threads(cluster.workers) == [1] * workers and threads(cluster.rollout.actors) == [1]
         trainer, (rollout,) = cluster.weights_checksums()
         assert trainer == rollout and cluster.version == 0
         pending = cluster.submit([[5, 6, 7], [8, 9]], 2, 1.0, 1.0, 1)
