@@ -74,7 +74,8 @@ class EngineSpec:
     """The attention head sizes the engine can run on CPU (None: any)."""
     weights_between_tokens = False
     """The engine's `generate` takes `between_tokens` (rollout/handoff.py): new weights can land
-    mid-generation (split placement's partial rollouts); others finish a generation first."""
+    mid-generation (split placement's partial rollouts); others finish a generation first.
+    `between_tokens(cfg)` says whether they do in a run."""
     tensor_parallel = False
     """The engine can shard the model over rollout.tensor_parallel_size workers (one rank in each,
     in the workers' process group); others hold it whole in every worker."""
@@ -82,6 +83,11 @@ class EngineSpec:
     def available(self) -> bool:
         """Whether the engine's packages are installed here (looked up, not imported)."""
         return True
+
+    def between_tokens(self, cfg) -> bool:
+        """Whether a run of `cfg` hands the engine's generation new weights between two tokens
+        (`weights_between_tokens`), or has its loads wait for the generation's end."""
+        return self.weights_between_tokens
 
     def preflight(self, architectures: list[str] | None = None) -> str | None:
         """A UserError that says what to install or set when the engine cannot run here, or

@@ -10,6 +10,9 @@ holds 1/TP of the weights and of the KV cache, and loads its part from the same 
   was drawn from, after temperature and top-p, as the HF sampler reports it.
 - Weights are replaced in place through vLLM's public `collective_rpc("reload_weights")`,
   consuming the trainer's gathered buckets one by one (no second full copy).
+- Split placement, an engine of one process: a generation runs a step at a time, and weights
+  published mid-way land between two steps, the requests in flight preempted so that vLLM
+  recomputes their caches under them (`VLLMEngine._stepwise`, rollout/handoff.py).
 - On a GPU the engine sleeps during the update (its weights go to host memory, its KV cache is
   freed) and wakes before the next sync; on CPU vLLM has no sleep mode and says so once.
 - The KV cache: on CPU always a size in bytes (vLLM's `kv_cache_memory_bytes`), what the run's
@@ -27,6 +30,7 @@ holds 1/TP of the weights and of the KV cache, and loads its part from the same 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import logging
 import math
 import os
@@ -252,10 +256,11 @@ class VLLMEngine(Engine):
         if shm is not None:
             _unlink_shm(shm)
         self.asleep = False
+        self._request_ids = itertools.count()
         if not self.can_sleep:
             log(f"vLLM on {device.type}: no sleep mode, the engine keeps its memory during the update")
 
-    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds):
+    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds, between_tokens=None):
         from vllm import SamplingParams, TokensPrompt
 
         if not prompts:
@@ -269,20 +274,55 @@ class VLLMEngine(Engine):
                                  max_tokens=limits[i // n], seed=s, logprobs=0, detokenize=False,
                                  stop_token_ids=[self.eos_id])  # kept in token_ids: the policy learns to stop
                   for i, s in enumerate(seeds)]
-        outs = self.llm.generate(reqs, params, use_tqdm=False)
+        if between_tokens is None:
+            drawn = [(o.outputs[0].token_ids, o.outputs[0].logprobs)
+                     for o in self.llm.generate(reqs, params, use_tqdm=False)]
+        else:
+            drawn = self._stepwise(reqs, params, between_tokens)
         res = Samples()
-        for o in outs:
-            c = o.outputs[0]
-            res.tokens.append(list(c.token_ids))
+        for token_ids, logprobs in drawn:
+            res.tokens.append(list(token_ids))
             # greedy choices report 0, as the HF sampler does (their log-probs are not trained on)
-            res.logprobs.append([0.0 if greedy else float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs)])
+            res.logprobs.append([0.0 if greedy else float(lp[t].logprob) for t, lp in zip(token_ids, logprobs)])
         return res
+
+    def _stepwise(self, reqs, params, between_tokens) -> list[tuple[list, list]]:
+        """`generate` with weights that may land mid-generation (split placement's partial
+        rollouts): vLLM's engine driven one step at a time (a token for every running request),
+        asking `between_tokens` before each step with every request's tokens so far. A load let in
+        there (`load_weights`) preempts the running requests, so that vLLM recomputes their caches
+        from their tokens under the new weights: each token is drawn from one version's policy,
+        and its log-prob is that policy's. Each request's (token ids, log-prob dicts)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        tokens: list[list] = [[] for _ in reqs]
+        logprobs: list[list] = [[] for _ in reqs]
+        index = {}
+        try:
+            for i, (r, p) in enumerate(zip(reqs, params)):
+                p.output_kind = RequestOutputKind.DELTA  # each step's new tokens, which the counts need
+                rid = f"rrl-{next(self._request_ids)}"
+                index[rid] = i
+                engine.add_request(rid, r, p)
+            while engine.has_unfinished_requests():
+                between_tokens([len(t) for t in tokens])
+                for o in engine.step():
+                    i, c = index[o.request_id], o.outputs[0]
+                    tokens[i].extend(c.token_ids)
+                    logprobs[i].extend(c.logprobs or [])
+        except BaseException:  # an error or an interrupt: no request of this call stays queued
+            engine.abort_request(list(index))
+            raise
+        return list(zip(tokens, logprobs))
 
     def load_weights(self, named_tensors):
         self.wake()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
-        # the prefix cache holds keys and values computed with the old weights
-        self.llm.reset_prefix_cache()
+        # the prefix cache holds keys and values computed with the old weights; so do the running
+        # requests of a generation paused mid-way (`_stepwise`), which this preempts: vLLM
+        # recomputes their caches from their tokens when it schedules them again
+        self.llm.reset_prefix_cache(reset_running_requests=True)
 
     def sleep(self):
         if self.can_sleep and not self.asleep:
@@ -310,11 +350,18 @@ class VLLM(EngineSpec):
     name = "vllm"
     label = "vLLM"
     tensor_parallel = True
+    weights_between_tokens = True
     # vLLM 0.32's CPU attention kernels (any other size is refused at the first generation)
     cpu_head_dims = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
     def available(self) -> bool:
         return importlib.util.find_spec("vllm") is not None
+
+    def between_tokens(self, cfg):
+        # one process per engine: the ranks of a tensor-parallel engine would each have to let a
+        # load in at the same step, which needs an agreement between them that is not built; its
+        # loads wait for the generation's end
+        return cfg.rollout.tensor_parallel_size == 1
 
     def preflight(self, architectures=None):
         return f"vLLM {check_vllm(architectures)}"

@@ -42,8 +42,15 @@ class RolloutWorker:
         self.handoff = Handoff()
         self._idle_lock = threading.Lock()
         self.log_path = spec.log_path(log_dir, rank) if log_dir else None
-        if not torch.cuda.is_available():
-            # A thread per CPU slot of its bundle (rollout/group.py `worker_bundle`)
+        self.own_threads()
+
+    def own_threads(self) -> None:
+        """On CPU, a torch thread per CPU slot of the worker's bundle (rollout/group.py
+        `worker_bundle`). torch's count is each thread's own, and Ray runs the methods of an actor
+        with concurrency groups in threads of its pools: a method that computes sets it first (a
+        CPU vLLM engine refuses to run in a thread whose count differs from the one it was built
+        in)."""
+        if not torch.cuda.is_available() and torch.get_num_threads() != self.cpus():
             torch.set_num_threads(self.cpus())
 
     def cpus(self) -> int:
@@ -91,7 +98,8 @@ class RolloutWorker:
         worker's own are prompts[own[0]:own[1]] (None: all); only its own come back."""
         # new weights can land between two tokens (split placement: `receive_weights` runs in a
         # thread of its own); with an engine that cannot take them there they wait for the end
-        mid = {"between_tokens": self.handoff.between_tokens} if self.spec.weights_between_tokens else {}
+        self.own_threads()
+        mid = {"between_tokens": self.handoff.between_tokens} if self.spec.between_tokens(self.cfg) else {}
         # rollout.max_sequence_tokens: each prompt's response has a limit of its own
         cfg = self.cfg
         limit = ([cfg.response_limit(len(p)) for p in prompts] if cfg.rollout.max_sequence_tokens
@@ -123,8 +131,9 @@ class RolloutWorker:
         with self._idle_lock:
             self._busy_until = time.perf_counter()  # the first generation starts the count
             idle, self._idle_s = self._idle_s, 0.0
-        switches = self.handoff.switches
-        return out.tokens, out.logprobs, [spans(switches, len(t)) for t in out.tokens], idle
+        switches, first = self.handoff.switches, own[0] * n if own else 0
+        return (out.tokens, out.logprobs, [spans(switches, len(t), first + i) for i, t in enumerate(out.tokens)],
+                idle)
 
     # when this worker's last generation or load ended (None: no generation yet; inf: one runs);
     # both threads (generation, weights) read and write it under `_idle_lock`
@@ -153,6 +162,7 @@ class RolloutWorker:
         pauses at its next token while the weights load (rollout/handoff.py)."""
         from reasonrl_fast.layout import SYNC_BUCKET_BYTES
 
+        self.own_threads()
         with self.handoff.loading():
             idle = not self.handoff.generating
             if idle:

@@ -11,9 +11,10 @@ sends each trainer worker its share with the advantages; after each update the t
 publishes the weights to the rollout workers (rollout/transport.py), as version `version`. A
 generation is submitted (`submit`) and collected (`collect`) apart, so the driver can keep some in
 flight while the trainer updates (loop.py, trainer.max_staleness). With an engine that takes
-weights between tokens (the hf engine) a rollout worker loads them in a thread of its own at once,
-its generation in flight pausing at its next token and going on under the new weights (partial
-rollouts, rollout/handoff.py); each response carries the versions of its tokens."""
+weights between tokens (the hf engine, vLLM's of one process: `EngineSpec.between_tokens`) a
+rollout worker loads them in a thread of its own at once, its generation in flight pausing at its
+next token and going on under the new weights (partial rollouts, rollout/handoff.py); each
+response carries the versions of its tokens."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ class Cluster:
     @property
     def _mid(self) -> bool:
         """Split placement's weights land mid-generation (the engine takes them between tokens)."""
-        return self.spec.weights_between_tokens
+        return self.spec.between_tokens(self.cfg)
 
     def __init__(self, cfg, model_path: str):
         self.cfg = cfg
@@ -199,8 +200,8 @@ class Cluster:
         and sampler log-probs come back to the driver, which can send them to `train_step`
         (`keep`): split placement's, and dynamic sampling's rounds (loop.py). In split placement
         it samples the weights of version `self.version`, the last one published before it, or a
-        newer one that lands before it starts or mid-generation (partial rollouts; with vLLM a
-        worker runs its loads and generations in order); colocated, the engines' current ones."""
+        newer one that lands before it starts or mid-generation (partial rollouts; with a
+        tensor-parallel vLLM engine a worker runs its loads and generations in order); colocated, the engines' current ones."""
         samplers = self._samplers()
         split = samplers.shares(len(prompts))
         seed = self.cfg.trainer.seed
@@ -275,8 +276,9 @@ class Cluster:
 
 def publish_metrics(outs: list[dict], wall_s: float) -> dict:
     """A publish's metrics from the trainer workers' `publish` results (rank 0's holds the
-    transfer) and its wall time on the driver (`time/sync_s`: with vLLM the rollout workers' wait
-    for an in-flight generation included; with the hf engine at most one token's)."""
+    transfer) and its wall time on the driver (`time/sync_s`: with a tensor-parallel vLLM engine
+    the rollout workers' wait for an in-flight generation included; else at most one token's or
+    engine step's)."""
     return {"time/sync_s": wall_s, **outs[0]}
 
 

@@ -183,3 +183,32 @@ def test_a_responses_versions_are_the_switches_within_it():
     assert spans(switches, 9) == [(0, 3), (4, 4)]
     assert spans(switches, 4) == [(0, 3)]
     assert spans(switches, 0) == [(0, 3)]
+
+
+def test_an_engine_that_counts_each_rows_tokens_gives_each_response_its_own_switch():
+    """vLLM schedules each request on its own and passes every row's count of tokens so far: a
+    row in flight at a load switches at its own count; a row that had ended keeps one version; a
+    row not started (no token yet) is the new version's alone."""
+    switches = [(0, 3), ([4, 7, 0], 4), ([6, 7, 2], 5)]
+    assert spans(switches, 10, 0) == [(0, 3), (4, 4), (6, 5)]
+    assert spans(switches, 7, 1) == [(0, 3)]  # it ended at its 7th token, before either load
+    assert spans(switches, 5, 2) == [(0, 4), (2, 5)]
+    assert spans(switches, 1, 2) == [(0, 4)]
+    h = Handoff(version=3)
+    loaded = threading.Event()
+    with h.sampling():
+        def load():
+            with h.loading():
+                h.version = 4
+            loaded.set()
+
+        ld = threading.Thread(target=load)
+        ld.start()
+        deadline = time.monotonic() + 10
+        while not h._loading and time.monotonic() < deadline:  # the load waits for the next step
+            time.sleep(0.001)
+        assert h.between_tokens([4, 7, 0]) and loaded.wait(10)
+        assert not h.between_tokens([5, 7, 1])  # no load waiting: the step goes on
+    ld.join(10)
+    assert h.switches == [(0, 3), ([4, 7, 0], 4)]
+    assert [spans(h.switches, n, r) for r, n in enumerate([9, 7, 3])] == [[(0, 3), (4, 4)], [(0, 3)], [(0, 4)]]

@@ -56,6 +56,7 @@ settings, run_dir, model = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.
 cfg = config(settings)
 sized = config({**settings, "rollout": {**settings["rollout"], "kv_cache_memory_bytes": 12345}})
 share = config({**settings, "rollout": {**settings["rollout"], "gpu_memory_utilization": 0.7}})
+tp2 = config({**settings, "rollout": {**settings["rollout"], "tensor_parallel_size": 2}})
 facts = {}
 for name in ROLLOUTS:
     r = get_rollout(name)
@@ -80,6 +81,7 @@ for name in ROLLOUTS:
                            "cuda, bf16, sized": r.kv_cache_bytes(sized, model, "bfloat16", "cuda")},
         "memory_share": {"cpu": r.memory_share(cfg, "cpu"), "cuda": r.memory_share(cfg, "cuda"),
                          "cuda, 0.7": r.memory_share(share, "cuda"), "cuda, sized": r.memory_share(sized, "cuda")},
+        "between_tokens": [r.between_tokens(cfg), r.between_tokens(tp2)],
     }
 try:
     import torch
@@ -110,6 +112,7 @@ def test_every_engines_facts_without_torch(tmp_path):
     assert hf["log_path"] is None and hf["error_note"] == [None, None]
     assert hf["dtype"] == {"cpu": "float32", "cuda": "float32", "bf16 cpu": "bfloat16"}
     assert set(hf["kv_cache_bytes"].values()) == {None} and set(hf["memory_share"].values()) == {None}
+    assert hf["between_tokens"] == [True, True]  # its weights can land mid-generation
     # vllm: loads the model itself, in bf16 on a GPU; on CPU a KV cache in bytes for the worker's
     # batch (32 sequences of 48 tokens: 35 blocks of 128 x 1024 bytes, rollout/vllm.py
     # `kv_cache_bytes`; one sequence: ceil(1.05) + 1 blocks), on a GPU a share of the device
@@ -129,6 +132,8 @@ def test_every_engines_facts_without_torch(tmp_path):
     assert v["kv_cache_bytes"] == {"cpu": want, "cuda": None, "cpu, 1 sequence": 3 * 128 * 1024,
                                    "cuda, bf16, sized": 12345}
     assert v["memory_share"] == {"cpu": None, "cuda": 0.5, "cuda, 0.7": 0.7, "cuda, sized": None}
+    # mid-generation loads in an engine of one process; a tensor-parallel one's wait for its end
+    assert v["between_tokens"] == [True, False]
 
 
 def test_the_package_and_the_registry_import_no_torch():

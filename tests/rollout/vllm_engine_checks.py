@@ -42,6 +42,67 @@ def teacher_forced(m, prompt, tokens, temperature, top_p=1.0):
     return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
+def partial_rollouts(engine, first, second, prompts, k: int = 4) -> None:
+    """A rollout worker's two threads as Ray runs them in split placement: a load published while
+    the engine (holding `first`'s weights) generates lands between two of its steps, once some
+    request has k tokens; every response reports its versions, [(0, 0), (c, 1)] with c its
+    tokens before the load (or one version, where it ended before or had not started), and its
+    log-probs are `first`'s before c and `second`'s from c on, as a forward over the whole sequence
+    gives them: over the caches of the old weights the new ones would give neither."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from reasonrl_fast.config import load_config
+    from reasonrl_fast.rollout.handoff import Handoff
+    from reasonrl_fast.rollout.vllm import VLLM
+    from reasonrl_fast.rollout.worker import RolloutWorker
+
+    w = RolloutWorker(load_config(None, ["rollout.max_new_tokens=24"]), 0, 1, "unused", VLLM())
+    w.engine = engine
+    new = [(name, p.detach().clone()) for name, p in second.named_parameters()]
+    w.transport = SimpleNamespace(receive=lambda meta, version, dtype, bucket, shards: iter(new))
+    held, counts = threading.Event(), []
+
+    class AtStep(Handoff):
+        """Holds the generation at the first step where a request has k tokens until the load
+        waits, so that it lands there."""
+
+        def between_tokens(self, t):
+            if max(t) >= k and not held.is_set():
+                held.set()
+                counts.extend(t)
+                deadline = time.monotonic() + 30
+                while not self._loading and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            return super().between_tokens(t)
+
+    w.handoff = AtStep()
+    seeds = sample_seeds(3, 1, 0, len(prompts) * 4)
+    out = {}
+    gen = threading.Thread(target=lambda: out.update(r=w.sample_timed(prompts, 4, 1.0, 1.0, seeds)))
+    gen.start()
+    assert held.wait(60), "the generation never reached k tokens"
+    load = threading.Thread(target=lambda: out.update(v=w.receive_weights([], "float32", 1, 1)))
+    load.start()
+    gen.join(120), load.join(120)
+    assert not gen.is_alive() and not load.is_alive() and out.get("v") == 1, out
+    tokens, logprobs, versions, _ = out["r"]
+    assert len(counts) == len(tokens)
+    partial = 0
+    for i, (toks, lps, sp, c) in enumerate(zip(tokens, logprobs, versions, counts)):
+        want = [(0, 0), (c, 1)] if 0 < c < len(toks) else [(0, 1)] if c == 0 else [(0, 0)]
+        assert sp == want, (i, sp, c, len(toks))
+        partial += len(sp) == 2
+        ref = torch.cat([teacher_forced(first, prompts[i // 4], toks, 1.0)[:c],
+                         teacher_forced(second, prompts[i // 4], toks, 1.0)[c:]])
+        err = (torch.tensor(lps, dtype=torch.float64) - ref).abs().max().item()
+        assert err < 1e-4, ("mid-generation load", i, c, err)
+    assert partial, f"no response was in flight when the load landed: {counts}, {[len(t) for t in tokens]}"
+    # the next generation samples version 1 from its first token
+    assert w.sample_timed(prompts, 1, 1.0, 1.0, seeds[:3])[2] == [[(0, 1)]] * 3
+
+
 def main(work: str) -> None:
     torch.set_num_threads(1)
     first, second = model(0), model(1)
@@ -102,6 +163,10 @@ def main(work: str) -> None:
                 ids.append(int(first(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
         assert ids[len(p):] == toks and set(lps) == {0.0}, (ids[len(p):], toks)
     print("greedy: the model's argmax", flush=True)
+
+    # 5. weights that land mid-generation (split placement's partial rollouts)
+    partial_rollouts(engine, first, second, prompts)
+    print("mid-generation load: each token from one version, the caches recomputed", flush=True)
 
     engine.close()
     log = open(os.path.join(work, "vllm.log")).read()

@@ -41,6 +41,9 @@ def shm_segments() -> set[str]:
 # trainer.max_staleness=0: each step samples the version the step before published): the gap at every
 # step says the engine samples with the weights the trainer just published (an engine some updates
 # behind shows a gap far above it: tests/trainer/test_stale_rollout.py), and nothing is left behind.
+# And split with one engine of one process at trainer.max_staleness=1: its rollout worker's
+# generation runs beside the update, and a publish lands between two of its engine steps (Ray's
+# concurrency group, rollout/vllm.py `_stepwise`); no sample is more than one version behind.
 SHORT = 12
 GAP = 1e-4
 """A short run's largest gap: about 3.5e-7 measured (float32); a stale step's is above 1e-3."""
@@ -49,7 +52,8 @@ SPLIT = ["trainer.placement=split", "rollout.workers=1", "trainer.workers_per_no
 
 @pytest.mark.parametrize("tp,full,placement", [pytest.param(1, True, "colocated", marks=pytest.mark.slow),
                                                pytest.param(2, True, "colocated", marks=pytest.mark.slow),
-                                               (2, False, "colocated"), (2, False, "split")])
+                                               (2, False, "colocated"), (2, False, "split"),
+                                               (1, False, "split, staleness 1")])
 def test_embedded_default_learns_through_vllm(tmp_path, vllm_python, tp, full, placement):
     """`python -m reasonrl_fast.train rollout.backend=vllm` (with `tp` 2: one engine over two
     workers, `rollout.tensor_parallel_size=2`), the embedded default otherwise: a gap at every
@@ -59,7 +63,8 @@ def test_embedded_default_learns_through_vllm(tmp_path, vllm_python, tp, full, p
     out = tmp_path / "run"
     shm = shm_segments()
     short = [] if full else [f"trainer.steps={SHORT}", "trainer.val_every=0"]
-    where = SPLIT if placement == "split" else ["trainer.workers_per_node=2"]
+    where = {"colocated": ["trainer.workers_per_node=2"], "split": SPLIT,
+             "split, staleness 1": [*SPLIT, "trainer.max_staleness=1"]}[placement]
     p = popen_train(["rollout.backend=vllm", f"rollout.tensor_parallel_size={tp}", *where,
                      f"trainer.output_dir={out}", "trainer.progress=false", *short], tmp_path, python=vllm_python,
                     tiny=False)
@@ -71,10 +76,16 @@ def test_embedded_default_learns_through_vllm(tmp_path, vllm_python, tp, full, p
     assert sorted(os.listdir(out / "rollout")) == [f"vllm-rank{i}.log" for i in range(tp)]
     rows = read_metrics(out)
     gap = [r["rollout/logprob_diff_mean"] for r in rows if "rollout/logprob_diff_mean" in r]
-    assert len(gap) == rows[-1]["step"] and quantile(gap, 0.5) <= 0.01, quantile(gap, 0.5)
+    # one version behind, the gap is an update's change of the policy: 0.008 median measured
+    assert len(gap) == rows[-1]["step"] and quantile(gap, 0.5) <= (0.05 if "staleness" in placement else 0.01), gap
     if placement == "split":  # every step's samples are of the version published just before it
         assert all(r["rollout/staleness_max"] == 0 and r["time/transport_s"] > 0 for r in rows), rows
-    if full:
+    if placement == "split, staleness 1":  # the bound holds; past the first step, samples are behind
+        assert all(r["rollout/staleness_max"] <= 1 and r["time/transport_s"] > 0 for r in rows), rows
+        assert any(r["rollout/staleness_max"] == 1 for r in rows), rows
+        assert rows[-1]["step"] == SHORT
+        print(json.dumps({"partial_frac": [r["rollout/partial_frac"] for r in rows]}))
+    elif full:
         val = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
         assert val[-1] - val[0] >= 0.20, val
     else:
