@@ -67,6 +67,10 @@ def preflight(cfg, model_config=None, *, files: bool = True):
     check_model(cfg.model.fused_lm_head, model_config)
     if cfg.rollout.kv_cache_memory_bytes is not None:  # an engine given bytes, not a share of the device
         _check_kv_budget(cfg, model_config, source, files)
+    for spec in cfg.rollout.tools:  # a tool that cannot be imported or has no schema, named now
+        from reasonrl_fast.tools import load_tool
+
+        load_tool(spec)
     if cfg.optim.bf16_stochastic_round:  # torchao is an extra of its own: missing, say so now
         from reasonrl_fast.trainer.optim import stochastic_adamw
 

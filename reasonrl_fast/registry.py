@@ -1,9 +1,10 @@
 """The plug-in registries: a name -> "module:Class" table, the class imported when it is first
-asked for. The four tables live here, on the ground floor, as plain data: the settings read
+asked for. The tables live here, on the ground floor, as plain data: the settings read
 their names (the choices of `algo`, `data.task`, `rollout.backend`, `fapo.genrm.serve`) and the
 sections their plug-ins declare without importing a plug-in package at load. The packages
-re-export theirs (`algos.ALGOS`, `tasks.TASKS`, `rollout.ROLLOUTS`, `genrm.backends.BACKENDS`),
-and a new plug-in is one module and one line, `ALGOS["name"] = "package.module:Class"`.
+re-export theirs (`algos.ALGOS`, `tasks.TASKS`, `rollout.ROLLOUTS`, `genrm.backends.BACKENDS`,
+`tools.TOOLS`: a tool is a function, not a class), and a new plug-in is one module and one line,
+`ALGOS["name"] = "package.module:Class"`.
 
 A plug-in class may declare a settings section of its own: `section` (its name) and `Settings`
 (a dataclass with a `check(at)`, config/checks.py's `Checks`). The section hangs where its registry's
@@ -157,6 +158,7 @@ TASKS = Registry("task", "tasks", {
     "addition": "reasonrl_fast.tasks.addition:Addition",
     "code": "reasonrl_fast.tasks.code:Code",
     "genrm": "reasonrl_fast.tasks.genrm:GenRM",
+    "multiply": "reasonrl_fast.tasks.multiply:Multiply",
     "partition": "reasonrl_fast.tasks.partition:Partition",
 }, at="data")
 """The embedded tasks (`data.task`; tasks/base.py says what one gives)."""
@@ -173,7 +175,14 @@ BACKENDS = BackendRegistry("GenRM backend", "backends", {
 }, at="fapo.genrm", instances=False)
 """The GenRM server's backends (`fapo.genrm.serve`; genrm/backends.py says what one gives)."""
 
+TOOLS = Registry("tool", "tools", {
+    "calculator": "reasonrl_fast.tools.calculator:calculator",
+    "python": "reasonrl_fast.tools.python:python",
+}, instances=False)
+"""The tools a multi-turn rollout offers the policy (`rollout.tools`; tools/base.py says what one
+is: a function, named here or by its "module:function" path). Tools declare no settings."""
+
 REGISTRIES = (ALGOS, TASKS, ROLLOUTS, BACKENDS)
 """Every registry, in the order their sections are built (a backend's hangs in FAPO's)."""
 
-__all__ = ["ALGOS", "BACKENDS", "REGISTRIES", "ROLLOUTS", "TASKS", "BackendRegistry", "Registry"]
+__all__ = ["ALGOS", "BACKENDS", "REGISTRIES", "ROLLOUTS", "TASKS", "TOOLS", "BackendRegistry", "Registry"]

@@ -119,10 +119,11 @@ def rollout_sequences(cfg) -> int:
     return len(group) * cfg.rollout.n
 
 
-def meminfo_bytes(key: str) -> int:
-    """A /proc/meminfo entry in bytes (MemTotal, MemAvailable, ...); 0 when it cannot be read."""
+def meminfo_bytes(key: str, path: str = "/proc/meminfo") -> int:
+    """A /proc/meminfo entry in bytes (MemTotal, MemAvailable, ...), or of another file of its
+    form (/proc/self/status: VmSize, VmRSS, ...); 0 when it cannot be read."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             return int(next(x for x in f if x.startswith(key + ":")).split()[1]) * 1024
     except (OSError, StopIteration, ValueError):
         return 0

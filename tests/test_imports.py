@@ -22,8 +22,8 @@ LAYERS = {
     "toolchain": 1, "cli": 1,
     # 2: the settings, models, the run's shape, data and rewards
     "config": 2, "models": 2, "layout": 2, "data": 2, "rewards": 2,
-    # 3: Ray and checkpoints, and the plug-ins: tasks, algorithms, rollout engines
-    "runtime": 3, "tasks": 3, "algos": 3, "rollout": 3,
+    # 3: Ray and checkpoints, and the plug-ins: tasks, algorithms, rollout engines, tools
+    "runtime": 3, "tasks": 3, "algos": 3, "rollout": 3, "tools": 3,
     # 4: the trainer, eval, the GenRM server and client, drop-ins for other trainers
     "trainer": 4, "eval": 4, "genrm": 4, "integrations": 4,
     # 5: the commands

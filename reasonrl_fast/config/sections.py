@@ -12,7 +12,7 @@ from typing import Optional
 
 from reasonrl_fast.config.checks import MAX_WAIT_S, SEED_MAX, _Checks, _fail, tristate  # noqa: F401
 from reasonrl_fast.errors import ConfigError
-from reasonrl_fast.registry import ALGOS, ROLLOUTS, TASKS
+from reasonrl_fast.registry import ALGOS, ROLLOUTS, TASKS, TOOLS
 
 FILTER_METRICS = ("acc", "score")
 """data.filter_groups: the scorer's values a group's spread is measured on (trainer/dynamic.py)."""
@@ -219,7 +219,8 @@ class DataConfig(_Checks):
     solution: the index of its earliest wrong step, or -1, scored by the GenRM reward; its
     solutions come from the addition demonstrations, with carry_slip_prob and flaw_prob) or
     partition (a number of `digits` digits as the sum of two positive numbers: many right answers
-    per prompt, held-out validation numbers). The choices are the keys of tasks.TASKS; a task's
+    per prompt, held-out validation numbers) or multiply (products, some learnt at once and some
+    that take a calculator call: data.multiply.*). The choices are the keys of tasks.TASKS; a task's
 own settings are its section under data. (data.partition.styles)."""
     packing: str = "auto"
     """Packed sequences in the update and the log-prob passes: a micro-batch's sequences are
@@ -292,6 +293,10 @@ own settings are its section under data. (data.partition.styles)."""
         return self.gen_prompts_per_step or self.prompts_per_step
 
 
+TOOL_FORMATS = ("plain", "hermes")
+"""rollout.tool_format's choices: the keys of tools/calls.py `FORMATS`."""
+
+
 @dataclass
 class RolloutConfig(_Checks):
     backend: str = "hf"
@@ -356,6 +361,24 @@ class RolloutConfig(_Checks):
     """trainer.placement=split only: the rollout engines, each on rollout.tensor_parallel_size
     workers (devices) of its own beside the trainer's; one engine spans one node. Colocated
     placement ignores it (each trainer worker runs its own engine)."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the policy may call mid-answer (multi-turn rollouts, docs/trainer.md §Tools): names
+    in tools.TOOLS (calculator, python: a sandboxed code interpreter) or "package.module:function"
+    paths of tools of one's own. Empty: one turn, no tools."""
+    tool_format: str = "plain"
+    """How the policy writes a call and reads its answer (tools/calls.py): plain
+    (`<NAME>ARGUMENT</NAME>`, answered `<result>TEXT</result>`: a model without a chat template,
+    as the embedded one) or hermes (Qwen2.5/Qwen3's `<tool_call>` JSON, answered in tool messages
+    of the tokenizer's chat template)."""
+    max_turns: int = 2
+    """With tools: the calls (turns that call) a sample may make; the response's length limit
+    (max_new_tokens or max_sequence_tokens) counts its observations' tokens too."""
+    tool_timeout_s: float = 10.0
+    """With tools: one call's time limit; past it the tool's worker is killed and the policy
+    sees an error (tool/timeouts counts them)."""
+    tool_workers: int = 1
+    """With tools: each rollout worker's tool worker processes (calls of one turn run side by
+    side)."""
     cpus_per_worker: Optional[int] = None
     """CPU runs, trainer.placement=split and the eval command: a rollout worker's CPU slots and
     torch threads. Unset: trainer.cpus_per_worker. On shared cores the roles need not match: where
@@ -367,6 +390,13 @@ class RolloutConfig(_Checks):
         self._one_of(at, "backend", tuple(ROLLOUTS))  # read when checked: a registered engine counts
         self._one_of(at, "decoder", ("auto", "model"))
         self._one_of(at, "correction", ("none", "token_tis", "seq_tis"))
+        self._one_of(at, "tool_format", TOOL_FORMATS)
+        self._positive(at, "max_turns", "tool_workers")
+        self._duration(at, "tool_timeout_s")
+        for t in self.tools:  # a path is checked by the preflight, which imports it
+            if not (isinstance(t, str) and (t in TOOLS or ":" in t)):
+                _fail(f"{at}tools", self.tools, f"{t!r} is neither a tool ({TOOLS.known()}) nor a "
+                      f"'package.module:function' path")
         self._positive(at, "n", "max_new_tokens", "temperature", "sync_every", "is_cap", "tensor_parallel_size",
                        "val_n", "workers")
         self._not_negative(at, "val_temperature", "max_sequence_tokens")  # 0: greedy validation (GREEDY_BELOW)

@@ -42,6 +42,7 @@ def validate(cfg: Config) -> Config:
     check_tensor_parallel(cfg)
     check_placement(cfg)
     check_sequence_parallel(cfg)
+    check_tools(cfg)
     algo.check_config(cfg)
     if cfg.embedded_task:  # its scorer's sandbox limit, its own limits (tasks/base.py)
         TASKS.lookup(cfg.data.task).check_settings(cfg)
@@ -96,6 +97,24 @@ def check_sequence_parallel(cfg: Config) -> None:
     if cfg.data.packing == "false":
         raise ConfigError(f"trainer.sequence_parallel_size={sp} cuts packed rows: data.packing=false turns them off "
                           f"(set data.packing=auto)")
+
+
+def check_tools(cfg: Config) -> None:
+    """rollout.tools against what multi-turn samples do not reach yet: their masks travel with
+    samples a worker keeps, not with those the driver sends (split placement, dynamic sampling),
+    nor through sequence parallel's gather; and a tensor-parallel engine's ranks would each run the
+    calls, whose answers (a timeout on one rank) could differ. Which tools can load is
+    preflight's."""
+    if not cfg.rollout.tools:
+        return
+    t = cfg.trainer
+    for key, value, off in (("trainer.placement", t.placement, "colocated"),
+                            ("data.filter_groups", cfg.data.filter_groups, None),
+                            ("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size, 1),
+                            ("trainer.sequence_parallel_size", t.sequence_parallel_size, 1)):
+        if value != off:
+            raise ConfigError(f"rollout.tools with {key}={value}: multi-turn samples are not built for it yet; "
+                              f"set {key}={off if off is not None else 'null'}, or leave rollout.tools empty")
 
 
 def check_placement(cfg: Config) -> None:

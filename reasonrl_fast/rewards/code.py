@@ -163,6 +163,7 @@ class CodeResult:
     total: int
     status: str  # "ok" | "failed" | "error" | "timeout" | "output_limit" | "sandbox_error"
     stderr_tail: str
+    stdout: str = ""  # `run_program`'s: the head of what the program printed
 
 
 _mode: str | None = None
@@ -446,6 +447,26 @@ def run_tests(program: str, tests: str | list[dict], timeout_s: float = 10.0, *,
     return _launch(job, total, float(timeout_s), memory_mb)
 
 
+def run_program(program: str, stdin: str = "", timeout_s: float = 5.0, *, memory_mb: int = 512,
+                keep: int = 4096) -> CodeResult:
+    """Run `program` once in the sandbox (the same layers and limits as `run_tests`), reading
+    `stdin`: status "ok" when it exits 0, "error" (non-zero exit), "timeout", "output_limit" (it
+    printed more than the sandbox keeps), or "sandbox_error"; `stdout` holds the first `keep`
+    bytes it printed, `stderr_tail` the end of its stderr. What a code interpreter tool answers
+    with (tools/python.py). Never raises on what the program does."""
+    if not isinstance(program, str) or not isinstance(stdin, str):
+        raise TypeError(f"run_program: program and stdin must be str, got {type(program).__name__} and "
+                        f"{type(stdin).__name__}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or \
+            not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a positive finite number, got {timeout_s!r}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= _OUTPUT_CAP:
+        raise ValueError(f"keep must be an int in [0, {_OUTPUT_CAP}], got {keep!r}")
+    job: dict = {"program": program, "tests": None, "inputs": [stdin], "outputs": [""], "program_names": "",
+                 "prompt": "", "run": True, "stdout_keep": keep}
+    return _launch(job, 1, float(timeout_s), memory_mb)
+
+
 def _separate_uids(mode: str) -> bool:
     """The program and the checker each get an unprivileged uid of their own: whenever the
     caller is root (also without namespaces) and not inside a user namespace."""
@@ -535,7 +556,7 @@ def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResu
     else:
         status = next((s for s in ("timeout", "output_limit", "error") if s in statuses), "failed")
     shown = next((c for c in cases if not c["passed"]), cases[-1])
-    return CodeResult(passed, total, status, shown.get("stderr", "")[-2000:])
+    return CodeResult(passed, total, status, shown.get("stderr", "")[-2000:], shown.get("stdout_head", ""))
 
 
 _OPEN = re.compile(r"[ \t]*```[ \t]*([\w+.-]*)[^\n]*")

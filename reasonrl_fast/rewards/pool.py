@@ -7,6 +7,9 @@ scores 0 and is counted too (`reward/errors`). Results come back in the order of
 
     with RewardPool(num_workers=4, timeout_s=30) as pool:
         results, metrics = pool.score([(data_source, response, ground_truth, extra_info), ...])
+
+The machinery is `WorkerPool`'s, which runs any runner's jobs so (the rollout's tool calls too,
+tools/box.py); `RewardPool` is it scoring samples.
 """
 
 from __future__ import annotations
@@ -29,39 +32,41 @@ FAILED = {"score": 0.0, "acc": False}
 _MAX_CHUNK = 32
 
 
-class RewardPoolError(RuntimeError):
-    """The pool cannot score at all: its workers fail to start."""
+class PoolError(RuntimeError):
+    """A pool cannot run its jobs at all: its workers fail to start."""
 
 
-class RewardPool:
-    def __init__(self, reward_fn: str = "", num_workers: int = 2, timeout_s: float = 30.0,
-                 backend: str = "process", sandbox_timeout_s: float = 10.0,
-                 start_timeout_s: float = 120.0, kinds: Iterable[str] | None = None):
-        if num_workers < 1:
-            raise ValueError(f"reward.num_workers={num_workers!r}: must be >= 1")
-        if not timeout_s > 0:
-            raise ValueError(f"reward.timeout_s={timeout_s!r}: must be > 0")
-        if backend not in ("process", "ray"):
-            raise ValueError(f"reward.backend={backend!r}: must be 'process' or 'ray'")
-        if reward_fn:
-            load_reward_fn(reward_fn)  # a bad spec fails here, named, not in every worker
+class RewardPoolError(PoolError):
+    """The reward pool cannot score at all: its workers fail to start."""
+
+
+class WorkerPool:
+    """Jobs run by worker processes (or Ray actors), each job with a time limit that really ends
+    it: a job that runs past `timeout_s` gets its worker killed and replaced. `config` goes to
+    every worker, whose runner (config["runner"], "module:Class"; the reward `Scorer` when
+    absent, rewards/worker.py) it builds once and asks `run(job)` of each job. The reward pool is
+    one; the rollout's tool calls are another (tools/box.py)."""
+
+    what = "worker"
+    """How errors name one of its workers ("reward worker")."""
+    Error = PoolError
+    timeout_setting = "timeout_s"
+    """How a timeout's message names the time limit."""
+
+    def __init__(self, config: dict, num_workers: int, timeout_s: float, backend: str = "process",
+                 start_timeout_s: float = 120.0):
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
-        # the embedded tasks' routes as this process knows them: the workers import no task
-        # `kinds`: the scorer kinds the samples need (rewards/score.py `scorer_kinds`), which each
-        # worker imports before its first sample; None: every kind
-        config = {"reward_fn": reward_fn, "sandbox_timeout_s": sandbox_timeout_s, "routes": routes(),
-                  "kinds": None if kinds is None else sorted(kinds)}
         self._backend = _RayBackend(config) if backend == "ray" else _ProcessBackend(config)
         self._slots = [self._backend.start() for _ in range(num_workers)]
         self._starting = {id(s): time.monotonic() for s in self._slots}
         self.last_error = ""
-        self.last_latencies: list[float] = []
 
-    def score(self, samples: list[Sample]) -> tuple[list[dict], dict]:
-        """({"score", "acc"} per sample, in order; the step's metrics)."""
-        n = len(samples)
-        results: list[dict | None] = [None] * n
-        latency = [0.0] * n
+    def run(self, jobs: list) -> tuple[list[tuple[str, object, float]], dict]:
+        """Each job's (status, value, seconds), in order: ("ok", the runner's value), ("error",
+        why: it raised, or its worker died) or ("timeout", why); and the counts {"timeouts",
+        "errors"}. The seconds run from when the job's worker took it up."""
+        n = len(jobs)
+        results: list[tuple | None] = [None] * n
         todo = deque(range(n))
         # id(slot) -> [slot, indices sent and not yet answered, start of the first of them]
         busy: dict[int, list] = {}
@@ -69,20 +74,20 @@ class RewardPool:
         count = {"timeouts": 0, "errors": 0}
 
         def fail(i: int, kind: str, t0: float, why: str) -> None:
-            results[i], latency[i] = dict(FAILED), time.monotonic() - t0
+            results[i] = ("timeout" if kind == "timeouts" else "error", why, time.monotonic() - t0)
             count[kind] += 1
             self.last_error = why
 
-        # Samples go out in chunks, two per worker for a small step: each message wakes a
-        # worker, so one per sample made a 128-sample step cost far more than scoring in the
-        # driver (benchmarks/RESULTS.md §4). Each sample keeps its own clock: it starts when the
-        # previous one in its chunk answers.
+        # Jobs go out in chunks, two per worker for a small batch: each message wakes a worker,
+        # so one per job made a 128-sample step cost far more than scoring in the driver
+        # (benchmarks/RESULTS.md §4). Each job keeps its own clock: it starts when the previous
+        # one in its chunk answers.
         size = max(1, min(_MAX_CHUNK, math.ceil(n / (2 * len(self._slots)))))
         while todo or busy:
             while todo and idle:
                 chunk = [todo.popleft() for _ in range(min(size, len(todo)))]
                 slot = idle.pop()
-                self._backend.submit(slot, [(i, tuple(samples[i])) for i in chunk])
+                self._backend.submit(slot, [(i, jobs[i]) for i in chunk])
                 busy[id(slot)] = [slot, deque(chunk), time.monotonic()]
             now = time.monotonic()
             deadline = min([b[2] + self.timeout_s for b in busy.values()] +
@@ -98,37 +103,34 @@ class RewardPool:
                     i = entry[1].popleft()
                     assert seq == i, (seq, i)
                     if status == "ok":
-                        results[i], latency[i] = value, time.monotonic() - entry[2]
+                        results[i] = ("ok", value, time.monotonic() - entry[2])
                     else:
                         fail(i, "errors", entry[2], value)
                     entry[2] = time.monotonic()
                     if not entry[1]:
                         busy.pop(id(slot))
                         idle.append(slot)
-                else:  # "fatal" (could not start) or "died" (killed by its scorer, out of memory)
+                else:  # "fatal" (could not start) or "died" (killed by its job, out of memory)
                     if id(slot) in busy:
                         _, chunk, t0 = busy.pop(id(slot))
-                        fail(chunk.popleft(), "errors", t0, f"reward worker died while scoring ({payload})")
+                        fail(chunk.popleft(), "errors", t0, f"{self.what} died while running a job ({payload})")
                         todo.extendleft(reversed(chunk))
                     elif kind == "fatal" or id(slot) in self._starting:
                         self.close()
-                        raise RewardPoolError(f"a reward worker failed to start: {payload}")
+                        raise self.Error(f"a {self.what} failed to start: {payload}")
                     self._replace(slot)
             now = time.monotonic()
             for slot, chunk, t0 in list(busy.values()):
-                if now - t0 >= self.timeout_s:  # hung: kill it, the sample scores 0
+                if now - t0 >= self.timeout_s:  # hung: kill it, the job fails
                     busy.pop(id(slot))
-                    fail(chunk.popleft(), "timeouts", t0, f"a sample ran past reward.timeout_s={self.timeout_s}")
+                    fail(chunk.popleft(), "timeouts", t0, f"a job ran past {self.timeout_setting}={self.timeout_s}")
                     todo.extendleft(reversed(chunk))
                     self._replace(slot)
             for slot in self._slots:
                 if id(slot) in self._starting and now - self._starting[id(slot)] > self.start_timeout_s:
                     self.close()
-                    raise RewardPoolError(f"a reward worker did not start within {self.start_timeout_s:.0f} s")
-        self.last_latencies = latency  # per sample, for callers that merge several calls' metrics
-        return results, {"reward/timeouts": count["timeouts"], "reward/errors": count["errors"],
-                         "reward/latency_p50_s": quantile(latency, 0.5),
-                         "reward/latency_p99_s": quantile(latency, 0.99)}
+                    raise self.Error(f"a {self.what} did not start within {self.start_timeout_s:.0f} s")
+        return results, count
 
     def _replace(self, slot) -> None:
         self._backend.kill(slot)
@@ -141,11 +143,44 @@ class RewardPool:
             self._backend.kill(slot)
         self._slots, self._starting = [], {}
 
-    def __enter__(self) -> "RewardPool":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class RewardPool(WorkerPool):
+    what, Error, timeout_setting = "reward worker", RewardPoolError, "reward.timeout_s"
+
+    def __init__(self, reward_fn: str = "", num_workers: int = 2, timeout_s: float = 30.0,
+                 backend: str = "process", sandbox_timeout_s: float = 10.0,
+                 start_timeout_s: float = 120.0, kinds: Iterable[str] | None = None):
+        if num_workers < 1:
+            raise ValueError(f"reward.num_workers={num_workers!r}: must be >= 1")
+        if not timeout_s > 0:
+            raise ValueError(f"reward.timeout_s={timeout_s!r}: must be > 0")
+        if backend not in ("process", "ray"):
+            raise ValueError(f"reward.backend={backend!r}: must be 'process' or 'ray'")
+        if reward_fn:
+            load_reward_fn(reward_fn)  # a bad spec fails here, named, not in every worker
+        # the embedded tasks' routes as this process knows them: the workers import no task
+        # `kinds`: the scorer kinds the samples need (rewards/score.py `scorer_kinds`), which each
+        # worker imports before its first sample; None: every kind
+        config = {"reward_fn": reward_fn, "sandbox_timeout_s": sandbox_timeout_s, "routes": routes(),
+                  "kinds": None if kinds is None else sorted(kinds)}
+        super().__init__(config, num_workers, timeout_s, backend, start_timeout_s)
+        self.last_latencies: list[float] = []
+
+    def score(self, samples: list[Sample]) -> tuple[list[dict], dict]:
+        """({"score", "acc"} per sample, in order: FAILED where its scorer raised, its worker
+        died or it ran past reward.timeout_s; the step's metrics)."""
+        results, count = self.run([tuple(s) for s in samples])
+        latency = [seconds for _, _, seconds in results]
+        self.last_latencies = latency  # per sample, for callers that merge several calls' metrics
+        return ([value if status == "ok" else dict(FAILED) for status, value, _ in results],
+                {"reward/timeouts": count["timeouts"], "reward/errors": count["errors"],
+                 "reward/latency_p50_s": quantile(latency, 0.5), "reward/latency_p99_s": quantile(latency, 0.99)})
 
 
 class _Proc:
@@ -231,7 +266,7 @@ class _RayBackend:
         return actor
 
     def submit(self, actor, chunk: list[tuple[int, Sample]]) -> None:
-        self.pending[id(actor)].extend((actor.score.remote(sample), seq) for seq, sample in chunk)
+        self.pending[id(actor)].extend((actor.run.remote(sample), seq) for seq, sample in chunk)
 
     def wait(self, actors: list, timeout: float) -> list[tuple]:
         heads = {self.pending[id(a)][0][0]: a for a in actors if self.pending[id(a)]}

@@ -1,6 +1,8 @@
-"""One reward worker: scores the samples the pool sends, one at a time, until the pool closes
-the pipe. Run as `python -m reasonrl_fast.rewards.worker READ_FD WRITE_FD PARENT_PID` by
-pool.py; the Ray backend uses `Scorer` inside an actor.
+"""One pool worker: runs the jobs the pool sends, one at a time, until the pool closes the pipe.
+Run as `python -m reasonrl_fast.rewards.worker READ_FD WRITE_FD PARENT_PID` by pool.py; the Ray
+backend uses `Scorer` inside an actor. Its runner is the reward `Scorer` (a job: a sample to
+score), or the "module:Class" of the pool's config["runner"] (tools/box.py `Caller`: a tool call),
+built from the config and asked `run(job)` -> (status, value, seconds).
 
 A worker is a whole process so that the pool can end a hung scorer for real: a thread stuck
 in math-verify's parser or in a user's `while True` cannot be stopped, a process can be killed.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pkgutil
 import signal
 import sys
 import time
@@ -40,7 +43,7 @@ class Scorer:
             import_scorers(list(SCORERS) + sorted(set(own.values())) if kinds is None else kinds)
         self.two_args = takes_two_args(self.fn)
 
-    def score(self, sample: tuple) -> tuple[str, object, float]:
+    def run(self, sample: tuple) -> tuple[str, object, float]:
         """('ok', {"score", "acc"}, seconds) or ('error', message, seconds); never raises."""
         t = time.perf_counter()
         try:
@@ -70,7 +73,8 @@ def main(argv: list[str]) -> None:
     _die_with(parent)
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     try:
-        scorer = Scorer(inbox.recv())
+        config = inbox.recv()
+        runner = (pkgutil.resolve_name(config["runner"]) if config.get("runner") else Scorer)(config)
     except BaseException as e:  # noqa: BLE001 - reported to the pool, which names it
         outbox.send(("fatal", f"{type(e).__name__}: {e}"))
         return
@@ -80,8 +84,8 @@ def main(argv: list[str]) -> None:
             chunk = inbox.recv()
         except EOFError:  # the pool closed: done
             return
-        for seq, sample in chunk:  # one answer per sample: the pool times each one
-            outbox.send(("result", (seq, *scorer.score(sample))))
+        for seq, job in chunk:  # one answer per job: the pool times each one
+            outbox.send(("result", (seq, *runner.run(job))))
 
 
 if __name__ == "__main__":

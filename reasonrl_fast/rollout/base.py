@@ -21,10 +21,13 @@ if TYPE_CHECKING:  # annotations only: the engines' specs and the seed rule load
 class Samples:
     """n samples per prompt, prompt-major: each response's token ids (ending with EOS unless cut
     at its length limit) and the sampler's own log-prob of each of those tokens, under the
-    distribution it drew the token from (temperature and top-p applied)."""
+    distribution it drew the token from (temperature and top-p applied). `masks`: with tools
+    (rollout/turns.py), each token's 1 (the policy's) or 0 (a tool's observation, log-prob 0);
+    empty: every token is the policy's."""
 
     tokens: list[list[int]] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
+    masks: list[list[int]] = field(default_factory=list)
 
 
 class Engine:
@@ -35,7 +38,8 @@ class Engine:
         """n samples per prompt, prompt-major; `seeds` holds one sampling seed per sample
         (len(prompts) * n, see `sample_seeds`); `max_new_tokens`: the longest response, or one
         limit per prompt (rollout.max_sequence_tokens). An engine whose spec has
-        `weights_between_tokens` also takes `between_tokens=` (rollout/handoff.py)."""
+        `weights_between_tokens` also takes `between_tokens=` (rollout/handoff.py). `stop=` (a
+        rollout/turns.py `StopStrings`): rows also end where it says, their tokens kept."""
         raise NotImplementedError
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -36,7 +36,7 @@ class HFEngine(Engine):
         self.lean = LeanDecoder(self.model) if decoder == "auto" and unsupported(self.model) is None else None
         self.params = dict(self.model.named_parameters())  # after the lean decoder's fusing
 
-    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds, between_tokens=None):
+    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds, between_tokens=None, stop=None):
         import torch
 
         from reasonrl_fast.rollout.sampling import sample
@@ -57,11 +57,13 @@ class HFEngine(Engine):
         with torch.no_grad():
             out, lps = sample(self.model, ids.to(self.device), attn.to(self.device), temperature, top_p,
                               torch.tensor(limits) if per_row else max_new_tokens, self.eos_id, self.pad_id,
-                              self.lean, torch.tensor(seeds), between_tokens)
+                              self.lean, torch.tensor(seeds), between_tokens, stop)
         res = Samples()
         for row, lp, limit in zip(out.tolist(), lps.tolist(), limits):
             end = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)  # keep EOS: the policy learns to stop
             end = min(end, limit)  # a row cut at its own limit is padded after it
+            if stop is not None and stop.ends[len(res.tokens)] is not None:  # ended by a stop string
+                end = min(end, stop.ends[len(res.tokens)])
             res.tokens.append(row[:end])
             res.logprobs.append(lp[:end])
         return res

@@ -115,7 +115,8 @@ def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor) -> Callable:
 def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top_p: float,
            max_new_tokens: int | torch.Tensor,
            eos_id: int, pad_id: int, lean: LeanDecoder | None = None, seeds: torch.Tensor | None = None,
-           between_tokens: Callable[[int], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           between_tokens: Callable[[int], bool] | None = None,
+           stop: Callable[[list[int]], list[bool]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Ancestral sampling from a Hugging Face causal LM with its KV cache: ([B, <= max_new_tokens]
     new tokens for the left-padded `ids`, pad after a row's EOS, stopping once every row has ended;
     each token's log-prob [B, same] under the distribution it was drawn from, 0 after the row's
@@ -129,7 +130,11 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
     `between_tokens(t)`, asked before token t >= 1 is computed, True when the model's weights
     changed there (rollout/handoff.py): the cache is then recomputed under the new weights from
     the prompt and the tokens so far, so that token t on is drawn from the new policy exactly, not
-    from new weights over an old cache."""
+    from new weights over an old cache.
+
+    `stop(tokens)`, given each row's newest token, says which rows end there besides EOS (a turn
+    that ends with a tool call: rollout/turns.py `StopStrings`, which keeps where); their token is
+    kept."""
 
     def stepper(ids: torch.Tensor, attn: torch.Tensor, steps: int) -> Callable:
         return lean.stepper(ids, attn, steps) if lean is not None else hf_stepper(model, ids, attn)
@@ -158,7 +163,10 @@ def sample(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float, top
         tok = tok.masked_fill(done, pad_id)
         new.append(tok)
         lps.append(lp.masked_fill(done, 0.0))
-        done |= tok == eos_id
+        ended = tok == eos_id
+        if stop is not None:
+            ended |= torch.tensor(stop(tok.tolist()), dtype=torch.bool, device=tok.device) & ~done
+        done |= ended
         if limits is not None:
             done |= limits <= t + 1
         if t + 1 == max_new_tokens or bool(done.all()):

@@ -260,7 +260,7 @@ class VLLMEngine(Engine):
         if not self.can_sleep:
             log(f"vLLM on {device.type}: no sleep mode, the engine keeps its memory during the update")
 
-    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds, between_tokens=None):
+    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seeds, between_tokens=None, stop=None):
         from vllm import SamplingParams, TokensPrompt
 
         if not prompts:
@@ -274,11 +274,11 @@ class VLLMEngine(Engine):
                                  max_tokens=limits[i // n], seed=s, logprobs=0, detokenize=False,
                                  stop_token_ids=[self.eos_id])  # kept in token_ids: the policy learns to stop
                   for i, s in enumerate(seeds)]
-        if between_tokens is None:
+        if between_tokens is None and stop is None:
             drawn = [(o.outputs[0].token_ids, o.outputs[0].logprobs)
                      for o in self.llm.generate(reqs, params, use_tqdm=False)]
         else:
-            drawn = self._stepwise(reqs, params, between_tokens)
+            drawn = self._stepwise(reqs, params, between_tokens, stop)
         res = Samples()
         for token_ids, logprobs in drawn:
             res.tokens.append(list(token_ids))
@@ -286,13 +286,15 @@ class VLLMEngine(Engine):
             res.logprobs.append([0.0 if greedy else float(lp[t].logprob) for t, lp in zip(token_ids, logprobs)])
         return res
 
-    def _stepwise(self, reqs, params, between_tokens) -> list[tuple[list, list]]:
-        """`generate` with weights that may land mid-generation (split placement's partial
-        rollouts): vLLM's engine driven one step at a time (a token for every running request),
-        asking `between_tokens` before each step with every request's tokens so far. A load let in
-        there (`load_weights`) preempts the running requests, so that vLLM recomputes their caches
-        from their tokens under the new weights: each token is drawn from one version's policy,
-        and its log-prob is that policy's. Each request's (token ids, log-prob dicts)."""
+    def _stepwise(self, reqs, params, between_tokens=None, stop=None) -> list[tuple[list, list]]:
+        """`generate` driven one engine step at a time (a token for every running request): with
+        weights that may land mid-generation (split placement's partial rollouts), asking
+        `between_tokens` before each step with every request's tokens so far; a load let in there
+        (`load_weights`) preempts the running requests, so that vLLM recomputes their caches from
+        their tokens under the new weights: each token is drawn from one version's policy, and
+        its log-prob is that policy's. With `stop` (rollout/turns.py `StopStrings`), fed each new
+        token, a request it ends is aborted there, its tokens kept. Each request's (token ids,
+        log-prob dicts)."""
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.llm.llm_engine
@@ -305,12 +307,22 @@ class VLLMEngine(Engine):
                 rid = f"rrl-{next(self._request_ids)}"
                 index[rid] = i
                 engine.add_request(rid, r, p)
+            ids = {i: rid for rid, i in index.items()}
+            ended: set[int] = set()
             while engine.has_unfinished_requests():
-                between_tokens([len(t) for t in tokens])
+                if between_tokens is not None:
+                    between_tokens([len(t) for t in tokens])
                 for o in engine.step():
                     i, c = index[o.request_id], o.outputs[0]
-                    tokens[i].extend(c.token_ids)
-                    logprobs[i].extend(c.logprobs or [])
+                    if i in ended:
+                        continue
+                    for t, lp in zip(c.token_ids, c.logprobs or [None] * len(c.token_ids)):
+                        tokens[i].append(t)
+                        logprobs[i].append(lp)
+                        if stop is not None and stop.feed(i, t):
+                            ended.add(i)
+                            engine.abort_request([ids[i]])
+                            break
         except BaseException:  # an error or an interrupt: no request of this call stays queued
             engine.abort_request(list(index))
             raise

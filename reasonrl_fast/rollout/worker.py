@@ -105,11 +105,33 @@ class RolloutWorker:
         limit = ([cfg.response_limit(len(p)) for p in prompts] if cfg.rollout.max_sequence_tokens
                  else cfg.rollout.max_new_tokens)
         with self.handoff.sampling():
-            out = self.engine.generate(prompts, n, temperature, top_p, limit, seeds, **mid)
+            if cfg.rollout.tools:
+                out = self._multi_turn(prompts, n, temperature, top_p, limit, seeds)
+            else:
+                out = self.engine.generate(prompts, n, temperature, top_p, limit, seeds, **mid)
         if own is None:
             return out
         a, b = own
-        return Samples(out.tokens[a * n:b * n], out.logprobs[a * n:b * n])
+        return Samples(out.tokens[a * n:b * n], out.logprobs[a * n:b * n], out.masks[a * n:b * n])
+
+    tools = None  # the run's ToolBox (rollout.tools), started at the first multi-turn generation
+    turn_metrics: dict = {}  # the last multi-turn generation's (rollout/turns.py)
+
+    def _multi_turn(self, prompts, n, temperature, top_p, limit, seeds) -> Samples:
+        """`sample` with rollout.tools: turns of the engine's generation and the tools' calls
+        (rollout/turns.py), each response's tokens masked to the policy's."""
+        from reasonrl_fast.rollout.turns import multi_turn
+        from reasonrl_fast.tools.box import ToolBox
+        from reasonrl_fast.tools.calls import FORMATS
+
+        r = self.cfg.rollout
+        if self.tools is None:
+            self.tools = ToolBox(r.tools, r.tool_workers, r.tool_timeout_s)
+        limits = list(limit) if isinstance(limit, list) else [limit] * len(prompts)
+        done = multi_turn(self.engine.generate, prompts, n, temperature, top_p, limits, seeds, self.tools,
+                          FORMATS[r.tool_format], self.tok, r.max_turns)
+        self.turn_metrics = done.metrics
+        return done.samples
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, seeds: list[int],
                  own: tuple[int, int] | None = None) -> list[list[int]]:
@@ -187,6 +209,8 @@ class RolloutWorker:
             print(msg, flush=True)
 
     def shutdown(self) -> None:
+        if self.tools is not None:
+            self.tools.close()
         if self.engine is not None:
             self.engine.close()
         if dist.is_initialized():

@@ -185,9 +185,23 @@ class Actor(nn.Module):
         return caught["h"], (out.logits[:, :-1] if r else out.logits)
 
 
-def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int, device) -> dict:
+def response_mask(targets: torch.Tensor, masks: list[list[int]] | None) -> torch.Tensor:
+    """[B, R] float: 1 on the policy's response tokens, 0 on padding and, where `masks` gives a
+    sample's (multi-turn samples, rollout/turns.py), on its tool observations' tokens: what every
+    loss, KL, entropy and log-prob diagnostic sums over."""
+    mask = (targets != -100).float()
+    if masks:
+        for b, m in enumerate(masks):
+            if m:
+                mask[b, :len(m)] *= torch.tensor(m, dtype=mask.dtype)
+    return mask
+
+
+def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int, device,
+               masks: list[list[int]] | None = None) -> dict:
     """[left-padded prompt | right-padded response]; `targets` are the response ids with -100 on
-    padding, `response_mask` marks real response tokens, `prompt_mask` real prompt tokens."""
+    padding, `response_mask` marks the policy's response tokens (`response_mask`: `masks` leaves
+    out tool observations), `prompt_mask` real prompt tokens."""
     p = max(len(x) for x in prompts)
     r = max(1, max(len(x) for x in responses))
     # rows built as lists and converted once: a tensor per row is slower (benchmarks/RESULTS.md §9)
@@ -200,14 +214,14 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
     prompt_mask = attn.clone()
     prompt_mask[:, p:] = 0
     batch = {"input_ids": ids, "attention_mask": attn, "position_ids": position_ids,
-             "targets": targets, "response_mask": (targets != -100).float(), "prompt_mask": prompt_mask}
+             "targets": targets, "response_mask": response_mask(targets, masks), "prompt_mask": prompt_mask}
     batch = {k: v.to(device) for k, v in batch.items()}
     batch["prompt_len"] = p
     return batch
 
 
 def make_packed_batch(prompts: list[list[int]], responses: list[list[int]], device, pad_id: int = 0,
-                      one_row: bool = True) -> dict:
+                      one_row: bool = True, masks: list[list[int]] | None = None) -> dict:
     """The sequences (prompt + response) concatenated into rows with position ids that restart at
     0 for each, so no padded token enters a sequence's attention. `one_row`: all in one row [1, T]
     (flash-attn's variable-length kernels cost each sequence only its own length). Else rows as
@@ -248,7 +262,7 @@ def make_packed_batch(prompts: list[list[int]], responses: list[list[int]], devi
     targets = torch.tensor([list(rs) + [-100] * (r - len(rs)) for rs in responses], dtype=torch.long)
     batch = {"input_ids": torch.tensor(ids, dtype=torch.long).view(-1, width),
              "position_ids": torch.tensor(list(pos), dtype=torch.long).view(-1, width),
-             "targets": targets, "response_mask": (targets != -100).float(),
+             "targets": targets, "response_mask": response_mask(targets, masks),
              "response_index": torch.tensor([a + [0] * (r - len(a)) for a in resp_at], dtype=torch.long),
              "prompt_index": torch.tensor([a + [0] * (p - len(a)) for a in prompt_at], dtype=torch.long),
              "prompt_mask": torch.tensor([[1] * len(a) + [0] * (p - len(a)) for a in prompt_at], dtype=torch.long)}

@@ -21,20 +21,23 @@ from reasonrl_fast.layout.micro import split
 from reasonrl_fast.trainer.policy import make_batch, make_packed_batch
 
 
-def units(responses, idx, kind: str) -> float:
-    """The loss units of samples `idx`: their response tokens ("tokens") or their count."""
-    return float(sum(len(responses[i]) for i in idx)) if kind == "tokens" else float(len(idx))
+def units(responses, idx, kind: str, masks=None) -> float:
+    """The loss units of samples `idx`: their response tokens the policy sampled ("tokens": a
+    multi-turn sample's `masks` leave out its tool observations) or their count."""
+    if kind != "tokens":
+        return float(len(idx))
+    return float(sum(sum(masks[i]) if masks and masks[i] else len(responses[i]) for i in idx))
 
 
 def plan(prompts, responses, chunks: list[slice], budget: int, packed: bool, kind: str, world: int,
-         device, sp: int = 1) -> tuple[list[list[list[int]]], list[float]]:
+         device, sp: int = 1, masks=None) -> tuple[list[list[list[int]]], list[float]]:
     """The micro-batches of each mini-batch `chunks` (lists of sample indices) and each
     mini-batch's loss units over all workers. One all-gather of every worker's fewest micro-batches
     and units per mini-batch: all run the largest count (FSDP's gathers are collectives: every
     worker must run as many forwards), each balancing its own sequences into that many. `sp`: the
     sequence-parallel group's size, whose ranks hold the same samples (counted once)."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    mine = torch.tensor([[len(split(lengths[c], budget, packed)), units(responses, range(c.start, c.stop), kind)]
+    mine = torch.tensor([[len(split(lengths[c], budget, packed)), units(responses, range(c.start, c.stop), kind, masks)]
                          for c in chunks], dtype=torch.float64)
     if world > 1:
         everyone = [torch.empty_like(mine, device=device) for _ in range(world)]
@@ -49,13 +52,16 @@ def plan(prompts, responses, chunks: list[slice], budget: int, packed: bool, kin
 
 
 def micro_batch(prompts, responses, rollout_lps, idx, packed: bool, pad_id: int, device,
-                one_row: bool = False) -> tuple[dict, torch.Tensor]:
+                one_row: bool = False, masks=None) -> tuple[dict, torch.Tensor]:
     """One micro-batch's tensors (packed, in one row or several, or padded) and its sampler
     log-probs [B, R]. An empty micro-batch (a worker with fewer sequences than forwards) stands
-    in with sample 0, which `accumulate` weighs 0."""
+    in with sample 0, which `accumulate` weighs 0. `masks`: multi-turn samples' policy-token
+    masks (None: every response token is the policy's)."""
     idx = idx or [0]
     ps, rs = [prompts[i] for i in idx], [responses[i] for i in idx]
-    batch = make_packed_batch(ps, rs, device, pad_id, one_row) if packed else make_batch(ps, rs, pad_id, device)
+    ms = [masks[i] for i in idx] if masks else None
+    batch = (make_packed_batch(ps, rs, device, pad_id, one_row, ms) if packed
+             else make_batch(ps, rs, pad_id, device, ms))
     width = batch["targets"].shape[1]
     lp = torch.tensor([rollout_lps[i] + [0.0] * (width - len(rollout_lps[i])) for i in idx], device=device)
     return batch, lp
@@ -68,7 +74,7 @@ def logprobs(model, batches, temperature: float) -> list[list[torch.Tensor]]:
 
 
 def accumulate(model, algo, cfg, responses, idxs, batches, adv, total: float, world: int,
-               old_lps=None, ref_lps=None, sp: int = 1) -> tuple[dict[str, float], list[dict]]:
+               old_lps=None, ref_lps=None, sp: int = 1, masks=None) -> tuple[dict[str, float], list[dict]]:
     """Forward and backward of one mini-batch's micro-batches (`idxs`, `batches`) through `model`
     (the actor, or its DDP wrapper), gradients left summed in the parameters' .grad. `total`: the
     mini-batch's loss units over all workers. Returns the mini-batch's stats (each weighted by its
@@ -81,7 +87,7 @@ def accumulate(model, algo, cfg, responses, idxs, batches, adv, total: float, wo
     sums: list[dict] = []
     for j, (idx, (batch, rollout_lp)) in enumerate(zip(idxs, batches)):
         mask = batch["response_mask"]
-        share = units(responses, idx, kind) / total * world
+        share = units(responses, idx, kind, masks) / total * world
         with _no_sync(model, last=j == len(idxs) - 1):
             lp, ent, log_z = model(batch, cfg.rollout.temperature, entropy=True, log_z=algo.zhead)
             old = old_lps[j] if old_lps is not None else lp.detach()

@@ -43,6 +43,7 @@ class Worker(RolloutWorker):
     spec (rollout/registry.py). As a rollout worker's, its constructor only stores its arguments."""
 
     split = False  # split placement: no engine here; the weights go out by `publish`
+    _turn_metrics: dict = {}  # the kept rollout's tool metrics (multi-turn), sent with its update's
     transport = None  # rank 0 in split placement: the weight transport's sending end
 
     def cpus(self) -> int:
@@ -71,7 +72,8 @@ class Worker(RolloutWorker):
         if cfg.model.gradient_checkpointing:  # after the rollout's copy: only the trained model recomputes
             enable_checkpointing(lm)
         self.algo = get_algo(cfg.algo)
-        self._samples: tuple[list, list, list] | None = None  # the step's (prompts, responses, log-probs)
+        # the step's (prompts, responses, log-probs[, policy-token masks of multi-turn samples])
+        self._samples: tuple | None = None
         # One decision for the run: the update, old and reference log-probs all take the same
         # path (layout.fused), so the ratio at the first update is exactly 1.
         self.actor = Actor(lm, cfg.flowrl.zhead_layers if self.algo.zhead else 0, fused=layout.fused,
@@ -129,7 +131,8 @@ class Worker(RolloutWorker):
         a, b = own or (0, len(prompts))
         out = self.sample(prompts, n, temperature, top_p, seeds, (a, b))
         if keep:
-            self._samples = ([p for p in prompts[a:b] for _ in range(n)], out.tokens, out.logprobs)
+            self._samples = ([p for p in prompts[a:b] for _ in range(n)], out.tokens, out.logprobs, out.masks)
+            self._turn_metrics = self.turn_metrics if self.cfg.rollout.tools else {}  # go out with the update's
         return out.tokens
 
     # ------------------------------------------------------------------ update
@@ -146,7 +149,8 @@ class Worker(RolloutWorker):
             self._samples = samples
         if self._samples is None:
             raise RuntimeError("train_step without a kept rollout (generate(..., keep=True))")
-        prompts, responses, rollout_lps = self._samples
+        prompts, responses, rollout_lps, *rest = self._samples  # a kept rollout's masks too
+        masks = rest[0] if rest else None
         self._samples = None
         if len(adv) != len(responses):
             raise ValueError(f"train_step: {len(adv)} advantages for {len(responses)} kept samples")
@@ -162,9 +166,9 @@ class Worker(RolloutWorker):
         chunks = mini_batches(cfg, len(responses) // cfg.rollout.n)
         packed = self.layout.packed
         plans, totals = update.plan(prompts, responses, chunks, cfg.optim.micro_batch_tokens, packed,
-                                    self.algo.loss_units(cfg), self.world, self.device, sp)
+                                    self.algo.loss_units(cfg), self.world, self.device, sp, masks)
         batches = [[update.micro_batch(prompts, responses, rollout_lps, idx, packed, self.tok.pad_token_id,
-                                       self.device, self.layout.one_row) for idx in micros] for micros in plans]
+                                       self.device, self.layout.one_row, masks) for idx in micros] for micros in plans]
         t0 = time.perf_counter()
         temp = cfg.rollout.temperature
         ref_lp = update.logprobs(self.ref, batches, temp) if self.ref is not None else None
@@ -187,7 +191,7 @@ class Worker(RolloutWorker):
             self.opt.zero_grad(set_to_none=True)
             st, s = update.accumulate(self.train_model, self.algo, cfg, responses, micros, batches[b], adv,
                                       totals[b], self.world, old_lp[b] if old_lp else None,
-                                      ref_lp[b] if ref_lp else None, sp)
+                                      ref_lp[b] if ref_lp else None, sp, masks)
             sums += s
             norm = float(clip_grad_norm(list(self.actor.parameters()), cfg.optim.grad_clip, self.device))
             if math.isfinite(norm):
@@ -210,8 +214,11 @@ class Worker(RolloutWorker):
             self.sync_weights()
         else:
             self.engine.wake()  # the engine keeps the weights of the last sync
-        return update_metrics(stats, sums, norms, skipped, lr, sum(len(m) for m in plans), logprob_s, update_s,
-                              time.perf_counter() - t0, self._peak_gb())
+        out = update_metrics(stats, sums, norms, skipped, lr, sum(len(m) for m in plans), logprob_s, update_s,
+                             time.perf_counter() - t0, self._peak_gb())
+        out.update(self._turn_metrics)  # multi-turn rollouts: the step's tool metrics, this worker's
+        self._turn_metrics = {}
+        return out
 
     def _full_weights(self):
         """(Hugging Face name, full tensor) of the LM's parameters in the engine's dtype, a

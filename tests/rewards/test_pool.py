@@ -177,7 +177,7 @@ _IMPORTED = """
 import json, sys
 from reasonrl_fast.rewards.worker import Scorer
 s = Scorer({"reward_fn": "", "sandbox_timeout_s": 5.0, "routes": {}, "kinds": json.loads(sys.argv[1])})
-right = s.score(("aime24", "so\\nAnswer: 7", "7", None))
+right = s.run(("aime24", "so\\nAnswer: 7", "7", None))
 print(json.dumps([right[1]["acc"], *(m in sys.modules for m in ("math_verify", "sympy", "reasonrl_fast.rewards.code"))]))
 """
 

@@ -46,7 +46,10 @@ CONFIGS = {"grpo": ["algo=grpo", "grpo.kl_coef=0.1", "grpo.clip_ratio_c=3.0", "r
            # dynamic sampling's rounds (every group of `_answer` is mixed: one round)
            "dynamic": ["algo=grpo", "data.filter_groups=acc", "data.gen_prompts_per_step=6"],
            # validation by sets, each with its own metrics
-           "val_sets": ["algo=grpo", "data.val_sets=[{name: a, n: 2}, {name: b, n: 3, k: [1, 3], maj: true}]"]}
+           "val_sets": ["algo=grpo", "data.val_sets=[{name: a, n: 2}, {name: b, n: 3, k: [1, 3], maj: true}]"],
+           # multi-turn rollouts' tool metrics (each worker's share also run through the real
+           # turns with a calculator call, `FakeWorkers.turns`)
+           "tools": ["algo=grpo", "rollout.tools=[calculator]"]}
 
 
 def test_the_contract_refuses_bare_and_undocumented_names():
@@ -132,7 +135,27 @@ class FakeWorkers:
         for w, start, samples in self._shares(prompts, n):
             if keep:
                 w._samples = samples
+                if self.cfg.rollout.tools:
+                    w._turn_metrics = self.turns(samples[0])
             yield start, samples[1]
+
+    def turns(self, prompts) -> dict:
+        """The multi-turn metrics of `prompts` (rollout/turns.py), through the real tool box: an
+        engine that calls the calculator in its first turn and answers in its second."""
+        from reasonrl_fast.rollout.base import Samples
+        from reasonrl_fast.rollout.turns import multi_turn
+        from reasonrl_fast.tools.box import ToolBox
+        from reasonrl_fast.tools.calls import FORMATS
+
+        def generate(contexts, n, temperature, top_p, limits, seeds, stop=None):
+            texts = ["\\boxed{2}" if "</result>" in self.tok.decode(c) else "<calculator>1+1</calculator>"
+                     for c in contexts]
+            ids = [self.tok(t)["input_ids"] for t in texts]
+            return Samples(ids, [[-0.5] * len(i) for i in ids])
+
+        with ToolBox(self.cfg.rollout.tools) as box:
+            return multi_turn(generate, prompts, 1, 1.0, 1.0, [64] * len(prompts), list(range(len(prompts))), box,
+                              FORMATS["plain"], self.tok, self.cfg.rollout.max_turns).metrics
 
     def _shares(self, prompts, n):
         """(worker, index of its share's first sample, (prompts, responses, log-probs)) per worker."""
@@ -180,7 +203,7 @@ def logged_names(overrides: list[str], tmp_path: Path) -> set[str]:
     torch.manual_seed(0)
     tok = char_tokenizer()
     train_set = get_task("addition").split(cfg.data, 4, 0)
-    records = train_set[:2] + get_task("genrm").split(cfg.data, 4, 1)
+    records = train_set[:2] + get_task("genrm").split(cfg.data, 4, 1) + get_task("multiply").split(cfg.data, 4, 2)
     val_set = [val_set_of(cfg, records, v) for v in cfg.data.val_sets] or [val_set_of(cfg, records)]
     algo = get_algo(cfg.algo)
     judge = None
@@ -224,3 +247,6 @@ def test_every_documented_metric_is_logged(names):
              "time/rollout_idle_s",
              "time/transport_s", "perf/sync_gb"}
     assert split <= names["split"] and not split & names["grpo"]
+    tools = {"rollout/turns_mean", "rollout/policy_token_frac", "tool/calls_per_sample", "tool/error_frac",
+             "tool/timeout_frac", "tool/seconds_mean"}
+    assert tools <= names["tools"] and not tools & names["grpo"]
