@@ -781,3 +781,17 @@ def test_each_role_runs_a_thread_per_cpu_slot_of_its_own():
         assert torch.get_num_threads() == 3  # unset: the trainer's
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("setting, key", [
+    ("trainer.placement=split", "trainer.placement=split"), ("data.filter_groups=acc", "data.filter_groups=acc"),
+    ("trainer.sequence_parallel_size=2", "trainer.sequence_parallel_size=2"),
+    ("rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size=2")])
+def test_tools_refuse_what_multi_turn_samples_do_not_reach_yet(setting, key):
+    extra = {"trainer.sequence_parallel_size=2": ["trainer.workers_per_node=2"],
+             "rollout.tensor_parallel_size=2": ["rollout.backend=vllm", "trainer.workers_per_node=2"]}.get(setting, [])
+    load_config(None, [setting, *extra])  # fine without tools
+    with pytest.raises(ConfigError, match=f"rollout.tools with {key}: multi-turn samples are not built for it yet"):
+        load_config(None, [setting, *extra, "rollout.tools=[calculator]"])
+    cfg = load_config(None, ["rollout.tools=[calculator, 'tests.helpers.tool_fns:shout']", "rollout.tool_format=hermes"])
+    assert cfg.rollout.tools == ["calculator", "tests.helpers.tool_fns:shout"]

@@ -389,3 +389,11 @@ def test_a_kv_budget_below_one_full_sequence_is_refused_as_the_planner_says(tmp_
     with pytest.raises(ConfigError, match=f"kv_cache_memory_bytes={one - 1} holds less than one {seq}-token"):
         preflight(load_config(path, ["rollout.backend=vllm", f"rollout.kv_cache_memory_bytes={one - 1}"]), config,
                   files=False)
+
+
+def test_a_tool_that_cannot_be_one_is_named_before_anything_starts():
+    for spec, why in [("tests.helpers.tool_fns:undocumented", "has no tool schema"),
+                      ("tests.helpers.nowhere:fn", "cannot be imported")]:
+        with pytest.raises(ConfigError, match=f"rollout.tools: '{spec}' {why}"):
+            preflight(load_config(None, [f"rollout.tools=['{spec}']"]), files=False)
+    preflight(load_config(None, ["rollout.tools=[calculator, python, 'tests.helpers.tool_fns:shout']"]), files=False)

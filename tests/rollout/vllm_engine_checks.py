@@ -42,6 +42,28 @@ def teacher_forced(m, prompt, tokens, temperature, top_p=1.0):
     return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
+def stop_strings(engine, prompts, seeds) -> None:
+    from reasonrl_fast.rollout.turns import StopStrings
+
+    def letters(ids):
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+    free = engine.generate(prompts, 4, 1.0, 1.0, 24, seeds)
+    stops = ["c", "de"]
+    stop = StopStrings(stops, letters, 12, EOS)
+    out = engine.generate(prompts, 4, 1.0, 1.0, 24, seeds, stop=stop)
+    ended = 0
+    for toks, lps, whole, whole_lps, end in zip(out.tokens, out.logprobs, free.tokens, free.logprobs, stop.ends):
+        first = next((k for k in range(1, len(whole) + 1) if whole[k - 1] != EOS
+                      and any(letters(whole[:k]).endswith(s) for s in stops)), None)
+        if first is None:
+            assert end is None and toks == whole, (toks, whole)
+        else:
+            assert end == first and toks == whole[:first] and lps == whole_lps[:first], (toks, whole, end)
+            ended += 1
+    assert ended >= 2, f"too few requests met a stop string: {ended}"
+
+
 def partial_rollouts(engine, first, second, prompts, k: int = 4) -> None:
     """A rollout worker's two threads as Ray runs them in split placement: a load published while
     the engine (holding `first`'s weights) generates lands between two of its steps, once some
@@ -164,7 +186,12 @@ def main(work: str) -> None:
         assert ids[len(p):] == toks and set(lps) == {0.0}, (ids[len(p):], toks)
     print("greedy: the model's argmax", flush=True)
 
-    # 5. weights that land mid-generation (split placement's partial rollouts)
+    # 5. stop strings (multi-turn rollouts): the engine stepped, a request aborted where its text
+    # first ends with one, its tokens and log-probs those of the generation without the stop
+    stop_strings(engine, prompts, seeds)
+    print("stop strings: each request ends where its text first ends with one", flush=True)
+
+    # 6. weights that land mid-generation (split placement's partial rollouts)
     partial_rollouts(engine, first, second, prompts)
     print("mid-generation load: each token from one version, the caches recomputed", flush=True)
 
