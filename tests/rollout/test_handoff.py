@@ -151,7 +151,6 @@ def test_a_load_waits_for_a_tokens_step_and_a_generation_for_a_load():
     assert started.is_set() and h.switches == [(0, 1)]
     inside = threading.Event()
     release = threading.Event()
-    loaded = threading.Event()
     landed = []
 
     def generation2():
@@ -164,17 +163,26 @@ def test_a_load_waits_for_a_tokens_step_and_a_generation_for_a_load():
     g.start()
     assert inside.wait(10)
 
-    def load():
-        with h.loading():
-            h.version = 2
-        loaded.set()
-
-    ld = threading.Thread(target=load)
-    ld.start()
+    ld, loaded = _start_load(h, 2)
     assert not loaded.wait(0.2)  # the step is not interrupted
     release.set()
     g.join(10), ld.join(10)
     assert loaded.is_set() and landed == [True] and h.switches == [(0, 1), (3, 2)]
+
+
+def _start_load(h: Handoff, version: int) -> tuple[threading.Thread, threading.Event]:
+    """A load of `version` in a thread of its own (as Ray's concurrency group runs it), and the
+    event it sets once loaded."""
+    loaded = threading.Event()
+
+    def load():
+        with h.loading():
+            h.version = version
+        loaded.set()
+
+    t = threading.Thread(target=load)
+    t.start()
+    return t, loaded
 
 
 def test_a_responses_versions_are_the_switches_within_it():
@@ -195,15 +203,8 @@ def test_an_engine_that_counts_each_rows_tokens_gives_each_response_its_own_swit
     assert spans(switches, 5, 2) == [(0, 4), (2, 5)]
     assert spans(switches, 1, 2) == [(0, 4)]
     h = Handoff(version=3)
-    loaded = threading.Event()
     with h.sampling():
-        def load():
-            with h.loading():
-                h.version = 4
-            loaded.set()
-
-        ld = threading.Thread(target=load)
-        ld.start()
+        ld, loaded = _start_load(h, 4)
         deadline = time.monotonic() + 10
         while not h._loading and time.monotonic() < deadline:  # the load waits for the next step
             time.sleep(0.001)
