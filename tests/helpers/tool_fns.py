@@ -97,3 +97,17 @@ def spawns(path: str) -> str:
 
 def undocumented(x):
     return x
+
+
+def calculator(expression: str) -> str:
+    """
+    A calculator of one's own: products of two integers, each call logged to the file that
+    RRL_TOOL_LOG names (how a test sees that a run called it).
+
+    Args:
+        expression: Two integers joined by '*'.
+    """
+    a, b = (int(x) for x in expression.split("*"))
+    with open(os.environ["RRL_TOOL_LOG"], "a") as f:
+        f.write(f"{expression}\n")
+    return str(a * b)

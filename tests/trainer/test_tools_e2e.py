@@ -19,8 +19,12 @@ TOOLS = ["data.task=multiply", "rollout.tools=[calculator]", "rollout.max_new_to
 @pytest.mark.e2e
 @pytest.mark.parametrize("algo", ["grpo", "flowrl", "fapo"])
 def test_a_multi_turn_step_of_each_algorithm(tmp_path, algo):
-    out = tmp_path / "run"
-    with reaped(popen_train([*TOOLS, f"algo={algo}", f"trainer.output_dir={out}"], tmp_path)) as p:
+    """GRPO's run calls a calculator of one's own, named by its path (tests/helpers/tool_fns.py:
+    one function), which logs its calls."""
+    out, log = tmp_path / "run", tmp_path / "calls.log"
+    tools = ["rollout.tools=['tests.helpers.tool_fns:calculator']"] if algo == "grpo" else []
+    with reaped(popen_train([*TOOLS, *tools, f"algo={algo}", f"trainer.output_dir={out}"], tmp_path,
+                            RRL_TOOL_LOG=str(log))) as p:
         watch = Watch(p)
         stdout, stderr = p.communicate(timeout=600)
     assert p.returncode == 0, stdout[-2000:] + stderr[-4000:]
@@ -32,3 +36,6 @@ def test_a_multi_turn_step_of_each_algorithm(tmp_path, algo):
     assert min(r["rollout/policy_token_frac"] for r in steps) < 1.0
     assert all(r["tool/timeout_frac"] == 0 for r in steps)
     assert "val/multiply_tool_call_rate" in rows[-1]
+    if algo == "grpo":  # the run's calls went to the tool of one's own
+        calls = log.read_text().splitlines()
+        assert calls and all("*" in c for c in calls), calls
