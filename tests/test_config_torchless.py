@@ -73,7 +73,7 @@ def test_settings_load_and_algorithms_answer_without_torch():
         a = get_algo(cfg.algo)
         assert out["facts"][path] == [a.name, a.zhead, a.uses_genrm, a.per_sequence, a.needs_ref(cfg),
                                       a.loss_units(cfg), a.norm_by_std(cfg)], path
-    assert out["tasks"] == ["addition", "code", "genrm_addition", "partition"]
+    assert out["tasks"] == ["addition", "code", "genrm_addition", "multiply", "partition"]
     kind, message = out["error"]
     assert kind == "ConfigError" and message.startswith("config key 'trainer.stepz'") and "\n" not in message
     code, stderr = out["exit"]

@@ -556,7 +556,8 @@ def _launch(job: dict, total: int, timeout_s: float, memory_mb: int) -> CodeResu
     else:
         status = next((s for s in ("timeout", "output_limit", "error") if s in statuses), "failed")
     shown = next((c for c in cases if not c["passed"]), cases[-1])
-    return CodeResult(passed, total, status, shown.get("stderr", "")[-2000:], shown.get("stdout_head", ""))
+    stdout = shown.get("stdout_head", "") if job.get("run") else ""  # a test's output is the checker's, not the caller's
+    return CodeResult(passed, total, status, shown.get("stderr", "")[-2000:], stdout)
 
 
 _OPEN = re.compile(r"[ \t]*```[ \t]*([\w+.-]*)[^\n]*")

@@ -142,10 +142,10 @@ def test_registries_list_the_known_names():
     from reasonrl_fast.algos import ALGOS, get_algo
     from reasonrl_fast.tasks import TASKS, get_task, task_of
 
-    assert set(ALGOS) == {"grpo", "flowrl", "fapo"} and set(TASKS) == {"addition", "code", "genrm", "partition"}
+    assert set(ALGOS) == {"grpo", "flowrl", "fapo"} and set(TASKS) == {"addition", "code", "genrm", "multiply", "partition"}
     with pytest.raises(ValueError, match="unknown algorithm 'dapo': known algorithms are flowrl, grpo, fapo"):
         get_algo("dapo")
-    with pytest.raises(ValueError, match="unknown task 'sudoku': known tasks are addition, code, genrm, partition"):
+    with pytest.raises(ValueError, match="unknown task 'sudoku': known tasks are addition, code, genrm, multiply, partition"):
         get_task("sudoku")
     assert task_of({"data_source": "addition"}) is get_task("addition") and get_task("addition").name == "addition"
     assert task_of({"data_source": "math"}) is None

@@ -80,8 +80,8 @@ def test_micro_batches_normalise_by_the_policys_tokens(algo_name, override, pack
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     budget = max(max(lengths), sum(lengths) // 5)
 
-    def grads(responses, rollout, budget):
-        cfg, algo, actor = _setup(algo_name, override, seed)
+    def grads(responses, rollout, budget, correction="none"):
+        cfg, algo, actor = _setup(algo_name, override, seed, correction)
         chunk = [slice(0, len(responses))]
         plans, totals = update.plan(prompts, responses, chunk, budget, packed, algo.loss_units(cfg), 1, "cpu",
                                     masks=masks)
@@ -97,9 +97,11 @@ def test_micro_batches_normalise_by_the_policys_tokens(algo_name, override, pack
     for name in g1:
         assert (g1[name] - g2[name]).abs().max() / g1[name].abs().max().clamp(min=1.0) < 1e-10, name
     assert s2["train/loss"] == pytest.approx(s1["train/loss"], rel=1e-10, abs=1e-12)
-    # sampler log-probs far off under the masks: not read (the same gap, weights and gradient)
+    # sampler log-probs far off under the masks: not read (the same gap, importance weights and
+    # gradient; the weights are float32, so each against the same layout's)
     wild = [[lp if k else -40.0 for lp, k in zip(r, m)] for r, m in zip(rollout, masks)]
-    s3, sums3, g3 = grads(responses, wild, 0)
+    s1, sums1, g1 = grads(responses, rollout, 0, "token_tis")
+    s3, sums3, g3 = grads(responses, wild, 0, "token_tis")
     policy = sum(map(sum, masks))
     assert sum(s["tokens"] for s in sums1) == sum(s["tokens"] for s in sums3) == policy
     for key in sums1[0]:
@@ -111,5 +113,5 @@ def test_micro_batches_normalise_by_the_policys_tokens(algo_name, override, pack
     # the observation's tokens still condition what follows them: other tokens, another gradient
     rng = random.Random(seed)
     other = [[t if k else rng.randint(3, 28) for t, k in zip(r, m)] for r, m in zip(responses, masks)]
-    _, _, g4 = grads(other, rollout, 0)
+    _, _, g4 = grads(other, rollout, 0, "token_tis")
     assert any(not torch.equal(g1[n], g4[n]) for n in g1)

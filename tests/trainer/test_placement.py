@@ -387,6 +387,7 @@ def test_a_rollout_workers_idle_time_counts_from_its_first_generation():
 
     w = object.__new__(RolloutWorker)
     w.handoff, w._idle_lock = Handoff(), threading.Lock()
+    w.own_threads = lambda: None  # no settings here: pytest's threads stay as they are
     w.transport = SimpleNamespace(receive=lambda *a: iter(()))
     w.engine = SimpleNamespace(load_weights=lambda named: list(named))
     w.sample = lambda *a: SimpleNamespace(tokens=[[1]], logprobs=[[0.0]])
